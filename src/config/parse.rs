@@ -1,0 +1,1 @@
+//! Lexer and parser (placeholder).

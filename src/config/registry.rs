@@ -1,0 +1,137 @@
+//! The directive registry: every module declares a table of
+//! [`Spec`] rows (name, allowed contexts, argument count, setter) beside its
+//! code, as nginx modules do. The compiler looks a directive up by name,
+//! checks context and argument count here, then calls the setter, which
+//! writes typed fields of that module's configuration struct.
+
+use super::{ConfError, ConfResult, Directive};
+use crate::core::conf::{Compiler, MainConf};
+use crate::http::conf::{HttpMain, LocConf, SrvConf};
+
+/// Contexts a directive may appear in (bit flags, as nginx's NGX_*_CONF).
+pub mod ctx {
+    pub const MAIN: u32 = 1 << 0;
+    pub const EVENTS: u32 = 1 << 1;
+    pub const HTTP: u32 = 1 << 2;
+    pub const SRV: u32 = 1 << 3;
+    pub const LOC: u32 = 1 << 4;
+    /// `if` inside `server`.
+    pub const SIF: u32 = 1 << 5;
+    /// `if` inside `location`.
+    pub const LIF: u32 = 1 << 6;
+    pub const LMT: u32 = 1 << 7;
+    pub const UPS: u32 = 1 << 8;
+    pub const STREAM: u32 = 1 << 9;
+    pub const STREAM_SRV: u32 = 1 << 10;
+    pub const STREAM_UPS: u32 = 1 << 11;
+    /// http, server and location: the usual home of a location-level directive.
+    pub const HSL: u32 = HTTP | SRV | LOC;
+}
+
+/// How many arguments a directive takes (nginx's NGX_CONF_TAKE*, FLAG, 1MORE...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Args {
+    /// Exactly the counts whose bits are set: bit n = n arguments allowed.
+    Take(u32),
+    /// `on` or `off`.
+    Flag,
+    AtLeast(usize),
+    Any,
+}
+
+impl Args {
+    pub const fn take(n: u32) -> Args {
+        Args::Take(1 << n)
+    }
+    pub const fn take12() -> Args {
+        Args::Take(0b110)
+    }
+    pub const fn take123() -> Args {
+        Args::Take(0b1110)
+    }
+    pub const fn take1234() -> Args {
+        Args::Take(0b11110)
+    }
+    pub const fn take23() -> Args {
+        Args::Take(0b1100)
+    }
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Args::Take(mask) => n < 32 && mask & (1 << n) != 0,
+            Args::Flag => n == 1,
+            Args::AtLeast(m) => n >= m,
+            Args::Any => true,
+        }
+    }
+}
+
+/// Which configuration struct a setter fills.
+#[derive(Clone, Copy)]
+pub enum Setter {
+    /// Main (top-level or `events`) directives.
+    Main(fn(&mut MainConf, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// `http`-level-only state shared by all servers (log_format, map, upstream...).
+    HttpMain(fn(&mut HttpMain, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Server-level state (listen, server_name...).
+    Srv(fn(&mut SrvConf, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Location-level state; at http/server level it fills the inherited defaults.
+    Loc(fn(&mut LocConf, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// A block directive handled by the compiler itself (http, server, location, if...).
+    Block,
+    /// Recognised, but tern does not implement it yet: a startup error naming it.
+    Unsupported,
+}
+
+/// One row of a module's directive table.
+#[derive(Clone, Copy)]
+pub struct Spec {
+    pub name: &'static str,
+    pub ctx: u32,
+    pub args: Args,
+    pub set: Setter,
+}
+
+/// `on`/`off` argument of a `Flag` directive, with nginx's error wording.
+pub fn flag(d: &Directive) -> ConfResult<bool> {
+    match d.args.first().map(|a| a.value.as_str()) {
+        Some(v) if v.eq_ignore_ascii_case("on") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("off") => Ok(false),
+        Some(v) => Err(ConfError::at(
+            format!(
+                "invalid value \"{}\" in \"{}\" directive, it must be \"on\" or \"off\"",
+                v, d.name
+            ),
+            d,
+        )),
+        None => Err(invalid_args(d)),
+    }
+}
+
+/// `invalid number of arguments in "X" directive`.
+pub fn invalid_args(d: &Directive) -> ConfError {
+    ConfError::at(format!("invalid number of arguments in \"{}\" directive", d.name), d)
+}
+
+/// `"X" directive is duplicate`.
+pub fn duplicate(d: &Directive) -> ConfError {
+    ConfError::at(format!("\"{}\" directive is duplicate", d.name), d)
+}
+
+/// `invalid value "V" in "X" directive`.
+pub fn invalid_value(d: &Directive, v: &str) -> ConfError {
+    ConfError::at(format!("invalid value \"{}\" in \"{}\" directive", v, d.name), d)
+}
+
+/// Sets an `Option` once; a second time is nginx's "is duplicate".
+pub fn set_once<T>(slot: &mut Option<T>, v: T, d: &Directive) -> ConfResult<()> {
+    if slot.is_some() {
+        return Err(duplicate(d));
+    }
+    *slot = Some(v);
+    Ok(())
+}
+
+/// The argument at `i` (already checked by the arg count).
+pub fn arg(d: &Directive, i: usize) -> &str {
+    d.args.get(i).map(|a| a.value.as_str()).unwrap_or("")
+}

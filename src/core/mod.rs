@@ -1,0 +1,2 @@
+//! Process-level machinery: compiled main configuration, master and workers.
+pub mod conf;

@@ -1,0 +1,2 @@
+//! HTTP: the HTTP/1.1 engine, phases, and modules.
+pub mod conf;

@@ -1,0 +1,12 @@
+//! tern: a web server, reverse proxy and HTTP cache that runs nginx.conf.
+//!
+//! See ARCHITECTURE.md for the request path. Modules:
+//! - [`config`]: nginx.conf lexer/parser, includes, directive registry, values.
+//! - [`core`]: compiled main configuration, master, workers, listeners, signals, logs.
+//! - [`http`]: HTTP/1.1 engine, phases, modules (static, return, ...).
+//! - [`io`]: the file-I/O layer; the only place that may block on a disk.
+
+pub mod config;
+pub mod core;
+pub mod http;
+pub mod io;
