@@ -200,6 +200,7 @@ impl<'a> Lexer<'a> {
                 char::from(q)
             ),
             None => {
+                // In range: at least MAX_WORD bytes follow `start`.
                 let head = String::from_utf8_lossy(&self.text.as_bytes()[start..start + 10]);
                 format!("too long parameter \"{head}...\" started")
             }
