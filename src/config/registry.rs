@@ -76,6 +76,10 @@ pub enum Setter {
     Srv(fn(&mut SrvConf, &Directive, &mut Compiler) -> ConfResult<()>),
     /// Location-level state; at http/server level it fills the inherited defaults.
     Loc(fn(&mut LocConf, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Like `HttpMain`, for a directive that takes a `{}` block (map, split_clients...).
+    HttpMainBlock(fn(&mut HttpMain, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Like `Loc`, for a directive that takes a `{}` block (types).
+    LocBlock(fn(&mut LocConf, &Directive, &mut Compiler) -> ConfResult<()>),
     /// A block directive handled by the compiler itself (http, server, location, if...).
     Block,
     /// Recognised, but tern does not implement it yet: a startup error naming it.
@@ -134,4 +138,11 @@ pub fn set_once<T>(slot: &mut Option<T>, v: T, d: &Directive) -> ConfResult<()> 
 /// The argument at `i` (already checked by the arg count).
 pub fn arg(d: &Directive, i: usize) -> &str {
     d.args.get(i).map(|a| a.value.as_str()).unwrap_or("")
+}
+
+impl Setter {
+    /// Whether the directive takes a `{}` block instead of ending with `;`.
+    pub fn takes_block(&self) -> bool {
+        matches!(self, Setter::Block | Setter::HttpMainBlock(_) | Setter::LocBlock(_))
+    }
 }

@@ -1,10 +1,83 @@
-//! Main-context configuration and the compiler state passed to setters.
-use std::path::PathBuf;
+//! Main-context configuration, the compiled [`Config`], and the compiler
+//! that walks a parsed [`Tree`] through the directive registry.
+//!
+//! Flow: `load()` parses the file (plus `-g` directives), then
+//! [`Compiler::block`] visits each directive: it finds the registry row
+//! whose name matches and whose contexts include the current one, checks
+//! the argument count and block shape, and calls the row's setter. Block
+//! directives of the core (`events`, `http`) recurse here; `http` hands
+//! over to [`crate::http::conf`]. Errors carry `file:line` in nginx wording.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::config::registry::{self, arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::{parse, value, ConfError, ConfResult, Directive, Tree};
+
+/// An `error_log` destination and level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorLogSpec {
+    /// `None` means stderr.
+    pub path: Option<PathBuf>,
+    pub level: crate::core::log::Level,
+}
 
 /// Directives of the main and `events` contexts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MainConf {
+    pub worker_processes: Option<usize>,
+    pub worker_rlimit_nofile: Option<u64>,
+    pub worker_connections: Option<usize>,
+    pub multi_accept: Option<bool>,
+    pub accept_mutex: Option<bool>,
+    pub pid: Option<PathBuf>,
+    pub error_log: Vec<ErrorLogSpec>,
+    pub daemon: Option<bool>,
+    pub master_process: Option<bool>,
+    pub user: Option<(String, Option<String>)>,
+    pub worker_shutdown_timeout_ms: Option<u64>,
+    pub events_seen: bool,
     pub io: crate::io::IoMain,
+}
+
+impl Default for MainConf {
+    fn default() -> Self {
+        MainConf {
+            worker_processes: None,
+            worker_rlimit_nofile: None,
+            worker_connections: None,
+            multi_accept: None,
+            accept_mutex: None,
+            pid: None,
+            error_log: Vec::new(),
+            daemon: None,
+            master_process: None,
+            user: None,
+            worker_shutdown_timeout_ms: None,
+            events_seen: false,
+            io: Default::default(),
+        }
+    }
+}
+
+impl MainConf {
+    pub fn workers(&self) -> usize {
+        self.worker_processes.unwrap_or(1).max(1)
+    }
+    pub fn connections(&self) -> usize {
+        self.worker_connections.unwrap_or(512)
+    }
+}
+
+/// The whole compiled configuration; swapped atomically on reload.
+#[derive(Debug)]
+pub struct Config {
+    pub main: MainConf,
+    pub http: Option<Arc<crate::http::conf::HttpConf>>,
+    pub tree: Tree,
+    pub prefix: PathBuf,
+    pub conf_file: PathBuf,
 }
 
 /// State available to directive setters while compiling.
@@ -14,4 +87,310 @@ pub struct Compiler {
     pub prefix: PathBuf,
     /// Directory of the main config file (base of `include`).
     pub conf_prefix: PathBuf,
+    /// Directive names met in the file but not implemented yet.
+    pub unsupported: Vec<String>,
+    /// Variables of the http block (builtin and user-defined).
+    pub vars: crate::http::vars::VarTable,
+}
+
+impl Compiler {
+    /// Compiles a string with `$var`s into a template, in nginx's wording on error.
+    pub fn template(&mut self, s: &str, d: &Directive) -> ConfResult<crate::http::vars::Template> {
+        crate::http::vars::Template::compile(s, &mut self.vars).map_err(|m| ConfError::at(m, d))
+    }
+}
+
+impl Compiler {
+    /// A path from the config, relative to the prefix as nginx resolves it.
+    pub fn path(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.prefix.join(p)
+        }
+    }
+
+    /// Walks the directives of one block in context `here`.
+    pub fn block<T>(
+        &mut self,
+        dirs: &[Directive],
+        here: u32,
+        target: &mut T,
+        apply: &mut dyn FnMut(&mut Self, &mut T, &Directive, &Spec) -> ConfResult<()>,
+    ) -> ConfResult<()> {
+        for d in dirs {
+            let spec = lookup(d, here)?;
+            if let Setter::Unsupported = spec.set {
+                return Err(ConfError::at(
+                    format!("\"{}\" directive is not supported by tern yet", d.name),
+                    d,
+                ));
+            }
+            apply(self, target, d, &spec)?;
+        }
+        Ok(())
+    }
+}
+
+/// All modules' directive tables. The order is irrelevant: names are unique
+/// per context.
+fn tables() -> impl Iterator<Item = &'static [Spec]> {
+    [MAIN_DIRECTIVES, crate::core::log::DIRECTIVES, crate::io::DIRECTIVES, crate::http::conf::DIRECTIVES, UNSUPPORTED]
+        .into_iter()
+        .chain(crate::http::modules::TABLES.iter().copied())
+}
+
+fn index() -> &'static HashMap<&'static str, Vec<Spec>> {
+    static INDEX: OnceLock<HashMap<&'static str, Vec<Spec>>> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        let mut m: HashMap<&'static str, Vec<Spec>> = HashMap::new();
+        for t in tables() {
+            for s in t.iter() {
+                m.entry(s.name).or_default().push(*s);
+            }
+        }
+        m
+    })
+}
+
+/// Every directive name tern recognises (for `-V`-style listings and tests).
+pub fn known_directive(name: &str) -> bool {
+    index().contains_key(name)
+}
+
+/// Finds the registry row for `d` in context `here`, with nginx's checks.
+pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
+    let Some(rows) = index().get(d.name.as_str()) else {
+        return Err(ConfError::at(format!("unknown directive \"{}\"", d.name), d));
+    };
+    let Some(spec) = rows.iter().find(|s| s.ctx & here != 0) else {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not allowed here", d.name),
+            d,
+        ));
+    };
+    // Unsupported rows accept either shape: they are refused anyway.
+    let unsupported = matches!(spec.set, Setter::Unsupported);
+    if !unsupported && !spec.set.takes_block() && d.block.is_some() {
+        return Err(ConfError::at(
+            format!("directive \"{}\" is not terminated by \";\"", d.name),
+            d,
+        ));
+    }
+    if !unsupported && spec.set.takes_block() && d.block.is_none() {
+        return Err(ConfError::at(
+            format!("directive \"{}\" has no opening \"{{\"", d.name),
+            d,
+        ));
+    }
+    if !spec.args.accepts(d.args.len()) {
+        return Err(registry::invalid_args(d));
+    }
+    Ok(*spec)
+}
+
+/// Reads and compiles a configuration.
+pub fn load(
+    conf_file: &Path,
+    prefix: &Path,
+    extra: Option<&str>,
+) -> ConfResult<Config> {
+    let conf_prefix = conf_file
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| prefix.to_path_buf());
+    let mut tree = parse::parse_file(conf_file, &conf_prefix)?;
+    if let Some(g) = extra {
+        let dirs = parse::parse_str(
+            g,
+            Arc::new(PathBuf::from("command line")),
+            &conf_prefix,
+            &mut tree,
+        )?;
+        tree.directives.extend(dirs);
+    }
+    compile(tree, prefix, &conf_prefix, conf_file)
+}
+
+/// Compiles an already parsed tree.
+pub fn compile(tree: Tree, prefix: &Path, conf_prefix: &Path, conf_file: &Path) -> ConfResult<Config> {
+    let mut cx = Compiler {
+        prefix: prefix.to_path_buf(),
+        conf_prefix: conf_prefix.to_path_buf(),
+        unsupported: Vec::new(),
+        vars: Default::default(),
+    };
+    let mut main = MainConf::default();
+    let mut http: Option<Arc<crate::http::conf::HttpConf>> = None;
+    let dirs = tree.directives.clone();
+    let mut http_dir: Option<Directive> = None;
+    cx.block(&dirs, ctx::MAIN, &mut main, &mut |cx, main, d, spec| match spec.set {
+        Setter::Main(f) => f(main, d, cx),
+        Setter::Block => match d.name.as_str() {
+            "events" => {
+                if main.events_seen {
+                    return Err(registry::duplicate(d));
+                }
+                main.events_seen = true;
+                let kids = d.block.as_deref().unwrap_or(&[]);
+                cx.block(kids, ctx::EVENTS, main, &mut |cx, main, d, spec| match spec.set {
+                    Setter::Main(f) => f(main, d, cx),
+                    _ => Err(ConfError::at(
+                        format!("\"{}\" directive is not allowed here", d.name),
+                        d,
+                    )),
+                })
+            }
+            "http" => {
+                if http_dir.is_some() {
+                    return Err(registry::duplicate(d));
+                }
+                http_dir = Some(d.clone());
+                Ok(())
+            }
+            _ => Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d)),
+        },
+        _ => Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d)),
+    })?;
+    if !main.events_seen {
+        let file = conf_file.to_path_buf();
+        return Err(ConfError {
+            msg: "no \"events\" section in configuration".into(),
+            file: Some(file),
+            line: tree.files.first().map(|f| f.1.lines().count()).unwrap_or(0),
+        }
+        .without_location());
+    }
+    crate::io::validate_main(&main.io)?;
+    if let Some(d) = http_dir {
+        http = Some(Arc::new(crate::http::conf::compile_http(&d, &mut cx, &main)?));
+    }
+    Ok(Config {
+        main,
+        http,
+        tree,
+        prefix: prefix.to_path_buf(),
+        conf_file: conf_file.to_path_buf(),
+    })
+}
+
+impl ConfError {
+    /// nginx reports some errors without a location.
+    pub fn without_location(mut self) -> Self {
+        self.file = None;
+        self
+    }
+}
+
+fn positive(d: &Directive, s: &str) -> ConfResult<usize> {
+    value::number(s)
+        .map(|n| n as usize)
+        .ok_or_else(|| registry::invalid_value(d, s))
+}
+
+fn set_worker_processes(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = arg(d, 0);
+    let n = if v == "auto" {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    } else {
+        positive(d, v)?
+    };
+    set_once(&mut m.worker_processes, n, d)
+}
+
+fn set_rlimit(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = positive(d, arg(d, 0))? as u64;
+    set_once(&mut m.worker_rlimit_nofile, n, d)
+}
+
+fn set_worker_connections(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = positive(d, arg(d, 0))?;
+    set_once(&mut m.worker_connections, n, d)
+}
+
+fn set_multi_accept(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut m.multi_accept, v, d)
+}
+
+fn set_accept_mutex(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut m.accept_mutex, v, d)
+}
+
+fn set_use(_: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    match arg(d, 0) {
+        "epoll" => Ok(()),
+        v => Err(ConfError::at(
+            format!("invalid event type \"{}\"", v),
+            d,
+        )),
+    }
+}
+
+fn set_pid(m: &mut MainConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = cx.path(arg(d, 0));
+    set_once(&mut m.pid, p, d)
+}
+
+fn set_daemon(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut m.daemon, v, d)
+}
+
+fn set_master(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut m.master_process, v, d)
+}
+
+fn set_user(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let group = d.args.get(1).map(|a| a.value.clone());
+    set_once(&mut m.user, (arg(d, 0).to_string(), group), d)
+}
+
+fn set_shutdown_timeout(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::time_ms(arg(d, 0)).ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+    set_once(&mut m.worker_shutdown_timeout_ms, v, d)
+}
+
+fn set_ignored_main(_: &mut MainConf, _: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    Ok(())
+}
+
+const MAIN_DIRECTIVES: &[Spec] = &[
+    Spec { name: "worker_processes", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_worker_processes) },
+    Spec { name: "worker_rlimit_nofile", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_rlimit) },
+    Spec { name: "worker_shutdown_timeout", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_shutdown_timeout) },
+    Spec { name: "pid", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_pid) },
+    Spec { name: "daemon", ctx: ctx::MAIN, args: Args::Flag, set: Setter::Main(set_daemon) },
+    Spec { name: "master_process", ctx: ctx::MAIN, args: Args::Flag, set: Setter::Main(set_master) },
+    Spec { name: "user", ctx: ctx::MAIN, args: Args::take12(), set: Setter::Main(set_user) },
+    // Accepted for compatibility: tern's workers are threads and need no lock file.
+    Spec { name: "lock_file", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_ignored_main) },
+    Spec { name: "events", ctx: ctx::MAIN, args: Args::take(0), set: Setter::Block },
+    Spec { name: "http", ctx: ctx::MAIN, args: Args::take(0), set: Setter::Block },
+    Spec { name: "worker_connections", ctx: ctx::EVENTS, args: Args::take(1), set: Setter::Main(set_worker_connections) },
+    Spec { name: "multi_accept", ctx: ctx::EVENTS, args: Args::Flag, set: Setter::Main(set_multi_accept) },
+    // With one reuseport socket per worker, or one shared socket watched by
+    // every worker thread, there is no accept lock to take: accepted, moot.
+    Spec { name: "accept_mutex", ctx: ctx::EVENTS, args: Args::Flag, set: Setter::Main(set_accept_mutex) },
+    Spec { name: "accept_mutex_delay", ctx: ctx::EVENTS, args: Args::take(1), set: Setter::Main(set_ignored_main) },
+    Spec { name: "use", ctx: ctx::EVENTS, args: Args::take(1), set: Setter::Main(set_use) },
+];
+
+/// Directives nginx has that tern recognises but does not implement yet:
+/// a config that uses one is refused at startup, naming it.
+const UNSUPPORTED: &[Spec] = &[
+    Spec { name: "stream", ctx: ctx::MAIN, args: Args::Any, set: Setter::Unsupported },
+    Spec { name: "mail", ctx: ctx::MAIN, args: Args::Any, set: Setter::Unsupported },
+    Spec { name: "env", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Unsupported },
+    Spec { name: "load_module", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Unsupported },
+    Spec { name: "worker_cpu_affinity", ctx: ctx::MAIN, args: Args::AtLeast(1), set: Setter::Unsupported },
+    Spec { name: "worker_priority", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Unsupported },
+];
+
+/// A file path relative to the prefix, for directives of other modules.
+pub fn prefix_path(cx: &Compiler, p: &str) -> PathBuf {
+    cx.path(p)
 }

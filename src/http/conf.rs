@@ -1,15 +1,1056 @@
 //! Typed, merged http/server/location configuration.
+//!
+//! `compile_http` walks the `http` block: http-level location directives
+//! fill the http [`LocConf`], each `server` gets its own [`SrvConf`] and
+//! [`LocConf`], each `location` its own [`LocConf`]; then every level is
+//! merged with its parent (`child.merge(parent)`: an unset field takes the
+//! parent's value, as nginx's merge hooks do) and the defaults are applied at
+//! the top. Servers are grouped by listening address into [`AddrConf`]s for
+//! name-based virtual hosting.
 
-/// State shared by the whole `http` block.
-#[derive(Debug, Clone, Default)]
-pub struct HttpMain {}
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
 
-/// Server-level configuration.
+use regex::bytes::Regex;
+
+use crate::config::registry::{self, arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::core::conf::{Compiler, ErrorLogSpec, MainConf};
+use crate::core::log::Logger;
+use crate::http::vars::Template;
+
+/// State shared by the whole `http` block (filled by http-only directives).
 #[derive(Debug, Clone, Default)]
-pub struct SrvConf {}
+pub struct HttpMain {
+    pub vars: crate::http::vars::VarTable,
+}
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ListenAddr {
+    Inet(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Inet(a) => write!(f, "{}", a),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A parsed `listen` directive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listen {
+    pub addr: ListenAddr,
+    pub default_server: bool,
+    pub reuseport: bool,
+    pub backlog: Option<i32>,
+    pub rcvbuf: Option<usize>,
+    pub sndbuf: Option<usize>,
+    pub deferred: bool,
+    pub bind: bool,
+    pub ipv6only: bool,
+    /// `so_keepalive=on|off|idle:intvl:cnt`.
+    pub so_keepalive: Option<(bool, Option<u64>, Option<u64>, Option<u32>)>,
+}
+
+/// A `server_name` entry.
+#[derive(Debug, Clone)]
+pub enum ServerName {
+    Exact(String),
+    /// `*.example.com` (stored as `.example.com`), or `.example.com` which also
+    /// matches `example.com` (stored with `also_bare`).
+    Leading { suffix: String, also_bare: bool },
+    /// `example.*` (stored as `example.`).
+    Trailing(String),
+    Regex(Regex),
+}
+
+/// Server-level configuration (also set at http level as the default).
+#[derive(Debug, Clone, Default)]
+pub struct SrvConf {
+    pub listen: Vec<Listen>,
+    pub names: Vec<ServerName>,
+    /// The first name, for `$server_name` and redirects.
+    pub primary_name: Option<String>,
+    pub client_header_buffer_size: Option<usize>,
+    pub large_client_header_buffers: Option<(usize, usize)>,
+    pub client_header_timeout: Option<u64>,
+    pub merge_slashes: Option<bool>,
+    pub ignore_invalid_headers: Option<bool>,
+    pub underscores_in_headers: Option<bool>,
+}
+
+impl SrvConf {
+    fn merge(&mut self, p: &SrvConf) {
+        merge_opts!(self, p; client_header_buffer_size, large_client_header_buffers,
+            client_header_timeout, merge_slashes, ignore_invalid_headers, underscores_in_headers);
+    }
+    pub fn header_buffer(&self) -> usize {
+        self.client_header_buffer_size.unwrap_or(1024)
+    }
+    pub fn large_buffers(&self) -> (usize, usize) {
+        self.large_client_header_buffers.unwrap_or((4, 8192))
+    }
+    pub fn header_timeout_ms(&self) -> u64 {
+        self.client_header_timeout.unwrap_or(60_000)
+    }
+}
+
+/// `keepalive_timeout TIME [HEADER_TIME]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub timeout_ms: u64,
+    pub header_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lingering {
+    Off,
+    On,
+    Always,
+}
+
+/// Core location-level settings (ngx_http_core_module's loc conf).
+#[derive(Debug, Clone, Default)]
+pub struct CoreLoc {
+    /// `root` (false) or `alias` (true) with its template.
+    pub root: Option<(Template, bool)>,
+    pub default_type: Option<String>,
+    pub types: Option<Arc<HashMap<String, String>>>,
+    pub sendfile: Option<bool>,
+    pub tcp_nopush: Option<bool>,
+    pub tcp_nodelay: Option<bool>,
+    pub keepalive: Option<Keepalive>,
+    pub keepalive_requests: Option<u64>,
+    pub send_timeout: Option<u64>,
+    pub client_body_timeout: Option<u64>,
+    pub client_max_body_size: Option<u64>,
+    pub client_body_buffer_size: Option<u64>,
+    pub reset_timedout_connection: Option<bool>,
+    pub lingering_close: Option<Lingering>,
+    pub lingering_time: Option<u64>,
+    pub lingering_timeout: Option<u64>,
+    pub server_tokens: Option<bool>,
+    pub error_log: Option<Vec<ErrorLogSpec>>,
+    /// Compiled from `error_log` after merging.
+    pub logger: Option<Arc<Logger>>,
+    /// Not inherited.
+    pub internal: bool,
+}
+
+impl CoreLoc {
+    fn merge(&mut self, p: &CoreLoc) {
+        merge_opts!(self, p; root, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
+            keepalive, keepalive_requests, send_timeout, client_body_timeout,
+            client_max_body_size, client_body_buffer_size, reset_timedout_connection,
+            lingering_close, lingering_time, lingering_timeout, server_tokens, error_log, logger);
+    }
+
+    /// Applied once at http level so every descendant inherits a value.
+    fn defaults(&mut self, cx: &Compiler) {
+        if self.root.is_none() {
+            self.root = Some((Template::literal(&cx.path("html").to_string_lossy()), false));
+        }
+        self.default_type.get_or_insert_with(|| "text/plain".into());
+        self.types.get_or_insert_with(|| {
+            let mut m = HashMap::new();
+            m.insert("html".into(), "text/html".into());
+            m.insert("gif".into(), "image/gif".into());
+            m.insert("jpg".into(), "image/jpeg".into());
+            Arc::new(m)
+        });
+        self.sendfile.get_or_insert(false);
+        self.tcp_nopush.get_or_insert(false);
+        self.tcp_nodelay.get_or_insert(true);
+        self.keepalive.get_or_insert(Keepalive { timeout_ms: 75_000, header_secs: None });
+        self.keepalive_requests.get_or_insert(1000);
+        self.send_timeout.get_or_insert(60_000);
+        self.client_body_timeout.get_or_insert(60_000);
+        self.client_max_body_size.get_or_insert(1 << 20);
+        self.client_body_buffer_size.get_or_insert(16 << 10);
+        self.reset_timedout_connection.get_or_insert(false);
+        self.lingering_close.get_or_insert(Lingering::On);
+        self.lingering_time.get_or_insert(30_000);
+        self.lingering_timeout.get_or_insert(5_000);
+        self.server_tokens.get_or_insert(true);
+    }
+}
 
 /// Location-level configuration: one field per module.
 #[derive(Debug, Clone, Default)]
 pub struct LocConf {
+    pub core: CoreLoc,
     pub io: crate::io::IoLoc,
+    pub modules: crate::http::modules::ModLoc,
 }
+
+impl LocConf {
+    pub fn merge(&mut self, parent: &LocConf) {
+        self.core.merge(&parent.core);
+        self.io.merge(&parent.io);
+        self.modules.merge(&parent.modules);
+    }
+}
+
+/// How a location matches.
+#[derive(Debug, Clone)]
+pub enum LocMatch {
+    Exact(Vec<u8>),
+    Prefix { prefix: Vec<u8>, no_regex: bool },
+    Regex { re: Regex, source: String },
+    Named(String),
+}
+
+#[derive(Debug)]
+pub struct Location {
+    pub m: LocMatch,
+    pub conf: Arc<LocConf>,
+    pub nested: Locations,
+}
+
+/// The locations of one level, in lookup order.
+#[derive(Debug, Default)]
+pub struct Locations {
+    /// Exact and prefix locations, longest prefix first.
+    pub statics: Vec<Location>,
+    /// Regex locations in config order.
+    pub regexes: Vec<Location>,
+}
+
+/// The outcome of a location lookup.
+pub struct Found<'a> {
+    pub loc: &'a Location,
+    /// Byte ranges of regex captures in the URI, `$0` first.
+    pub captures: Vec<Option<(usize, usize)>>,
+    pub capture_names: Vec<Option<String>>,
+}
+
+impl Locations {
+    /// nginx's lookup: longest prefix (exact wins at once, `^~` stops),
+    /// nested locations of the prefix match, then this level's regexes in
+    /// order.
+    pub fn find<'a>(&'a self, uri: &[u8]) -> Option<Found<'a>> {
+        self.find_inner(uri).map(|(f, _)| f)
+    }
+
+    /// Returns the match and whether lookup is final (exact or `^~`, or a regex).
+    fn find_inner<'a>(&'a self, uri: &[u8]) -> Option<(Found<'a>, bool)> {
+        let mut best: Option<&Location> = None;
+        for l in &self.statics {
+            match &l.m {
+                LocMatch::Exact(p) if p.as_slice() == uri => {
+                    return Some((Found { loc: l, captures: Vec::new(), capture_names: Vec::new() }, true));
+                }
+                LocMatch::Prefix { prefix, .. } if uri.starts_with(prefix) => {
+                    if best.is_none_or(|b| match &b.m {
+                        LocMatch::Prefix { prefix: bp, .. } => prefix.len() > bp.len(),
+                        _ => true,
+                    }) {
+                        best = Some(l);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(b) = best {
+            if let LocMatch::Prefix { no_regex: true, .. } = b.m {
+                return Some((Found { loc: b, captures: Vec::new(), capture_names: Vec::new() }, true));
+            }
+            if let Some((f, fin)) = b.nested.find_inner(uri) {
+                if fin {
+                    return Some((f, true));
+                }
+                // A nested prefix match still yields to this level's regexes.
+                if let Some(r) = self.find_regex(uri) {
+                    return Some((r, true));
+                }
+                return Some((f, false));
+            }
+        }
+        if let Some(r) = self.find_regex(uri) {
+            return Some((r, true));
+        }
+        best.map(|b| (Found { loc: b, captures: Vec::new(), capture_names: Vec::new() }, false))
+    }
+
+    fn find_regex<'a>(&'a self, uri: &[u8]) -> Option<Found<'a>> {
+        for l in &self.regexes {
+            if let LocMatch::Regex { re, .. } = &l.m {
+                if let Some(c) = re.captures(uri) {
+                    let captures = (0..c.len()).map(|i| c.get(i).map(|m| (m.start(), m.end()))).collect();
+                    let capture_names = re.capture_names().map(|n| n.map(str::to_string)).collect();
+                    // Nested locations of a regex location are searched too.
+                    if let Some((f, _)) = l.nested.find_inner(uri) {
+                        return Some(f);
+                    }
+                    return Some(Found { loc: l, captures, capture_names });
+                }
+            }
+        }
+        None
+    }
+}
+
+/// A virtual server.
+#[derive(Debug)]
+pub struct Server {
+    pub srv: SrvConf,
+    /// The server-level location configuration (used when no location matches).
+    pub conf: Arc<LocConf>,
+    pub locations: Locations,
+    pub named: HashMap<String, Arc<Location>>,
+}
+
+/// The servers reachable through one listening address.
+#[derive(Debug)]
+pub struct AddrConf {
+    pub listen: Listen,
+    pub servers: Vec<Arc<Server>>,
+    pub default: Arc<Server>,
+}
+
+impl AddrConf {
+    /// Server selection by `Host` as nginx: exact, longest leading wildcard,
+    /// longest trailing wildcard, first matching regex, else the default.
+    pub fn select(&self, host: Option<&[u8]>) -> &Arc<Server> {
+        let Some(host) = host else { return self.by_empty_name() };
+        let host = std::str::from_utf8(host).unwrap_or("");
+        let host = host.strip_suffix('.').unwrap_or(host);
+        let lower = host.to_ascii_lowercase();
+        for s in &self.servers {
+            if s.srv.names.iter().any(|n| matches!(n, ServerName::Exact(e) if *e == lower)) {
+                return s;
+            }
+        }
+        let mut best: Option<(&Arc<Server>, usize)> = None;
+        for s in &self.servers {
+            for n in &s.srv.names {
+                if let ServerName::Leading { suffix, also_bare } = n {
+                    let hit = lower.ends_with(suffix.as_str()) || (*also_bare && lower == suffix[1..]);
+                    if hit && best.is_none_or(|(_, l)| suffix.len() > l) {
+                        best = Some((s, suffix.len()));
+                    }
+                }
+            }
+        }
+        if let Some((s, _)) = best {
+            return s;
+        }
+        for s in &self.servers {
+            for n in &s.srv.names {
+                if let ServerName::Trailing(prefix) = n {
+                    if lower.starts_with(prefix.as_str()) && best.is_none_or(|(_, l)| prefix.len() > l) {
+                        best = Some((s, prefix.len()));
+                    }
+                }
+            }
+        }
+        if let Some((s, _)) = best {
+            return s;
+        }
+        for s in &self.servers {
+            for n in &s.srv.names {
+                if let ServerName::Regex(re) = n {
+                    if re.is_match(host.as_bytes()) {
+                        return s;
+                    }
+                }
+            }
+        }
+        &self.default
+    }
+
+    fn by_empty_name(&self) -> &Arc<Server> {
+        for s in &self.servers {
+            if s.srv.names.iter().any(|n| matches!(n, ServerName::Exact(e) if e.is_empty())) {
+                return s;
+            }
+        }
+        &self.default
+    }
+}
+
+/// The compiled `http` block.
+#[derive(Debug)]
+pub struct HttpConf {
+    pub main: HttpMain,
+    pub servers: Vec<Arc<Server>>,
+    /// One entry per socket to bind.
+    pub addrs: Vec<Arc<AddrConf>>,
+    /// For wildcard sockets: the specific addresses sharing them (matched by
+    /// the accepted connection's local address).
+    pub specific: HashMap<SocketAddr, Arc<AddrConf>>,
+}
+
+impl HttpConf {
+    /// The address configuration for a connection accepted on `bound`, whose
+    /// local address is `local`.
+    pub fn addr_for(&self, bound: &ListenAddr, local: Option<SocketAddr>) -> Option<Arc<AddrConf>> {
+        if let Some(l) = local {
+            if let Some(a) = self.specific.get(&l) {
+                return Some(a.clone());
+            }
+        }
+        self.addrs.iter().find(|a| &a.listen.addr == bound).cloned()
+    }
+}
+
+macro_rules! merge_opts {
+    ($s:ident, $p:ident; $($f:ident),* $(,)?) => {
+        $( if $s.$f.is_none() { $s.$f = $p.$f.clone(); } )*
+    };
+}
+pub(crate) use merge_opts;
+
+/// Compiles the `http` block.
+pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfResult<HttpConf> {
+    let mut hm = HttpMain::default();
+    let mut http_srv = SrvConf::default();
+    let mut http_loc = LocConf::default();
+    let mut server_dirs: Vec<&Directive> = Vec::new();
+    let kids = d.block.as_deref().unwrap_or(&[]);
+    // Pass 1: http-level directives. Server blocks are compiled after, so that
+    // http-level settings written after a server block still apply to it.
+    for k in kids {
+        let spec = crate::core::conf::lookup(k, ctx::HTTP)?;
+        match spec.set {
+            Setter::Block if k.name == "server" => server_dirs.push(k),
+            _ => apply(cx, &mut hm, Some(&mut http_srv), &mut http_loc, k, &spec)?,
+        }
+    }
+    http_loc.core.defaults(cx);
+    http_loc.modules.defaults();
+    http_loc.io.defaults();
+    finish_loc(&mut http_loc)?;
+    let mut servers = Vec::new();
+    for sd in server_dirs {
+        servers.push(Arc::new(compile_server(sd, cx, &mut hm, &http_srv, &http_loc)?));
+    }
+    let (addrs, specific) = group_addrs(&servers)?;
+    cx.vars.finish()?;
+    hm.vars = std::mem::take(&mut cx.vars);
+    Ok(HttpConf { main: hm, servers, addrs, specific })
+}
+
+fn apply(
+    cx: &mut Compiler,
+    hm: &mut HttpMain,
+    srv: Option<&mut SrvConf>,
+    loc: &mut LocConf,
+    d: &Directive,
+    spec: &Spec,
+) -> ConfResult<()> {
+    match spec.set {
+        Setter::HttpMain(f) | Setter::HttpMainBlock(f) => f(hm, d, cx),
+        Setter::Srv(f) => match srv {
+            Some(s) => f(s, d, cx),
+            None => Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d)),
+        },
+        Setter::Loc(f) | Setter::LocBlock(f) => f(loc, d, cx),
+        Setter::Main(_) | Setter::Block | Setter::Unsupported => {
+            Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d))
+        }
+    }
+}
+
+/// Per-level work after a LocConf has been merged (e.g. opening error logs).
+fn finish_loc(l: &mut LocConf) -> ConfResult<()> {
+    if let Some(specs) = &l.core.error_log {
+        let lg = Logger::from_specs(specs).map_err(|e| ConfError::new(format!("open() error log failed ({})", e)))?;
+        l.core.logger = Some(Arc::new(lg));
+    }
+    Ok(())
+}
+
+fn compile_server(
+    d: &Directive,
+    cx: &mut Compiler,
+    hm: &mut HttpMain,
+    http_srv: &SrvConf,
+    http_loc: &LocConf,
+) -> ConfResult<Server> {
+    let mut srv = SrvConf::default();
+    let mut loc = LocConf::default();
+    let mut loc_dirs = Vec::new();
+    for k in d.block.as_deref().unwrap_or(&[]) {
+        let spec = crate::core::conf::lookup(k, ctx::SRV)?;
+        match spec.set {
+            Setter::Block if k.name == "location" => loc_dirs.push(k),
+            Setter::Block if k.name == "server" => {
+                return Err(ConfError::at("\"server\" directive is not allowed here", k))
+            }
+            Setter::Block => crate::http::modules::srv_block(k, cx, hm, &mut loc)?,
+            _ => apply(cx, hm, Some(&mut srv), &mut loc, k, &spec)?,
+        }
+    }
+    let own_error_log = loc.core.error_log.is_some();
+    srv.merge(http_srv);
+    loc.merge(http_loc);
+    if own_error_log {
+        loc.core.logger = None;
+        finish_loc(&mut loc)?;
+    }
+    if srv.listen.is_empty() {
+        // SAFETY: geteuid has no preconditions.
+        let port = if unsafe { libc::geteuid() } == 0 { 80 } else { 8000 };
+        srv.listen.push(default_listen(ListenAddr::Inet(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port,
+        ))));
+    }
+    if srv.names.is_empty() {
+        srv.names.push(ServerName::Exact(String::new()));
+    }
+    let loc = Arc::new(loc);
+    let mut locations = Locations::default();
+    let mut named = HashMap::new();
+    for ld in loc_dirs {
+        let l = compile_location(ld, cx, hm, &loc, None)?;
+        add_location(&mut locations, &mut named, l, ld)?;
+    }
+    sort_statics(&mut locations);
+    Ok(Server { srv, conf: loc, locations, named })
+}
+
+fn default_listen(addr: ListenAddr) -> Listen {
+    Listen {
+        addr,
+        default_server: false,
+        reuseport: false,
+        backlog: None,
+        rcvbuf: None,
+        sndbuf: None,
+        deferred: false,
+        bind: false,
+        ipv6only: true,
+        so_keepalive: None,
+    }
+}
+
+fn add_location(
+    locs: &mut Locations,
+    named: &mut HashMap<String, Arc<Location>>,
+    l: Location,
+    d: &Directive,
+) -> ConfResult<()> {
+    let dup = |a: &Location| match (&a.m, &l.m) {
+        (LocMatch::Exact(x), LocMatch::Exact(y)) => x == y,
+        (LocMatch::Prefix { prefix: x, .. }, LocMatch::Prefix { prefix: y, .. }) => x == y,
+        _ => false,
+    };
+    if locs.statics.iter().any(dup) {
+        let name = match &l.m {
+            LocMatch::Exact(p) | LocMatch::Prefix { prefix: p, .. } => String::from_utf8_lossy(p).into_owned(),
+            _ => String::new(),
+        };
+        return Err(ConfError::at(format!("duplicate location \"{}\"", name), d));
+    }
+    match &l.m {
+        LocMatch::Named(n) => {
+            if named.contains_key(n) {
+                return Err(ConfError::at(format!("duplicate location \"{}\"", n), d));
+            }
+            named.insert(n.clone(), Arc::new(l));
+        }
+        LocMatch::Regex { .. } => locs.regexes.push(l),
+        _ => locs.statics.push(l),
+    }
+    Ok(())
+}
+
+fn sort_statics(l: &mut Locations) {
+    // Exact first at equal length doesn't matter (exact is tested by equality);
+    // longest prefix wins, so order by length for readability only.
+    l.statics.sort_by_key(|x| match &x.m {
+        LocMatch::Exact(p) | LocMatch::Prefix { prefix: p, .. } => std::cmp::Reverse(p.len()),
+        _ => std::cmp::Reverse(0),
+    });
+}
+
+fn compile_location(
+    d: &Directive,
+    cx: &mut Compiler,
+    hm: &mut HttpMain,
+    parent: &Arc<LocConf>,
+    parent_match: Option<&LocMatch>,
+) -> ConfResult<Location> {
+    let a: Vec<&str> = d.args.iter().map(|a| a.value.as_str()).collect();
+    let m = match a.as_slice() {
+        ["=", p] => LocMatch::Exact(p.as_bytes().to_vec()),
+        ["^~", p] => LocMatch::Prefix { prefix: p.as_bytes().to_vec(), no_regex: true },
+        ["~", r] => LocMatch::Regex { re: location_regex(d, r, false)?, source: r.to_string() },
+        ["~*", r] => LocMatch::Regex { re: location_regex(d, r, true)?, source: r.to_string() },
+        [p] if p.starts_with('@') => LocMatch::Named(p.to_string()),
+        [p] if p.starts_with("~*") => LocMatch::Regex { re: location_regex(d, &p[2..], true)?, source: p[2..].to_string() },
+        [p] if p.starts_with('~') => LocMatch::Regex { re: location_regex(d, &p[1..], false)?, source: p[1..].to_string() },
+        [p] if p.starts_with('=') => LocMatch::Exact(p[1..].as_bytes().to_vec()),
+        [p] if p.starts_with("^~") => LocMatch::Prefix { prefix: p[2..].as_bytes().to_vec(), no_regex: true },
+        [p] => LocMatch::Prefix { prefix: p.as_bytes().to_vec(), no_regex: false },
+        [m, _] => return Err(ConfError::at(format!("invalid location modifier \"{}\"", m), d)),
+        _ => return Err(registry::invalid_args(d)),
+    };
+    if let Some(pm) = parent_match {
+        if matches!(pm, LocMatch::Exact(_)) {
+            return Err(ConfError::at(
+                format!("location \"{}\" cannot be inside the exact location \"{}\"", a.last().unwrap_or(&""), match pm { LocMatch::Exact(p) => String::from_utf8_lossy(p).into_owned(), _ => String::new() }),
+                d,
+            ));
+        }
+        if matches!(pm, LocMatch::Named(_)) {
+            return Err(ConfError::at("location \"@\" could not be inside location", d));
+        }
+        if let (LocMatch::Prefix { prefix: pp, .. }, LocMatch::Prefix { prefix: cp, .. } | LocMatch::Exact(cp)) = (pm, &m) {
+            if !cp.starts_with(pp) {
+                return Err(ConfError::at(
+                    format!(
+                        "location \"{}\" is outside location \"{}\"",
+                        String::from_utf8_lossy(cp),
+                        String::from_utf8_lossy(pp)
+                    ),
+                    d,
+                ));
+            }
+        }
+        if matches!(m, LocMatch::Named(_)) {
+            return Err(ConfError::at(format!("named location \"{}\" can be on the server level only", a.last().unwrap_or(&"")), d));
+        }
+    }
+    let mut loc = LocConf::default();
+    let mut nested_dirs = Vec::new();
+    for k in d.block.as_deref().unwrap_or(&[]) {
+        let spec = crate::core::conf::lookup(k, ctx::LOC)?;
+        match spec.set {
+            Setter::Block if k.name == "location" => nested_dirs.push(k),
+            Setter::Block => crate::http::modules::loc_block(k, cx, hm, &mut loc)?,
+            _ => apply(cx, hm, None, &mut loc, k, &spec)?,
+        }
+    }
+    let own_error_log = loc.core.error_log.is_some();
+    loc.merge(parent);
+    if own_error_log {
+        loc.core.logger = None;
+        finish_loc(&mut loc)?;
+    }
+    let loc = Arc::new(loc);
+    let mut nested = Locations::default();
+    let mut named = HashMap::new();
+    for nd in nested_dirs {
+        let l = compile_location(nd, cx, hm, &loc, Some(&m))?;
+        add_location(&mut nested, &mut named, l, nd)?;
+    }
+    sort_statics(&mut nested);
+    Ok(Location { m, conf: loc, nested })
+}
+
+fn location_regex(d: &Directive, r: &str, caseless: bool) -> ConfResult<Regex> {
+    regex::bytes::RegexBuilder::new(r)
+        .case_insensitive(caseless)
+        .build()
+        .map_err(|e| ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", first_line(&e.to_string()), r), d))
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().last().unwrap_or(s).trim()
+}
+
+fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<(Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>)> {
+    // Gather (addr -> listen options, servers, default).
+    let mut order: Vec<ListenAddr> = Vec::new();
+    let mut by: HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)> = HashMap::new();
+    for s in servers {
+        for l in &s.srv.listen {
+            let e = by.entry(l.addr.clone()).or_insert_with(|| {
+                order.push(l.addr.clone());
+                (l.clone(), Vec::new(), None)
+            });
+            if l.default_server {
+                if e.2.is_some() {
+                    return Err(ConfError::new(format!("a duplicate default server for {}", l.addr)));
+                }
+                e.2 = Some(s.clone());
+                // Socket options come from the default_server's listen.
+                e.0 = l.clone();
+            }
+            if !e.1.iter().any(|x| Arc::ptr_eq(x, s)) {
+                e.1.push(s.clone());
+            }
+        }
+    }
+    let build = |a: &ListenAddr, by: &HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)>| -> Option<Arc<AddrConf>> {
+        let (l, svs, def) = by.get(a)?;
+        let default = def.clone().or_else(|| svs.first().cloned())?;
+        Some(Arc::new(AddrConf { listen: l.clone(), servers: svs.clone(), default }))
+    };
+    let mut addrs = Vec::new();
+    let mut specific = HashMap::new();
+    for a in &order {
+        let Some(ac) = build(a, &by) else { continue };
+        if let ListenAddr::Inet(sa) = a {
+            if !sa.ip().is_unspecified() && !ac.listen.bind && !ac.listen.reuseport {
+                let wild = SocketAddr::new(
+                    if sa.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) },
+                    sa.port(),
+                );
+                if by.contains_key(&ListenAddr::Inet(wild)) {
+                    specific.insert(*sa, ac);
+                    continue;
+                }
+            }
+        }
+        addrs.push(ac);
+    }
+    Ok((addrs, specific))
+}
+
+// ---- directives -----------------------------------------------------------
+
+fn parse_listen(d: &Directive) -> ConfResult<Listen> {
+    let a = arg(d, 0);
+    let addr = if let Some(p) = a.strip_prefix("unix:") {
+        ListenAddr::Unix(PathBuf::from(p))
+    } else {
+        ListenAddr::Inet(parse_inet(a).ok_or_else(|| {
+            if a.starts_with('[') || a.contains(':') {
+                ConfError::at(format!("invalid host in \"{}\" of the \"listen\" directive", a), d)
+            } else {
+                ConfError::at(format!("invalid port in \"{}\" of the \"listen\" directive", a), d)
+            }
+        })?)
+    };
+    let mut l = default_listen(addr);
+    for p in d.args.iter().skip(1).map(|x| x.value.as_str()) {
+        match p {
+            "default_server" | "default" => l.default_server = true,
+            "reuseport" => l.reuseport = true,
+            "deferred" => l.deferred = true,
+            "bind" => l.bind = true,
+            _ if p.starts_with("backlog=") => {
+                let v = &p[8..];
+                let n: i32 = v.parse().map_err(|_| ConfError::at(format!("invalid backlog \"{}\"", v), d))?;
+                if n == 0 {
+                    return Err(ConfError::at(format!("invalid backlog \"{}\"", v), d));
+                }
+                l.backlog = Some(n);
+            }
+            _ if p.starts_with("rcvbuf=") => {
+                l.rcvbuf = Some(value::size(&p[7..]).ok_or_else(|| ConfError::at(format!("invalid rcvbuf \"{}\"", &p[7..]), d))? as usize)
+            }
+            _ if p.starts_with("sndbuf=") => {
+                l.sndbuf = Some(value::size(&p[7..]).ok_or_else(|| ConfError::at(format!("invalid sndbuf \"{}\"", &p[7..]), d))? as usize)
+            }
+            _ if p.starts_with("ipv6only=") => match &p[9..] {
+                "on" => l.ipv6only = true,
+                "off" => l.ipv6only = false,
+                v => return Err(ConfError::at(format!("invalid ipv6only flags \"{}\"", v), d)),
+            },
+            _ if p.starts_with("so_keepalive=") => {
+                let v = &p[13..];
+                l.so_keepalive = Some(match v {
+                    "on" => (true, None, None, None),
+                    "off" => (false, None, None, None),
+                    _ => {
+                        let parts: Vec<&str> = v.split(':').collect();
+                        if parts.len() != 3 {
+                            return Err(ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d));
+                        }
+                        let t = |s: &str| -> ConfResult<Option<u64>> {
+                            if s.is_empty() {
+                                Ok(None)
+                            } else {
+                                value::time_secs(s).map(Some).ok_or_else(|| ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d))
+                            }
+                        };
+                        let cnt = if parts[2].is_empty() {
+                            None
+                        } else {
+                            Some(parts[2].parse().map_err(|_| ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d))?)
+                        };
+                        (true, t(parts[0])?, t(parts[1])?, cnt)
+                    }
+                });
+            }
+            "ssl" | "http2" | "quic" | "proxy_protocol" => {
+                return Err(ConfError::at(format!("the \"{}\" parameter of \"listen\" is not supported by tern yet", p), d))
+            }
+            _ => return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d)),
+        }
+    }
+    Ok(l)
+}
+
+/// `addr:port`, `port`, `*:port`, `[v6]:port`, `addr` (port 80).
+pub fn parse_inet(a: &str) -> Option<SocketAddr> {
+    if let Ok(port) = a.parse::<u16>() {
+        if port == 0 {
+            return None;
+        }
+        return Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
+    }
+    if let Some(rest) = a.strip_prefix('[') {
+        let (ip, after) = rest.split_once(']')?;
+        let ip: Ipv6Addr = ip.parse().ok()?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0)?,
+            None if after.is_empty() => 80,
+            None => return None,
+        };
+        return Some(SocketAddr::new(IpAddr::V6(ip), port));
+    }
+    let (host, port) = match a.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().ok().filter(|p| *p != 0)?),
+        None => (a, 80),
+    };
+    let ip = match host {
+        "*" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        h => IpAddr::V4(h.parse().ok()?),
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+fn set_listen(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let l = parse_listen(d)?;
+    if s.listen.iter().any(|x| x.addr == l.addr) {
+        return Err(ConfError::at(format!("duplicate listen {}", l.addr), d));
+    }
+    s.listen.push(l);
+    Ok(())
+}
+
+fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    for a in &d.args {
+        let n = a.value.as_str();
+        if s.primary_name.is_none() {
+            s.primary_name = Some(n.to_string());
+        }
+        let entry = if let Some(r) = n.strip_prefix('~') {
+            ServerName::Regex(Regex::new(r).map_err(|e| {
+                ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", first_line(&e.to_string()), r), d)
+            })?)
+        } else if let Some(rest) = n.strip_prefix("*.") {
+            ServerName::Leading { suffix: format!(".{}", rest.to_ascii_lowercase()), also_bare: false }
+        } else if n.starts_with('.') && n.len() > 1 {
+            ServerName::Leading { suffix: n.to_ascii_lowercase(), also_bare: true }
+        } else if let Some(rest) = n.strip_suffix(".*") {
+            ServerName::Trailing(format!("{}.", rest.to_ascii_lowercase()))
+        } else if n.contains('*') {
+            return Err(ConfError::at(format!("invalid server name or wildcard \"{}\"", n), d));
+        } else {
+            ServerName::Exact(n.to_ascii_lowercase())
+        };
+        s.names.push(entry);
+    }
+    Ok(())
+}
+
+fn size_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    value::size(arg(d, i)).ok_or_else(|| registry::invalid_value(d, arg(d, i)))
+}
+
+fn msec_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    value::time_ms(arg(d, i)).ok_or_else(|| registry::invalid_value(d, arg(d, i)))
+}
+
+macro_rules! srv_size {
+    ($f:ident, $field:ident) => {
+        fn $f(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+            let v = size_arg(d, 0)? as usize;
+            set_once(&mut s.$field, v, d)
+        }
+    };
+}
+macro_rules! srv_flag {
+    ($f:ident, $field:ident) => {
+        fn $f(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+            let v = flag(d)?;
+            set_once(&mut s.$field, v, d)
+        }
+    };
+}
+macro_rules! loc_flag {
+    ($f:ident, $field:ident) => {
+        fn $f(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+            let v = flag(d)?;
+            set_once(&mut l.core.$field, v, d)
+        }
+    };
+}
+macro_rules! loc_msec {
+    ($f:ident, $field:ident) => {
+        fn $f(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+            let v = msec_arg(d, 0)?;
+            set_once(&mut l.core.$field, v, d)
+        }
+    };
+}
+macro_rules! loc_size {
+    ($f:ident, $field:ident) => {
+        fn $f(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+            let v = size_arg(d, 0)?;
+            set_once(&mut l.core.$field, v, d)
+        }
+    };
+}
+
+srv_size!(set_client_header_buffer_size, client_header_buffer_size);
+srv_flag!(set_merge_slashes, merge_slashes);
+srv_flag!(set_ignore_invalid_headers, ignore_invalid_headers);
+srv_flag!(set_underscores_in_headers, underscores_in_headers);
+loc_flag!(set_sendfile, sendfile);
+loc_flag!(set_tcp_nopush, tcp_nopush);
+loc_flag!(set_tcp_nodelay, tcp_nodelay);
+loc_flag!(set_reset_timedout, reset_timedout_connection);
+loc_msec!(set_send_timeout, send_timeout);
+loc_msec!(set_client_body_timeout, client_body_timeout);
+loc_msec!(set_lingering_time, lingering_time);
+loc_msec!(set_lingering_timeout, lingering_timeout);
+loc_size!(set_client_max_body_size, client_max_body_size);
+loc_size!(set_client_body_buffer_size, client_body_buffer_size);
+
+fn set_client_header_timeout(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msec_arg(d, 0)?;
+    set_once(&mut s.client_header_timeout, v, d)
+}
+
+fn set_large_buffers(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = value::number(arg(d, 0)).filter(|n| *n > 0).ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+    let size = size_arg(d, 1)?;
+    if size == 0 {
+        return Err(registry::invalid_value(d, arg(d, 1)));
+    }
+    set_once(&mut s.large_client_header_buffers, (n as usize, size as usize), d)
+}
+
+fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match arg(d, 0) {
+        "on" => true,
+        "off" => false,
+        "build" => true,
+        v => {
+            return Err(ConfError::at(
+                format!("invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\" or \"build\"", v, d.name),
+                d,
+            ))
+        }
+    };
+    set_once(&mut l.core.server_tokens, v, d)
+}
+
+fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let timeout_ms = msec_arg(d, 0)?;
+    let header_secs = match d.args.get(1) {
+        Some(a) => Some(value::time_secs(&a.value).ok_or_else(|| registry::invalid_value(d, &a.value))?),
+        None => None,
+    };
+    set_once(&mut l.core.keepalive, Keepalive { timeout_ms, header_secs }, d)
+}
+
+fn set_keepalive_requests(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::number(arg(d, 0)).ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+    set_once(&mut l.core.keepalive_requests, v, d)
+}
+
+fn set_lingering_close(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match arg(d, 0) {
+        "off" => Lingering::Off,
+        "on" => Lingering::On,
+        "always" => Lingering::Always,
+        v => return Err(registry::invalid_value(d, v)),
+    };
+    set_once(&mut l.core.lingering_close, v, d)
+}
+
+fn set_root(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let alias = d.name == "alias";
+    if let Some((_, was_alias)) = &l.core.root {
+        return Err(if *was_alias == alias {
+            registry::duplicate(d)
+        } else {
+            ConfError::at(format!("\"{}\" directive is duplicate, \"{}\" directive was specified earlier", d.name, if *was_alias { "alias" } else { "root" }), d)
+        });
+    }
+    let raw = arg(d, 0);
+    let path = if raw.starts_with('$') || raw.starts_with('/') {
+        raw.to_string()
+    } else {
+        cx.path(raw).to_string_lossy().into_owned()
+    };
+    let t = cx.template(&path, d)?;
+    l.core.root = Some((t, alias));
+    Ok(())
+}
+
+fn set_default_type(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    set_once(&mut l.core.default_type, arg(d, 0).to_string(), d)
+}
+
+fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let mut m: HashMap<String, String> = match &l.core.types {
+        Some(t) => (**t).clone(),
+        None => HashMap::new(),
+    };
+    for e in d.block.as_deref().unwrap_or(&[]) {
+        if e.block.is_some() {
+            return Err(ConfError::at(format!("unexpected \"{{\""), e));
+        }
+        for ext in &e.args {
+            // nginx keeps the first type given for an extension and warns.
+            let key = ext.value.to_ascii_lowercase();
+            if let Some(prev) = m.get(&key) {
+                if *prev != e.name {
+                    crate::elog!(Warn, "duplicate extension \"{}\", content type: \"{}\", previous content type: \"{}\" in {}:{}", ext.value, e.name, prev, e.file.display(), e.line);
+                }
+                continue;
+            }
+            m.insert(key, e.name.clone());
+        }
+    }
+    l.core.types = Some(Arc::new(m));
+    Ok(())
+}
+
+fn set_internal(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if l.core.internal {
+        return Err(registry::duplicate(d));
+    }
+    l.core.internal = true;
+    Ok(())
+}
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec { name: "server", ctx: ctx::HTTP, args: Args::take(0), set: Setter::Block },
+    Spec { name: "location", ctx: ctx::SRV | ctx::LOC, args: Args::take12(), set: Setter::Block },
+    Spec { name: "listen", ctx: ctx::SRV, args: Args::AtLeast(1), set: Setter::Srv(set_listen) },
+    Spec { name: "server_name", ctx: ctx::SRV, args: Args::AtLeast(1), set: Setter::Srv(set_server_name) },
+    Spec { name: "client_header_buffer_size", ctx: ctx::HTTP | ctx::SRV, args: Args::take(1), set: Setter::Srv(set_client_header_buffer_size) },
+    Spec { name: "large_client_header_buffers", ctx: ctx::HTTP | ctx::SRV, args: Args::take(2), set: Setter::Srv(set_large_buffers) },
+    Spec { name: "client_header_timeout", ctx: ctx::HTTP | ctx::SRV, args: Args::take(1), set: Setter::Srv(set_client_header_timeout) },
+    Spec { name: "merge_slashes", ctx: ctx::HTTP | ctx::SRV, args: Args::Flag, set: Setter::Srv(set_merge_slashes) },
+    Spec { name: "ignore_invalid_headers", ctx: ctx::HTTP | ctx::SRV, args: Args::Flag, set: Setter::Srv(set_ignore_invalid_headers) },
+    Spec { name: "underscores_in_headers", ctx: ctx::HTTP | ctx::SRV, args: Args::Flag, set: Setter::Srv(set_underscores_in_headers) },
+    Spec { name: "root", ctx: ctx::HSL | ctx::LIF, args: Args::take(1), set: Setter::Loc(set_root) },
+    Spec { name: "alias", ctx: ctx::LOC, args: Args::take(1), set: Setter::Loc(set_root) },
+    Spec { name: "internal", ctx: ctx::LOC, args: Args::take(0), set: Setter::Loc(set_internal) },
+    Spec { name: "types", ctx: ctx::HSL, args: Args::take(0), set: Setter::LocBlock(set_types) },
+    Spec { name: "default_type", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_default_type) },
+    Spec { name: "sendfile", ctx: ctx::HSL | ctx::LIF, args: Args::Flag, set: Setter::Loc(set_sendfile) },
+    Spec { name: "tcp_nopush", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(set_tcp_nopush) },
+    Spec { name: "tcp_nodelay", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(set_tcp_nodelay) },
+    Spec { name: "keepalive_timeout", ctx: ctx::HSL, args: Args::take12(), set: Setter::Loc(set_keepalive_timeout) },
+    Spec { name: "keepalive_requests", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_keepalive_requests) },
+    Spec { name: "send_timeout", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_send_timeout) },
+    Spec { name: "client_body_timeout", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_client_body_timeout) },
+    Spec { name: "client_max_body_size", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_client_max_body_size) },
+    Spec { name: "client_body_buffer_size", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_client_body_buffer_size) },
+    Spec { name: "reset_timedout_connection", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(set_reset_timedout) },
+    Spec { name: "lingering_close", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_lingering_close) },
+    Spec { name: "lingering_time", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_lingering_time) },
+    Spec { name: "lingering_timeout", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_lingering_timeout) },
+    Spec { name: "server_tokens", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_server_tokens) },
+];

@@ -1,0 +1,497 @@
+//! The HTTP/1.1 connection: read a head, run the request, write the
+//! response, keep alive or close.
+//!
+//! ```text
+//!            +-------------------------------------------+
+//!            v                                           |
+//!  [Idle: wait first byte] --bytes--> [ReadingHead] --complete--> [Handling]
+//!   | keepalive_timeout / QUIT            | client_header_timeout      |
+//!   v                                     v (close, 408 logged)        v
+//!  close                                 close                 [Writing] --send_timeout--> close
+//!                                                                      |
+//!                                         keepalive && !quit && n < keepalive_requests
+//! ```
+//! Invariants: the read buffer holds only bytes not yet consumed (pipelined
+//! requests stay in it); it is freed while the connection idles; a request
+//! uses the configuration that was current when its head was complete, so
+//! a reload applies from the next request on a kept-alive connection.
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::timeout;
+
+use crate::core::log::Level;
+use crate::core::worker::WorkerShared;
+use crate::http::conf::{AddrConf, ListenAddr, LocConf};
+use crate::http::phases;
+use crate::http::request::{self, Reject, Request};
+use crate::http::response::{self, Body, Response};
+use crate::http::chunked::ChunkedDecoder;
+
+/// What the engine needs from a socket (TCP or unix).
+pub trait Stream: crate::io::SendSock + 'static {
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    fn set_nodelay(&self, on: bool);
+    fn set_cork(&self, on: bool);
+    fn set_linger_zero(&self);
+    fn shutdown_write(&self);
+}
+
+macro_rules! impl_stream {
+    ($t:ty, $tcp:expr) => {
+        impl Stream for $t {
+            async fn readable(&self) -> io::Result<()> {
+                <$t>::readable(self).await
+            }
+            fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+                <$t>::try_read(self, buf)
+            }
+            fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+                <$t>::try_write_vectored(self, bufs)
+            }
+            fn set_nodelay(&self, on: bool) {
+                if $tcp {
+                    let _ = socket2::SockRef::from(self).set_nodelay(on);
+                }
+            }
+            fn set_cork(&self, on: bool) {
+                if $tcp {
+                    let _ = socket2::SockRef::from(self).set_cork(on);
+                }
+            }
+            fn set_linger_zero(&self) {
+                let _ = socket2::SockRef::from(self).set_linger(Some(Duration::ZERO));
+            }
+            fn shutdown_write(&self) {
+                let _ = socket2::SockRef::from(self).shutdown(std::net::Shutdown::Write);
+            }
+        }
+    };
+}
+impl_stream!(tokio::net::TcpStream, true);
+impl_stream!(tokio::net::UnixStream, false);
+
+/// Per-connection facts (variables, logs).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub id: u64,
+    pub remote: Option<SocketAddr>,
+    pub local: Option<SocketAddr>,
+    pub listen: ListenAddr,
+    pub requests: u64,
+}
+
+enum HeadResult {
+    Head(usize),
+    Closed,
+    TimedOut,
+    Reject(Reject),
+    Quit,
+}
+
+/// Serves one connection until it closes.
+pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerShared>) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut quit = shared.quit.clone();
+    loop {
+        let config = shared.config.load_full();
+        let Some(http) = config.http.clone() else { return };
+        let Some(addr) = http.addr_for(&info.listen, info.local) else { return };
+        let dsrv = &addr.default.srv;
+        let first = info.requests == 0;
+        // Wait for the first byte: keepalive_timeout between requests.
+        if buf.is_empty() {
+            if *quit.borrow() && !first {
+                return;
+            }
+            let wait_ms = if first { dsrv.header_timeout_ms() } else { addr.default.conf.core.keepalive.map_or(75_000, |k| k.timeout_ms) };
+            // Idle connections hold no buffer.
+            buf = Vec::new();
+            tokio::select! {
+                r = timeout(Duration::from_millis(wait_ms), stream.readable()) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        if first && addr.default.conf.core.reset_timedout_connection.unwrap_or(false) {
+                            stream.set_linger_zero();
+                        }
+                        return;
+                    }
+                },
+                _ = quit.changed(), if !first => return,
+            }
+        }
+        let head = read_head(&stream, &mut buf, &addr, first).await;
+        let end = match head {
+            HeadResult::Head(n) => n,
+            HeadResult::Closed | HeadResult::Quit => return,
+            HeadResult::TimedOut => {
+                log_conn(&addr.default.conf, Level::Info, &info, "client timed out (110: Connection timed out) while reading client request headers");
+                if addr.default.conf.core.reset_timedout_connection.unwrap_or(false) {
+                    stream.set_linger_zero();
+                }
+                return;
+            }
+            HeadResult::Reject(r) => {
+                info.requests += 1;
+                shared.stats.request();
+                reject_and_close(&stream, &addr, &info, r).await;
+                return;
+            }
+        };
+        info.requests += 1;
+        shared.stats.request();
+        let req = match request::parse_head(&buf[..end], dsrv) {
+            Ok(r) => r,
+            Err(r) => {
+                reject_and_close(&stream, &addr, &info, r).await;
+                return;
+            }
+        };
+        buf.drain(..end);
+        let server = addr.select(req.host.as_deref()).clone();
+        let mut out = phases::run(&req, &server, &info, &shared).await;
+        let loc = out.loc.clone();
+        let resp = &mut out.resp;
+        if resp.close_silently {
+            return;
+        }
+        // Body handling: this engine's handlers never need the body; read and
+        // discard it so the connection can be reused.
+        let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
+        let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
+        if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
+            keepalive = false;
+        }
+        let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
+        if body_pending && resp.status != 413 {
+            if req.expect_continue && buf.is_empty() {
+                if write_all(&stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc).await.is_err() {
+                    return;
+                }
+            }
+            match discard_body(&stream, &mut buf, &req, &loc).await {
+                Ok(()) => {}
+                Err(DiscardError::Bad) => {
+                    // A broken chunked body: the response so far is replaced by 400.
+                    let r = Reject { status: 400, log: "client sent invalid chunked body", line: Some(req.line.clone()) };
+                    reject_and_close(&stream, &addr, &info, r).await;
+                    return;
+                }
+                Err(DiscardError::Io) => return,
+            }
+        } else if body_pending {
+            keepalive = false;
+            resp.linger = true;
+        }
+        if write_response(&stream, &req, resp, &loc, keepalive).await.is_err() {
+            if loc.core.reset_timedout_connection.unwrap_or(false) {
+                stream.set_linger_zero();
+            }
+            return;
+        }
+        crate::http::log::access(&out, &req, &info);
+        if !keepalive {
+            if resp.linger {
+                linger(&stream, &loc).await;
+            }
+            return;
+        }
+        if buf.is_empty() {
+            buf = Vec::new();
+        }
+    }
+}
+
+/// Reads until a complete head is in `buf`; returns its length.
+async fn read_head<S: Stream>(stream: &S, buf: &mut Vec<u8>, addr: &AddrConf, _first: bool) -> HeadResult {
+    let srv = &addr.default.srv;
+    let small = srv.header_buffer();
+    let (n_large, large) = srv.large_buffers();
+    let limit = small.max(n_large * large);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(srv.header_timeout_ms());
+    let mut scanned = 0;
+    loop {
+        if let Some(end) = head_end(buf, &mut scanned) {
+            return HeadResult::Head(end);
+        }
+        if let Some(r) = check_limits(buf, large, limit) {
+            return HeadResult::Reject(r);
+        }
+        if buf.capacity() - buf.len() < 512 {
+            buf.reserve(if buf.capacity() == 0 { small } else { buf.capacity() });
+        }
+        let start = buf.len();
+        let cap = buf.capacity();
+        buf.resize(cap, 0);
+        let r = stream.try_read(&mut buf[start..]);
+        match r {
+            Ok(0) => {
+                buf.truncate(start);
+                return HeadResult::Closed;
+            }
+            Ok(n) => buf.truncate(start + n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                buf.truncate(start);
+                match tokio::time::timeout_at(deadline, stream.readable()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return HeadResult::Closed,
+                    Err(_) => return HeadResult::TimedOut,
+                }
+            }
+            Err(_) => {
+                buf.truncate(start);
+                return HeadResult::Closed;
+            }
+        }
+    }
+}
+
+/// nginx's limits while the head is incomplete: a request line longer than
+/// a large buffer is 414, a header line longer than one is 494, and the
+/// whole head may not exceed all the large buffers.
+fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
+    let first_nl = memchr::memchr(b'\n', buf);
+    match first_nl {
+        None if buf.len() > large => {
+            return Some(Reject { status: 414, log: "client sent too long URI", line: None });
+        }
+        None => return None,
+        Some(n) if n > large => {
+            return Some(Reject { status: 414, log: "client sent too long URI", line: None });
+        }
+        Some(_) => {}
+    }
+    let line = first_nl.map(|n| buf[..n].strip_suffix(b"\r").unwrap_or(&buf[..n]).to_vec());
+    let last_nl = memchr::memrchr(b'\n', buf).unwrap_or(0);
+    if buf.len() - last_nl > large || buf.len() > limit {
+        return Some(Reject { status: 494, log: "client sent too long header line", line });
+    }
+    None
+}
+
+/// Finds the end of the head (after an empty line, CRLF or bare LF).
+fn head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
+    // Leading empty lines before a request line are skipped by nginx;
+    // httparse does too, so only look for the blank line after content.
+    let mut i = scanned.saturating_sub(3);
+    while let Some(p) = memchr::memchr(b'\n', &buf[i..]) {
+        let nl = i + p;
+        let rest = &buf[nl + 1..];
+        if rest.first() == Some(&b'\n') && nl > 0 {
+            return Some(nl + 2);
+        }
+        if rest.starts_with(b"\r\n") && nl > 0 {
+            return Some(nl + 3);
+        }
+        if rest.len() < 2 {
+            *scanned = nl + 1;
+            return None;
+        }
+        i = nl + 1;
+    }
+    *scanned = buf.len();
+    None
+}
+
+async fn reject_and_close<S: Stream>(stream: &S, addr: &AddrConf, info: &ConnInfo, r: Reject) {
+    let loc = &addr.default.conf;
+    let level = Level::Info;
+    log_conn(loc, level, info, r.log);
+    let mut resp = Response::status(r.status);
+    response::special_response(&mut resp, loc);
+    let _ = write_response_raw(stream, &resp, loc, 1, false, false).await;
+    linger(stream, loc).await;
+}
+
+fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
+    let client = info.remote.map(|a| a.ip().to_string()).unwrap_or_else(|| "unix:".into());
+    let logger = loc.core.logger.clone().unwrap_or_else(crate::core::log::main_logger);
+    logger.log(level, Some(info.id), format_args!("{}, client: {}, server: {}", msg, client, info.local.map(|a| a.to_string()).unwrap_or_default()));
+}
+
+enum DiscardError {
+    Bad,
+    Io,
+}
+
+async fn discard_body<S: Stream>(stream: &S, buf: &mut Vec<u8>, req: &Request, loc: &LocConf) -> Result<(), DiscardError> {
+    let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
+    if let Some(mut left) = req.content_length {
+        let take = (buf.len() as u64).min(left) as usize;
+        buf.drain(..take);
+        left -= take as u64;
+        let mut scratch = vec![0u8; 16384];
+        while left > 0 {
+            let want = (scratch.len() as u64).min(left) as usize;
+            let n = read_some(stream, &mut scratch[..want], to).await?;
+            left -= n as u64;
+        }
+        return Ok(());
+    }
+    let mut dec = ChunkedDecoder::new();
+    let mut sink = Vec::new();
+    loop {
+        let used = dec.decode(buf, &mut sink).map_err(|_| DiscardError::Bad)?;
+        buf.drain(..used);
+        sink.clear();
+        if dec.is_done() {
+            return Ok(());
+        }
+        let mut scratch = vec![0u8; 16384];
+        let n = read_some(stream, &mut scratch, to).await?;
+        buf.extend_from_slice(&scratch[..n]);
+    }
+}
+
+async fn read_some<S: Stream>(stream: &S, into: &mut [u8], to: Duration) -> Result<usize, DiscardError> {
+    loop {
+        match stream.try_read(into) {
+            Ok(0) => return Err(DiscardError::Io),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match timeout(to, stream.readable()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(DiscardError::Io),
+            },
+            Err(_) => return Err(DiscardError::Io),
+        }
+    }
+}
+
+/// After a final response on a connection the client may still be
+/// sending: read and drop for up to lingering_time, so that the client
+/// sees our response rather than a reset.
+async fn linger<S: Stream>(stream: &S, loc: &LocConf) {
+    if loc.core.lingering_close == Some(crate::http::conf::Lingering::Off) {
+        return;
+    }
+    stream.shutdown_write();
+    let total = Duration::from_millis(loc.core.lingering_time.unwrap_or(30_000));
+    let each = Duration::from_millis(loc.core.lingering_timeout.unwrap_or(5_000));
+    let deadline = tokio::time::Instant::now() + total;
+    let mut scratch = [0u8; 4096];
+    loop {
+        match stream.try_read(&mut scratch) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let until = (tokio::time::Instant::now() + each).min(deadline);
+                if tokio::time::timeout_at(until, stream.readable()).await.is_err() {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+async fn write_response<S: Stream>(stream: &S, req: &Request, resp: &Response, loc: &LocConf, keepalive: bool) -> io::Result<()> {
+    let head_only = req.method == crate::http::request::Method::Head;
+    write_response_raw(stream, resp, loc, req.minor, keepalive, head_only).await
+}
+
+async fn write_response_raw<S: Stream>(
+    stream: &S,
+    resp: &Response,
+    loc: &LocConf,
+    minor: u8,
+    keepalive: bool,
+    head_only: bool,
+) -> io::Result<()> {
+    let mut head = Vec::with_capacity(256);
+    response::write_head(&mut head, resp, loc, minor, keepalive);
+    match &resp.body {
+        _ if head_only => write_all(stream, &[&head], loc).await,
+        Body::Empty => write_all(stream, &[&head], loc).await,
+        Body::Bytes(b) => write_all(stream, &[&head, b], loc).await,
+        Body::File { file, offset, len } => {
+            let policy = crate::io::Policy::default();
+            if loc.core.sendfile.unwrap_or(false) {
+                let cork = loc.core.tcp_nopush.unwrap_or(false);
+                if cork {
+                    stream.set_cork(true);
+                }
+                write_all(stream, &[&head], loc).await?;
+                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+                let mut off = *offset;
+                let end = offset + len;
+                while off < end {
+                    let chunk = (end - off).min(1 << 20);
+                    let n = timeout(to, crate::io::send_file(stream, file, off, chunk, &policy))
+                        .await
+                        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "send_timeout"))??;
+                    off += n;
+                }
+                if cork {
+                    stream.set_cork(false);
+                }
+                Ok(())
+            } else {
+                // Small files go out with the head in one writev.
+                let first = (*len).min(32768);
+                let data = crate::io::read(file, *offset, first as usize, &policy).await?;
+                write_all(stream, &[&head, &data], loc).await?;
+                let mut off = offset + first;
+                let end = offset + len;
+                while off < end {
+                    let n = (end - off).min(32768);
+                    let data = crate::io::read(file, off, n as usize, &policy).await?;
+                    write_all(stream, &[&data], loc).await?;
+                    off += n;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Writes all of `bufs` with writev, waiting at most send_timeout between
+/// two successful writes.
+async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::Result<()> {
+    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    let mut idx = 0;
+    let mut off = 0;
+    while idx < bufs.len() {
+        if off >= bufs[idx].len() {
+            idx += 1;
+            off = 0;
+            continue;
+        }
+        let slices: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&bufs[idx][off..]))
+            .chain(bufs[idx + 1..].iter().map(|b| IoSlice::new(b)))
+            .collect();
+        match stream.try_write_vectored(&slices) {
+            Ok(mut n) => {
+                while n > 0 && idx < bufs.len() {
+                    let left = bufs[idx].len() - off;
+                    if n >= left {
+                        n -= left;
+                        idx += 1;
+                        off = 0;
+                    } else {
+                        off += n;
+                        n = 0;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match timeout(to, crate::io::SendSock::writable(stream)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+pub use response::Response as Resp;
+pub type Shared = Arc<WorkerShared>;
+pub type LocRef = Arc<LocConf>;

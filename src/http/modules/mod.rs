@@ -1,0 +1,89 @@
+//! HTTP modules: each owns its directive table and its slice of the
+//! location configuration ([`ModLoc`]), and plugs into a phase.
+//!
+//! Phase order (one constant, see [`crate::http::phases`]): server rewrite,
+//! location lookup, location rewrite, access, content, then output filters
+//! and logging.
+
+pub mod index;
+pub mod rewrite;
+pub mod static_file;
+
+use crate::config::registry::{ctx, Args, Setter, Spec};
+use crate::config::{ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::http::conf::{HttpMain, LocConf};
+
+/// Every module's directive table.
+pub const TABLES: &[&[Spec]] = &[index::DIRECTIVES, rewrite::DIRECTIVES, UNSUPPORTED];
+
+/// The modules' location-level configuration.
+#[derive(Debug, Clone, Default)]
+pub struct ModLoc {
+    pub index: index::IndexLoc,
+    pub rewrite: rewrite::RewriteLoc,
+}
+
+impl ModLoc {
+    pub fn merge(&mut self, p: &ModLoc) {
+        self.index.merge(&p.index);
+        self.rewrite.merge(&p.rewrite);
+    }
+    pub fn defaults(&mut self) {
+        self.index.defaults();
+    }
+}
+
+/// A block directive inside `server` that a module owns (e.g. `if`).
+pub fn srv_block(d: &Directive, _cx: &mut Compiler, _hm: &mut HttpMain, _loc: &mut LocConf) -> ConfResult<()> {
+    Err(ConfError::at(format!("\"{}\" directive is not supported by tern yet", d.name), d))
+}
+
+/// A block directive inside `location` that a module owns (`if`, `limit_except`).
+pub fn loc_block(d: &Directive, _cx: &mut Compiler, _hm: &mut HttpMain, _loc: &mut LocConf) -> ConfResult<()> {
+    Err(ConfError::at(format!("\"{}\" directive is not supported by tern yet", d.name), d))
+}
+
+macro_rules! unsupported {
+    ($($name:literal : $ctx:expr),* $(,)?) => {
+        &[ $( Spec { name: $name, ctx: $ctx, args: Args::Any, set: Setter::Unsupported }, )* ]
+    };
+}
+
+const H: u32 = ctx::HTTP;
+const HSL: u32 = ctx::HSL | ctx::LIF | ctx::SIF;
+
+/// nginx directives tern recognises but does not implement yet: a config
+/// using one is refused at startup with a message naming it.
+const UNSUPPORTED: &[Spec] = unsupported![
+    "access_log": HSL | ctx::LMT, "log_format": H, "open_log_file_cache": ctx::HSL,
+    "gzip": HSL, "gzip_types": ctx::HSL, "gzip_min_length": ctx::HSL, "gzip_comp_level": ctx::HSL,
+    "gzip_proxied": ctx::HSL, "gzip_disable": ctx::HSL, "gzip_vary": ctx::HSL, "gzip_buffers": ctx::HSL,
+    "gzip_http_version": ctx::HSL, "gzip_static": ctx::HSL, "gunzip": ctx::HSL,
+    "limit_conn_zone": H, "limit_conn": ctx::HSL, "limit_conn_status": ctx::HSL, "limit_conn_log_level": ctx::HSL,
+    "limit_conn_dry_run": ctx::HSL, "limit_req_zone": H, "limit_req": ctx::HSL, "limit_req_status": ctx::HSL,
+    "limit_req_log_level": ctx::HSL, "limit_req_dry_run": ctx::HSL,
+    "open_file_cache": ctx::HSL, "open_file_cache_valid": ctx::HSL, "open_file_cache_min_uses": ctx::HSL,
+    "open_file_cache_errors": ctx::HSL, "open_file_cache_events": ctx::HSL,
+    "charset": HSL, "charset_types": ctx::HSL, "source_charset": ctx::HSL, "override_charset": HSL, "charset_map": H,
+    "map": H, "split_clients": H, "upstream": H, "geo": H,
+    "proxy_pass": ctx::LOC | ctx::LIF | ctx::LMT, "proxy_cache": ctx::HSL, "proxy_cache_path": H, "proxy_cache_key": ctx::HSL,
+    "proxy_cache_valid": ctx::HSL, "proxy_set_header": ctx::HSL, "proxy_buffering": ctx::HSL, "proxy_http_version": ctx::HSL,
+    "proxy_temp_path": ctx::HSL, "proxy_connect_timeout": ctx::HSL, "proxy_read_timeout": ctx::HSL, "proxy_send_timeout": ctx::HSL,
+    "fastcgi_pass": ctx::LOC | ctx::LIF, "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
+    "rewrite": HSL, "set": HSL, "if": ctx::SRV | ctx::LOC, "break": HSL, "rewrite_log": HSL, "uninitialized_variable_warn": HSL,
+    "try_files": ctx::SRV | ctx::LOC, "error_page": HSL, "recursive_error_pages": ctx::HSL, "autoindex": ctx::HSL,
+    "autoindex_exact_size": ctx::HSL, "autoindex_localtime": ctx::HSL, "autoindex_format": ctx::HSL,
+    "add_header": HSL, "add_trailer": HSL, "expires": HSL, "etag": ctx::HSL, "if_modified_since": ctx::HSL, "max_ranges": ctx::HSL,
+    "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "absolute_redirect": ctx::HSL, "port_in_redirect": ctx::HSL,
+    "server_name_in_redirect": ctx::HSL, "msie_padding": ctx::HSL, "msie_refresh": ctx::HSL, "log_not_found": ctx::HSL,
+    "log_subrequest": ctx::HSL, "postpone_output": ctx::HSL, "chunked_transfer_encoding": ctx::HSL,
+    "stub_status": ctx::SRV | ctx::LOC, "ssl_certificate": ctx::HTTP | ctx::SRV, "ssl_certificate_key": ctx::HTTP | ctx::SRV,
+    "ssl_protocols": ctx::HTTP | ctx::SRV, "ssl_ciphers": ctx::HTTP | ctx::SRV, "http2": ctx::HTTP | ctx::SRV,
+    "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
+    "auth_basic_user_file": HSL | ctx::LMT, "real_ip_header": ctx::HSL, "set_real_ip_from": ctx::HSL, "ssi": HSL,
+    "sub_filter": ctx::HSL, "client_body_temp_path": ctx::HSL, "client_body_in_file_only": ctx::HSL,
+    "server_names_hash_bucket_size": H, "server_names_hash_max_size": H, "types_hash_max_size": H,
+    "types_hash_bucket_size": H, "variables_hash_max_size": H, "variables_hash_bucket_size": H,
+    "map_hash_bucket_size": H, "map_hash_max_size": H,
+];

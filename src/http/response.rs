@@ -1,0 +1,150 @@
+//! A response on its way out, and the header filter that serialises it.
+//!
+//! Handlers fill a [`Response`]; [`write_head`] renders the status line and
+//! headers in nginx's order (Server, Date, Content-Type, Content-Length,
+//! Last-Modified, Location, Connection, Keep-Alive, then the rest) into a
+//! reused buffer. The body is sent by the connection: bytes with the head in
+//! one `writev`, a file range through the file-I/O layer.
+
+use std::sync::Arc;
+
+use crate::http::conf::LocConf;
+use crate::http::date;
+use crate::http::status;
+use crate::io::OpenFile;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The nginx version tern reports in `$nginx_version` (the release whose
+/// behaviour it follows).
+pub const NGINX_VERSION: &str = "1.22.1";
+
+#[derive(Debug, Default)]
+pub enum Body {
+    #[default]
+    Empty,
+    Bytes(Vec<u8>),
+    File { file: Arc<OpenFile>, offset: u64, len: u64 },
+}
+
+#[derive(Debug, Default)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub content_length: Option<u64>,
+    pub last_modified: Option<i64>,
+    pub location: Option<Vec<u8>>,
+    /// Other headers, in order, after the fixed ones.
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+    pub body: Body,
+    /// `return 444`: close without answering.
+    pub close_silently: bool,
+    /// Keep-alive must end after this response.
+    pub force_close: bool,
+    /// Lingering close is needed (unread body may follow).
+    pub linger: bool,
+}
+
+impl Response {
+    pub fn status(code: u16) -> Response {
+        Response { status: code, ..Default::default() }
+    }
+
+    pub fn body_len(&self) -> u64 {
+        match &self.body {
+            Body::Empty => 0,
+            Body::Bytes(b) => b.len() as u64,
+            Body::File { len, .. } => *len,
+        }
+    }
+}
+
+/// Fills in nginx's built-in page for an error or redirect status without a body.
+pub fn special_response(resp: &mut Response, loc: &LocConf) {
+    if !matches!(resp.body, Body::Empty) || resp.status < 300 || resp.status == 304 {
+        return;
+    }
+    let mut page = Vec::new();
+    if status::error_page(resp.status, loc.core.server_tokens.unwrap_or(true), VERSION, &mut page) {
+        resp.content_type = Some("text/html".into());
+        resp.content_length = Some(page.len() as u64);
+        resp.body = Body::Bytes(page);
+    }
+    // nginx stops keep-alive after these errors.
+    if matches!(resp.status, 400 | 413 | 414 | 494 | 495 | 496 | 497 | 500 | 501) {
+        resp.force_close = true;
+    }
+    if matches!(resp.status, 400 | 413 | 414 | 494) {
+        resp.linger = true;
+    }
+}
+
+/// Serialises the head. `minor` is the request's HTTP minor version.
+pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, keepalive: bool) {
+    // nginx answers 1.0 and 1.1 requests with an HTTP/1.1 status line.
+    let code = match resp.status {
+        494..=497 => 400,
+        c => c,
+    };
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_num(out, code as u64);
+    if let Some(r) = status::reason(code) {
+        out.push(b' ');
+        out.extend_from_slice(r.as_bytes());
+    } else {
+        out.push(b' ');
+    }
+    out.extend_from_slice(b"\r\nServer: ");
+    if loc.core.server_tokens.unwrap_or(true) {
+        out.extend_from_slice(b"tern/");
+        out.extend_from_slice(VERSION.as_bytes());
+    } else {
+        out.extend_from_slice(b"tern");
+    }
+    out.extend_from_slice(b"\r\nDate: ");
+    out.extend_from_slice(&date::http_date());
+    out.extend_from_slice(b"\r\n");
+    if let Some(ct) = &resp.content_type {
+        out.extend_from_slice(b"Content-Type: ");
+        out.extend_from_slice(ct.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(n) = resp.content_length {
+        out.extend_from_slice(b"Content-Length: ");
+        push_num(out, n);
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(t) = resp.last_modified {
+        out.extend_from_slice(b"Last-Modified: ");
+        out.extend_from_slice(date::format_unix(t).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(l) = &resp.location {
+        out.extend_from_slice(b"Location: ");
+        out.extend_from_slice(l);
+        out.extend_from_slice(b"\r\n");
+    }
+    if minor >= 1 || keepalive {
+        if keepalive {
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
+            if let Some(ka) = loc.core.keepalive.and_then(|k| k.header_secs) {
+                out.extend_from_slice(b"Keep-Alive: timeout=");
+                push_num(out, ka);
+                out.extend_from_slice(b"\r\n");
+            }
+        } else {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+    }
+    for (n, v) in &resp.headers {
+        out.extend_from_slice(n.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+pub fn push_num(out: &mut Vec<u8>, n: u64) {
+    let mut b = itoa::Buffer::new();
+    out.extend_from_slice(b.format(n).as_bytes());
+}

@@ -1,0 +1,274 @@
+//! Variables and compiled templates.
+//!
+//! A string from the config containing `$name`, `${name}` or `$1` is
+//! compiled once into a [`Template`]: literal runs and [`Var`] references,
+//! builtin variables resolved to an enum, user variables (`set`, `map`,
+//! `split_clients`) to an index in the [`VarTable`]. At request time a
+//! template renders into a byte buffer through [`VarCtx`], implemented by
+//! the request; nothing is looked up by name per request.
+
+use std::collections::HashMap;
+
+use crate::config::{ConfError, ConfResult};
+
+/// A variable reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Var {
+    Uri,
+    RequestUri,
+    Args,
+    IsArgs,
+    Host,
+    Hostname,
+    /// `$http_NAME`: header name lowercase with `_` turned into `-`.
+    Http(String),
+    SentHttp(String),
+    Arg(String),
+    Cookie(String),
+    RemoteAddr,
+    BinaryRemoteAddr,
+    RemotePort,
+    ServerAddr,
+    ServerPort,
+    ServerName,
+    ServerProtocol,
+    Scheme,
+    Request,
+    RequestMethod,
+    RequestLength,
+    RequestTime,
+    RequestFilename,
+    DocumentRoot,
+    RealpathRoot,
+    ContentType,
+    ContentLength,
+    Status,
+    BodyBytesSent,
+    BytesSent,
+    Connection,
+    ConnectionRequests,
+    Msec,
+    TimeLocal,
+    TimeIso8601,
+    Pid,
+    NginxVersion,
+    TernVersion,
+    TernIo,
+    /// `$1`..`$9` regex captures.
+    Capture(usize),
+    /// A user variable by index in the [`VarTable`].
+    User(usize),
+}
+
+/// Builtins by name (those without a prefix).
+fn builtin(name: &str) -> Option<Var> {
+    Some(match name {
+        "uri" | "document_uri" => Var::Uri,
+        "request_uri" => Var::RequestUri,
+        "args" | "query_string" => Var::Args,
+        "is_args" => Var::IsArgs,
+        "host" => Var::Host,
+        "hostname" => Var::Hostname,
+        "remote_addr" => Var::RemoteAddr,
+        "binary_remote_addr" => Var::BinaryRemoteAddr,
+        "remote_port" => Var::RemotePort,
+        "server_addr" => Var::ServerAddr,
+        "server_port" => Var::ServerPort,
+        "server_name" => Var::ServerName,
+        "server_protocol" => Var::ServerProtocol,
+        "scheme" => Var::Scheme,
+        "request" => Var::Request,
+        "request_method" => Var::RequestMethod,
+        "request_length" => Var::RequestLength,
+        "request_time" => Var::RequestTime,
+        "request_filename" => Var::RequestFilename,
+        "document_root" => Var::DocumentRoot,
+        "realpath_root" => Var::RealpathRoot,
+        "content_type" => Var::ContentType,
+        "content_length" => Var::ContentLength,
+        "status" => Var::Status,
+        "body_bytes_sent" => Var::BodyBytesSent,
+        "bytes_sent" => Var::BytesSent,
+        "connection" => Var::Connection,
+        "connection_requests" => Var::ConnectionRequests,
+        "msec" => Var::Msec,
+        "time_local" => Var::TimeLocal,
+        "time_iso8601" => Var::TimeIso8601,
+        "pid" => Var::Pid,
+        "nginx_version" => Var::NginxVersion,
+        "tern_version" => Var::TernVersion,
+        "tern_io" => Var::TernIo,
+        _ => return None,
+    })
+}
+
+/// User-defined variables of an http block.
+#[derive(Debug, Clone, Default)]
+pub struct VarTable {
+    names: Vec<String>,
+    index: HashMap<String, usize>,
+    defined: Vec<bool>,
+}
+
+impl VarTable {
+    /// The index of a user variable, created on first mention.
+    pub fn user(&mut self, name: &str) -> usize {
+        if let Some(i) = self.index.get(name) {
+            return *i;
+        }
+        let i = self.names.len();
+        self.names.push(name.to_string());
+        self.defined.push(false);
+        self.index.insert(name.to_string(), i);
+        i
+    }
+
+    /// Declares a user variable (by `set`, `map`, ...).
+    pub fn define(&mut self, name: &str) -> usize {
+        let i = self.user(name);
+        self.defined[i] = true;
+        i
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    pub fn name(&self, i: usize) -> &str {
+        self.names.get(i).map(String::as_str).unwrap_or("")
+    }
+
+    /// Every variable mentioned must be defined somewhere (nginx checks this
+    /// after reading the whole configuration).
+    pub fn finish(&self) -> ConfResult<()> {
+        for (i, d) in self.defined.iter().enumerate() {
+            if !d {
+                return Err(ConfError::new(format!("unknown \"{}\" variable", self.names[i])));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a name to a variable.
+    pub fn resolve(&mut self, name: &str) -> Var {
+        if let Some(v) = builtin(name) {
+            return v;
+        }
+        let lower = name.to_ascii_lowercase();
+        if let Some(h) = lower.strip_prefix("http_") {
+            return Var::Http(h.replace('_', "-"));
+        }
+        if let Some(h) = lower.strip_prefix("sent_http_") {
+            return Var::SentHttp(h.replace('_', "-"));
+        }
+        if let Some(a) = name.strip_prefix("arg_") {
+            return Var::Arg(a.to_string());
+        }
+        if let Some(c) = name.strip_prefix("cookie_") {
+            return Var::Cookie(c.to_string());
+        }
+        Var::User(self.user(name))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Lit(Vec<u8>),
+    Var(Var),
+}
+
+/// A compiled string with variables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Template {
+    pub parts: Vec<Part>,
+}
+
+/// What a template needs from the request to render.
+pub trait VarCtx {
+    /// Appends the value of `v`; returns false when the variable is not found
+    /// (an empty value is appended then).
+    fn var(&self, v: &Var, out: &mut Vec<u8>) -> bool;
+}
+
+impl Template {
+    pub fn literal(s: &str) -> Template {
+        Template { parts: vec![Part::Lit(s.as_bytes().to_vec())] }
+    }
+
+    /// Compiles `s`; errors are nginx's messages (without location).
+    pub fn compile(s: &str, vars: &mut VarTable) -> Result<Template, String> {
+        let b = s.as_bytes();
+        let mut parts = Vec::new();
+        let mut lit = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] != b'$' {
+                lit.push(b[i]);
+                i += 1;
+                continue;
+            }
+            i += 1;
+            let (name, next) = if b.get(i) == Some(&b'{') {
+                let Some(end) = b[i + 1..].iter().position(|&c| c == b'}') else {
+                    return Err(format!("the closing bracket in \"{}\" variable is missing", &s[i + 1..]));
+                };
+                (&s[i + 1..i + 1 + end], i + end + 2)
+            } else if b.get(i).is_some_and(u8::is_ascii_digit) {
+                (&s[i..i + 1], i + 1)
+            } else {
+                let end = b[i..].iter().position(|&c| !(c.is_ascii_alphanumeric() || c == b'_')).map_or(b.len(), |p| i + p);
+                (&s[i..end], end)
+            };
+            if name.is_empty() {
+                return Err(format!("invalid variable name in \"{}\"", s));
+            }
+            if !lit.is_empty() {
+                parts.push(Part::Lit(std::mem::take(&mut lit)));
+            }
+            let v = match name.parse::<usize>() {
+                Ok(n) => Var::Capture(n),
+                Err(_) => vars.resolve(name),
+            };
+            parts.push(Part::Var(v));
+            i = next;
+        }
+        if !lit.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        Ok(Template { parts })
+    }
+
+    pub fn has_vars(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Var(_)))
+    }
+
+    /// The literal value when the template has no variables.
+    pub fn as_literal(&self) -> Option<&[u8]> {
+        match self.parts.as_slice() {
+            [] => Some(b""),
+            [Part::Lit(l)] => Some(l),
+            _ => None,
+        }
+    }
+
+    pub fn render(&self, cx: &dyn VarCtx, out: &mut Vec<u8>) {
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.extend_from_slice(l),
+                Part::Var(v) => {
+                    cx.var(v, out);
+                }
+            }
+        }
+    }
+
+    pub fn render_vec(&self, cx: &dyn VarCtx) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.render(cx, &mut v);
+        v
+    }
+}
