@@ -77,9 +77,22 @@ pub fn reason(code: u16) -> Option<&'static str> {
 pub fn status_line(code: u16, out: &mut Vec<u8>) {
     let code = wire_code(code);
     out.extend_from_slice(b"HTTP/1.1 ");
-    // "%03ui": three digits, zero padded; status codes never exceed 999 in
-    // practice but a wider value is written in full rather than truncated.
-    out.extend_from_slice(format!("{code:03} ").as_bytes());
+    // "%03ui": at least three digits, zero padded; a wider value (only
+    // possible from a misconfigured `return 1000`) is written in full.
+    let digits = [
+        (code / 10_000 % 10) as u8,
+        (code / 1000 % 10) as u8,
+        (code / 100 % 10) as u8,
+        (code / 10 % 10) as u8,
+        (code % 10) as u8,
+    ];
+    let skip = match code {
+        10_000.. => 0,
+        1000.. => 1,
+        _ => 2,
+    };
+    out.extend(digits[skip..].iter().map(|d| b'0' + d));
+    out.push(b' ');
     if let Some(r) = reason(code) {
         out.extend_from_slice(r.as_bytes());
     }
@@ -263,6 +276,8 @@ mod tests {
         assert_eq!(line(299), "HTTP/1.1 299 \r\n");
         assert_eq!(line(101), "HTTP/1.1 101 \r\n");
         assert_eq!(line(5), "HTTP/1.1 005 \r\n");
+        assert_eq!(line(1000), "HTTP/1.1 1000 \r\n");
+        assert_eq!(line(u16::MAX), "HTTP/1.1 65535 \r\n");
     }
 
     #[test]
