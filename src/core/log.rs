@@ -195,7 +195,7 @@ impl Logger {
 
 /// The formatted line, for callers that also print it (e.g. `-t`).
 pub fn format_line(level: Level, conn: Option<u64>, msg: fmt::Arguments<'_>) -> String {
-    let ts = crate::http::date::log_time();
+    let ts = String::from_utf8_lossy(&crate::http::date::err_log_time()).into_owned();
     // SAFETY: getpid/gettid have no preconditions.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
     match conn {

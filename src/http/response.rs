@@ -115,7 +115,7 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
     }
     if let Some(t) = resp.last_modified {
         out.extend_from_slice(b"Last-Modified: ");
-        out.extend_from_slice(date::format_unix(t).as_bytes());
+        out.extend_from_slice(&date::http_date_at(t));
         out.extend_from_slice(b"\r\n");
     }
     if let Some(l) = &resp.location {

@@ -58,3 +58,55 @@ pub const DIRECTIVES: &[Spec] = &[Spec {
     args: Args::take12(),
     set: Setter::Loc(set_return),
 }];
+
+/// Runs a list of rewrite-phase ops.
+pub fn run(cx: &mut crate::http::phases::Ctx<'_>, ops: &[Op]) -> crate::http::phases::Step {
+    use crate::http::phases::Step;
+    use crate::http::response::{Body, Response};
+    for op in ops {
+        match op {
+            Op::Return { code, text } => {
+                let code = *code;
+                if code == 444 {
+                    let mut r = Response::status(444);
+                    r.close_silently = true;
+                    return Step::Done(r);
+                }
+                let mut r = Response::status(code);
+                if let Some(t) = text {
+                    let v = t.render_vec(&*cx);
+                    if matches!(code, 301 | 302 | 303 | 307 | 308) {
+                        r.location = Some(absolute_location(cx, v));
+                    } else {
+                        r.content_type = Some(cx.loc.core.default_type.clone().unwrap_or_else(|| "text/plain".into()));
+                        r.content_length = Some(v.len() as u64);
+                        r.body = Body::Bytes(v);
+                    }
+                }
+                return Step::Done(r);
+            }
+        }
+    }
+    Step::Next
+}
+
+/// A relative redirect target made absolute as nginx does with
+/// `absolute_redirect on`: scheme, Host (or server name) and port.
+pub fn absolute_location(cx: &crate::http::phases::Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
+    if !v.starts_with(b"/") {
+        return v;
+    }
+    let mut out = b"http://".to_vec();
+    match &cx.req.host {
+        Some(h) => out.extend_from_slice(h),
+        None => out.extend_from_slice(cx.server.srv.primary_name.as_deref().unwrap_or("").as_bytes()),
+    }
+    if let Some(a) = cx.conn.local {
+        if a.port() != 80 {
+            out.push(b':');
+            out.extend_from_slice(a.port().to_string().as_bytes());
+        }
+    }
+    out.extend_from_slice(&v);
+    out
+}

@@ -1,0 +1,57 @@
+//! What `tern -V` reports: nginx's module list in `configure arguments:`
+//! form, from one table, so tools that read `-V` know what to expect.
+
+/// (nginx configure name, built by nginx by default, implemented by tern).
+const MODULES: &[(&str, bool, bool)] = &[
+    ("threads", false, false),
+    ("file-aio", false, false),
+    ("http_stub_status_module", false, false),
+    ("http_ssl_module", false, false),
+    ("http_v2_module", false, false),
+    ("http_gzip_static_module", false, false),
+    ("http_gunzip_module", false, false),
+    ("stream", false, false),
+    ("http_charset_module", true, false),
+    ("http_gzip_module", true, false),
+    ("http_ssi_module", true, false),
+    ("http_userid_module", true, false),
+    ("http_access_module", true, false),
+    ("http_auth_basic_module", true, false),
+    ("http_mirror_module", true, false),
+    ("http_autoindex_module", true, false),
+    ("http_geo_module", true, false),
+    ("http_map_module", true, false),
+    ("http_split_clients_module", true, false),
+    ("http_referer_module", true, false),
+    ("http_rewrite_module", true, false),
+    ("http_proxy_module", true, false),
+    ("http_fastcgi_module", true, false),
+    ("http_uwsgi_module", true, false),
+    ("http_scgi_module", true, false),
+    ("http_grpc_module", true, false),
+    ("http_memcached_module", true, false),
+    ("http_limit_conn_module", true, false),
+    ("http_limit_req_module", true, false),
+    ("http_empty_gif_module", true, false),
+    ("http_browser_module", true, false),
+    ("http_upstream_hash_module", true, false),
+    ("http_upstream_ip_hash_module", true, false),
+    ("http_upstream_least_conn_module", true, false),
+    ("http_upstream_random_module", true, false),
+    ("http_upstream_keepalive_module", true, false),
+    ("http_upstream_zone_module", true, false),
+    ("http-cache", true, false),
+];
+
+/// The `configure arguments:` line.
+pub fn configure_arguments(prefix: &str) -> String {
+    let mut s = format!("--prefix={}", prefix);
+    for (name, default, have) in MODULES {
+        match (default, have) {
+            (false, true) => s.push_str(&format!(" --with-{}", name)),
+            (true, false) => s.push_str(&format!(" --without-{}", name)),
+            _ => {}
+        }
+    }
+    s
+}

@@ -1,0 +1,120 @@
+//! Content phase for files: `index` for URIs ending in `/`, then the file
+//! itself (nginx's index and static modules). Files are opened through the
+//! file-I/O layer, never directly.
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::core::log::Level;
+use crate::http::phases::{Ctx, Step};
+use crate::http::request::Method;
+use crate::http::response::{Body, Response};
+
+pub async fn handle(cx: &mut Ctx<'_>) -> Step {
+    let method = cx.req.method;
+    if !matches!(method, Method::Get | Method::Head | Method::Post) {
+        return Step::Done(Response::status(405));
+    }
+    let policy = crate::io::Policy::default();
+    if cx.uri.ends_with(b"/") {
+        return index(cx, &policy).await;
+    }
+    let path = cx.request_filename();
+    let file = match crate::io::open(Path::new(std::ffi::OsStr::from_bytes(&path)), &policy).await {
+        Ok(f) => f,
+        Err(e) => return Step::Done(open_error(cx, &path, &e)),
+    };
+    if file.is_dir {
+        let mut loc = cx.uri.clone();
+        loc.push(b'/');
+        if let Some(a) = &cx.req.args {
+            loc.push(b'?');
+            loc.extend_from_slice(a);
+        }
+        let mut r = Response::status(301);
+        let mut escaped = Vec::new();
+        crate::http::uri::escape_uri(&loc, &mut escaped);
+        r.location = Some(crate::http::modules::rewrite::absolute_location(cx, escaped));
+        return Step::Done(r);
+    }
+    if method == Method::Post {
+        return Step::Done(Response::status(405));
+    }
+    let mut r = Response::status(200);
+    r.content_type = Some(content_type(cx, &path));
+    r.content_length = Some(file.size);
+    r.last_modified = Some(file.mtime);
+    let etag = format!("\"{:x}-{:x}\"", file.mtime, file.size);
+    r.headers.push(("ETag", etag.into_bytes()));
+    r.headers.push(("Accept-Ranges", b"bytes".to_vec()));
+    let len = file.size;
+    r.body = Body::File { file, offset: 0, len };
+    Step::Done(r)
+}
+
+async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
+    let files = cx.loc.modules.index.files.clone().unwrap_or_default();
+    let dir = cx.request_filename();
+    for t in &files {
+        let name = t.render_vec(&*cx);
+        // An absolute index ("/index.html") is a URI of its own.
+        let (path, uri) = if name.starts_with(b"/") {
+            let mut p = cx.root();
+            p.extend_from_slice(&name);
+            (p, name.clone())
+        } else {
+            let mut p = dir.clone();
+            p.extend_from_slice(&name);
+            let mut u = cx.uri.clone();
+            u.extend_from_slice(&name);
+            (p, u)
+        };
+        match crate::io::open(Path::new(std::ffi::OsStr::from_bytes(&path)), policy).await {
+            Ok(f) if !f.is_dir => return Step::Redirect(uri),
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
+            Err(e) => return Step::Done(open_error(cx, &path, &e)),
+        }
+    }
+    match crate::io::open(Path::new(std::ffi::OsStr::from_bytes(&dir)), policy).await {
+        Ok(f) if f.is_dir => {
+            cx.log(Level::Error, &format!("directory index of \"{}\" is forbidden", String::from_utf8_lossy(&dir)));
+            Step::Done(Response::status(403))
+        }
+        Ok(_) => Step::Done(Response::status(404)),
+        Err(e) => {
+            let mut d = dir.clone();
+            if d.len() > 1 && d.ends_with(b"/") {
+                d.pop();
+            }
+            Step::Done(open_error(cx, &d, &e))
+        }
+    }
+}
+
+fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
+    let code = match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => 404,
+        Some(libc::EACCES) | Some(libc::EPERM) => 403,
+        _ => 500,
+    };
+    let level = if code == 500 { Level::Crit } else { Level::Error };
+    let errno = e.raw_os_error().unwrap_or(0);
+    cx.log(level, &format!("open() \"{}\" failed ({}: {})", String::from_utf8_lossy(path), errno, crate::core::strerror(errno)));
+    Response::status(code)
+}
+
+fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
+    let ext = path.rsplit(|&c| c == b'/').next().and_then(|name| {
+        let dot = name.iter().rposition(|&c| c == b'.')?;
+        std::str::from_utf8(&name[dot + 1..]).ok()
+    });
+    if let (Some(ext), Some(types)) = (ext, &cx.loc.core.types) {
+        let lower = ext.to_ascii_lowercase();
+        if let Some(t) = types.get(&lower) {
+            return t.clone();
+        }
+    }
+    cx.loc.core.default_type.clone().unwrap_or_else(|| "text/plain".into())
+}
