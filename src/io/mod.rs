@@ -1,5 +1,56 @@
-//! The file-I/O layer (placeholder).
-#[derive(Debug, Clone, Default)]
-pub struct IoMain {}
-#[derive(Debug, Clone, Default)]
-pub struct IoLoc {}
+//! The file-I/O layer: the only code in tern that may block on a disk, and
+//! the place that decides, per call, whether it does.
+//!
+//! # Cost model
+//!
+//! A worker is one thread running a tokio `current_thread` loop; any
+//! syscall that waits for the disk stalls every connection of that worker.
+//! A hand-off to a pool thread costs a queue push, a wake-up and a
+//! cross-thread completion (some microseconds); reading resident data costs
+//! a memcpy. So tern asks the kernel first and offloads only what would
+//! block (design decision 4):
+//!
+//! - reads: `preadv2(RWF_NOWAIT)` returns what is in the page cache without
+//!   waiting; an EAGAIN or a short read sends the rest to the pool;
+//! - `sendfile`: `cachestat(2)` (Linux 6.5+, else `mincore`) tells whether
+//!   the next chunk is resident; a cold chunk is first read into the page
+//!   cache by the pool, then sent inline, `sendfile_max_chunk` at a time
+//!   with a yield between chunks so one fast client cannot hog the loop;
+//! - `open`/`stat`: `openat2(RESOLVE_CACHED)` succeeds only from the
+//!   dentry cache; a miss goes to the pool;
+//! - `directio` reads always hit the disk, so they always go to the pool;
+//! - temp-file writes go to the pool with `aio_write on`.
+//!
+//! With `aio off` everything runs inline, exactly like nginx's default.
+//! `aio on` is meant for io_uring; for now it uses the `default` pool with
+//! the same inline-when-resident rule (see [`take_uring_notice`]).
+//!
+//! # Data flow
+//!
+//! config -> [`DIRECTIVES`] fill [`IoMain`] (pools) and [`IoLoc`] (merged
+//! per location) -> at start/reload [`Pools::start`]/[`Pools::reconcile`] ->
+//! per request the HTTP side builds a [`Policy`] ([`Policy::from_loc`],
+//! after expanding `aio threads=$var`) and calls [`open`], [`read`],
+//! [`send_file`], [`write_at`]. Each call bumps a counter in [`STATS`] and
+//! records its [`Decision`] in the policy (for `$tern_io`). Pool errors
+//! (queue overflow, pool not found) come back as `io::Error` wrapping an
+//! [`IoError`] whose text is nginx's; the caller logs it at `error` level.
+
+mod conf;
+pub mod directives;
+mod ops;
+mod pool;
+mod stats;
+mod sys;
+
+pub use conf::{
+    AioConf, IoLoc, IoMain, PoolConf, DEFAULT_DIRECTIO_ALIGNMENT, DEFAULT_MAX_QUEUE,
+    DEFAULT_OUTPUT_BUFFERS, DEFAULT_POOL, DEFAULT_SENDFILE_MAX_CHUNK, DEFAULT_THREADS,
+};
+pub use directives::DIRECTIVES;
+pub use ops::{
+    lstat, open, read, send_file, stat, take_uring_notice, write_at, Aio, Meta, OpenFile, Policy,
+    SendSock, URING_FALLBACK_NOTICE,
+};
+pub use pool::{IoError, Pools, ThreadPool};
+pub use stats::{Decision, IoStats, IoStatsSnapshot, PoolStats, STATS};
