@@ -46,7 +46,9 @@ impl PoolConf {
 
     /// Same pool for reload purposes: name, threads and max_queue equal.
     pub fn same_shape(&self, other: &PoolConf) -> bool {
-        self.name == other.name && self.threads == other.threads && self.max_queue == other.max_queue
+        self.name == other.name
+            && self.threads == other.threads
+            && self.max_queue == other.max_queue
     }
 }
 
@@ -76,7 +78,12 @@ impl IoMain {
     /// nginx's `unknown thread pool "NAME" in FILE:LINE`. Names with
     /// variables are resolved per request (`thread pool "X" not found`).
     pub fn check_loc(&self, loc: &IoLoc) -> ConfResult<()> {
-        if let Some(AioConf::Threads { pool: Some(name), file, line }) = &loc.aio {
+        if let Some(AioConf::Threads {
+            pool: Some(name),
+            file,
+            line,
+        }) = &loc.aio
+        {
             if name.contains('$') || name == DEFAULT_POOL || self.pool(name).is_some() {
                 return Ok(());
             }
@@ -98,7 +105,11 @@ pub enum AioConf {
     On,
     /// `aio threads[=NAME]`; `pool` is the raw NAME (may contain
     /// variables), `None` for the default pool.
-    Threads { pool: Option<String>, file: Option<Arc<PathBuf>>, line: usize },
+    Threads {
+        pool: Option<String>,
+        file: Option<Arc<PathBuf>>,
+        line: usize,
+    },
 }
 
 /// Location-level I/O settings; `None` = not set here, inherit.
@@ -144,11 +155,13 @@ impl IoLoc {
         self.directio.flatten()
     }
     pub fn directio_alignment(&self) -> u64 {
-        self.directio_alignment.unwrap_or(DEFAULT_DIRECTIO_ALIGNMENT)
+        self.directio_alignment
+            .unwrap_or(DEFAULT_DIRECTIO_ALIGNMENT)
     }
     /// 0 = unlimited, as in nginx.
     pub fn sendfile_max_chunk(&self) -> u64 {
-        self.sendfile_max_chunk.unwrap_or(DEFAULT_SENDFILE_MAX_CHUNK)
+        self.sendfile_max_chunk
+            .unwrap_or(DEFAULT_SENDFILE_MAX_CHUNK)
     }
     pub fn read_ahead(&self) -> u64 {
         self.read_ahead.unwrap_or(0)
@@ -205,7 +218,10 @@ mod tests {
             directio: Some(Some(4096)),
             ..Default::default()
         };
-        let mut child = IoLoc { directio: Some(None), ..Default::default() };
+        let mut child = IoLoc {
+            directio: Some(None),
+            ..Default::default()
+        };
         child.merge(&parent);
         assert_eq!(child.aio(), &AioConf::On);
         assert_eq!(child.sendfile_max_chunk(), 1);

@@ -19,10 +19,30 @@ use crate::http::conf::LocConf;
 
 /// The I/O layer's directives.
 pub static DIRECTIVES: &[Spec] = &[
-    Spec { name: "thread_pool", ctx: ctx::MAIN, args: Args::take23(), set: Setter::Main(thread_pool) },
-    Spec { name: "aio", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(aio) },
-    Spec { name: "aio_write", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(aio_write) },
-    Spec { name: "directio", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(directio) },
+    Spec {
+        name: "thread_pool",
+        ctx: ctx::MAIN,
+        args: Args::take23(),
+        set: Setter::Main(thread_pool),
+    },
+    Spec {
+        name: "aio",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(aio),
+    },
+    Spec {
+        name: "aio_write",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(aio_write),
+    },
+    Spec {
+        name: "directio",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(directio),
+    },
     Spec {
         name: "directio_alignment",
         ctx: ctx::HSL,
@@ -35,7 +55,12 @@ pub static DIRECTIVES: &[Spec] = &[
         args: Args::take(1),
         set: Setter::Loc(sendfile_max_chunk),
     },
-    Spec { name: "read_ahead", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(read_ahead) },
+    Spec {
+        name: "read_ahead",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(read_ahead),
+    },
     Spec {
         name: "output_buffers",
         ctx: ctx::HSL,
@@ -53,7 +78,10 @@ fn invalid(d: &Directive) -> ConfError {
 fn thread_pool(m: &mut MainConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()> {
     let name = arg(d, 0);
     if m.io.pool(name).is_some() {
-        return Err(ConfError::at(format!("duplicate thread pool \"{}\"", name), d));
+        return Err(ConfError::at(
+            format!("duplicate thread pool \"{}\"", name),
+            d,
+        ));
     }
     let mut threads = 0usize;
     let mut max_queue = super::conf::DEFAULT_MAX_QUEUE;
@@ -66,7 +94,12 @@ fn thread_pool(m: &mut MainConf, d: &Directive, _c: &mut Compiler) -> ConfResult
         } else if let Some(v) = a.strip_prefix("max_queue=") {
             max_queue = match v.parse::<usize>() {
                 Ok(n) if v.bytes().all(|b| b.is_ascii_digit()) => n,
-                _ => return Err(ConfError::at(format!("invalid max_queue value \"{}\"", a), d)),
+                _ => {
+                    return Err(ConfError::at(
+                        format!("invalid max_queue value \"{}\"", a),
+                        d,
+                    ))
+                }
             };
         } else {
             return Err(ConfError::at(format!("invalid parameter \"{}\"", a), d));
@@ -96,7 +129,11 @@ fn aio(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()> {
     let a = match v {
         "off" => AioConf::Off,
         "on" => AioConf::On,
-        "threads" => AioConf::Threads { pool: None, file: Some(Arc::clone(&d.file)), line: d.line },
+        "threads" => AioConf::Threads {
+            pool: None,
+            file: Some(Arc::clone(&d.file)),
+            line: d.line,
+        },
         _ => match v.strip_prefix("threads=") {
             Some(name) => AioConf::Threads {
                 pool: Some(name.to_string()),
@@ -120,7 +157,11 @@ fn directio(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()>
         return Err(duplicate(d));
     }
     let v = arg(d, 0);
-    let t = if v == "off" { None } else { Some(parse_size(v, true).ok_or_else(|| invalid(d))?) };
+    let t = if v == "off" {
+        None
+    } else {
+        Some(parse_size(v, true).ok_or_else(|| invalid(d))?)
+    };
     l.io.directio = Some(t);
     Ok(())
 }
@@ -166,7 +207,13 @@ mod tests {
     fn dir(name: &str, args: &[&str]) -> Directive {
         Directive {
             name: name.to_string(),
-            args: args.iter().map(|a| Arg { value: a.to_string(), quoted: false }).collect(),
+            args: args
+                .iter()
+                .map(|a| Arg {
+                    value: a.to_string(),
+                    quoted: false,
+                })
+                .collect(),
             block: None,
             file: Arc::new(PathBuf::from("/etc/tern/nginx.conf")),
             line: 7,

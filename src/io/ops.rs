@@ -87,7 +87,9 @@ static URING_NOTICE_PENDING: AtomicBool = AtomicBool::new(true);
 
 /// The notice to log (once per process) when `aio on` falls back to a pool.
 pub fn take_uring_notice() -> Option<&'static str> {
-    URING_NOTICE_PENDING.swap(false, Ordering::Relaxed).then_some(URING_FALLBACK_NOTICE)
+    URING_NOTICE_PENDING
+        .swap(false, Ordering::Relaxed)
+        .then_some(URING_FALLBACK_NOTICE)
 }
 
 impl Policy {
@@ -108,7 +110,11 @@ impl Policy {
     /// Builds the policy of a merged location. `pool_name` is the
     /// `aio threads=NAME` name with variables already expanded (ignored
     /// unless the location has `aio threads=...`).
-    pub fn from_loc(loc: &IoLoc, pools: &Pools, pool_name: Option<&str>) -> Result<Policy, IoError> {
+    pub fn from_loc(
+        loc: &IoLoc,
+        pools: &Pools,
+        pool_name: Option<&str>,
+    ) -> Result<Policy, IoError> {
         let aio = match loc.aio() {
             AioConf::Off => Aio::Off,
             AioConf::On => Aio::Uring(pools.resolve(DEFAULT_POOL)?),
@@ -224,7 +230,9 @@ impl OpenFile {
     }
 
     fn direct(&self) -> Option<&File> {
-        self.direct.get_or_init(|| sys::reopen_direct(&self.file).ok()).as_ref()
+        self.direct
+            .get_or_init(|| sys::reopen_direct(&self.file).ok())
+            .as_ref()
     }
 }
 
@@ -281,7 +289,11 @@ async fn stat_impl(path: &Path, policy: &Policy, follow: bool) -> io::Result<Met
                 policy.offload();
                 let p: PathBuf = path.to_path_buf();
                 return offload(pool, move || {
-                    let m = if follow { std::fs::metadata(&p)? } else { std::fs::symlink_metadata(&p)? };
+                    let m = if follow {
+                        std::fs::metadata(&p)?
+                    } else {
+                        std::fs::symlink_metadata(&p)?
+                    };
                     Ok(Meta::of(&m))
                 })
                 .await;
@@ -291,7 +303,11 @@ async fn stat_impl(path: &Path, policy: &Policy, follow: bool) -> io::Result<Met
     }
     bump(&STATS.stats_inline);
     policy.inline();
-    let m = if follow { std::fs::metadata(path)? } else { std::fs::symlink_metadata(path)? };
+    let m = if follow {
+        std::fs::metadata(path)?
+    } else {
+        std::fs::symlink_metadata(path)?
+    };
     Ok(Meta::of(&m))
 }
 
@@ -321,7 +337,12 @@ fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 /// Reads `[offset, offset+len)` of `file` (clamped to the size seen at
 /// open; shorter only if the file shrank since).
-pub async fn read(file: &Arc<OpenFile>, offset: u64, len: usize, policy: &Policy) -> io::Result<Bytes> {
+pub async fn read(
+    file: &Arc<OpenFile>,
+    offset: u64,
+    len: usize,
+    policy: &Policy,
+) -> io::Result<Bytes> {
     let avail = file.size.saturating_sub(offset);
     let len = usize::try_from(avail).map_or(len, |a| a.min(len));
     if len == 0 {
@@ -416,7 +437,9 @@ fn read_direct(file: &OpenFile, offset: u64, len: usize, align: u64) -> io::Resu
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if use_direct && e.raw_os_error() == Some(libc::EINVAL) => use_direct = false,
+                Err(e) if use_direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    use_direct = false
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -486,7 +509,11 @@ pub async fn send_file<S: SendSock>(
     len: u64,
     policy: &Policy,
 ) -> io::Result<u64> {
-    let max_chunk = if policy.sendfile_max_chunk == 0 { u64::MAX } else { policy.sendfile_max_chunk };
+    let max_chunk = if policy.sendfile_max_chunk == 0 {
+        u64::MAX
+    } else {
+        policy.sendfile_max_chunk
+    };
     let fd: RawFd = sock.as_raw_fd();
     let mut sent = 0u64;
     while sent < len {
@@ -520,7 +547,9 @@ pub async fn send_file<S: SendSock>(
         let mut done = 0u64;
         while done < n {
             sock.writable().await?;
-            let want = usize::try_from(n - done).unwrap_or(usize::MAX).min(0x7fff_f000);
+            let want = usize::try_from(n - done)
+                .unwrap_or(usize::MAX)
+                .min(0x7fff_f000);
             match sock.try_io(|| sys::sendfile(fd, &file.file, off + done, want)) {
                 Ok(0) => {
                     return Err(io::Error::new(
@@ -529,7 +558,11 @@ pub async fn send_file<S: SendSock>(
                     ))
                 }
                 Ok(k) => done += k as u64,
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -544,7 +577,12 @@ pub async fn send_file<S: SendSock>(
 /// Writes all of `data` at `offset` of a temp file (proxy buffering,
 /// cache files): in the pool with `aio threads` + `aio_write on`, inline
 /// otherwise (as nginx).
-pub async fn write_at(file: &Arc<File>, offset: u64, data: Bytes, policy: &Policy) -> io::Result<()> {
+pub async fn write_at(
+    file: &Arc<File>,
+    offset: u64,
+    data: Bytes,
+    policy: &Policy,
+) -> io::Result<()> {
     match policy.pool().filter(|_| policy.aio_write) {
         Some(pool) => {
             bump(&STATS.writes_offloaded);
@@ -557,5 +595,371 @@ pub async fn write_at(file: &Arc<File>, offset: u64, data: Bytes, policy: &Polic
             policy.inline();
             file.write_all_at(&data, offset)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::conf::PoolConf;
+    use std::io::Write;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::AsyncReadExt;
+
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+    /// A file under /var/tmp (a real disk: tmpfs ignores DONTNEED).
+    struct TestFile(PathBuf);
+
+    impl Drop for TestFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn make_file(tag: &str, len: usize) -> (TestFile, Vec<u8>) {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = PathBuf::from(format!(
+            "/var/tmp/tern-io-{}-{}-{}",
+            std::process::id(),
+            tag,
+            n
+        ));
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut f = File::create(&path).expect("create test file");
+        f.write_all(&data).expect("write test file");
+        f.sync_all().expect("sync test file");
+        (TestFile(path), data)
+    }
+
+    /// Drops the file's pages; returns false if the kernel kept them.
+    fn evict(path: &Path) -> bool {
+        let f = File::open(path).expect("open for evict");
+        let size = f.metadata().expect("meta").len();
+        let _ = sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
+        matches!(sys::residency(&f, 0, size, size), Ok((Residency::Cold, _)))
+    }
+
+    fn pool(name: &str) -> Arc<ThreadPool> {
+        let pc = PoolConf {
+            name: name.into(),
+            threads: 2,
+            max_queue: 64,
+            file: None,
+            line: 0,
+        };
+        Arc::new(ThreadPool::start(pc).expect("pool"))
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn cold_read_offloads_warm_read_is_inline() {
+        let (tf, data) = make_file("read", 256 * 1024);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let policy = Policy::new(Aio::Threads(pool("rd")));
+        rt().block_on(async {
+            let f = open(&tf.0, &policy).await.expect("open");
+            assert_eq!(f.size, data.len() as u64);
+            policy.reset_decision();
+            let before = STATS.snapshot();
+            let got = read(&f, 1000, 64 * 1024, &policy).await.expect("cold read");
+            assert_eq!(&got[..], &data[1000..1000 + 64 * 1024]);
+            assert_eq!(policy.decision(), Decision::Offload);
+            assert!(STATS.snapshot().reads_offloaded > before.reads_offloaded);
+
+            policy.reset_decision();
+            let before = STATS.snapshot();
+            let got = read(&f, 1000, 64 * 1024, &policy).await.expect("warm read");
+            assert_eq!(&got[..], &data[1000..1000 + 64 * 1024]);
+            assert_eq!(policy.decision(), Decision::Inline);
+            assert!(STATS.snapshot().reads_inline > before.reads_inline);
+
+            // Reading past the end is clamped; at the end it is empty.
+            let tail = read(&f, data.len() as u64 - 10, 100, &policy)
+                .await
+                .expect("tail");
+            assert_eq!(&tail[..], &data[data.len() - 10..]);
+            assert!(read(&f, data.len() as u64, 10, &policy)
+                .await
+                .expect("eof")
+                .is_empty());
+        });
+    }
+
+    #[test]
+    fn aio_off_reads_inline() {
+        let (tf, data) = make_file("off", 10_000);
+        let policy = Policy::default();
+        rt().block_on(async {
+            let f = open(&tf.0, &policy).await.expect("open");
+            let got = read(&f, 3, 9_000, &policy).await.expect("read");
+            assert_eq!(&got[..], &data[3..9_003]);
+            assert_eq!(policy.decision(), Decision::Inline);
+        });
+    }
+
+    #[test]
+    fn directio_is_byte_exact() {
+        let sizes = [20_000usize, 4096 * 5 + 1, 513];
+        for (si, &size) in sizes.iter().enumerate() {
+            let (tf, data) = make_file(&format!("dio{si}"), size);
+            for align in [512u64, 4096] {
+                for threads in [false, true] {
+                    let aio = if threads {
+                        Aio::Threads(pool("dio"))
+                    } else {
+                        Aio::Off
+                    };
+                    let mut policy = Policy::new(aio);
+                    policy.directio = Some(1);
+                    policy.directio_alignment = align;
+                    let ranges = [
+                        (0usize, size),
+                        (1, size - 2),
+                        (511, 1025),
+                        (513, 100),
+                        (size / 3, size - size / 3),
+                        (4095, 4098),
+                        (size - 1, 1),
+                    ];
+                    rt().block_on(async {
+                        let f = open(&tf.0, &policy).await.expect("open");
+                        let before = STATS.snapshot().reads_direct;
+                        let mut nonempty = 0;
+                        for (off, len) in ranges {
+                            let off = off.min(size);
+                            let len = len.min(size - off);
+                            nonempty += usize::from(len > 0);
+                            let got = read(&f, off as u64, len, &policy)
+                                .await
+                                .expect("direct read");
+                            assert_eq!(
+                                &got[..],
+                                &data[off..off + len],
+                                "size {size} align {align} range {off}+{len}"
+                            );
+                        }
+                        assert!(STATS.snapshot().reads_direct >= before + nonempty as u64);
+                        // The O_DIRECT descriptor really exists (ext4 under /var/tmp).
+                        assert!(f.direct().is_some());
+                    });
+                }
+            }
+        }
+    }
+
+    async fn send_and_receive(path: &Path, off: u64, len: u64, policy: &Policy) -> (u64, Vec<u8>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = tokio::spawn(async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).await.expect("read_to_end");
+            got
+        });
+        let (server, _) = listener.accept().await.expect("accept");
+        let f = open(path, policy).await.expect("open");
+        let sent = send_file(&server, &f, off, len, policy)
+            .await
+            .expect("send_file");
+        drop(server);
+        (sent, client.await.expect("client task"))
+    }
+
+    #[test]
+    fn send_file_range_small_chunks_over_tcp() {
+        let (tf, data) = make_file("send", 700_000);
+        for threads in [false, true] {
+            let aio = if threads {
+                Aio::Threads(pool("snd"))
+            } else {
+                Aio::Off
+            };
+            let mut policy = Policy::new(aio);
+            policy.sendfile_max_chunk = 10_000;
+            let (off, len) = (12_345u64, 600_001u64);
+            let (sent, got) = rt().block_on(send_and_receive(&tf.0, off, len, &policy));
+            assert_eq!(sent, len);
+            assert_eq!(got.len() as u64, len);
+            assert!(
+                got == data[off as usize..(off + len) as usize],
+                "bytes differ"
+            );
+        }
+    }
+
+    #[test]
+    fn send_file_cold_chunks_are_warmed_by_the_pool() {
+        let (tf, data) = make_file("sendcold", 300_000);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let policy = Policy::new(Aio::Threads(pool("warm")));
+        let before = STATS.snapshot();
+        let (sent, got) = rt().block_on(send_and_receive(&tf.0, 0, data.len() as u64, &policy));
+        assert_eq!(sent, data.len() as u64);
+        assert!(got == data);
+        assert_eq!(policy.decision(), Decision::Offload);
+        let after = STATS.snapshot();
+        assert!(after.sends_warmed > before.sends_warmed);
+        assert!(
+            after.cachestat_calls + after.cachestat_fallbacks
+                > before.cachestat_calls + before.cachestat_fallbacks
+        );
+
+        // Now resident: the same send is inline.
+        policy.reset_decision();
+        let (sent, got) = rt().block_on(send_and_receive(&tf.0, 0, data.len() as u64, &policy));
+        assert_eq!(sent, data.len() as u64);
+        assert!(got == data);
+        assert_eq!(policy.decision(), Decision::Inline);
+    }
+
+    #[test]
+    fn open_dirs_stat_lstat_and_errors() {
+        let (tf, data) = make_file("stat", 1234);
+        let link = PathBuf::from(format!("{}.lnk", tf.0.display()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&tf.0, &link).expect("symlink");
+        for threads in [false, true] {
+            let aio = if threads {
+                Aio::Threads(pool("st"))
+            } else {
+                Aio::Off
+            };
+            let policy = Policy::new(aio);
+            rt().block_on(async {
+                let d = open(Path::new("/var/tmp"), &policy)
+                    .await
+                    .expect("open dir");
+                assert!(d.is_dir);
+                let m = stat(&link, &policy).await.expect("stat");
+                assert_eq!(m.size, data.len() as u64);
+                assert!(m.is_file && !m.is_symlink);
+                let l = lstat(&link, &policy).await.expect("lstat");
+                assert!(l.is_symlink);
+                let f = open(&link, &policy).await.expect("open via link");
+                assert_eq!((f.ino, f.size), (m.ino, m.size));
+                let e = open(Path::new("/var/tmp/tern-io-does-not-exist"), &policy).await;
+                assert_eq!(
+                    e.map(|_| ()).map_err(|e| e.kind()),
+                    Err(io::ErrorKind::NotFound)
+                );
+                let e = stat(Path::new("/var/tmp/tern-io-does-not-exist"), &policy).await;
+                assert_eq!(
+                    e.map(|_| ()).map_err(|e| e.kind()),
+                    Err(io::ErrorKind::NotFound)
+                );
+            });
+        }
+        let _ = std::fs::remove_file(&link);
+    }
+
+    #[test]
+    fn write_at_offloads_with_aio_write() {
+        let (tf, _) = make_file("write", 0);
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tf.0)
+                .expect("open w"),
+        );
+        let mut policy = Policy::new(Aio::Threads(pool("wr")));
+        rt().block_on(async {
+            write_at(&file, 0, Bytes::from_static(b"hello "), &policy)
+                .await
+                .expect("write");
+            assert_eq!(policy.decision(), Decision::Inline);
+            policy.aio_write = true;
+            write_at(&file, 6, Bytes::from_static(b"world"), &policy)
+                .await
+                .expect("write");
+            assert_eq!(policy.decision(), Decision::Offload);
+        });
+        assert_eq!(std::fs::read(&tf.0).expect("read back"), b"hello world");
+    }
+
+    #[test]
+    fn overflow_surfaces_as_io_error_with_nginx_text() {
+        let pc = PoolConf {
+            name: "tiny".into(),
+            threads: 1,
+            max_queue: 0,
+            file: None,
+            line: 0,
+        };
+        let pool = Arc::new(ThreadPool::start(pc).expect("pool"));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tf, _) = make_file("ovf", 100);
+        let mut policy = Policy::new(Aio::Threads(Arc::clone(&pool)));
+        policy.aio_write = true;
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tf.0)
+                .expect("open w"),
+        );
+        rt().block_on(async {
+            let p = Arc::clone(&pool);
+            let busy = tokio::spawn(async move {
+                p.run(move || {
+                    let _ = rx.recv();
+                })
+                .await
+            });
+            while !busy_started(&pool) {
+                tokio::task::yield_now().await;
+            }
+            let e = write_at(&file, 0, Bytes::from_static(b"x"), &policy)
+                .await
+                .expect_err("overflow");
+            assert_eq!(
+                e.to_string(),
+                "thread pool \"tiny\" queue overflow: 0 tasks waiting"
+            );
+            assert!(matches!(
+                IoError::from_io(&e),
+                Some(IoError::Overflow { .. })
+            ));
+            let _ = tx.send(());
+            assert!(busy.await.is_ok());
+        });
+        pool.shutdown_and_join();
+    }
+
+    #[test]
+    fn mincore_fallback_agrees_with_cachestat() {
+        let (tf, data) = make_file("mincore", 64 * 1024);
+        let size = data.len() as u64;
+        let f = File::open(&tf.0).expect("open");
+        let _ = std::fs::read(&tf.0).expect("warm");
+        assert_eq!(
+            sys::mincore_residency(&f, 0, size, size).expect("mincore"),
+            Residency::Resident
+        );
+        if evict(&tf.0) {
+            assert_eq!(
+                sys::mincore_residency(&f, 0, size, size).expect("mincore"),
+                Residency::Cold
+            );
+        }
+    }
+
+    /// True once the pool's single thread has picked up a task.
+    fn busy_started(pool: &ThreadPool) -> bool {
+        let s = pool.stats();
+        s.queued == 0 && s.max_queued > 0
     }
 }

@@ -45,7 +45,11 @@ impl fmt::Display for IoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             IoError::Overflow { pool, waiting } => {
-                write!(f, "thread pool \"{}\" queue overflow: {} tasks waiting", pool, waiting)
+                write!(
+                    f,
+                    "thread pool \"{}\" queue overflow: {} tasks waiting",
+                    pool, waiting
+                )
             }
             IoError::ShutDown { pool } => write!(f, "thread pool \"{}\" is shut down", pool),
             IoError::Panicked { pool } => write!(f, "task in thread pool \"{}\" panicked", pool),
@@ -128,7 +132,10 @@ impl ThreadPool {
             }),
             cond: Condvar::new(),
         });
-        let pool = ThreadPool { inner, handles: Mutex::new(Vec::with_capacity(threads)) };
+        let pool = ThreadPool {
+            inner,
+            handles: Mutex::new(Vec::with_capacity(threads)),
+        };
         for i in 0..threads {
             let inner = Arc::clone(&pool.inner);
             let spawned = std::thread::Builder::new()
@@ -174,15 +181,21 @@ impl ThreadPool {
         }))?;
         match rx.await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(_panic)) => Err(IoError::Panicked { pool: self.name().to_string() }),
-            Err(_) => Err(IoError::ShutDown { pool: self.name().to_string() }),
+            Ok(Err(_panic)) => Err(IoError::Panicked {
+                pool: self.name().to_string(),
+            }),
+            Err(_) => Err(IoError::ShutDown {
+                pool: self.name().to_string(),
+            }),
         }
     }
 
     fn post(&self, job: Job) -> Result<(), IoError> {
         let mut st = self.inner.lock();
         if st.stopping {
-            return Err(IoError::ShutDown { pool: self.name().to_string() });
+            return Err(IoError::ShutDown {
+                pool: self.name().to_string(),
+            });
         }
         let free = st.alive.saturating_sub(st.busy);
         let waiting = st.queue.len().saturating_sub(free);
@@ -190,7 +203,10 @@ impl ThreadPool {
             st.overflows += 1;
             drop(st);
             bump(&STATS.overflows);
-            return Err(IoError::Overflow { pool: self.name().to_string(), waiting });
+            return Err(IoError::Overflow {
+                pool: self.name().to_string(),
+                waiting,
+            });
         }
         st.queue.push_back(job);
         st.max_queued = st.max_queued.max(st.queue.len());
@@ -280,7 +296,9 @@ impl Pools {
     pub fn reconcile(&self, main: &IoMain) -> io::Result<Pools> {
         let mut map = HashMap::new();
         for pc in &main.pools {
-            let kept = self.get_existing(&pc.name).filter(|p| p.conf().same_shape(pc));
+            let kept = self
+                .get_existing(&pc.name)
+                .filter(|p| p.conf().same_shape(pc));
             let pool = match kept {
                 Some(p) => p,
                 None => Arc::new(ThreadPool::start(pc.clone())?),
@@ -325,7 +343,9 @@ impl Pools {
 
     /// Like [`get`](Self::get), with nginx's `thread pool "X" not found`.
     pub fn resolve(&self, name: &str) -> Result<Arc<ThreadPool>, IoError> {
-        self.get(name).ok_or_else(|| IoError::NotFound { pool: name.to_string() })
+        self.get(name).ok_or_else(|| IoError::NotFound {
+            pool: name.to_string(),
+        })
     }
 
     /// Counters of every started pool.
@@ -346,11 +366,20 @@ mod tests {
     use std::time::Duration;
 
     fn pc(name: &str, threads: usize, max_queue: usize) -> PoolConf {
-        PoolConf { name: name.into(), threads, max_queue, file: None, line: 0 }
+        PoolConf {
+            name: name.into(),
+            threads,
+            max_queue,
+            file: None,
+            line: 0,
+        }
     }
 
     fn rt() -> tokio::runtime::Runtime {
-        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             Ok(r) => r,
             Err(e) => panic!("runtime: {e}"),
         }
@@ -372,7 +401,9 @@ mod tests {
                 })
                 .await
             });
-            let _ = started_rx.recv_timeout(Duration::from_secs(5));
+            while started_rx.try_recv().is_err() {
+                tokio::task::yield_now().await;
+            }
             // B waits in the queue (1 slot).
             let p = Arc::clone(&pool);
             let b = tokio::spawn(async move { p.run(|| 2).await });
@@ -380,7 +411,13 @@ mod tests {
             assert_eq!(pool.stats().queued, 1);
             // C overflows immediately.
             let c = pool.run(|| 3).await;
-            assert_eq!(c, Err(IoError::Overflow { pool: "t1".into(), waiting: 1 }));
+            assert_eq!(
+                c,
+                Err(IoError::Overflow {
+                    pool: "t1".into(),
+                    waiting: 1
+                })
+            );
             assert_eq!(
                 c.map_err(|e| e.to_string()),
                 Err("thread pool \"t1\" queue overflow: 1 tasks waiting".to_string())
@@ -430,7 +467,10 @@ mod tests {
             }
             tokio::task::yield_now().await;
             pool.shutdown();
-            assert!(matches!(pool.run(|| ()).await, Err(IoError::ShutDown { .. })));
+            assert!(matches!(
+                pool.run(|| ()).await,
+                Err(IoError::ShutDown { .. })
+            ));
             let _ = gate_tx.send(());
             for h in handles {
                 assert_eq!(h.await.ok(), Some(Ok(())));
@@ -456,9 +496,13 @@ mod tests {
 
     #[test]
     fn reconcile_keeps_unchanged_pools() {
-        let m1 = IoMain { pools: vec![pc("a", 1, 10), pc("b", 1, 10)] };
+        let m1 = IoMain {
+            pools: vec![pc("a", 1, 10), pc("b", 1, 10)],
+        };
         let p1 = Pools::start(&m1).expect("start");
-        let m2 = IoMain { pools: vec![pc("a", 1, 10), pc("b", 2, 10), pc("c", 1, 1)] };
+        let m2 = IoMain {
+            pools: vec![pc("a", 1, 10), pc("b", 2, 10), pc("c", 1, 1)],
+        };
         let p2 = p1.reconcile(&m2).expect("reconcile");
         let same = |x: &Option<Arc<ThreadPool>>, y: &Option<Arc<ThreadPool>>| match (x, y) {
             (Some(x), Some(y)) => Arc::ptr_eq(x, y),

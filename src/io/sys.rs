@@ -70,7 +70,11 @@ pub fn open_cached(path: &Path, flags: libc::c_int) -> io::Result<Nowait<File>> 
         return Ok(Nowait::Unsupported);
     }
     let c = cpath(path)?;
-    let how = OpenHow { flags: flags as u64, mode: 0, resolve: RESOLVE_CACHED };
+    let how = OpenHow {
+        flags: flags as u64,
+        mode: 0,
+        resolve: RESOLVE_CACHED,
+    };
     // SAFETY: `c` is a NUL-terminated string and `how` a properly laid out
     // `struct open_how`, both alive across the call; the size passed is its size.
     let r = unsafe {
@@ -116,7 +120,10 @@ pub fn pread_nowait(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Nowa
     if NO_RWF_NOWAIT.load(Ordering::Relaxed) {
         return Ok(Nowait::Unsupported);
     }
-    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: `iov` describes `buf`, which is exclusively borrowed for the
     // call; the fd is kept open by `file`.
@@ -178,7 +185,11 @@ pub fn residency(file: &File, offset: u64, len: u64, size: u64) -> io::Result<(R
     if !NO_CACHESTAT.load(Ordering::Relaxed) {
         match cachestat(file, first * ps, (last - first) * ps) {
             Ok(cached) => {
-                let r = if cached >= want { Residency::Resident } else { Residency::Cold };
+                let r = if cached >= want {
+                    Residency::Resident
+                } else {
+                    Residency::Cold
+                };
                 return Ok((r, Probe::Cachestat));
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
@@ -231,13 +242,31 @@ fn cachestat(_file: &File, _off: u64, _len: u64) -> io::Result<u64> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
+/// [`residency`] through `mincore` only (tests the fallback).
+#[cfg(test)]
+pub fn mincore_residency(file: &File, offset: u64, len: u64, size: u64) -> io::Result<Residency> {
+    let ps = page_size();
+    let end = offset.saturating_add(len).min(size);
+    let first = offset / ps;
+    mincore_range(file, first * ps, end.div_ceil(ps) - first, ps)
+}
+
 fn mincore_range(file: &File, off: u64, pages: u64, ps: u64) -> io::Result<Residency> {
-    let len = usize::try_from(pages * ps).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let moff = libc::off_t::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let len =
+        usize::try_from(pages * ps).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let moff =
+        libc::off_t::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: a fresh shared read-only mapping chosen by the kernel
     // (address NULL); no page is touched, so no fault can occur.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), moff)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            moff,
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
@@ -252,7 +281,11 @@ fn mincore_range(file: &File, off: u64, pages: u64, ps: u64) -> io::Result<Resid
     if r < 0 {
         return Err(err);
     }
-    Ok(if vec.iter().all(|b| b & 1 == 1) { Residency::Resident } else { Residency::Cold })
+    Ok(if vec.iter().all(|b| b & 1 == 1) {
+        Residency::Resident
+    } else {
+        Residency::Cold
+    })
 }
 
 /// One `sendfile(2)` call; returns bytes sent (0 = EOF of the file).
@@ -283,5 +316,8 @@ pub fn fadvise(file: &File, off: u64, len: u64, advice: libc::c_int) -> io::Resu
 /// description, so toggling it never affects other readers of `file`).
 pub fn reopen_direct(file: &File) -> io::Result<File> {
     let p = format!("/proc/self/fd/{}", file.as_raw_fd());
-    open(Path::new(&p), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECT)
+    open(
+        Path::new(&p),
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECT,
+    )
 }
