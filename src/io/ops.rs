@@ -336,7 +336,8 @@ fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 }
 
 /// Reads `[offset, offset+len)` of `file` (clamped to the size seen at
-/// open; shorter only if the file shrank since).
+/// open; shorter only if the file shrank since). The whole range is
+/// buffered: callers read in `output_buffers`-sized pieces.
 pub async fn read(
     file: &Arc<OpenFile>,
     offset: u64,
@@ -955,6 +956,42 @@ mod tests {
                 Residency::Cold
             );
         }
+    }
+
+    #[test]
+    fn policy_from_loc_resolves_pools() {
+        let main = crate::io::IoMain {
+            pools: vec![PoolConf {
+                name: "disk1".into(),
+                threads: 1,
+                max_queue: 4,
+                file: None,
+                line: 0,
+            }],
+        };
+        let pools = Pools::start(&main).expect("pools");
+        let mut loc = IoLoc {
+            aio: Some(AioConf::Threads {
+                pool: Some("pool_$disk".into()),
+                file: None,
+                line: 0,
+            }),
+            sendfile_max_chunk: Some(512 * 1024),
+            ..Default::default()
+        };
+        let p = Policy::from_loc(&loc, &pools, Some("disk1")).expect("resolved");
+        assert!(matches!(&p.aio, Aio::Threads(tp) if tp.name() == "disk1"));
+        assert_eq!(p.sendfile_max_chunk, 512 * 1024);
+        let e = Policy::from_loc(&loc, &pools, Some("disk9"))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert_eq!(e, Err("thread pool \"disk9\" not found".to_string()));
+        loc.aio = Some(AioConf::Off);
+        assert!(matches!(
+            Policy::from_loc(&loc, &pools, None).map(|p| p.aio),
+            Ok(Aio::Off)
+        ));
+        assert_eq!(Policy::default().sendfile_max_chunk, 2 * 1024 * 1024);
     }
 
     /// True once the pool's single thread has picked up a task.
