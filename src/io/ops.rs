@@ -1,0 +1,1002 @@
+//! The file operations the HTTP engine calls, each deciding per call
+//! whether to run inline on the event loop or in a thread pool.
+//!
+//! | op | `aio off` | `aio threads` / `aio on` (pool fallback) |
+//! |----|-----------|------------------------------------------|
+//! | [`open`], [`stat`], [`lstat`] | inline | `openat2(RESOLVE_CACHED)` inline; EAGAIN (path not in the dentry cache) -> pool |
+//! | [`read`] | inline `pread` | `preadv2(RWF_NOWAIT)` inline; EAGAIN or short -> the rest in the pool |
+//! | [`read`] with `directio` | inline (blocking, as configured) | pool |
+//! | [`send_file`] | inline `sendfile` | per chunk: `cachestat` resident -> inline; cold -> pool warms the range, then inline |
+//! | [`write_at`] | inline | pool if `aio_write on`, else inline |
+
+use std::fs::File;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+use super::conf::{AioConf, IoLoc, DEFAULT_POOL};
+use super::pool::{IoError, Pools, ThreadPool};
+use super::stats::{bump, Decision, DecisionCell, STATS};
+use super::sys::{self, Nowait, Residency};
+
+/// The resolved `aio` mode of one request.
+#[derive(Debug, Clone)]
+pub enum Aio {
+    /// Everything inline (nginx's default).
+    Off,
+    /// `aio threads[=NAME]`: inline when the data is resident, this pool otherwise.
+    Threads(Arc<ThreadPool>),
+    /// `aio on`: io_uring; until tern drives a ring, the given pool
+    /// (normally `default`) is used, with a one-time notice.
+    Uring(Arc<ThreadPool>),
+}
+
+/// What the HTTP side passes to every call: the location's I/O settings,
+/// resolved. It also accumulates the heaviest [`Decision`] taken under it
+/// (read it with [`Policy::decision`] for `$tern_io`).
+#[derive(Debug)]
+pub struct Policy {
+    pub aio: Aio,
+    pub aio_write: bool,
+    /// `directio` threshold: files at least this big are read with O_DIRECT.
+    pub directio: Option<u64>,
+    pub directio_alignment: u64,
+    /// 0 = unlimited.
+    pub sendfile_max_chunk: u64,
+    /// With a pool: send opens/stats whose path is not in the dentry cache
+    /// to the pool (default true). When the kernel cannot tell
+    /// (no `RESOLVE_CACHED`, Linux < 5.12) they run inline: the open-file
+    /// cache in front makes misses rare, and offloading every open would
+    /// cost a hand-off on each request.
+    pub offload_cold_open: bool,
+    decision: DecisionCell,
+}
+
+impl Clone for Policy {
+    fn clone(&self) -> Policy {
+        let p = Policy {
+            aio: self.aio.clone(),
+            aio_write: self.aio_write,
+            directio: self.directio,
+            directio_alignment: self.directio_alignment,
+            sendfile_max_chunk: self.sendfile_max_chunk,
+            offload_cold_open: self.offload_cold_open,
+            decision: DecisionCell::default(),
+        };
+        p.decision.record(self.decision.get());
+        p
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy::new(Aio::Off)
+    }
+}
+
+/// Printed once when `aio on` first falls back to a pool.
+pub const URING_FALLBACK_NOTICE: &str =
+    "\"aio on\" is served by thread pool \"default\": io_uring is not used by this build";
+static URING_NOTICE_PENDING: AtomicBool = AtomicBool::new(true);
+
+/// The notice to log (once per process) when `aio on` falls back to a pool.
+pub fn take_uring_notice() -> Option<&'static str> {
+    URING_NOTICE_PENDING
+        .swap(false, Ordering::Relaxed)
+        .then_some(URING_FALLBACK_NOTICE)
+}
+
+impl Policy {
+    /// Defaults of every directive, with the given `aio`.
+    pub fn new(aio: Aio) -> Policy {
+        let d = IoLoc::default();
+        Policy {
+            aio,
+            aio_write: d.aio_write(),
+            directio: d.directio(),
+            directio_alignment: d.directio_alignment(),
+            sendfile_max_chunk: d.sendfile_max_chunk(),
+            offload_cold_open: true,
+            decision: DecisionCell::default(),
+        }
+    }
+
+    /// Builds the policy of a merged location. `pool_name` is the
+    /// `aio threads=NAME` name with variables already expanded (ignored
+    /// unless the location has `aio threads=...`).
+    pub fn from_loc(
+        loc: &IoLoc,
+        pools: &Pools,
+        pool_name: Option<&str>,
+    ) -> Result<Policy, IoError> {
+        let aio = match loc.aio() {
+            AioConf::Off => Aio::Off,
+            AioConf::On => Aio::Uring(pools.resolve(DEFAULT_POOL)?),
+            AioConf::Threads { pool, .. } => {
+                let name = pool_name.or(pool.as_deref()).unwrap_or(DEFAULT_POOL);
+                Aio::Threads(pools.resolve(name)?)
+            }
+        };
+        Ok(Policy {
+            aio,
+            aio_write: loc.aio_write(),
+            directio: loc.directio(),
+            directio_alignment: loc.directio_alignment(),
+            sendfile_max_chunk: loc.sendfile_max_chunk(),
+            offload_cold_open: true,
+            decision: DecisionCell::default(),
+        })
+    }
+
+    /// The heaviest decision taken under this policy so far.
+    pub fn decision(&self) -> Decision {
+        self.decision.get()
+    }
+
+    pub fn reset_decision(&self) {
+        self.decision.reset();
+    }
+
+    /// The pool to offload to, if any.
+    fn pool(&self) -> Option<&Arc<ThreadPool>> {
+        match &self.aio {
+            Aio::Off => None,
+            Aio::Threads(p) => Some(p),
+            Aio::Uring(p) => Some(p),
+        }
+    }
+
+    fn inline(&self) {
+        self.decision.record(Decision::Inline);
+    }
+
+    fn offload(&self) {
+        if let Aio::Uring(_) = self.aio {
+            bump(&STATS.uring_fallbacks);
+        }
+        self.decision.record(Decision::Offload);
+    }
+}
+
+/// File attributes, from `fstat`/`stat`/`lstat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
+    pub ino: u64,
+    pub dev: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub is_dir: bool,
+    pub is_file: bool,
+    pub is_symlink: bool,
+}
+
+impl Meta {
+    fn of(m: &std::fs::Metadata) -> Meta {
+        Meta {
+            size: m.size(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+            ino: m.ino(),
+            dev: m.dev(),
+            mode: m.mode(),
+            uid: m.uid(),
+            is_dir: m.is_dir(),
+            is_file: m.is_file(),
+            is_symlink: m.file_type().is_symlink(),
+        }
+    }
+}
+
+/// An open file with the attributes taken right after opening it.
+#[derive(Debug)]
+pub struct OpenFile {
+    pub file: File,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
+    pub ino: u64,
+    pub dev: u64,
+    pub is_dir: bool,
+    pub mode: u32,
+    pub uid: u32,
+    /// A second open file description with O_DIRECT, made on first directio read.
+    direct: OnceLock<Option<File>>,
+}
+
+impl OpenFile {
+    fn new(file: File) -> io::Result<OpenFile> {
+        let m = Meta::of(&file.metadata()?);
+        Ok(OpenFile {
+            file,
+            size: m.size,
+            mtime: m.mtime,
+            mtime_nsec: m.mtime_nsec,
+            ino: m.ino,
+            dev: m.dev,
+            is_dir: m.is_dir,
+            mode: m.mode,
+            uid: m.uid,
+            direct: OnceLock::new(),
+        })
+    }
+
+    fn direct(&self) -> Option<&File> {
+        self.direct
+            .get_or_init(|| sys::reopen_direct(&self.file).ok())
+            .as_ref()
+    }
+}
+
+const OPEN_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+
+async fn offload<F, R>(pool: &ThreadPool, f: F) -> io::Result<R>
+where
+    F: FnOnce() -> io::Result<R> + Send + 'static,
+    R: Send + 'static,
+{
+    pool.run(f).await?
+}
+
+/// Opens `path` read-only (`O_NONBLOCK|O_CLOEXEC`) and `fstat`s it.
+/// Directories open fine (`is_dir`).
+pub async fn open(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
+    if let Some(pool) = policy.pool().filter(|_| policy.offload_cold_open) {
+        match sys::open_cached(path, OPEN_FLAGS)? {
+            Nowait::Done(f) => {
+                bump(&STATS.opens_inline);
+                policy.inline();
+                // The inode is in memory once the open succeeded: fstat is cheap.
+                return Ok(Arc::new(OpenFile::new(f)?));
+            }
+            Nowait::WouldBlock => {
+                bump(&STATS.opens_offloaded);
+                policy.offload();
+                let p = path.to_path_buf();
+                let of = offload(pool, move || OpenFile::new(sys::open(&p, OPEN_FLAGS)?)).await?;
+                return Ok(Arc::new(of));
+            }
+            Nowait::Unsupported => {}
+        }
+    }
+    bump(&STATS.opens_inline);
+    policy.inline();
+    Ok(Arc::new(OpenFile::new(sys::open(path, OPEN_FLAGS)?)?))
+}
+
+async fn stat_impl(path: &Path, policy: &Policy, follow: bool) -> io::Result<Meta> {
+    if let Some(pool) = policy.pool().filter(|_| policy.offload_cold_open) {
+        let mut flags = libc::O_PATH | libc::O_CLOEXEC;
+        if !follow {
+            flags |= libc::O_NOFOLLOW;
+        }
+        match sys::open_cached(path, flags)? {
+            Nowait::Done(f) => {
+                bump(&STATS.stats_inline);
+                policy.inline();
+                return Ok(Meta::of(&f.metadata()?));
+            }
+            Nowait::WouldBlock => {
+                bump(&STATS.stats_offloaded);
+                policy.offload();
+                let p: PathBuf = path.to_path_buf();
+                return offload(pool, move || {
+                    let m = if follow {
+                        std::fs::metadata(&p)?
+                    } else {
+                        std::fs::symlink_metadata(&p)?
+                    };
+                    Ok(Meta::of(&m))
+                })
+                .await;
+            }
+            Nowait::Unsupported => {}
+        }
+    }
+    bump(&STATS.stats_inline);
+    policy.inline();
+    let m = if follow {
+        std::fs::metadata(path)?
+    } else {
+        std::fs::symlink_metadata(path)?
+    };
+    Ok(Meta::of(&m))
+}
+
+/// `stat(2)`: attributes of `path`, following symlinks.
+pub async fn stat(path: &Path, policy: &Policy) -> io::Result<Meta> {
+    stat_impl(path, policy, true).await
+}
+
+/// `lstat(2)`: attributes of `path` itself (a symlink is not followed).
+pub async fn lstat(path: &Path, policy: &Policy) -> io::Result<Meta> {
+    stat_impl(path, policy, false).await
+}
+
+/// `pread` until `buf` is full or EOF; returns the bytes read.
+fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Reads `[offset, offset+len)` of `file` (clamped to the size seen at
+/// open; shorter only if the file shrank since). The whole range is
+/// buffered: callers read in `output_buffers`-sized pieces.
+pub async fn read(
+    file: &Arc<OpenFile>,
+    offset: u64,
+    len: usize,
+    policy: &Policy,
+) -> io::Result<Bytes> {
+    let avail = file.size.saturating_sub(offset);
+    let len = usize::try_from(avail).map_or(len, |a| a.min(len));
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    let align = policy.directio_alignment;
+    if policy.directio.is_some_and(|t| file.size >= t) && align.is_power_of_two() {
+        bump(&STATS.reads_direct);
+        return match policy.pool() {
+            None => {
+                policy.inline();
+                read_direct(file, offset, len, align)
+            }
+            Some(pool) => {
+                policy.offload();
+                let f = Arc::clone(file);
+                offload(pool, move || read_direct(&f, offset, len, align)).await
+            }
+        };
+    }
+    let mut buf = vec![0u8; len];
+    let Some(pool) = policy.pool() else {
+        bump(&STATS.reads_inline);
+        policy.inline();
+        let n = pread_full(&file.file, &mut buf, offset)?;
+        buf.truncate(n);
+        return Ok(Bytes::from(buf));
+    };
+    let got = match sys::pread_nowait(&file.file, &mut buf, offset)? {
+        Nowait::Done(n) => n,
+        Nowait::WouldBlock | Nowait::Unsupported => 0,
+    };
+    if got == len || (got > 0 && offset + got as u64 >= file.size) {
+        bump(&STATS.reads_inline);
+        policy.inline();
+        buf.truncate(got);
+        return Ok(Bytes::from(buf));
+    }
+    bump(&STATS.reads_offloaded);
+    policy.offload();
+    let f = Arc::clone(file);
+    let buf = offload(pool, move || {
+        let n = pread_full(&f.file, &mut buf[got..], offset + got as u64)?;
+        buf.truncate(got + n);
+        Ok(buf)
+    })
+    .await?;
+    Ok(Bytes::from(buf))
+}
+
+/// Blocking O_DIRECT read of `[offset, offset+len)`, byte-exact: the
+/// `align`-aligned middle goes through the O_DIRECT descriptor into an
+/// aligned part of the buffer, the unaligned head and tail through the
+/// normal one (seed 000: "the parts before and after whole blocks are read
+/// the blocking way"). Falls back to a normal read where O_DIRECT is refused.
+fn read_direct(file: &OpenFile, offset: u64, len: usize, align: u64) -> io::Result<Bytes> {
+    let end = offset + len as u64;
+    let a_start = offset.div_ceil(align) * align;
+    let a_end = end / align * align;
+    let direct = file.direct();
+    let (Some(direct), true) = (direct, a_start < a_end) else {
+        let mut buf = vec![0u8; len];
+        let n = pread_full(&file.file, &mut buf, offset)?;
+        buf.truncate(n);
+        return Ok(Bytes::from(buf));
+    };
+    let a = align as usize;
+    let head = (a_start - offset) as usize;
+    let mid = (a_end - a_start) as usize;
+    let mut buf = vec![0u8; len + a];
+    // Shift the data so that the middle starts on an aligned address.
+    let pad = (a - (buf.as_ptr() as usize + head) % a) % a;
+    let mut total = pread_full(&file.file, &mut buf[pad..pad + head], offset)?;
+    if total == head {
+        let mut got = 0;
+        let mut use_direct = true;
+        while got < mid {
+            let dst = &mut buf[pad + head + got..pad + head + mid];
+            let r = if use_direct {
+                direct.read_at(dst, a_start + got as u64)
+            } else {
+                file.file.read_at(dst, a_start + got as u64)
+            };
+            match r {
+                Ok(0) => break,
+                Ok(n) => {
+                    got += n;
+                    // A partial block can only be EOF for O_DIRECT; finish
+                    // normally (offsets would no longer be aligned).
+                    if n % a != 0 {
+                        use_direct = false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if use_direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    use_direct = false
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        total += got;
+        if got == mid {
+            let tail_at = pad + head + mid;
+            total += pread_full(&file.file, &mut buf[tail_at..pad + len], a_end)?;
+        }
+    }
+    Ok(Bytes::from(buf).slice(pad..pad + total))
+}
+
+/// A socket `send_file` can write to: non-blocking, registered with the
+/// runtime. Implemented for tokio's `TcpStream` and `UnixStream`.
+pub trait SendSock: AsRawFd {
+    /// Waits until the socket may be writable.
+    fn writable(&self) -> impl Future<Output = io::Result<()>>;
+    /// Runs `f`, a raw write on the fd; a `WouldBlock` from it clears the
+    /// readiness so the next `writable()` really waits.
+    fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
+}
+
+impl SendSock for tokio::net::TcpStream {
+    fn writable(&self) -> impl Future<Output = io::Result<()>> {
+        tokio::net::TcpStream::writable(self)
+    }
+    fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        tokio::net::TcpStream::try_io(self, tokio::io::Interest::WRITABLE, f)
+    }
+}
+
+impl SendSock for tokio::net::UnixStream {
+    fn writable(&self) -> impl Future<Output = io::Result<()>> {
+        tokio::net::UnixStream::writable(self)
+    }
+    fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        tokio::net::UnixStream::try_io(self, tokio::io::Interest::WRITABLE, f)
+    }
+}
+
+/// Reads `[offset, offset+len)` into a scratch buffer so the pages are
+/// resident when the loop `sendfile`s them. Runs in a pool thread.
+fn warm(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let mut scratch = vec![0u8; 128 * 1024];
+    let mut done = 0u64;
+    while done < len {
+        let n = usize::try_from(len - done).map_or(scratch.len(), |r| r.min(scratch.len()));
+        let got = pread_full(file, &mut scratch[..n], offset + done)?;
+        if got == 0 {
+            break;
+        }
+        done += got as u64;
+    }
+    Ok(())
+}
+
+/// Sends `[offset, offset+len)` of `file` to `sock` with `sendfile(2)`, in
+/// chunks of at most `sendfile_max_chunk`, yielding to the runtime between
+/// chunks. With a pool, each chunk's residency is checked first
+/// (`cachestat`, or `mincore`); a cold chunk is read into the page cache by
+/// the pool, then sent inline. Returns the bytes sent (= `len`); a file
+/// that shrank under us is `UnexpectedEof`.
+pub async fn send_file<S: SendSock>(
+    sock: &S,
+    file: &Arc<OpenFile>,
+    offset: u64,
+    len: u64,
+    policy: &Policy,
+) -> io::Result<u64> {
+    let max_chunk = if policy.sendfile_max_chunk == 0 {
+        u64::MAX
+    } else {
+        policy.sendfile_max_chunk
+    };
+    let fd: RawFd = sock.as_raw_fd();
+    let mut sent = 0u64;
+    while sent < len {
+        let off = offset + sent;
+        let n = (len - sent).min(max_chunk);
+        if let Some(pool) = policy.pool() {
+            let cold = match sys::residency(&file.file, off, n, file.size) {
+                Ok((r, probe)) => {
+                    match probe {
+                        sys::Probe::Cachestat => bump(&STATS.cachestat_calls),
+                        sys::Probe::Mincore => bump(&STATS.cachestat_fallbacks),
+                    }
+                    r == Residency::Cold
+                }
+                // Cannot tell: assume the worst, the pool is cheap next to a stall.
+                Err(_) => true,
+            };
+            if cold {
+                bump(&STATS.sends_warmed);
+                policy.offload();
+                let f = Arc::clone(file);
+                offload(pool, move || warm(&f.file, off, n)).await?;
+            } else {
+                bump(&STATS.sends_inline);
+                policy.inline();
+            }
+        } else {
+            bump(&STATS.sends_inline);
+            policy.inline();
+        }
+        let mut done = 0u64;
+        while done < n {
+            sock.writable().await?;
+            let want = usize::try_from(n - done)
+                .unwrap_or(usize::MAX)
+                .min(0x7fff_f000);
+            match sock.try_io(|| sys::sendfile(fd, &file.file, off + done, want)) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "file was truncated while being sent",
+                    ))
+                }
+                Ok(k) => done += k as u64,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        sent += n;
+        if sent < len {
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(sent)
+}
+
+/// Writes all of `data` at `offset` of a temp file (proxy buffering,
+/// cache files): in the pool with `aio threads` + `aio_write on`, inline
+/// otherwise (as nginx).
+pub async fn write_at(
+    file: &Arc<File>,
+    offset: u64,
+    data: Bytes,
+    policy: &Policy,
+) -> io::Result<()> {
+    match policy.pool().filter(|_| policy.aio_write) {
+        Some(pool) => {
+            bump(&STATS.writes_offloaded);
+            policy.offload();
+            let f = Arc::clone(file);
+            offload(pool, move || f.write_all_at(&data, offset)).await
+        }
+        None => {
+            bump(&STATS.writes_inline);
+            policy.inline();
+            file.write_all_at(&data, offset)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::conf::PoolConf;
+    use std::io::Write;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::AsyncReadExt;
+
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+    /// A file under /var/tmp (a real disk: tmpfs ignores DONTNEED).
+    struct TestFile(PathBuf);
+
+    impl Drop for TestFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn make_file(tag: &str, len: usize) -> (TestFile, Vec<u8>) {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = PathBuf::from(format!(
+            "/var/tmp/tern-io-{}-{}-{}",
+            std::process::id(),
+            tag,
+            n
+        ));
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut f = File::create(&path).expect("create test file");
+        f.write_all(&data).expect("write test file");
+        f.sync_all().expect("sync test file");
+        (TestFile(path), data)
+    }
+
+    /// Drops the file's pages; returns false if the kernel kept them.
+    fn evict(path: &Path) -> bool {
+        let f = File::open(path).expect("open for evict");
+        let size = f.metadata().expect("meta").len();
+        let _ = sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
+        matches!(sys::residency(&f, 0, size, size), Ok((Residency::Cold, _)))
+    }
+
+    fn pool(name: &str) -> Arc<ThreadPool> {
+        let pc = PoolConf {
+            name: name.into(),
+            threads: 2,
+            max_queue: 64,
+            file: None,
+            line: 0,
+        };
+        Arc::new(ThreadPool::start(pc).expect("pool"))
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn cold_read_offloads_warm_read_is_inline() {
+        let (tf, data) = make_file("read", 256 * 1024);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let policy = Policy::new(Aio::Threads(pool("rd")));
+        rt().block_on(async {
+            let f = open(&tf.0, &policy).await.expect("open");
+            assert_eq!(f.size, data.len() as u64);
+            policy.reset_decision();
+            let before = STATS.snapshot();
+            let got = read(&f, 1000, 64 * 1024, &policy).await.expect("cold read");
+            assert_eq!(&got[..], &data[1000..1000 + 64 * 1024]);
+            assert_eq!(policy.decision(), Decision::Offload);
+            assert!(STATS.snapshot().reads_offloaded > before.reads_offloaded);
+
+            policy.reset_decision();
+            let before = STATS.snapshot();
+            let got = read(&f, 1000, 64 * 1024, &policy).await.expect("warm read");
+            assert_eq!(&got[..], &data[1000..1000 + 64 * 1024]);
+            assert_eq!(policy.decision(), Decision::Inline);
+            assert!(STATS.snapshot().reads_inline > before.reads_inline);
+
+            // Reading past the end is clamped; at the end it is empty.
+            let tail = read(&f, data.len() as u64 - 10, 100, &policy)
+                .await
+                .expect("tail");
+            assert_eq!(&tail[..], &data[data.len() - 10..]);
+            assert!(read(&f, data.len() as u64, 10, &policy)
+                .await
+                .expect("eof")
+                .is_empty());
+        });
+    }
+
+    #[test]
+    fn aio_off_reads_inline() {
+        let (tf, data) = make_file("off", 10_000);
+        let policy = Policy::default();
+        rt().block_on(async {
+            let f = open(&tf.0, &policy).await.expect("open");
+            let got = read(&f, 3, 9_000, &policy).await.expect("read");
+            assert_eq!(&got[..], &data[3..9_003]);
+            assert_eq!(policy.decision(), Decision::Inline);
+        });
+    }
+
+    #[test]
+    fn directio_is_byte_exact() {
+        let sizes = [20_000usize, 4096 * 5 + 1, 513];
+        for (si, &size) in sizes.iter().enumerate() {
+            let (tf, data) = make_file(&format!("dio{si}"), size);
+            for align in [512u64, 4096] {
+                for threads in [false, true] {
+                    let aio = if threads {
+                        Aio::Threads(pool("dio"))
+                    } else {
+                        Aio::Off
+                    };
+                    let mut policy = Policy::new(aio);
+                    policy.directio = Some(1);
+                    policy.directio_alignment = align;
+                    let ranges = [
+                        (0usize, size),
+                        (1, size - 2),
+                        (511, 1025),
+                        (513, 100),
+                        (size / 3, size - size / 3),
+                        (4095, 4098),
+                        (size - 1, 1),
+                    ];
+                    rt().block_on(async {
+                        let f = open(&tf.0, &policy).await.expect("open");
+                        let before = STATS.snapshot().reads_direct;
+                        let mut nonempty = 0;
+                        for (off, len) in ranges {
+                            let off = off.min(size);
+                            let len = len.min(size - off);
+                            nonempty += usize::from(len > 0);
+                            let got = read(&f, off as u64, len, &policy)
+                                .await
+                                .expect("direct read");
+                            assert_eq!(
+                                &got[..],
+                                &data[off..off + len],
+                                "size {size} align {align} range {off}+{len}"
+                            );
+                        }
+                        assert!(STATS.snapshot().reads_direct >= before + nonempty as u64);
+                        // The O_DIRECT descriptor really exists (ext4 under /var/tmp).
+                        assert!(f.direct().is_some());
+                    });
+                }
+            }
+        }
+    }
+
+    async fn send_and_receive(path: &Path, off: u64, len: u64, policy: &Policy) -> (u64, Vec<u8>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = tokio::spawn(async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).await.expect("read_to_end");
+            got
+        });
+        let (server, _) = listener.accept().await.expect("accept");
+        let f = open(path, policy).await.expect("open");
+        let sent = send_file(&server, &f, off, len, policy)
+            .await
+            .expect("send_file");
+        drop(server);
+        (sent, client.await.expect("client task"))
+    }
+
+    #[test]
+    fn send_file_range_small_chunks_over_tcp() {
+        let (tf, data) = make_file("send", 700_000);
+        for threads in [false, true] {
+            let aio = if threads {
+                Aio::Threads(pool("snd"))
+            } else {
+                Aio::Off
+            };
+            let mut policy = Policy::new(aio);
+            policy.sendfile_max_chunk = 10_000;
+            let (off, len) = (12_345u64, 600_001u64);
+            let (sent, got) = rt().block_on(send_and_receive(&tf.0, off, len, &policy));
+            assert_eq!(sent, len);
+            assert_eq!(got.len() as u64, len);
+            assert!(
+                got == data[off as usize..(off + len) as usize],
+                "bytes differ"
+            );
+        }
+    }
+
+    #[test]
+    fn send_file_cold_chunks_are_warmed_by_the_pool() {
+        let (tf, data) = make_file("sendcold", 300_000);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let policy = Policy::new(Aio::Threads(pool("warm")));
+        let before = STATS.snapshot();
+        let (sent, got) = rt().block_on(send_and_receive(&tf.0, 0, data.len() as u64, &policy));
+        assert_eq!(sent, data.len() as u64);
+        assert!(got == data);
+        assert_eq!(policy.decision(), Decision::Offload);
+        let after = STATS.snapshot();
+        assert!(after.sends_warmed > before.sends_warmed);
+        assert!(
+            after.cachestat_calls + after.cachestat_fallbacks
+                > before.cachestat_calls + before.cachestat_fallbacks
+        );
+
+        // Now resident: the same send is inline.
+        policy.reset_decision();
+        let (sent, got) = rt().block_on(send_and_receive(&tf.0, 0, data.len() as u64, &policy));
+        assert_eq!(sent, data.len() as u64);
+        assert!(got == data);
+        assert_eq!(policy.decision(), Decision::Inline);
+    }
+
+    #[test]
+    fn open_dirs_stat_lstat_and_errors() {
+        let (tf, data) = make_file("stat", 1234);
+        let link = PathBuf::from(format!("{}.lnk", tf.0.display()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&tf.0, &link).expect("symlink");
+        for threads in [false, true] {
+            let aio = if threads {
+                Aio::Threads(pool("st"))
+            } else {
+                Aio::Off
+            };
+            let policy = Policy::new(aio);
+            rt().block_on(async {
+                let d = open(Path::new("/var/tmp"), &policy)
+                    .await
+                    .expect("open dir");
+                assert!(d.is_dir);
+                let m = stat(&link, &policy).await.expect("stat");
+                assert_eq!(m.size, data.len() as u64);
+                assert!(m.is_file && !m.is_symlink);
+                let l = lstat(&link, &policy).await.expect("lstat");
+                assert!(l.is_symlink);
+                let f = open(&link, &policy).await.expect("open via link");
+                assert_eq!((f.ino, f.size), (m.ino, m.size));
+                let e = open(Path::new("/var/tmp/tern-io-does-not-exist"), &policy).await;
+                assert_eq!(
+                    e.map(|_| ()).map_err(|e| e.kind()),
+                    Err(io::ErrorKind::NotFound)
+                );
+                let e = stat(Path::new("/var/tmp/tern-io-does-not-exist"), &policy).await;
+                assert_eq!(
+                    e.map(|_| ()).map_err(|e| e.kind()),
+                    Err(io::ErrorKind::NotFound)
+                );
+            });
+        }
+        let _ = std::fs::remove_file(&link);
+    }
+
+    #[test]
+    fn write_at_offloads_with_aio_write() {
+        let (tf, _) = make_file("write", 0);
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tf.0)
+                .expect("open w"),
+        );
+        let mut policy = Policy::new(Aio::Threads(pool("wr")));
+        rt().block_on(async {
+            write_at(&file, 0, Bytes::from_static(b"hello "), &policy)
+                .await
+                .expect("write");
+            assert_eq!(policy.decision(), Decision::Inline);
+            policy.aio_write = true;
+            write_at(&file, 6, Bytes::from_static(b"world"), &policy)
+                .await
+                .expect("write");
+            assert_eq!(policy.decision(), Decision::Offload);
+        });
+        assert_eq!(std::fs::read(&tf.0).expect("read back"), b"hello world");
+    }
+
+    #[test]
+    fn overflow_surfaces_as_io_error_with_nginx_text() {
+        let pc = PoolConf {
+            name: "tiny".into(),
+            threads: 1,
+            max_queue: 0,
+            file: None,
+            line: 0,
+        };
+        let pool = Arc::new(ThreadPool::start(pc).expect("pool"));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tf, _) = make_file("ovf", 100);
+        let mut policy = Policy::new(Aio::Threads(Arc::clone(&pool)));
+        policy.aio_write = true;
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tf.0)
+                .expect("open w"),
+        );
+        rt().block_on(async {
+            let p = Arc::clone(&pool);
+            let busy = tokio::spawn(async move {
+                p.run(move || {
+                    let _ = rx.recv();
+                })
+                .await
+            });
+            while !busy_started(&pool) {
+                tokio::task::yield_now().await;
+            }
+            let e = write_at(&file, 0, Bytes::from_static(b"x"), &policy)
+                .await
+                .expect_err("overflow");
+            assert_eq!(
+                e.to_string(),
+                "thread pool \"tiny\" queue overflow: 0 tasks waiting"
+            );
+            assert!(matches!(
+                IoError::from_io(&e),
+                Some(IoError::Overflow { .. })
+            ));
+            let _ = tx.send(());
+            assert!(busy.await.is_ok());
+        });
+        pool.shutdown_and_join();
+    }
+
+    #[test]
+    fn mincore_fallback_agrees_with_cachestat() {
+        let (tf, data) = make_file("mincore", 64 * 1024);
+        let size = data.len() as u64;
+        let f = File::open(&tf.0).expect("open");
+        let _ = std::fs::read(&tf.0).expect("warm");
+        assert_eq!(
+            sys::mincore_residency(&f, 0, size, size).expect("mincore"),
+            Residency::Resident
+        );
+        if evict(&tf.0) {
+            assert_eq!(
+                sys::mincore_residency(&f, 0, size, size).expect("mincore"),
+                Residency::Cold
+            );
+        }
+    }
+
+    #[test]
+    fn policy_from_loc_resolves_pools() {
+        let main = crate::io::IoMain {
+            pools: vec![PoolConf {
+                name: "disk1".into(),
+                threads: 1,
+                max_queue: 4,
+                file: None,
+                line: 0,
+            }],
+        };
+        let pools = Pools::start(&main).expect("pools");
+        let mut loc = IoLoc {
+            aio: Some(AioConf::Threads {
+                pool: Some("pool_$disk".into()),
+                file: None,
+                line: 0,
+            }),
+            sendfile_max_chunk: Some(512 * 1024),
+            ..Default::default()
+        };
+        let p = Policy::from_loc(&loc, &pools, Some("disk1")).expect("resolved");
+        assert!(matches!(&p.aio, Aio::Threads(tp) if tp.name() == "disk1"));
+        assert_eq!(p.sendfile_max_chunk, 512 * 1024);
+        let e = Policy::from_loc(&loc, &pools, Some("disk9"))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert_eq!(e, Err("thread pool \"disk9\" not found".to_string()));
+        loc.aio = Some(AioConf::Off);
+        assert!(matches!(
+            Policy::from_loc(&loc, &pools, None).map(|p| p.aio),
+            Ok(Aio::Off)
+        ));
+        assert_eq!(Policy::default().sendfile_max_chunk, 2 * 1024 * 1024);
+    }
+
+    /// True once the pool's single thread has picked up a task.
+    fn busy_started(pool: &ThreadPool) -> bool {
+        let s = pool.stats();
+        s.queued == 0 && s.max_queued > 0
+    }
+}
