@@ -262,7 +262,6 @@ pub fn compile(tree: Tree, prefix: &Path, conf_prefix: &Path, conf_file: &Path) 
         }
         .without_location());
     }
-    crate::io::validate_main(&main.io)?;
     if let Some(d) = http_dir {
         http = Some(Arc::new(crate::http::conf::compile_http(&d, &mut cx, &main)?));
     }
@@ -393,4 +392,52 @@ const UNSUPPORTED: &[Spec] = &[
 /// A file path relative to the prefix, for directives of other modules.
 pub fn prefix_path(cx: &Compiler, p: &str) -> PathBuf {
     cx.path(p)
+}
+
+/// The configuration used when no file is given and none is installed:
+/// serve `./html` (or the current directory) on 127.0.0.1:8080.
+pub fn embedded_text(dir: &Path) -> String {
+    format!(
+        "# tern's embedded default configuration\n\
+         daemon off;\n\
+         worker_processes auto;\n\
+         error_log stderr notice;\n\
+         pid /tmp/tern-embedded.pid;\n\
+         events {{}}\n\
+         http {{\n\
+         {mime}\n\
+         \x20   default_type application/octet-stream;\n\
+         \x20   sendfile on;\n\
+         \x20   server {{\n\
+         \x20       listen 127.0.0.1:8080;\n\
+         \x20       root \"{root}\";\n\
+         \x20   }}\n\
+         }}\n",
+        mime = include_str!("../../conf/mime.types"),
+        root = dir.display()
+    )
+}
+
+/// The directory the embedded configuration serves.
+pub fn embedded_root(prefix: &Path) -> PathBuf {
+    let html = prefix.join("html");
+    if html.is_dir() {
+        html
+    } else {
+        prefix.to_path_buf()
+    }
+}
+
+/// Compiles the embedded configuration.
+pub fn load_embedded(prefix: &Path, extra: Option<&str>) -> ConfResult<Config> {
+    let name = Arc::new(PathBuf::from("(embedded)"));
+    let text = embedded_text(&embedded_root(prefix));
+    let mut tree = Tree::default();
+    let mut dirs = parse::parse_str(&text, name.clone(), prefix, &mut tree)?;
+    tree.files.insert(0, ((*name).clone(), text));
+    if let Some(g) = extra {
+        dirs.extend(parse::parse_str(g, Arc::new(PathBuf::from("command line")), prefix, &mut tree)?);
+    }
+    tree.directives = dirs;
+    compile(tree, prefix, prefix, &name)
 }

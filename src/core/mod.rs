@@ -5,6 +5,7 @@ pub mod listen;
 pub mod log;
 pub mod master;
 pub mod modules;
+pub mod user;
 pub mod worker;
 
 /// `strerror` text for an errno, as nginx prints it.

@@ -426,7 +426,6 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
     }
     http_loc.core.defaults(cx);
     http_loc.modules.defaults();
-    http_loc.io.defaults();
     finish_loc(&mut http_loc)?;
     let mut servers = Vec::new();
     for sd in server_dirs {

@@ -91,7 +91,7 @@ enum HeadResult {
     Closed,
     TimedOut,
     Reject(Reject),
-    Quit,
+
 }
 
 /// Serves one connection until it closes.
@@ -129,7 +129,7 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         let head = read_head(&stream, &mut buf, &addr, first).await;
         let end = match head {
             HeadResult::Head(n) => n,
-            HeadResult::Closed | HeadResult::Quit => return,
+            HeadResult::Closed => return,
             HeadResult::TimedOut => {
                 log_conn(&addr.default.conf, Level::Info, &info, "client timed out (110: Connection timed out) while reading client request headers");
                 if addr.default.conf.core.reset_timedout_connection.unwrap_or(false) {
@@ -189,6 +189,7 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             keepalive = false;
             resp.linger = true;
         }
+        let linger_after = resp.linger;
         if write_response(&stream, &req, resp, &loc, keepalive).await.is_err() {
             if loc.core.reset_timedout_connection.unwrap_or(false) {
                 stream.set_linger_zero();
@@ -197,7 +198,7 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         }
         crate::http::log::access(&out, &req, &info);
         if !keepalive {
-            if resp.linger {
+            if linger_after {
                 linger(&stream, &loc).await;
             }
             return;

@@ -87,7 +87,7 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
         Err(httparse::Error::TooManyHeaders) => {
             return Err(reject(494, "client sent too long header line", Some(line)))
         }
-        Err(httparse::Error::Method) | Err(httparse::Error::Token) | Err(httparse::Error::Token) => {
+        Err(httparse::Error::Token) => {
             return Err(reject(400, "client sent invalid method", None))
         }
         Err(httparse::Error::HeaderName) | Err(httparse::Error::HeaderValue) | Err(httparse::Error::NewLine) => {

@@ -252,7 +252,19 @@ impl Drop for ThreadPool {
     }
 }
 
+/// Run at the start of every pool thread (the master installs the switch
+/// to the unprivileged `user` here, so pool threads never run as root).
+static THREAD_INIT: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>> = std::sync::OnceLock::new();
+
+/// Installs the per-thread start hook (once per process).
+pub fn set_thread_init(f: Box<dyn Fn() + Send + Sync>) {
+    let _ = THREAD_INIT.set(f);
+}
+
 fn worker(inner: Arc<Inner>) {
+    if let Some(init) = THREAD_INIT.get() {
+        init();
+    }
     let mut st = inner.lock();
     loop {
         if let Some(job) = st.queue.pop_front() {

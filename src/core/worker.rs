@@ -1,0 +1,208 @@
+//! Worker threads: each runs a tokio `current_thread` runtime (its own
+//! event loop), accepts on the listeners the master hands it, and serves
+//! connections as local tasks.
+//!
+//! Control flows one way, master -> worker, over a channel of [`Ctrl`]
+//! messages: add or remove a listener (reload), quit gracefully, stop now.
+//! The configuration is read per request from the shared [`ArcSwap`], so
+//! a reload needs no message at all.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::core::conf::Config;
+use crate::http::conf::ListenAddr;
+use crate::http::conn::{self, ConnInfo};
+
+/// Counters shared by all workers (stub_status and metrics read them).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub accepts: AtomicU64,
+    pub handled: AtomicU64,
+    pub requests: AtomicU64,
+    pub active: AtomicU64,
+}
+
+impl Stats {
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What every connection of a worker can reach.
+pub struct WorkerShared {
+    pub config: Arc<ArcSwap<Config>>,
+    pub quit: watch::Receiver<bool>,
+    pub stats: Arc<Stats>,
+    pub pools: Arc<ArcSwap<crate::io::Pools>>,
+    pub worker: usize,
+    /// Open connections of this worker.
+    pub active: AtomicUsize,
+    /// Signalled when a connection of this worker closes.
+    pub freed: Notify,
+}
+
+/// A listening socket handed to a worker.
+pub enum ListenSock {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+pub enum Ctrl {
+    Listen(ListenAddr, ListenSock),
+    Unlisten(ListenAddr),
+    /// Graceful stop: close listeners, finish requests, close idle keepalives.
+    Quit,
+}
+
+static CONN_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Runs a worker until it is told to quit (or its channel closes).
+pub fn run(
+    worker: usize,
+    config: Arc<ArcSwap<Config>>,
+    stats: Arc<Stats>,
+    pools: Arc<ArcSwap<crate::io::Pools>>,
+    mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            crate::elog!(Emerg, "worker {} could not start its event loop: {}", worker, e);
+            return;
+        }
+    };
+    let (quit_tx, quit_rx) = watch::channel(false);
+    let shared = Arc::new(WorkerShared {
+        config,
+        quit: quit_rx,
+        stats,
+        pools,
+        worker,
+        active: AtomicUsize::new(0),
+        freed: Notify::new(),
+    });
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let mut stops: HashMap<ListenAddr, watch::Sender<bool>> = HashMap::new();
+        loop {
+            match ctrl.recv().await {
+                Some(Ctrl::Listen(addr, sock)) => {
+                    let (tx, rx) = watch::channel(false);
+                    stops.insert(addr.clone(), tx);
+                    tokio::task::spawn_local(accept_loop(addr, sock, shared.clone(), rx));
+                }
+                Some(Ctrl::Unlisten(addr)) => {
+                    if let Some(tx) = stops.remove(&addr) {
+                        let _ = tx.send(true);
+                    }
+                }
+                Some(Ctrl::Quit) | None => break,
+            }
+        }
+        for (_, tx) in stops.drain() {
+            let _ = tx.send(true);
+        }
+        let _ = quit_tx.send(true);
+        let limit = shared.config.load().main.worker_shutdown_timeout_ms;
+        let deadline = limit.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        while shared.active.load(Ordering::Acquire) > 0 {
+            let wait = shared.freed.notified();
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, wait).await.is_err() {
+                        break;
+                    }
+                }
+                None => wait.await,
+            }
+        }
+    });
+}
+
+async fn accept_loop(addr: ListenAddr, sock: ListenSock, shared: Arc<WorkerShared>, mut stop: watch::Receiver<bool>) {
+    enum L {
+        Tcp(tokio::net::TcpListener),
+        Unix(tokio::net::UnixListener),
+    }
+    let l = match sock {
+        ListenSock::Tcp(s) => tokio::net::TcpListener::from_std(s).map(L::Tcp),
+        ListenSock::Unix(s) => tokio::net::UnixListener::from_std(s).map(L::Unix),
+    };
+    let l = match l {
+        Ok(l) => l,
+        Err(e) => {
+            crate::elog!(Emerg, "listener {} could not be registered: {}", addr, e);
+            return;
+        }
+    };
+    let mut warned = false;
+    loop {
+        let limit = shared.config.load().main.connections();
+        while shared.active.load(Ordering::Acquire) >= limit {
+            if !warned {
+                crate::elog!(Alert, "{} worker_connections are not enough", limit);
+                warned = true;
+            }
+            // New connections wait in the backlog until one closes.
+            tokio::select! {
+                _ = shared.freed.notified() => {}
+                _ = stop.changed() => return,
+            }
+        }
+        let accepted = tokio::select! {
+            r = async {
+                match &l {
+                    L::Tcp(t) => t.accept().await.map(|(s, p)| (Either::Tcp(s), Some(p))),
+                    L::Unix(u) => u.accept().await.map(|(s, _)| (Either::Unix(s), None)),
+                }
+            } => r,
+            _ = stop.changed() => return,
+        };
+        match accepted {
+            Ok((s, peer)) => {
+                shared.stats.accepts.fetch_add(1, Ordering::Relaxed);
+                shared.stats.handled.fetch_add(1, Ordering::Relaxed);
+                let id = CONN_ID.fetch_add(1, Ordering::Relaxed) + 1;
+                let local = match &s {
+                    Either::Tcp(t) => t.local_addr().ok(),
+                    Either::Unix(_) => None,
+                };
+                let info = ConnInfo { id, remote: peer, local, listen: addr.clone(), requests: 0 };
+                shared.active.fetch_add(1, Ordering::AcqRel);
+                shared.stats.active.fetch_add(1, Ordering::Relaxed);
+                let sh = shared.clone();
+                tokio::task::spawn_local(async move {
+                    match s {
+                        Either::Tcp(t) => {
+                            let _ = t.set_nodelay(true);
+                            conn::serve(t, info, sh.clone()).await
+                        }
+                        Either::Unix(u) => conn::serve(u, info, sh.clone()).await,
+                    }
+                    sh.active.fetch_sub(1, Ordering::AcqRel);
+                    sh.stats.active.fetch_sub(1, Ordering::Relaxed);
+                    sh.freed.notify_waiters();
+                });
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(0);
+                crate::elog!(Crit, "accept4() failed {}", crate::core::errno_text(&e));
+                if errno == libc::EMFILE || errno == libc::ENFILE || errno == libc::ENOBUFS || errno == libc::ENOMEM {
+                    // Out of descriptors: stop accepting for a while rather than spin.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+}
+
+enum Either {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
