@@ -48,12 +48,26 @@ fn fail(msg: &str) -> ! {
 }
 
 fn parse_args() -> Opts {
-    let mut o = Opts { help: false, version: false, configure: false, test: false, dump: false, quiet: false, signal: None, prefix: None, error_log: None, conf: None, globals: None };
+    let mut o = Opts {
+        help: false,
+        version: false,
+        configure: false,
+        test: false,
+        dump: false,
+        quiet: false,
+        signal: None,
+        prefix: None,
+        error_log: None,
+        conf: None,
+        globals: None,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];
-        let Some(flags) = a.strip_prefix('-') else { fail(&format!("invalid option: \"{}\"", a)) };
+        let Some(flags) = a.strip_prefix('-') else {
+            fail(&format!("invalid option: \"{}\"", a))
+        };
         let mut chars = flags.char_indices();
         while let Some((pos, c)) = chars.next() {
             let mut value = |name: &str| -> String {
@@ -115,10 +129,17 @@ fn parse_args() -> Opts {
 fn main() {
     let o = parse_args();
     if o.version {
-        eprintln!("tern version: tern/{} (nginx/{} compatible)", tern::http::response::VERSION, tern::http::response::NGINX_VERSION);
+        eprintln!(
+            "tern version: tern/{} (nginx/{} compatible)",
+            tern::http::response::VERSION,
+            tern::http::response::NGINX_VERSION
+        );
         if o.configure {
             eprintln!("built with Rust (stable); TLS: not built in yet (rustls planned)");
-            eprintln!("configure arguments: {}", tern::core::modules::configure_arguments(DEFAULT_PREFIX));
+            eprintln!(
+                "configure arguments: {}",
+                tern::core::modules::configure_arguments(DEFAULT_PREFIX)
+            );
         }
     }
     if o.help {
@@ -131,7 +152,11 @@ fn main() {
     let prefix = match &o.prefix {
         Some(p) => {
             let p = PathBuf::from(p);
-            if p.is_absolute() { p } else { cwd.join(p) }
+            if p.is_absolute() {
+                p
+            } else {
+                cwd.join(p)
+            }
         }
         None if o.conf.is_some() => PathBuf::from(DEFAULT_PREFIX),
         None => PathBuf::from(DEFAULT_PREFIX),
@@ -139,18 +164,49 @@ fn main() {
     let conf_file = match &o.conf {
         Some(c) => {
             let c = Path::new(c);
-            Some(if c.is_absolute() { c.to_path_buf() } else { cwd.join(c) })
+            Some(if c.is_absolute() {
+                c.to_path_buf()
+            } else {
+                cwd.join(c)
+            })
         }
         None => {
             let installed = prefix.join("conf/nginx.conf");
-            if installed.exists() { Some(installed) } else { None }
+            if installed.exists() {
+                Some(installed)
+            } else {
+                None
+            }
         }
     };
     // The embedded default serves the current directory, so its prefix is cwd.
-    let prefix = if conf_file.is_none() && o.prefix.is_none() { cwd.clone() } else { prefix };
-    let error_log = o.error_log.as_ref().map(|e| if e == "stderr" { PathBuf::from("stderr") } else { let p = PathBuf::from(e); if p.is_absolute() { p } else { prefix.join(p) } });
-    let src = Source { conf_file: conf_file.clone(), prefix, extra: o.globals.clone(), error_log };
-    let name = conf_file.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(embedded)".into());
+    let prefix = if conf_file.is_none() && o.prefix.is_none() {
+        cwd.clone()
+    } else {
+        prefix
+    };
+    let error_log = o.error_log.as_ref().map(|e| {
+        if e == "stderr" {
+            PathBuf::from("stderr")
+        } else {
+            let p = PathBuf::from(e);
+            if p.is_absolute() {
+                p
+            } else {
+                prefix.join(p)
+            }
+        }
+    });
+    let src = Source {
+        conf_file: conf_file.clone(),
+        prefix,
+        extra: o.globals.clone(),
+        error_log,
+    };
+    let name = conf_file
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "(embedded)".into());
     let cfg = match src.load() {
         Ok(c) => c,
         Err(e) => {
@@ -188,7 +244,11 @@ fn main() {
     if src.conf_file.is_none() {
         if let Some(h) = &cfg.http {
             for a in &h.addrs {
-                println!("tern: serving {} on http://{}/", tern::core::conf::embedded_root(&src.prefix).display(), a.listen.addr);
+                println!(
+                    "tern: serving {} on http://{}/",
+                    tern::core::conf::embedded_root(&src.prefix).display(),
+                    a.listen.addr
+                );
             }
         }
     }
@@ -197,27 +257,43 @@ fn main() {
 
 /// A startup error also goes to the error log, as nginx does.
 fn log_to_error_file(src: &Source, msg: &str) {
-    let path = src.error_log.clone().unwrap_or_else(|| src.prefix.join("logs/error.log"));
+    let path = src
+        .error_log
+        .clone()
+        .unwrap_or_else(|| src.prefix.join("logs/error.log"));
     if path.as_os_str() == "stderr" {
         return;
     }
-    let line = tern::core::log::format_line(tern::core::log::Level::Emerg, None, format_args!("{}", msg));
+    let line =
+        tern::core::log::format_line(tern::core::log::Level::Emerg, None, format_args!("{}", msg));
     if let Ok(f) = tern::core::log::open_log(Some(&path)) {
         f.write_all(line.as_bytes());
     }
 }
 
 fn send_signal(cfg: &tern::core::conf::Config, sig: &str) -> i32 {
-    let path = cfg.main.pid.clone().unwrap_or_else(|| cfg.prefix.join("logs/nginx.pid"));
+    let path = cfg
+        .main
+        .pid
+        .clone()
+        .unwrap_or_else(|| cfg.prefix.join("logs/nginx.pid"));
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("tern: [error] open() \"{}\" failed {}", path.display(), tern::core::errno_text(&e));
+            eprintln!(
+                "tern: [error] open() \"{}\" failed {}",
+                path.display(),
+                tern::core::errno_text(&e)
+            );
             return 1;
         }
     };
     let Ok(pid) = text.trim().parse::<i32>() else {
-        eprintln!("tern: [error] invalid PID number \"{}\" in \"{}\"", text.trim(), path.display());
+        eprintln!(
+            "tern: [error] invalid PID number \"{}\" in \"{}\"",
+            text.trim(),
+            path.display()
+        );
         return 1;
     };
     let signo = match sig {
@@ -229,7 +305,12 @@ fn send_signal(cfg: &tern::core::conf::Config, sig: &str) -> i32 {
     // SAFETY: kill with a pid read from the pid file and a valid signal number.
     if unsafe { libc::kill(pid, signo) } != 0 {
         let e = std::io::Error::last_os_error();
-        eprintln!("tern: [alert] kill({}, {}) failed {}", pid, signo, tern::core::errno_text(&e));
+        eprintln!(
+            "tern: [alert] kill({}, {}) failed {}",
+            pid,
+            signo,
+            tern::core::errno_text(&e)
+        );
         return 1;
     }
     0

@@ -53,10 +53,18 @@ pub struct ConfError {
 
 impl ConfError {
     pub fn new(msg: impl Into<String>) -> Self {
-        ConfError { msg: msg.into(), file: None, line: 0 }
+        ConfError {
+            msg: msg.into(),
+            file: None,
+            line: 0,
+        }
     }
     pub fn at(msg: impl Into<String>, d: &Directive) -> Self {
-        ConfError { msg: msg.into(), file: Some((*d.file).clone()), line: d.line }
+        ConfError {
+            msg: msg.into(),
+            file: Some((*d.file).clone()),
+            line: d.line,
+        }
     }
 }
 

@@ -113,7 +113,10 @@ pub fn flag(d: &Directive) -> ConfResult<bool> {
 
 /// `invalid number of arguments in "X" directive`.
 pub fn invalid_args(d: &Directive) -> ConfError {
-    ConfError::at(format!("invalid number of arguments in \"{}\" directive", d.name), d)
+    ConfError::at(
+        format!("invalid number of arguments in \"{}\" directive", d.name),
+        d,
+    )
 }
 
 /// `"X" directive is duplicate`.
@@ -123,7 +126,10 @@ pub fn duplicate(d: &Directive) -> ConfError {
 
 /// `invalid value "V" in "X" directive`.
 pub fn invalid_value(d: &Directive, v: &str) -> ConfError {
-    ConfError::at(format!("invalid value \"{}\" in \"{}\" directive", v, d.name), d)
+    ConfError::at(
+        format!("invalid value \"{}\" in \"{}\" directive", v, d.name),
+        d,
+    )
 }
 
 /// Sets an `Option` once; a second time is nginx's "is duplicate".
@@ -143,6 +149,9 @@ pub fn arg(d: &Directive, i: usize) -> &str {
 impl Setter {
     /// Whether the directive takes a `{}` block instead of ending with `;`.
     pub fn takes_block(&self) -> bool {
-        matches!(self, Setter::Block | Setter::HttpMainBlock(_) | Setter::LocBlock(_))
+        matches!(
+            self,
+            Setter::Block | Setter::HttpMainBlock(_) | Setter::LocBlock(_)
+        )
     }
 }

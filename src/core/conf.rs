@@ -136,9 +136,15 @@ impl Compiler {
 /// All modules' directive tables. The order is irrelevant: names are unique
 /// per context.
 fn tables() -> impl Iterator<Item = &'static [Spec]> {
-    [MAIN_DIRECTIVES, crate::core::log::DIRECTIVES, crate::io::DIRECTIVES, crate::http::conf::DIRECTIVES, UNSUPPORTED]
-        .into_iter()
-        .chain(crate::http::modules::TABLES.iter().copied())
+    [
+        MAIN_DIRECTIVES,
+        crate::core::log::DIRECTIVES,
+        crate::io::DIRECTIVES,
+        crate::http::conf::DIRECTIVES,
+        UNSUPPORTED,
+    ]
+    .into_iter()
+    .chain(crate::http::modules::TABLES.iter().copied())
 }
 
 fn index() -> &'static HashMap<&'static str, Vec<Spec>> {
@@ -162,7 +168,10 @@ pub fn known_directive(name: &str) -> bool {
 /// Finds the registry row for `d` in context `here`, with nginx's checks.
 pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
     let Some(rows) = index().get(d.name.as_str()) else {
-        return Err(ConfError::at(format!("unknown directive \"{}\"", d.name), d));
+        return Err(ConfError::at(
+            format!("unknown directive \"{}\"", d.name),
+            d,
+        ));
     };
     let Some(spec) = rows.iter().find(|s| s.ctx & here != 0) else {
         return Err(ConfError::at(
@@ -170,8 +179,13 @@ pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
             d,
         ));
     };
-    // Unsupported rows accept either shape: they are refused anyway.
-    let unsupported = matches!(spec.set, Setter::Unsupported);
+    if let Setter::Unsupported = spec.set {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        ));
+    }
+    let unsupported = false;
     if !unsupported && !spec.set.takes_block() && d.block.is_some() {
         return Err(ConfError::at(
             format!("directive \"{}\" is not terminated by \";\"", d.name),
@@ -191,11 +205,7 @@ pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
 }
 
 /// Reads and compiles a configuration.
-pub fn load(
-    conf_file: &Path,
-    prefix: &Path,
-    extra: Option<&str>,
-) -> ConfResult<Config> {
+pub fn load(conf_file: &Path, prefix: &Path, extra: Option<&str>) -> ConfResult<Config> {
     let conf_prefix = conf_file
         .parent()
         .map(Path::to_path_buf)
@@ -214,7 +224,12 @@ pub fn load(
 }
 
 /// Compiles an already parsed tree.
-pub fn compile(tree: Tree, prefix: &Path, conf_prefix: &Path, conf_file: &Path) -> ConfResult<Config> {
+pub fn compile(
+    tree: Tree,
+    prefix: &Path,
+    conf_prefix: &Path,
+    conf_file: &Path,
+) -> ConfResult<Config> {
     let mut cx = Compiler {
         prefix: prefix.to_path_buf(),
         conf_prefix: conf_prefix.to_path_buf(),
@@ -225,34 +240,50 @@ pub fn compile(tree: Tree, prefix: &Path, conf_prefix: &Path, conf_file: &Path) 
     let mut http: Option<Arc<crate::http::conf::HttpConf>> = None;
     let dirs = tree.directives.clone();
     let mut http_dir: Option<Directive> = None;
-    cx.block(&dirs, ctx::MAIN, &mut main, &mut |cx, main, d, spec| match spec.set {
-        Setter::Main(f) => f(main, d, cx),
-        Setter::Block => match d.name.as_str() {
-            "events" => {
-                if main.events_seen {
-                    return Err(registry::duplicate(d));
+    cx.block(
+        &dirs,
+        ctx::MAIN,
+        &mut main,
+        &mut |cx, main, d, spec| match spec.set {
+            Setter::Main(f) => f(main, d, cx),
+            Setter::Block => match d.name.as_str() {
+                "events" => {
+                    if main.events_seen {
+                        return Err(registry::duplicate(d));
+                    }
+                    main.events_seen = true;
+                    let kids = d.block.as_deref().unwrap_or(&[]);
+                    cx.block(
+                        kids,
+                        ctx::EVENTS,
+                        main,
+                        &mut |cx, main, d, spec| match spec.set {
+                            Setter::Main(f) => f(main, d, cx),
+                            _ => Err(ConfError::at(
+                                format!("\"{}\" directive is not allowed here", d.name),
+                                d,
+                            )),
+                        },
+                    )
                 }
-                main.events_seen = true;
-                let kids = d.block.as_deref().unwrap_or(&[]);
-                cx.block(kids, ctx::EVENTS, main, &mut |cx, main, d, spec| match spec.set {
-                    Setter::Main(f) => f(main, d, cx),
-                    _ => Err(ConfError::at(
-                        format!("\"{}\" directive is not allowed here", d.name),
-                        d,
-                    )),
-                })
-            }
-            "http" => {
-                if http_dir.is_some() {
-                    return Err(registry::duplicate(d));
+                "http" => {
+                    if http_dir.is_some() {
+                        return Err(registry::duplicate(d));
+                    }
+                    http_dir = Some(d.clone());
+                    Ok(())
                 }
-                http_dir = Some(d.clone());
-                Ok(())
-            }
-            _ => Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d)),
+                _ => Err(ConfError::at(
+                    format!("\"{}\" directive is not allowed here", d.name),
+                    d,
+                )),
+            },
+            _ => Err(ConfError::at(
+                format!("\"{}\" directive is not allowed here", d.name),
+                d,
+            )),
         },
-        _ => Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d)),
-    })?;
+    )?;
     if !main.events_seen {
         let file = conf_file.to_path_buf();
         return Err(ConfError {
@@ -263,7 +294,9 @@ pub fn compile(tree: Tree, prefix: &Path, conf_prefix: &Path, conf_file: &Path) 
         .without_location());
     }
     if let Some(d) = http_dir {
-        http = Some(Arc::new(crate::http::conf::compile_http(&d, &mut cx, &main)?));
+        http = Some(Arc::new(crate::http::conf::compile_http(
+            &d, &mut cx, &main,
+        )?));
     }
     Ok(Config {
         main,
@@ -291,7 +324,9 @@ fn positive(d: &Directive, s: &str) -> ConfResult<usize> {
 fn set_worker_processes(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = arg(d, 0);
     let n = if v == "auto" {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
     } else {
         positive(d, v)?
     };
@@ -321,10 +356,7 @@ fn set_accept_mutex(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfRe
 fn set_use(_: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     match arg(d, 0) {
         "epoll" => Ok(()),
-        v => Err(ConfError::at(
-            format!("invalid event type \"{}\"", v),
-            d,
-        )),
+        v => Err(ConfError::at(format!("invalid event type \"{}\"", v), d)),
     }
 }
 
@@ -358,35 +390,140 @@ fn set_ignored_main(_: &mut MainConf, _: &Directive, _: &mut Compiler) -> ConfRe
 }
 
 const MAIN_DIRECTIVES: &[Spec] = &[
-    Spec { name: "worker_processes", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_worker_processes) },
-    Spec { name: "worker_rlimit_nofile", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_rlimit) },
-    Spec { name: "worker_shutdown_timeout", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_shutdown_timeout) },
-    Spec { name: "pid", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_pid) },
-    Spec { name: "daemon", ctx: ctx::MAIN, args: Args::Flag, set: Setter::Main(set_daemon) },
-    Spec { name: "master_process", ctx: ctx::MAIN, args: Args::Flag, set: Setter::Main(set_master) },
-    Spec { name: "user", ctx: ctx::MAIN, args: Args::take12(), set: Setter::Main(set_user) },
+    Spec {
+        name: "worker_processes",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Main(set_worker_processes),
+    },
+    Spec {
+        name: "worker_rlimit_nofile",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Main(set_rlimit),
+    },
+    Spec {
+        name: "worker_shutdown_timeout",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Main(set_shutdown_timeout),
+    },
+    Spec {
+        name: "pid",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Main(set_pid),
+    },
+    Spec {
+        name: "daemon",
+        ctx: ctx::MAIN,
+        args: Args::Flag,
+        set: Setter::Main(set_daemon),
+    },
+    Spec {
+        name: "master_process",
+        ctx: ctx::MAIN,
+        args: Args::Flag,
+        set: Setter::Main(set_master),
+    },
+    Spec {
+        name: "user",
+        ctx: ctx::MAIN,
+        args: Args::take12(),
+        set: Setter::Main(set_user),
+    },
     // Accepted for compatibility: tern's workers are threads and need no lock file.
-    Spec { name: "lock_file", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Main(set_ignored_main) },
-    Spec { name: "events", ctx: ctx::MAIN, args: Args::take(0), set: Setter::Block },
-    Spec { name: "http", ctx: ctx::MAIN, args: Args::take(0), set: Setter::Block },
-    Spec { name: "worker_connections", ctx: ctx::EVENTS, args: Args::take(1), set: Setter::Main(set_worker_connections) },
-    Spec { name: "multi_accept", ctx: ctx::EVENTS, args: Args::Flag, set: Setter::Main(set_multi_accept) },
+    Spec {
+        name: "lock_file",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Main(set_ignored_main),
+    },
+    Spec {
+        name: "events",
+        ctx: ctx::MAIN,
+        args: Args::take(0),
+        set: Setter::Block,
+    },
+    Spec {
+        name: "http",
+        ctx: ctx::MAIN,
+        args: Args::take(0),
+        set: Setter::Block,
+    },
+    Spec {
+        name: "worker_connections",
+        ctx: ctx::EVENTS,
+        args: Args::take(1),
+        set: Setter::Main(set_worker_connections),
+    },
+    Spec {
+        name: "multi_accept",
+        ctx: ctx::EVENTS,
+        args: Args::Flag,
+        set: Setter::Main(set_multi_accept),
+    },
     // With one reuseport socket per worker, or one shared socket watched by
     // every worker thread, there is no accept lock to take: accepted, moot.
-    Spec { name: "accept_mutex", ctx: ctx::EVENTS, args: Args::Flag, set: Setter::Main(set_accept_mutex) },
-    Spec { name: "accept_mutex_delay", ctx: ctx::EVENTS, args: Args::take(1), set: Setter::Main(set_ignored_main) },
-    Spec { name: "use", ctx: ctx::EVENTS, args: Args::take(1), set: Setter::Main(set_use) },
+    Spec {
+        name: "accept_mutex",
+        ctx: ctx::EVENTS,
+        args: Args::Flag,
+        set: Setter::Main(set_accept_mutex),
+    },
+    Spec {
+        name: "accept_mutex_delay",
+        ctx: ctx::EVENTS,
+        args: Args::take(1),
+        set: Setter::Main(set_ignored_main),
+    },
+    Spec {
+        name: "use",
+        ctx: ctx::EVENTS,
+        args: Args::take(1),
+        set: Setter::Main(set_use),
+    },
 ];
 
 /// Directives nginx has that tern recognises but does not implement yet:
 /// a config that uses one is refused at startup, naming it.
 const UNSUPPORTED: &[Spec] = &[
-    Spec { name: "stream", ctx: ctx::MAIN, args: Args::Any, set: Setter::Unsupported },
-    Spec { name: "mail", ctx: ctx::MAIN, args: Args::Any, set: Setter::Unsupported },
-    Spec { name: "env", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Unsupported },
-    Spec { name: "load_module", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Unsupported },
-    Spec { name: "worker_cpu_affinity", ctx: ctx::MAIN, args: Args::AtLeast(1), set: Setter::Unsupported },
-    Spec { name: "worker_priority", ctx: ctx::MAIN, args: Args::take(1), set: Setter::Unsupported },
+    Spec {
+        name: "stream",
+        ctx: ctx::MAIN,
+        args: Args::Any,
+        set: Setter::Unsupported,
+    },
+    Spec {
+        name: "mail",
+        ctx: ctx::MAIN,
+        args: Args::Any,
+        set: Setter::Unsupported,
+    },
+    Spec {
+        name: "env",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Unsupported,
+    },
+    Spec {
+        name: "load_module",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Unsupported,
+    },
+    Spec {
+        name: "worker_cpu_affinity",
+        ctx: ctx::MAIN,
+        args: Args::AtLeast(1),
+        set: Setter::Unsupported,
+    },
+    Spec {
+        name: "worker_priority",
+        ctx: ctx::MAIN,
+        args: Args::take(1),
+        set: Setter::Unsupported,
+    },
 ];
 
 /// A file path relative to the prefix, for directives of other modules.
@@ -436,7 +573,12 @@ pub fn load_embedded(prefix: &Path, extra: Option<&str>) -> ConfResult<Config> {
     let mut dirs = parse::parse_str(&text, name.clone(), prefix, &mut tree)?;
     tree.files.insert(0, ((*name).clone(), text));
     if let Some(g) = extra {
-        dirs.extend(parse::parse_str(g, Arc::new(PathBuf::from("command line")), prefix, &mut tree)?);
+        dirs.extend(parse::parse_str(
+            g,
+            Arc::new(PathBuf::from("command line")),
+            prefix,
+            &mut tree,
+        )?);
     }
     tree.directives = dirs;
     compile(tree, prefix, prefix, &name)

@@ -11,11 +11,20 @@ use crate::http::conf::{Listen, ListenAddr};
 
 /// Binds and listens; errors worded as nginx (`bind() to ADDR failed (98: ...)`).
 pub fn bind(l: &Listen) -> Result<Socket, String> {
-    let fail = |what: &str, e: io::Error| format!("{}() to {} failed {}", what, l.addr, crate::core::errno_text(&e));
+    let fail = |what: &str, e: io::Error| {
+        format!(
+            "{}() to {} failed {}",
+            what,
+            l.addr,
+            crate::core::errno_text(&e)
+        )
+    };
     let (sock, addr) = match &l.addr {
         ListenAddr::Inet(a) => {
-            let s = Socket::new(Domain::for_address(*a), Type::STREAM, None).map_err(|e| fail("socket", e))?;
-            s.set_reuse_address(true).map_err(|e| fail("setsockopt", e))?;
+            let s = Socket::new(Domain::for_address(*a), Type::STREAM, None)
+                .map_err(|e| fail("socket", e))?;
+            s.set_reuse_address(true)
+                .map_err(|e| fail("setsockopt", e))?;
             if a.is_ipv6() {
                 let _ = s.set_only_v6(l.ipv6only);
             }
@@ -27,7 +36,8 @@ pub fn bind(l: &Listen) -> Result<Socket, String> {
         }
     };
     if l.reuseport {
-        sock.set_reuse_port(true).map_err(|e| fail("setsockopt", e))?;
+        sock.set_reuse_port(true)
+            .map_err(|e| fail("setsockopt", e))?;
     }
     if let Some(n) = l.rcvbuf {
         let _ = sock.set_recv_buffer_size(n);
@@ -67,7 +77,8 @@ pub fn bind(l: &Listen) -> Result<Socket, String> {
             );
         }
     }
-    sock.listen(l.backlog.unwrap_or(511)).map_err(|e| fail("listen", e))?;
+    sock.listen(l.backlog.unwrap_or(511))
+        .map_err(|e| fail("listen", e))?;
     sock.set_nonblocking(true).map_err(|e| fail("ioctl", e))?;
     Ok(sock)
 }

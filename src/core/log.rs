@@ -124,14 +124,22 @@ fn files() -> &'static Mutex<HashMap<PathBuf, Arc<LogFile>>> {
 /// Opens (or shares the already open) log file at `path`; `None` is stderr.
 pub fn open_log(path: Option<&Path>) -> std::io::Result<Arc<LogFile>> {
     let Some(path) = path else {
-        return Ok(Arc::new(LogFile { path: None, file: Mutex::new(None) }));
+        return Ok(Arc::new(LogFile {
+            path: None,
+            file: Mutex::new(None),
+        }));
     };
-    let mut map = files().lock().map_err(|_| std::io::Error::other("log table poisoned"))?;
+    let mut map = files()
+        .lock()
+        .map_err(|_| std::io::Error::other("log table poisoned"))?;
     if let Some(f) = map.get(path) {
         return Ok(f.clone());
     }
     let f = open_append(path)?;
-    let lf = Arc::new(LogFile { path: Some(path.to_path_buf()), file: Mutex::new(Some(f)) });
+    let lf = Arc::new(LogFile {
+        path: Some(path.to_path_buf()),
+        file: Mutex::new(Some(f)),
+    });
     map.insert(path.to_path_buf(), lf.clone());
     Ok(lf)
 }
@@ -199,7 +207,15 @@ pub fn format_line(level: Level, conn: Option<u64>, msg: fmt::Arguments<'_>) -> 
     // SAFETY: getpid/gettid have no preconditions.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
     match conn {
-        Some(c) => format!("{} [{}] {}#{}: *{} {}\n", ts, level.name(), pid, tid, c, msg),
+        Some(c) => format!(
+            "{} [{}] {}#{}: *{} {}\n",
+            ts,
+            level.name(),
+            pid,
+            tid,
+            c,
+            msg
+        ),
         None => format!("{} [{}] {}#{}: {}\n", ts, level.name(), pid, tid, msg),
     }
 }
@@ -209,7 +225,10 @@ fn global() -> &'static ArcSwap<Logger> {
     G.get_or_init(|| {
         ArcSwap::from_pointee(Logger {
             sinks: vec![(
-                Arc::new(LogFile { path: None, file: Mutex::new(None) }),
+                Arc::new(LogFile {
+                    path: None,
+                    file: Mutex::new(None),
+                }),
                 Level::Error,
             )],
         })
@@ -240,19 +259,24 @@ pub fn parse_error_log(d: &Directive, cx: &Compiler) -> ConfResult<ErrorLogSpec>
         None
     } else if let Some(rest) = target.strip_prefix("syslog:") {
         return Err(ConfError::at(
-            format!("syslog logging (\"syslog:{}\") is not supported by tern yet", rest),
+            format!(
+                "syslog logging (\"syslog:{}\") is not supported by tern yet",
+                rest
+            ),
             d,
         ));
     } else if target.starts_with("memory:") {
-        return Err(ConfError::at("memory logging is not supported by tern yet", d));
+        return Err(ConfError::at(
+            "memory logging is not supported by tern yet",
+            d,
+        ));
     } else {
         Some(cx.path(target))
     };
     let level = match d.args.get(1) {
         None => Level::Error,
-        Some(a) => Level::parse(&a.value).ok_or_else(|| {
-            ConfError::at(format!("invalid log level \"{}\"", a.value), d)
-        })?,
+        Some(a) => Level::parse(&a.value)
+            .ok_or_else(|| ConfError::at(format!("invalid log level \"{}\"", a.value), d))?,
     };
     if d.args.len() > 2 {
         return Err(ConfError::at(
@@ -276,6 +300,16 @@ fn set_loc_error_log(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfR
 }
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "error_log", ctx: ctx::MAIN, args: Args::AtLeast(1), set: Setter::Main(set_main_error_log) },
-    Spec { name: "error_log", ctx: ctx::HSL, args: Args::AtLeast(1), set: Setter::Loc(set_loc_error_log) },
+    Spec {
+        name: "error_log",
+        ctx: ctx::MAIN,
+        args: Args::AtLeast(1),
+        set: Setter::Main(set_main_error_log),
+    },
+    Spec {
+        name: "error_log",
+        ctx: ctx::HSL,
+        args: Args::AtLeast(1),
+        set: Setter::Loc(set_loc_error_log),
+    },
 ];

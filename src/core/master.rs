@@ -48,10 +48,17 @@ struct Bound {
 }
 
 fn listens(cfg: &Config) -> Vec<Listen> {
-    cfg.http.as_ref().map(|h| h.addrs.iter().map(|a| a.listen.clone()).collect()).unwrap_or_default()
+    cfg.http
+        .as_ref()
+        .map(|h| h.addrs.iter().map(|a| a.listen.clone()).collect())
+        .unwrap_or_default()
 }
 
-fn bind_all(want: &[Listen], workers: usize, have: &mut HashMap<ListenAddr, Bound>) -> Result<Vec<ListenAddr>, String> {
+fn bind_all(
+    want: &[Listen],
+    workers: usize,
+    have: &mut HashMap<ListenAddr, Bound>,
+) -> Result<Vec<ListenAddr>, String> {
     let mut added = Vec::new();
     for l in want {
         if let Some(b) = have.get(&l.addr) {
@@ -64,7 +71,13 @@ fn bind_all(want: &[Listen], workers: usize, have: &mut HashMap<ListenAddr, Boun
         for _ in 0..n {
             socks.push(crate::core::listen::bind(l)?);
         }
-        have.insert(l.addr.clone(), Bound { listen: l.clone(), socks });
+        have.insert(
+            l.addr.clone(),
+            Bound {
+                listen: l.clone(),
+                socks,
+            },
+        );
         added.push(l.addr.clone());
     }
     Ok(added)
@@ -80,21 +93,37 @@ fn to_worker_sock(s: &socket2::Socket, addr: &ListenAddr) -> std::io::Result<Lis
 
 fn send_listener(workers: &[mpsc::UnboundedSender<Ctrl>], b: &Bound) {
     for (i, w) in workers.iter().enumerate() {
-        let s = if b.socks.len() > 1 { &b.socks[i % b.socks.len()] } else { &b.socks[0] };
+        let s = if b.socks.len() > 1 {
+            &b.socks[i % b.socks.len()]
+        } else {
+            &b.socks[0]
+        };
         match to_worker_sock(s, &b.listen.addr) {
             Ok(ls) => {
                 let _ = w.send(Ctrl::Listen(b.listen.addr.clone(), ls));
             }
-            Err(e) => crate::elog!(Alert, "dup() of listener {} failed {}", b.listen.addr, crate::core::errno_text(&e)),
+            Err(e) => crate::elog!(
+                Alert,
+                "dup() of listener {} failed {}",
+                b.listen.addr,
+                crate::core::errno_text(&e)
+            ),
         }
     }
 }
 
 fn main_logger_for(cfg: &Config, src: &Source) -> std::io::Result<Logger> {
     if cfg.main.error_log.is_empty() {
-        let path = src.error_log.clone().unwrap_or_else(|| cfg.prefix.join("logs/error.log"));
+        let path = src
+            .error_log
+            .clone()
+            .unwrap_or_else(|| cfg.prefix.join("logs/error.log"));
         let spec = crate::core::conf::ErrorLogSpec {
-            path: if path.as_os_str() == "stderr" { None } else { Some(path) },
+            path: if path.as_os_str() == "stderr" {
+                None
+            } else {
+                Some(path)
+            },
             level: Level::Error,
         };
         Logger::from_specs(&[spec])
@@ -104,7 +133,10 @@ fn main_logger_for(cfg: &Config, src: &Source) -> std::io::Result<Logger> {
 }
 
 fn pid_path(cfg: &Config) -> PathBuf {
-    cfg.main.pid.clone().unwrap_or_else(|| cfg.prefix.join("logs/nginx.pid"))
+    cfg.main
+        .pid
+        .clone()
+        .unwrap_or_else(|| cfg.prefix.join("logs/nginx.pid"))
 }
 
 /// Starts serving; returns the process exit code.
@@ -112,16 +144,27 @@ pub fn run(src: Source, cfg: Config) -> i32 {
     match main_logger_for(&cfg, &src) {
         Ok(l) => log::set_main_logger(l),
         Err(e) => {
-            eprintln!("tern: [emerg] open() error log failed {}", crate::core::errno_text(&e));
+            eprintln!(
+                "tern: [emerg] open() error log failed {}",
+                crate::core::errno_text(&e)
+            );
             return 1;
         }
     }
     if let Some(n) = cfg.main.worker_rlimit_nofile {
-        let r = libc::rlimit { rlim_cur: n, rlim_max: n };
+        let r = libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        };
         // SAFETY: a valid rlimit struct is passed by pointer.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
             let e = std::io::Error::last_os_error();
-            crate::elog!(Alert, "setrlimit(RLIMIT_NOFILE, {}) failed {}", n, crate::core::errno_text(&e));
+            crate::elog!(
+                Alert,
+                "setrlimit(RLIMIT_NOFILE, {}) failed {}",
+                n,
+                crate::core::errno_text(&e)
+            );
         }
     }
     let workers_n = cfg.main.workers();
@@ -133,13 +176,20 @@ pub fn run(src: Source, cfg: Config) -> i32 {
     }
     if cfg.main.daemon.unwrap_or(true) {
         if let Err(e) = daemonize() {
-            eprintln!("tern: [emerg] daemon() failed {}", crate::core::errno_text(&e));
+            eprintln!(
+                "tern: [emerg] daemon() failed {}",
+                crate::core::errno_text(&e)
+            );
             return 1;
         }
     }
     let pid_file = pid_path(&cfg);
     if let Err(e) = std::fs::write(&pid_file, format!("{}\n", std::process::id())) {
-        let msg = format!("open() \"{}\" failed {}", pid_file.display(), crate::core::errno_text(&e));
+        let msg = format!(
+            "open() \"{}\" failed {}",
+            pid_file.display(),
+            crate::core::errno_text(&e)
+        );
         eprintln!("tern: [emerg] {}", msg);
         crate::elog!(Emerg, "{}", msg);
         return 1;
@@ -169,15 +219,17 @@ pub fn run(src: Source, cfg: Config) -> i32 {
         let (tx, rx) = mpsc::unbounded_channel();
         let (c, s, p) = (config.clone(), stats.clone(), pools.clone());
         let u = user.clone();
-        let h = std::thread::Builder::new().name(format!("tern-worker-{}", i)).spawn(move || {
-            if let Some(u) = u {
-                if let Err(e) = crate::core::user::drop_thread_privileges(&u) {
-                    crate::elog!(Emerg, "worker {} could not drop privileges: {}", i, e);
-                    return;
+        let h = std::thread::Builder::new()
+            .name(format!("tern-worker-{}", i))
+            .spawn(move || {
+                if let Some(u) = u {
+                    if let Err(e) = crate::core::user::drop_thread_privileges(&u) {
+                        crate::elog!(Emerg, "worker {} could not drop privileges: {}", i, e);
+                        return;
+                    }
                 }
-            }
-            worker::run(i, c, s, p, rx)
-        });
+                worker::run(i, c, s, p, rx)
+            });
         match h {
             Ok(h) => {
                 senders.push(tx);
@@ -191,8 +243,16 @@ pub fn run(src: Source, cfg: Config) -> i32 {
     for b in bound.values() {
         send_listener(&senders, b);
     }
-    crate::elog!(Notice, "tern/{} started, {} workers", crate::http::response::VERSION, workers_n);
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    crate::elog!(
+        Notice,
+        "tern/{} started, {} workers",
+        crate::http::response::VERSION,
+        workers_n
+    );
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             crate::elog!(Emerg, "master event loop: {}", e);
@@ -277,7 +337,10 @@ fn reload(
         Ok(c) => c,
         Err(e) => {
             crate::elog!(Emerg, "{}", e);
-            crate::elog!(Alert, "reload failed, the previous configuration keeps serving");
+            crate::elog!(
+                Alert,
+                "reload failed, the previous configuration keeps serving"
+            );
             return;
         }
     };
@@ -286,7 +349,10 @@ fn reload(
         Ok(a) => a,
         Err(msg) => {
             crate::elog!(Emerg, "{}", msg);
-            crate::elog!(Alert, "reload failed, the previous configuration keeps serving");
+            crate::elog!(
+                Alert,
+                "reload failed, the previous configuration keeps serving"
+            );
             return;
         }
     };
@@ -300,7 +366,11 @@ fn reload(
     let logger = match main_logger_for(&new, src) {
         Ok(l) => l,
         Err(e) => {
-            crate::elog!(Emerg, "open() error log failed {}", crate::core::errno_text(&e));
+            crate::elog!(
+                Emerg,
+                "open() error log failed {}",
+                crate::core::errno_text(&e)
+            );
             return;
         }
     };
@@ -308,7 +378,11 @@ fn reload(
     config.store(Arc::new(new));
     pools.store(Arc::new(new_pools));
     log::set_main_logger(logger);
-    let removed: Vec<ListenAddr> = bound.keys().filter(|a| !want.iter().any(|l| &l.addr == *a)).cloned().collect();
+    let removed: Vec<ListenAddr> = bound
+        .keys()
+        .filter(|a| !want.iter().any(|l| &l.addr == *a))
+        .cloned()
+        .collect();
     for a in &removed {
         for w in workers {
             let _ = w.send(Ctrl::Unlisten(a.clone()));
@@ -328,7 +402,12 @@ fn reload(
         }
     }
     log::forget_unused();
-    crate::elog!(Notice, "reconfigured: {} listeners added, {} removed", added.len(), removed.len());
+    crate::elog!(
+        Notice,
+        "reconfigured: {} listeners added, {} removed",
+        added.len(),
+        removed.len()
+    );
 }
 
 fn daemonize() -> std::io::Result<()> {
@@ -342,7 +421,10 @@ fn daemonize() -> std::io::Result<()> {
     if unsafe { libc::setsid() } == -1 {
         return Err(std::io::Error::last_os_error());
     }
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     use std::os::fd::AsRawFd;
     for fd in 0..=2 {
         // SAFETY: dup2 onto the standard descriptors with a valid source fd.

@@ -41,7 +41,13 @@ pub fn resolve(m: &MainConf) -> Option<Creds> {
     }
     // SAFETY: pw is non-null and points to a valid passwd struct.
     let (uid, mut gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-    let group = group.unwrap_or_else(|| if user == "nobody" { "nogroup".into() } else { String::new() });
+    let group = group.unwrap_or_else(|| {
+        if user == "nobody" {
+            "nogroup".into()
+        } else {
+            String::new()
+        }
+    });
     if !group.is_empty() {
         if let Ok(cg) = CString::new(group.clone()) {
             // SAFETY: as getpwnam.
@@ -52,18 +58,42 @@ pub fn resolve(m: &MainConf) -> Option<Creds> {
             }
         }
     }
-    Some(Creds { uid, gid, name: user })
+    Some(Creds {
+        uid,
+        gid,
+        name: user,
+    })
 }
 
 /// Switches the calling thread (only) to `c`.
 pub fn drop_thread_privileges(c: &Creds) -> std::io::Result<()> {
-    let check = |r: libc::c_long| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+    let check = |r: libc::c_long| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
     let groups = [c.gid];
     // SAFETY: raw syscalls on the calling thread only, valid arguments.
     unsafe {
-        check(libc::syscall(libc::SYS_setgroups, 1 as libc::c_long, groups.as_ptr()))?;
-        check(libc::syscall(libc::SYS_setresgid, c.gid as libc::c_long, c.gid as libc::c_long, c.gid as libc::c_long))?;
-        check(libc::syscall(libc::SYS_setresuid, c.uid as libc::c_long, c.uid as libc::c_long, c.uid as libc::c_long))?;
+        check(libc::syscall(
+            libc::SYS_setgroups,
+            1 as libc::c_long,
+            groups.as_ptr(),
+        ))?;
+        check(libc::syscall(
+            libc::SYS_setresgid,
+            c.gid as libc::c_long,
+            c.gid as libc::c_long,
+            c.gid as libc::c_long,
+        ))?;
+        check(libc::syscall(
+            libc::SYS_setresuid,
+            c.uid as libc::c_long,
+            c.uid as libc::c_long,
+            c.uid as libc::c_long,
+        ))?;
     }
     Ok(())
 }

@@ -70,10 +70,18 @@ pub fn run(
     pools: Arc<ArcSwap<crate::io::Pools>>,
     mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
 ) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
-            crate::elog!(Emerg, "worker {} could not start its event loop: {}", worker, e);
+            crate::elog!(
+                Emerg,
+                "worker {} could not start its event loop: {}",
+                worker,
+                e
+            );
             return;
         }
     };
@@ -125,7 +133,12 @@ pub fn run(
     });
 }
 
-async fn accept_loop(addr: ListenAddr, sock: ListenSock, shared: Arc<WorkerShared>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    addr: ListenAddr,
+    sock: ListenSock,
+    shared: Arc<WorkerShared>,
+    mut stop: watch::Receiver<bool>,
+) {
     enum L {
         Tcp(tokio::net::TcpListener),
         Unix(tokio::net::UnixListener),
@@ -173,7 +186,13 @@ async fn accept_loop(addr: ListenAddr, sock: ListenSock, shared: Arc<WorkerShare
                     Either::Tcp(t) => t.local_addr().ok(),
                     Either::Unix(_) => None,
                 };
-                let info = ConnInfo { id, remote: peer, local, listen: addr.clone(), requests: 0 };
+                let info = ConnInfo {
+                    id,
+                    remote: peer,
+                    local,
+                    listen: addr.clone(),
+                    requests: 0,
+                };
                 shared.active.fetch_add(1, Ordering::AcqRel);
                 shared.stats.active.fetch_add(1, Ordering::Relaxed);
                 let sh = shared.clone();
@@ -193,7 +212,11 @@ async fn accept_loop(addr: ListenAddr, sock: ListenSock, shared: Arc<WorkerShare
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(0);
                 crate::elog!(Crit, "accept4() failed {}", crate::core::errno_text(&e));
-                if errno == libc::EMFILE || errno == libc::ENFILE || errno == libc::ENOBUFS || errno == libc::ENOMEM {
+                if errno == libc::EMFILE
+                    || errno == libc::ENFILE
+                    || errno == libc::ENOBUFS
+                    || errno == libc::ENOMEM
+                {
                     // Out of descriptors: stop accepting for a while rather than spin.
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }

@@ -25,6 +25,7 @@ use crate::http::vars::Template;
 #[derive(Debug, Clone, Default)]
 pub struct HttpMain {
     pub vars: crate::http::vars::VarTable,
+    pub modules: crate::http::modules::ModMain,
 }
 
 /// Where a server listens.
@@ -65,7 +66,10 @@ pub enum ServerName {
     Exact(String),
     /// `*.example.com` (stored as `.example.com`), or `.example.com` which also
     /// matches `example.com` (stored with `also_bare`).
-    Leading { suffix: String, also_bare: bool },
+    Leading {
+        suffix: String,
+        also_bare: bool,
+    },
     /// `example.*` (stored as `example.`).
     Trailing(String),
     Regex(Regex),
@@ -168,7 +172,10 @@ impl CoreLoc {
         self.sendfile.get_or_insert(false);
         self.tcp_nopush.get_or_insert(false);
         self.tcp_nodelay.get_or_insert(true);
-        self.keepalive.get_or_insert(Keepalive { timeout_ms: 75_000, header_secs: None });
+        self.keepalive.get_or_insert(Keepalive {
+            timeout_ms: 75_000,
+            header_secs: None,
+        });
         self.keepalive_requests.get_or_insert(1000);
         self.send_timeout.get_or_insert(60_000);
         self.client_body_timeout.get_or_insert(60_000);
@@ -245,7 +252,14 @@ impl Locations {
         for l in &self.statics {
             match &l.m {
                 LocMatch::Exact(p) if p.as_slice() == uri => {
-                    return Some((Found { loc: l, captures: Vec::new(), capture_names: Vec::new() }, true));
+                    return Some((
+                        Found {
+                            loc: l,
+                            captures: Vec::new(),
+                            capture_names: Vec::new(),
+                        },
+                        true,
+                    ));
                 }
                 LocMatch::Prefix { prefix, .. } if uri.starts_with(prefix) => {
                     if best.is_none_or(|b| match &b.m {
@@ -260,7 +274,14 @@ impl Locations {
         }
         if let Some(b) = best {
             if let LocMatch::Prefix { no_regex: true, .. } = b.m {
-                return Some((Found { loc: b, captures: Vec::new(), capture_names: Vec::new() }, true));
+                return Some((
+                    Found {
+                        loc: b,
+                        captures: Vec::new(),
+                        capture_names: Vec::new(),
+                    },
+                    true,
+                ));
             }
             if let Some((f, fin)) = b.nested.find_inner(uri) {
                 if fin {
@@ -276,20 +297,35 @@ impl Locations {
         if let Some(r) = self.find_regex(uri) {
             return Some((r, true));
         }
-        best.map(|b| (Found { loc: b, captures: Vec::new(), capture_names: Vec::new() }, false))
+        best.map(|b| {
+            (
+                Found {
+                    loc: b,
+                    captures: Vec::new(),
+                    capture_names: Vec::new(),
+                },
+                false,
+            )
+        })
     }
 
     fn find_regex<'a>(&'a self, uri: &[u8]) -> Option<Found<'a>> {
         for l in &self.regexes {
             if let LocMatch::Regex { re, .. } = &l.m {
                 if let Some(c) = re.captures(uri) {
-                    let captures = (0..c.len()).map(|i| c.get(i).map(|m| (m.start(), m.end()))).collect();
+                    let captures = (0..c.len())
+                        .map(|i| c.get(i).map(|m| (m.start(), m.end())))
+                        .collect();
                     let capture_names = re.capture_names().map(|n| n.map(str::to_string)).collect();
                     // Nested locations of a regex location are searched too.
                     if let Some((f, _)) = l.nested.find_inner(uri) {
                         return Some(f);
                     }
-                    return Some(Found { loc: l, captures, capture_names });
+                    return Some(Found {
+                        loc: l,
+                        captures,
+                        capture_names,
+                    });
                 }
             }
         }
@@ -319,12 +355,18 @@ impl AddrConf {
     /// Server selection by `Host` as nginx: exact, longest leading wildcard,
     /// longest trailing wildcard, first matching regex, else the default.
     pub fn select(&self, host: Option<&[u8]>) -> &Arc<Server> {
-        let Some(host) = host else { return self.by_empty_name() };
+        let Some(host) = host else {
+            return self.by_empty_name();
+        };
         let host = std::str::from_utf8(host).unwrap_or("");
         let host = host.strip_suffix('.').unwrap_or(host);
         let lower = host.to_ascii_lowercase();
         for s in &self.servers {
-            if s.srv.names.iter().any(|n| matches!(n, ServerName::Exact(e) if *e == lower)) {
+            if s.srv
+                .names
+                .iter()
+                .any(|n| matches!(n, ServerName::Exact(e) if *e == lower))
+            {
                 return s;
             }
         }
@@ -332,7 +374,8 @@ impl AddrConf {
         for s in &self.servers {
             for n in &s.srv.names {
                 if let ServerName::Leading { suffix, also_bare } = n {
-                    let hit = lower.ends_with(suffix.as_str()) || (*also_bare && lower == suffix[1..]);
+                    let hit =
+                        lower.ends_with(suffix.as_str()) || (*also_bare && lower == suffix[1..]);
                     if hit && best.is_none_or(|(_, l)| suffix.len() > l) {
                         best = Some((s, suffix.len()));
                     }
@@ -345,7 +388,9 @@ impl AddrConf {
         for s in &self.servers {
             for n in &s.srv.names {
                 if let ServerName::Trailing(prefix) = n {
-                    if lower.starts_with(prefix.as_str()) && best.is_none_or(|(_, l)| prefix.len() > l) {
+                    if lower.starts_with(prefix.as_str())
+                        && best.is_none_or(|(_, l)| prefix.len() > l)
+                    {
                         best = Some((s, prefix.len()));
                     }
                 }
@@ -368,7 +413,11 @@ impl AddrConf {
 
     fn by_empty_name(&self) -> &Arc<Server> {
         for s in &self.servers {
-            if s.srv.names.iter().any(|n| matches!(n, ServerName::Exact(e) if e.is_empty())) {
+            if s.srv
+                .names
+                .iter()
+                .any(|n| matches!(n, ServerName::Exact(e) if e.is_empty()))
+            {
                 return s;
             }
         }
@@ -429,12 +478,19 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
     finish_loc(&mut http_loc)?;
     let mut servers = Vec::new();
     for sd in server_dirs {
-        servers.push(Arc::new(compile_server(sd, cx, &mut hm, &http_srv, &http_loc)?));
+        servers.push(Arc::new(compile_server(
+            sd, cx, &mut hm, &http_srv, &http_loc,
+        )?));
     }
     let (addrs, specific) = group_addrs(&servers)?;
     cx.vars.finish()?;
     hm.vars = std::mem::take(&mut cx.vars);
-    Ok(HttpConf { main: hm, servers, addrs, specific })
+    Ok(HttpConf {
+        main: hm,
+        servers,
+        addrs,
+        specific,
+    })
 }
 
 fn apply(
@@ -449,19 +505,24 @@ fn apply(
         Setter::HttpMain(f) | Setter::HttpMainBlock(f) => f(hm, d, cx),
         Setter::Srv(f) => match srv {
             Some(s) => f(s, d, cx),
-            None => Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d)),
+            None => Err(ConfError::at(
+                format!("\"{}\" directive is not allowed here", d.name),
+                d,
+            )),
         },
         Setter::Loc(f) | Setter::LocBlock(f) => f(loc, d, cx),
-        Setter::Main(_) | Setter::Block | Setter::Unsupported => {
-            Err(ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d))
-        }
+        Setter::Main(_) | Setter::Block | Setter::Unsupported => Err(ConfError::at(
+            format!("\"{}\" directive is not allowed here", d.name),
+            d,
+        )),
     }
 }
 
 /// Per-level work after a LocConf has been merged (e.g. opening error logs).
 fn finish_loc(l: &mut LocConf) -> ConfResult<()> {
     if let Some(specs) = &l.core.error_log {
-        let lg = Logger::from_specs(specs).map_err(|e| ConfError::new(format!("open() error log failed ({})", e)))?;
+        let lg = Logger::from_specs(specs)
+            .map_err(|e| ConfError::new(format!("open() error log failed ({})", e)))?;
         l.core.logger = Some(Arc::new(lg));
     }
     Ok(())
@@ -497,11 +558,16 @@ fn compile_server(
     }
     if srv.listen.is_empty() {
         // SAFETY: geteuid has no preconditions.
-        let port = if unsafe { libc::geteuid() } == 0 { 80 } else { 8000 };
-        srv.listen.push(default_listen(ListenAddr::Inet(SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            port,
-        ))));
+        let port = if unsafe { libc::geteuid() } == 0 {
+            80
+        } else {
+            8000
+        };
+        srv.listen
+            .push(default_listen(ListenAddr::Inet(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                port,
+            ))));
     }
     if srv.names.is_empty() {
         srv.names.push(ServerName::Exact(String::new()));
@@ -514,7 +580,12 @@ fn compile_server(
         add_location(&mut locations, &mut named, l, ld)?;
     }
     sort_statics(&mut locations);
-    Ok(Server { srv, conf: loc, locations, named })
+    Ok(Server {
+        srv,
+        conf: loc,
+        locations,
+        named,
+    })
 }
 
 fn default_listen(addr: ListenAddr) -> Listen {
@@ -545,7 +616,9 @@ fn add_location(
     };
     if locs.statics.iter().any(dup) {
         let name = match &l.m {
-            LocMatch::Exact(p) | LocMatch::Prefix { prefix: p, .. } => String::from_utf8_lossy(p).into_owned(),
+            LocMatch::Exact(p) | LocMatch::Prefix { prefix: p, .. } => {
+                String::from_utf8_lossy(p).into_owned()
+            }
             _ => String::new(),
         };
         return Err(ConfError::at(format!("duplicate location \"{}\"", name), d));
@@ -582,29 +655,69 @@ fn compile_location(
     let a: Vec<&str> = d.args.iter().map(|a| a.value.as_str()).collect();
     let m = match a.as_slice() {
         ["=", p] => LocMatch::Exact(p.as_bytes().to_vec()),
-        ["^~", p] => LocMatch::Prefix { prefix: p.as_bytes().to_vec(), no_regex: true },
-        ["~", r] => LocMatch::Regex { re: location_regex(d, r, false)?, source: r.to_string() },
-        ["~*", r] => LocMatch::Regex { re: location_regex(d, r, true)?, source: r.to_string() },
+        ["^~", p] => LocMatch::Prefix {
+            prefix: p.as_bytes().to_vec(),
+            no_regex: true,
+        },
+        ["~", r] => LocMatch::Regex {
+            re: location_regex(d, r, false)?,
+            source: r.to_string(),
+        },
+        ["~*", r] => LocMatch::Regex {
+            re: location_regex(d, r, true)?,
+            source: r.to_string(),
+        },
         [p] if p.starts_with('@') => LocMatch::Named(p.to_string()),
-        [p] if p.starts_with("~*") => LocMatch::Regex { re: location_regex(d, &p[2..], true)?, source: p[2..].to_string() },
-        [p] if p.starts_with('~') => LocMatch::Regex { re: location_regex(d, &p[1..], false)?, source: p[1..].to_string() },
+        [p] if p.starts_with("~*") => LocMatch::Regex {
+            re: location_regex(d, &p[2..], true)?,
+            source: p[2..].to_string(),
+        },
+        [p] if p.starts_with('~') => LocMatch::Regex {
+            re: location_regex(d, &p[1..], false)?,
+            source: p[1..].to_string(),
+        },
         [p] if p.starts_with('=') => LocMatch::Exact(p[1..].as_bytes().to_vec()),
-        [p] if p.starts_with("^~") => LocMatch::Prefix { prefix: p[2..].as_bytes().to_vec(), no_regex: true },
-        [p] => LocMatch::Prefix { prefix: p.as_bytes().to_vec(), no_regex: false },
-        [m, _] => return Err(ConfError::at(format!("invalid location modifier \"{}\"", m), d)),
+        [p] if p.starts_with("^~") => LocMatch::Prefix {
+            prefix: p[2..].as_bytes().to_vec(),
+            no_regex: true,
+        },
+        [p] => LocMatch::Prefix {
+            prefix: p.as_bytes().to_vec(),
+            no_regex: false,
+        },
+        [m, _] => {
+            return Err(ConfError::at(
+                format!("invalid location modifier \"{}\"", m),
+                d,
+            ))
+        }
         _ => return Err(registry::invalid_args(d)),
     };
     if let Some(pm) = parent_match {
         if matches!(pm, LocMatch::Exact(_)) {
             return Err(ConfError::at(
-                format!("location \"{}\" cannot be inside the exact location \"{}\"", a.last().unwrap_or(&""), match pm { LocMatch::Exact(p) => String::from_utf8_lossy(p).into_owned(), _ => String::new() }),
+                format!(
+                    "location \"{}\" cannot be inside the exact location \"{}\"",
+                    a.last().unwrap_or(&""),
+                    match pm {
+                        LocMatch::Exact(p) => String::from_utf8_lossy(p).into_owned(),
+                        _ => String::new(),
+                    }
+                ),
                 d,
             ));
         }
         if matches!(pm, LocMatch::Named(_)) {
-            return Err(ConfError::at("location \"@\" could not be inside location", d));
+            return Err(ConfError::at(
+                "location \"@\" could not be inside location",
+                d,
+            ));
         }
-        if let (LocMatch::Prefix { prefix: pp, .. }, LocMatch::Prefix { prefix: cp, .. } | LocMatch::Exact(cp)) = (pm, &m) {
+        if let (
+            LocMatch::Prefix { prefix: pp, .. },
+            LocMatch::Prefix { prefix: cp, .. } | LocMatch::Exact(cp),
+        ) = (pm, &m)
+        {
             if !cp.starts_with(pp) {
                 return Err(ConfError::at(
                     format!(
@@ -617,7 +730,13 @@ fn compile_location(
             }
         }
         if matches!(m, LocMatch::Named(_)) {
-            return Err(ConfError::at(format!("named location \"{}\" can be on the server level only", a.last().unwrap_or(&"")), d));
+            return Err(ConfError::at(
+                format!(
+                    "named location \"{}\" can be on the server level only",
+                    a.last().unwrap_or(&"")
+                ),
+                d,
+            ));
         }
     }
     let mut loc = LocConf::default();
@@ -644,24 +763,40 @@ fn compile_location(
         add_location(&mut nested, &mut named, l, nd)?;
     }
     sort_statics(&mut nested);
-    Ok(Location { m, conf: loc, nested })
+    Ok(Location {
+        m,
+        conf: loc,
+        nested,
+    })
 }
 
 fn location_regex(d: &Directive, r: &str, caseless: bool) -> ConfResult<Regex> {
     regex::bytes::RegexBuilder::new(r)
         .case_insensitive(caseless)
         .build()
-        .map_err(|e| ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", first_line(&e.to_string()), r), d))
+        .map_err(|e| {
+            ConfError::at(
+                format!(
+                    "pcre2_compile() failed: {} in \"{}\"",
+                    first_line(&e.to_string()),
+                    r
+                ),
+                d,
+            )
+        })
 }
 
 fn first_line(s: &str) -> &str {
     s.lines().last().unwrap_or(s).trim()
 }
 
-fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<(Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>)> {
+fn group_addrs(
+    servers: &[Arc<Server>],
+) -> ConfResult<(Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>)> {
     // Gather (addr -> listen options, servers, default).
     let mut order: Vec<ListenAddr> = Vec::new();
-    let mut by: HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)> = HashMap::new();
+    let mut by: HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)> =
+        HashMap::new();
     for s in servers {
         for l in &s.srv.listen {
             let e = by.entry(l.addr.clone()).or_insert_with(|| {
@@ -670,7 +805,10 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<(Vec<Arc<AddrConf>>, HashM
             });
             if l.default_server {
                 if e.2.is_some() {
-                    return Err(ConfError::new(format!("a duplicate default server for {}", l.addr)));
+                    return Err(ConfError::new(format!(
+                        "a duplicate default server for {}",
+                        l.addr
+                    )));
                 }
                 e.2 = Some(s.clone());
                 // Socket options come from the default_server's listen.
@@ -681,10 +819,16 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<(Vec<Arc<AddrConf>>, HashM
             }
         }
     }
-    let build = |a: &ListenAddr, by: &HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)>| -> Option<Arc<AddrConf>> {
+    let build = |a: &ListenAddr,
+                 by: &HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)>|
+     -> Option<Arc<AddrConf>> {
         let (l, svs, def) = by.get(a)?;
         let default = def.clone().or_else(|| svs.first().cloned())?;
-        Some(Arc::new(AddrConf { listen: l.clone(), servers: svs.clone(), default }))
+        Some(Arc::new(AddrConf {
+            listen: l.clone(),
+            servers: svs.clone(),
+            default,
+        }))
     };
     let mut addrs = Vec::new();
     let mut specific = HashMap::new();
@@ -693,7 +837,11 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<(Vec<Arc<AddrConf>>, HashM
         if let ListenAddr::Inet(sa) = a {
             if !sa.ip().is_unspecified() && !ac.listen.bind && !ac.listen.reuseport {
                 let wild = SocketAddr::new(
-                    if sa.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) },
+                    if sa.is_ipv4() {
+                        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+                    } else {
+                        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+                    },
                     sa.port(),
                 );
                 if by.contains_key(&ListenAddr::Inet(wild)) {
@@ -716,9 +864,15 @@ fn parse_listen(d: &Directive) -> ConfResult<Listen> {
     } else {
         ListenAddr::Inet(parse_inet(a).ok_or_else(|| {
             if a.starts_with('[') || a.contains(':') {
-                ConfError::at(format!("invalid host in \"{}\" of the \"listen\" directive", a), d)
+                ConfError::at(
+                    format!("invalid host in \"{}\" of the \"listen\" directive", a),
+                    d,
+                )
             } else {
-                ConfError::at(format!("invalid port in \"{}\" of the \"listen\" directive", a), d)
+                ConfError::at(
+                    format!("invalid port in \"{}\" of the \"listen\" directive", a),
+                    d,
+                )
             }
         })?)
     };
@@ -731,22 +885,35 @@ fn parse_listen(d: &Directive) -> ConfResult<Listen> {
             "bind" => l.bind = true,
             _ if p.starts_with("backlog=") => {
                 let v = &p[8..];
-                let n: i32 = v.parse().map_err(|_| ConfError::at(format!("invalid backlog \"{}\"", v), d))?;
+                let n: i32 = v
+                    .parse()
+                    .map_err(|_| ConfError::at(format!("invalid backlog \"{}\"", v), d))?;
                 if n == 0 {
                     return Err(ConfError::at(format!("invalid backlog \"{}\"", v), d));
                 }
                 l.backlog = Some(n);
             }
             _ if p.starts_with("rcvbuf=") => {
-                l.rcvbuf = Some(value::size(&p[7..]).ok_or_else(|| ConfError::at(format!("invalid rcvbuf \"{}\"", &p[7..]), d))? as usize)
+                l.rcvbuf =
+                    Some(value::size(&p[7..]).ok_or_else(|| {
+                        ConfError::at(format!("invalid rcvbuf \"{}\"", &p[7..]), d)
+                    })? as usize)
             }
             _ if p.starts_with("sndbuf=") => {
-                l.sndbuf = Some(value::size(&p[7..]).ok_or_else(|| ConfError::at(format!("invalid sndbuf \"{}\"", &p[7..]), d))? as usize)
+                l.sndbuf =
+                    Some(value::size(&p[7..]).ok_or_else(|| {
+                        ConfError::at(format!("invalid sndbuf \"{}\"", &p[7..]), d)
+                    })? as usize)
             }
             _ if p.starts_with("ipv6only=") => match &p[9..] {
                 "on" => l.ipv6only = true,
                 "off" => l.ipv6only = false,
-                v => return Err(ConfError::at(format!("invalid ipv6only flags \"{}\"", v), d)),
+                v => {
+                    return Err(ConfError::at(
+                        format!("invalid ipv6only flags \"{}\"", v),
+                        d,
+                    ))
+                }
             },
             _ if p.starts_with("so_keepalive=") => {
                 let v = &p[13..];
@@ -756,26 +923,42 @@ fn parse_listen(d: &Directive) -> ConfResult<Listen> {
                     _ => {
                         let parts: Vec<&str> = v.split(':').collect();
                         if parts.len() != 3 {
-                            return Err(ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d));
+                            return Err(ConfError::at(
+                                format!("invalid so_keepalive value: \"{}\"", v),
+                                d,
+                            ));
                         }
                         let t = |s: &str| -> ConfResult<Option<u64>> {
                             if s.is_empty() {
                                 Ok(None)
                             } else {
-                                value::time_secs(s).map(Some).ok_or_else(|| ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d))
+                                value::time_secs(s).map(Some).ok_or_else(|| {
+                                    ConfError::at(
+                                        format!("invalid so_keepalive value: \"{}\"", v),
+                                        d,
+                                    )
+                                })
                             }
                         };
                         let cnt = if parts[2].is_empty() {
                             None
                         } else {
-                            Some(parts[2].parse().map_err(|_| ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d))?)
+                            Some(parts[2].parse().map_err(|_| {
+                                ConfError::at(format!("invalid so_keepalive value: \"{}\"", v), d)
+                            })?)
                         };
                         (true, t(parts[0])?, t(parts[1])?, cnt)
                     }
                 });
             }
             "ssl" | "http2" | "quic" | "proxy_protocol" => {
-                return Err(ConfError::at(format!("the \"{}\" parameter of \"listen\" is not supported by tern yet", p), d))
+                return Err(ConfError::at(
+                    format!(
+                        "the \"{}\" parameter of \"listen\" is not supported by tern yet",
+                        p
+                    ),
+                    d,
+                ))
             }
             _ => return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d)),
         }
@@ -830,16 +1013,32 @@ fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResu
         }
         let entry = if let Some(r) = n.strip_prefix('~') {
             ServerName::Regex(Regex::new(r).map_err(|e| {
-                ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", first_line(&e.to_string()), r), d)
+                ConfError::at(
+                    format!(
+                        "pcre2_compile() failed: {} in \"{}\"",
+                        first_line(&e.to_string()),
+                        r
+                    ),
+                    d,
+                )
             })?)
         } else if let Some(rest) = n.strip_prefix("*.") {
-            ServerName::Leading { suffix: format!(".{}", rest.to_ascii_lowercase()), also_bare: false }
+            ServerName::Leading {
+                suffix: format!(".{}", rest.to_ascii_lowercase()),
+                also_bare: false,
+            }
         } else if n.starts_with('.') && n.len() > 1 {
-            ServerName::Leading { suffix: n.to_ascii_lowercase(), also_bare: true }
+            ServerName::Leading {
+                suffix: n.to_ascii_lowercase(),
+                also_bare: true,
+            }
         } else if let Some(rest) = n.strip_suffix(".*") {
             ServerName::Trailing(format!("{}.", rest.to_ascii_lowercase()))
         } else if n.contains('*') {
-            return Err(ConfError::at(format!("invalid server name or wildcard \"{}\"", n), d));
+            return Err(ConfError::at(
+                format!("invalid server name or wildcard \"{}\"", n),
+                d,
+            ));
         } else {
             ServerName::Exact(n.to_ascii_lowercase())
         };
@@ -918,12 +1117,18 @@ fn set_client_header_timeout(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -
 }
 
 fn set_large_buffers(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let n = value::number(arg(d, 0)).filter(|n| *n > 0).ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+    let n = value::number(arg(d, 0))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
     let size = size_arg(d, 1)?;
     if size == 0 {
         return Err(registry::invalid_value(d, arg(d, 1)));
     }
-    set_once(&mut s.large_client_header_buffers, (n as usize, size as usize), d)
+    set_once(
+        &mut s.large_client_header_buffers,
+        (n as usize, size as usize),
+        d,
+    )
 }
 
 fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -931,12 +1136,13 @@ fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRe
         "on" => true,
         "off" => false,
         "build" => true,
-        v => {
-            return Err(ConfError::at(
-                format!("invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\" or \"build\"", v, d.name),
-                d,
-            ))
-        }
+        v => return Err(ConfError::at(
+            format!(
+                "invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\" or \"build\"",
+                v, d.name
+            ),
+            d,
+        )),
     };
     set_once(&mut l.core.server_tokens, v, d)
 }
@@ -944,10 +1150,19 @@ fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRe
 fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let timeout_ms = msec_arg(d, 0)?;
     let header_secs = match d.args.get(1) {
-        Some(a) => Some(value::time_secs(&a.value).ok_or_else(|| registry::invalid_value(d, &a.value))?),
+        Some(a) => {
+            Some(value::time_secs(&a.value).ok_or_else(|| registry::invalid_value(d, &a.value))?)
+        }
         None => None,
     };
-    set_once(&mut l.core.keepalive, Keepalive { timeout_ms, header_secs }, d)
+    set_once(
+        &mut l.core.keepalive,
+        Keepalive {
+            timeout_ms,
+            header_secs,
+        },
+        d,
+    )
 }
 
 fn set_keepalive_requests(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -971,7 +1186,14 @@ fn set_root(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
         return Err(if *was_alias == alias {
             registry::duplicate(d)
         } else {
-            ConfError::at(format!("\"{}\" directive is duplicate, \"{}\" directive was specified earlier", d.name, if *was_alias { "alias" } else { "root" }), d)
+            ConfError::at(
+                format!(
+                    "\"{}\" directive is duplicate, \"{}\" directive was specified earlier",
+                    d.name,
+                    if *was_alias { "alias" } else { "root" }
+                ),
+                d,
+            )
         });
     }
     let raw = arg(d, 0);
@@ -1023,33 +1245,178 @@ fn set_internal(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
 }
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "server", ctx: ctx::HTTP, args: Args::take(0), set: Setter::Block },
-    Spec { name: "location", ctx: ctx::SRV | ctx::LOC, args: Args::take12(), set: Setter::Block },
-    Spec { name: "listen", ctx: ctx::SRV, args: Args::AtLeast(1), set: Setter::Srv(set_listen) },
-    Spec { name: "server_name", ctx: ctx::SRV, args: Args::AtLeast(1), set: Setter::Srv(set_server_name) },
-    Spec { name: "client_header_buffer_size", ctx: ctx::HTTP | ctx::SRV, args: Args::take(1), set: Setter::Srv(set_client_header_buffer_size) },
-    Spec { name: "large_client_header_buffers", ctx: ctx::HTTP | ctx::SRV, args: Args::take(2), set: Setter::Srv(set_large_buffers) },
-    Spec { name: "client_header_timeout", ctx: ctx::HTTP | ctx::SRV, args: Args::take(1), set: Setter::Srv(set_client_header_timeout) },
-    Spec { name: "merge_slashes", ctx: ctx::HTTP | ctx::SRV, args: Args::Flag, set: Setter::Srv(set_merge_slashes) },
-    Spec { name: "ignore_invalid_headers", ctx: ctx::HTTP | ctx::SRV, args: Args::Flag, set: Setter::Srv(set_ignore_invalid_headers) },
-    Spec { name: "underscores_in_headers", ctx: ctx::HTTP | ctx::SRV, args: Args::Flag, set: Setter::Srv(set_underscores_in_headers) },
-    Spec { name: "root", ctx: ctx::HSL | ctx::LIF, args: Args::take(1), set: Setter::Loc(set_root) },
-    Spec { name: "alias", ctx: ctx::LOC, args: Args::take(1), set: Setter::Loc(set_root) },
-    Spec { name: "internal", ctx: ctx::LOC, args: Args::take(0), set: Setter::Loc(set_internal) },
-    Spec { name: "types", ctx: ctx::HSL, args: Args::take(0), set: Setter::LocBlock(set_types) },
-    Spec { name: "default_type", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_default_type) },
-    Spec { name: "sendfile", ctx: ctx::HSL | ctx::LIF, args: Args::Flag, set: Setter::Loc(set_sendfile) },
-    Spec { name: "tcp_nopush", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(set_tcp_nopush) },
-    Spec { name: "tcp_nodelay", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(set_tcp_nodelay) },
-    Spec { name: "keepalive_timeout", ctx: ctx::HSL, args: Args::take12(), set: Setter::Loc(set_keepalive_timeout) },
-    Spec { name: "keepalive_requests", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_keepalive_requests) },
-    Spec { name: "send_timeout", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_send_timeout) },
-    Spec { name: "client_body_timeout", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_client_body_timeout) },
-    Spec { name: "client_max_body_size", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_client_max_body_size) },
-    Spec { name: "client_body_buffer_size", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_client_body_buffer_size) },
-    Spec { name: "reset_timedout_connection", ctx: ctx::HSL, args: Args::Flag, set: Setter::Loc(set_reset_timedout) },
-    Spec { name: "lingering_close", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_lingering_close) },
-    Spec { name: "lingering_time", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_lingering_time) },
-    Spec { name: "lingering_timeout", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_lingering_timeout) },
-    Spec { name: "server_tokens", ctx: ctx::HSL, args: Args::take(1), set: Setter::Loc(set_server_tokens) },
+    Spec {
+        name: "server",
+        ctx: ctx::HTTP,
+        args: Args::take(0),
+        set: Setter::Block,
+    },
+    Spec {
+        name: "location",
+        ctx: ctx::SRV | ctx::LOC,
+        args: Args::take12(),
+        set: Setter::Block,
+    },
+    Spec {
+        name: "listen",
+        ctx: ctx::SRV,
+        args: Args::AtLeast(1),
+        set: Setter::Srv(set_listen),
+    },
+    Spec {
+        name: "server_name",
+        ctx: ctx::SRV,
+        args: Args::AtLeast(1),
+        set: Setter::Srv(set_server_name),
+    },
+    Spec {
+        name: "client_header_buffer_size",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::take(1),
+        set: Setter::Srv(set_client_header_buffer_size),
+    },
+    Spec {
+        name: "large_client_header_buffers",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::take(2),
+        set: Setter::Srv(set_large_buffers),
+    },
+    Spec {
+        name: "client_header_timeout",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::take(1),
+        set: Setter::Srv(set_client_header_timeout),
+    },
+    Spec {
+        name: "merge_slashes",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::Flag,
+        set: Setter::Srv(set_merge_slashes),
+    },
+    Spec {
+        name: "ignore_invalid_headers",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::Flag,
+        set: Setter::Srv(set_ignore_invalid_headers),
+    },
+    Spec {
+        name: "underscores_in_headers",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::Flag,
+        set: Setter::Srv(set_underscores_in_headers),
+    },
+    Spec {
+        name: "root",
+        ctx: ctx::HSL | ctx::LIF,
+        args: Args::take(1),
+        set: Setter::Loc(set_root),
+    },
+    Spec {
+        name: "alias",
+        ctx: ctx::LOC,
+        args: Args::take(1),
+        set: Setter::Loc(set_root),
+    },
+    Spec {
+        name: "internal",
+        ctx: ctx::LOC,
+        args: Args::take(0),
+        set: Setter::Loc(set_internal),
+    },
+    Spec {
+        name: "types",
+        ctx: ctx::HSL,
+        args: Args::take(0),
+        set: Setter::LocBlock(set_types),
+    },
+    Spec {
+        name: "default_type",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_default_type),
+    },
+    Spec {
+        name: "sendfile",
+        ctx: ctx::HSL | ctx::LIF,
+        args: Args::Flag,
+        set: Setter::Loc(set_sendfile),
+    },
+    Spec {
+        name: "tcp_nopush",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_tcp_nopush),
+    },
+    Spec {
+        name: "tcp_nodelay",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_tcp_nodelay),
+    },
+    Spec {
+        name: "keepalive_timeout",
+        ctx: ctx::HSL,
+        args: Args::take12(),
+        set: Setter::Loc(set_keepalive_timeout),
+    },
+    Spec {
+        name: "keepalive_requests",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_keepalive_requests),
+    },
+    Spec {
+        name: "send_timeout",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_send_timeout),
+    },
+    Spec {
+        name: "client_body_timeout",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_client_body_timeout),
+    },
+    Spec {
+        name: "client_max_body_size",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_client_max_body_size),
+    },
+    Spec {
+        name: "client_body_buffer_size",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_client_body_buffer_size),
+    },
+    Spec {
+        name: "reset_timedout_connection",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_reset_timedout),
+    },
+    Spec {
+        name: "lingering_close",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_lingering_close),
+    },
+    Spec {
+        name: "lingering_time",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_lingering_time),
+    },
+    Spec {
+        name: "lingering_timeout",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_lingering_timeout),
+    },
+    Spec {
+        name: "server_tokens",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_server_tokens),
+    },
 ];

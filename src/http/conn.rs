@@ -25,11 +25,11 @@ use tokio::time::timeout;
 
 use crate::core::log::Level;
 use crate::core::worker::WorkerShared;
+use crate::http::chunked::ChunkedDecoder;
 use crate::http::conf::{AddrConf, ListenAddr, LocConf};
 use crate::http::phases;
 use crate::http::request::{self, Reject, Request};
 use crate::http::response::{self, Body, Response};
-use crate::http::chunked::ChunkedDecoder;
 
 /// What the engine needs from a socket (TCP or unix).
 pub trait Stream: crate::io::SendSock + 'static {
@@ -91,7 +91,6 @@ enum HeadResult {
     Closed,
     TimedOut,
     Reject(Reject),
-
 }
 
 /// Serves one connection until it closes.
@@ -100,8 +99,13 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
     let mut quit = shared.quit.clone();
     loop {
         let config = shared.config.load_full();
-        let Some(http) = config.http.clone() else { return };
-        let Some(addr) = http.addr_for(&info.listen, info.local) else { return };
+        let Some(http) = config.http.clone() else {
+            return;
+        };
+        let http = &http;
+        let Some(addr) = http.addr_for(&info.listen, info.local) else {
+            return;
+        };
         let dsrv = &addr.default.srv;
         let first = info.requests == 0;
         // Wait for the first byte: keepalive_timeout between requests.
@@ -109,7 +113,15 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             if *quit.borrow() && !first {
                 return;
             }
-            let wait_ms = if first { dsrv.header_timeout_ms() } else { addr.default.conf.core.keepalive.map_or(75_000, |k| k.timeout_ms) };
+            let wait_ms = if first {
+                dsrv.header_timeout_ms()
+            } else {
+                addr.default
+                    .conf
+                    .core
+                    .keepalive
+                    .map_or(75_000, |k| k.timeout_ms)
+            };
             // Idle connections hold no buffer.
             buf = Vec::new();
             tokio::select! {
@@ -132,7 +144,13 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             HeadResult::Closed => return,
             HeadResult::TimedOut => {
                 log_conn(&addr.default.conf, Level::Info, &info, "client timed out (110: Connection timed out) while reading client request headers");
-                if addr.default.conf.core.reset_timedout_connection.unwrap_or(false) {
+                if addr
+                    .default
+                    .conf
+                    .core
+                    .reset_timedout_connection
+                    .unwrap_or(false)
+                {
                     stream.set_linger_zero();
                 }
                 return;
@@ -155,31 +173,37 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         };
         buf.drain(..end);
         let server = addr.select(req.host.as_deref()).clone();
-        let mut out = phases::run(&req, &server, &info, &shared).await;
-        let loc = out.loc.clone();
-        let resp = &mut out.resp;
+        let mut cx = phases::Ctx::new(&http, &req, &server, &info, &shared);
+        let mut resp = phases::run(&mut cx).await;
+        let loc = cx.loc.clone();
         if resp.close_silently {
             return;
         }
-        // Body handling: this engine's handlers never need the body; read and
-        // discard it so the connection can be reused.
         let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
         let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
         if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
             keepalive = false;
         }
+        // Handlers here never consume the body: read and discard it so the
+        // connection can be reused (unless the answer refuses it).
         let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
         if body_pending && resp.status != 413 {
-            if req.expect_continue && buf.is_empty() {
-                if write_all(&stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc).await.is_err() {
-                    return;
-                }
+            if req.expect_continue
+                && buf.is_empty()
+                && write_all(&stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
+                    .await
+                    .is_err()
+            {
+                return;
             }
             match discard_body(&stream, &mut buf, &req, &loc).await {
                 Ok(()) => {}
                 Err(DiscardError::Bad) => {
-                    // A broken chunked body: the response so far is replaced by 400.
-                    let r = Reject { status: 400, log: "client sent invalid chunked body", line: Some(req.line.clone()) };
+                    let r = Reject {
+                        status: 400,
+                        log: "client sent invalid chunked body",
+                        line: Some(req.line.clone()),
+                    };
                     reject_and_close(&stream, &addr, &info, r).await;
                     return;
                 }
@@ -190,13 +214,26 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             resp.linger = true;
         }
         let linger_after = resp.linger;
-        if write_response(&stream, &req, resp, &loc, keepalive).await.is_err() {
+        let head_only = req.method == crate::http::request::Method::Head;
+        let result = write_response(
+            &stream,
+            &mut resp,
+            &loc,
+            req.minor,
+            keepalive,
+            head_only,
+            &mut cx.sent,
+        )
+        .await;
+        cx.sent.status = resp.status;
+        crate::http::modules::log_phase(&cx);
+        drop(cx);
+        if result.is_err() {
             if loc.core.reset_timedout_connection.unwrap_or(false) {
                 stream.set_linger_zero();
             }
             return;
         }
-        crate::http::log::access(&out, &req, &info);
         if !keepalive {
             if linger_after {
                 linger(&stream, &loc).await;
@@ -210,7 +247,12 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
 }
 
 /// Reads until a complete head is in `buf`; returns its length.
-async fn read_head<S: Stream>(stream: &S, buf: &mut Vec<u8>, addr: &AddrConf, _first: bool) -> HeadResult {
+async fn read_head<S: Stream>(
+    stream: &S,
+    buf: &mut Vec<u8>,
+    addr: &AddrConf,
+    _first: bool,
+) -> HeadResult {
     let srv = &addr.default.srv;
     let small = srv.header_buffer();
     let (n_large, large) = srv.large_buffers();
@@ -225,7 +267,11 @@ async fn read_head<S: Stream>(stream: &S, buf: &mut Vec<u8>, addr: &AddrConf, _f
             return HeadResult::Reject(r);
         }
         if buf.capacity() - buf.len() < 512 {
-            buf.reserve(if buf.capacity() == 0 { small } else { buf.capacity() });
+            buf.reserve(if buf.capacity() == 0 {
+                small
+            } else {
+                buf.capacity()
+            });
         }
         let start = buf.len();
         let cap = buf.capacity();
@@ -260,18 +306,30 @@ fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
     let first_nl = memchr::memchr(b'\n', buf);
     match first_nl {
         None if buf.len() > large => {
-            return Some(Reject { status: 414, log: "client sent too long URI", line: None });
+            return Some(Reject {
+                status: 414,
+                log: "client sent too long URI",
+                line: None,
+            });
         }
         None => return None,
         Some(n) if n > large => {
-            return Some(Reject { status: 414, log: "client sent too long URI", line: None });
+            return Some(Reject {
+                status: 414,
+                log: "client sent too long URI",
+                line: None,
+            });
         }
         Some(_) => {}
     }
     let line = first_nl.map(|n| buf[..n].strip_suffix(b"\r").unwrap_or(&buf[..n]).to_vec());
     let last_nl = memchr::memrchr(b'\n', buf).unwrap_or(0);
     if buf.len() - last_nl > large || buf.len() > limit {
-        return Some(Reject { status: 494, log: "client sent too long header line", line });
+        return Some(Reject {
+            status: 494,
+            log: "client sent too long header line",
+            line,
+        });
     }
     None
 }
@@ -311,9 +369,25 @@ async fn reject_and_close<S: Stream>(stream: &S, addr: &AddrConf, info: &ConnInf
 }
 
 fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
-    let client = info.remote.map(|a| a.ip().to_string()).unwrap_or_else(|| "unix:".into());
-    let logger = loc.core.logger.clone().unwrap_or_else(crate::core::log::main_logger);
-    logger.log(level, Some(info.id), format_args!("{}, client: {}, server: {}", msg, client, info.local.map(|a| a.to_string()).unwrap_or_default()));
+    let client = info
+        .remote
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "unix:".into());
+    let logger = loc
+        .core
+        .logger
+        .clone()
+        .unwrap_or_else(crate::core::log::main_logger);
+    logger.log(
+        level,
+        Some(info.id),
+        format_args!(
+            "{}, client: {}, server: {}",
+            msg,
+            client,
+            info.local.map(|a| a.to_string()).unwrap_or_default()
+        ),
+    );
 }
 
 enum DiscardError {
@@ -321,7 +395,12 @@ enum DiscardError {
     Io,
 }
 
-async fn discard_body<S: Stream>(stream: &S, buf: &mut Vec<u8>, req: &Request, loc: &LocConf) -> Result<(), DiscardError> {
+async fn discard_body<S: Stream>(
+    stream: &S,
+    buf: &mut Vec<u8>,
+    req: &Request,
+    loc: &LocConf,
+) -> Result<(), DiscardError> {
     let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
     if let Some(mut left) = req.content_length {
         let take = (buf.len() as u64).min(left) as usize;
@@ -350,15 +429,21 @@ async fn discard_body<S: Stream>(stream: &S, buf: &mut Vec<u8>, req: &Request, l
     }
 }
 
-async fn read_some<S: Stream>(stream: &S, into: &mut [u8], to: Duration) -> Result<usize, DiscardError> {
+async fn read_some<S: Stream>(
+    stream: &S,
+    into: &mut [u8],
+    to: Duration,
+) -> Result<usize, DiscardError> {
     loop {
         match stream.try_read(into) {
             Ok(0) => return Err(DiscardError::Io),
             Ok(n) => return Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match timeout(to, stream.readable()).await {
-                Ok(Ok(())) => {}
-                _ => return Err(DiscardError::Io),
-            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match timeout(to, stream.readable()).await {
+                    Ok(Ok(())) => {}
+                    _ => return Err(DiscardError::Io),
+                }
+            }
             Err(_) => return Err(DiscardError::Io),
         }
     }
@@ -382,7 +467,10 @@ async fn linger<S: Stream>(stream: &S, loc: &LocConf) {
             Ok(_) => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let until = (tokio::time::Instant::now() + each).min(deadline);
-                if tokio::time::timeout_at(until, stream.readable()).await.is_err() {
+                if tokio::time::timeout_at(until, stream.readable())
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -391,9 +479,20 @@ async fn linger<S: Stream>(stream: &S, loc: &LocConf) {
     }
 }
 
-async fn write_response<S: Stream>(stream: &S, req: &Request, resp: &Response, loc: &LocConf, keepalive: bool) -> io::Result<()> {
-    let head_only = req.method == crate::http::request::Method::Head;
-    write_response_raw(stream, resp, loc, req.minor, keepalive, head_only).await
+async fn write_response<S: Stream>(
+    stream: &S,
+    resp: &mut Response,
+    loc: &LocConf,
+    minor: u8,
+    keepalive: bool,
+    head_only: bool,
+    sent: &mut phases::Sent,
+) -> io::Result<()> {
+    let mut head = Vec::with_capacity(256);
+    response::write_head(&mut head, resp, loc, minor, keepalive);
+    let r = write_body(stream, resp, loc, minor, head_only, &head, sent).await;
+    sent.head = head;
+    r
 }
 
 async fn write_response_raw<S: Stream>(
@@ -402,53 +501,280 @@ async fn write_response_raw<S: Stream>(
     loc: &LocConf,
     minor: u8,
     keepalive: bool,
-    head_only: bool,
+    _head_only: bool,
 ) -> io::Result<()> {
     let mut head = Vec::with_capacity(256);
     response::write_head(&mut head, resp, loc, minor, keepalive);
     match &resp.body {
-        _ if head_only => write_all(stream, &[&head], loc).await,
-        Body::Empty => write_all(stream, &[&head], loc).await,
         Body::Bytes(b) => write_all(stream, &[&head, b], loc).await,
-        Body::File { file, offset, len } => {
-            let policy = crate::io::Policy::default();
-            if loc.core.sendfile.unwrap_or(false) {
-                let cork = loc.core.tcp_nopush.unwrap_or(false);
-                if cork {
-                    stream.set_cork(true);
+        _ => write_all(stream, &[&head], loc).await,
+    }
+}
+
+/// Sends the body: bytes with the head in one writev; files with sendfile
+/// (under TCP_CORK with tcp_nopush) or read through the file-I/O layer;
+/// through the body filters (chunked for HTTP/1.1) when there are any.
+async fn write_body<S: Stream>(
+    stream: &S,
+    resp: &mut Response,
+    loc: &LocConf,
+    minor: u8,
+    head_only: bool,
+    head: &[u8],
+    sent: &mut phases::Sent,
+) -> io::Result<()> {
+    let policy = resp.io.take().unwrap_or_default();
+    let r = write_body_with(stream, resp, loc, minor, head_only, head, sent, &policy).await;
+    sent.io = policy.decision().as_str();
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_body_with<S: Stream>(
+    stream: &S,
+    resp: &mut Response,
+    loc: &LocConf,
+    minor: u8,
+    head_only: bool,
+    head: &[u8],
+    sent: &mut phases::Sent,
+    policy: &crate::io::Policy,
+) -> io::Result<()> {
+    if head_only || matches!(resp.body, Body::Empty) {
+        sent.bytes = head.len() as u64;
+        return write_all(stream, &[head], loc).await;
+    }
+    if !resp.filters.is_empty() {
+        return write_filtered(stream, resp, loc, minor, head, sent, policy).await;
+    }
+    let body = std::mem::take(&mut resp.body);
+    let pieces: Vec<response::Piece> = match body {
+        Body::Empty => Vec::new(),
+        Body::Bytes(b) => vec![response::Piece::Bytes(b)],
+        Body::File { file, offset, len } => vec![response::Piece::File { file, offset, len }],
+        Body::Multi(p) => p,
+    };
+    let sendfile = loc.core.sendfile.unwrap_or(false);
+    let cork = sendfile
+        && loc.core.tcp_nopush.unwrap_or(false)
+        && pieces
+            .iter()
+            .any(|p| matches!(p, response::Piece::File { .. }));
+    if cork {
+        stream.set_cork(true);
+    }
+    let mut pending: Vec<u8> = head.to_vec();
+    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    for p in &pieces {
+        match p {
+            response::Piece::Bytes(b) => {
+                pending.extend_from_slice(b);
+                sent.body_bytes += b.len() as u64;
+            }
+            response::Piece::File { file, offset, len } => {
+                if sendfile {
+                    if !pending.is_empty() {
+                        write_all(stream, &[&pending], loc).await?;
+                        pending.clear();
+                    }
+                    let mut off = *offset;
+                    let end = offset + len;
+                    while off < end {
+                        let chunk = (end - off).min(1 << 20);
+                        let n = timeout(to, crate::io::send_file(stream, file, off, chunk, policy))
+                            .await
+                            .map_err(|_| {
+                                io::Error::new(io::ErrorKind::TimedOut, "send_timeout")
+                            })??;
+                        off += n;
+                        sent.body_bytes += n;
+                    }
+                } else {
+                    let mut off = *offset;
+                    let end = offset + len;
+                    while off < end {
+                        let n = (end - off).min(32768);
+                        let data = crate::io::read(file, off, n as usize, policy).await?;
+                        pending.extend_from_slice(&data);
+                        write_all(stream, &[&pending], loc).await?;
+                        pending.clear();
+                        off += n;
+                        sent.body_bytes += n;
+                    }
                 }
-                write_all(stream, &[&head], loc).await?;
-                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
-                let mut off = *offset;
-                let end = offset + len;
-                while off < end {
-                    let chunk = (end - off).min(1 << 20);
-                    let n = timeout(to, crate::io::send_file(stream, file, off, chunk, &policy))
-                        .await
-                        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "send_timeout"))??;
-                    off += n;
-                }
-                if cork {
-                    stream.set_cork(false);
-                }
-                Ok(())
-            } else {
-                // Small files go out with the head in one writev.
-                let first = (*len).min(32768);
-                let data = crate::io::read(file, *offset, first as usize, &policy).await?;
-                write_all(stream, &[&head, &data], loc).await?;
-                let mut off = offset + first;
-                let end = offset + len;
-                while off < end {
-                    let n = (end - off).min(32768);
-                    let data = crate::io::read(file, off, n as usize, &policy).await?;
-                    write_all(stream, &[&data], loc).await?;
-                    off += n;
-                }
-                Ok(())
             }
         }
     }
+    if !pending.is_empty() {
+        write_all(stream, &[&pending], loc).await?;
+    }
+    sent.bytes = head.len() as u64 + sent.body_bytes;
+    if cork {
+        stream.set_cork(false);
+    }
+    Ok(())
+}
+
+/// Streams the body through the filters, chunk-encoding the output for HTTP/1.1.
+async fn write_filtered<S: Stream>(
+    stream: &S,
+    resp: &mut Response,
+    loc: &LocConf,
+    minor: u8,
+    head: &[u8],
+    sent: &mut phases::Sent,
+    policy: &crate::io::Policy,
+) -> io::Result<()> {
+    let chunked = resp.chunked(minor);
+    let body = std::mem::take(&mut resp.body);
+    let pieces: Vec<response::Piece> = match body {
+        Body::Empty => Vec::new(),
+        Body::Bytes(b) => vec![response::Piece::Bytes(b)],
+        Body::File { file, offset, len } => vec![response::Piece::File { file, offset, len }],
+        Body::Multi(p) => p,
+    };
+    let mut filters = std::mem::take(&mut resp.filters);
+    let mut first = true;
+    let mut out = Vec::new();
+    // The input is fed in bounded slices so memory stays bounded for any size.
+    let total_pieces = pieces.len();
+    for (pi, p) in pieces.iter().enumerate() {
+        let last_piece = pi + 1 == total_pieces;
+        match p {
+            response::Piece::Bytes(b) => {
+                let mut pos = 0;
+                loop {
+                    let end = (pos + 65536).min(b.len());
+                    let last = last_piece && end == b.len();
+                    run_filters(&mut filters, &b[pos..end], last, &mut out)?;
+                    emit(
+                        stream,
+                        loc,
+                        head,
+                        &mut first,
+                        &mut out,
+                        chunked,
+                        last,
+                        &resp.trailers,
+                        sent,
+                    )
+                    .await?;
+                    pos = end;
+                    if pos >= b.len() {
+                        break;
+                    }
+                }
+            }
+            response::Piece::File { file, offset, len } => {
+                let mut off = *offset;
+                let end = offset + len;
+                loop {
+                    let n = (end - off).min(65536);
+                    let data = if n > 0 {
+                        crate::io::read(file, off, n as usize, policy).await?
+                    } else {
+                        Default::default()
+                    };
+                    off += n;
+                    let last = last_piece && off >= end;
+                    run_filters(&mut filters, &data, last, &mut out)?;
+                    emit(
+                        stream,
+                        loc,
+                        head,
+                        &mut first,
+                        &mut out,
+                        chunked,
+                        last,
+                        &resp.trailers,
+                        sent,
+                    )
+                    .await?;
+                    if off >= end {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if total_pieces == 0 {
+        run_filters(&mut filters, b"", true, &mut out)?;
+        emit(
+            stream,
+            loc,
+            head,
+            &mut first,
+            &mut out,
+            chunked,
+            true,
+            &resp.trailers,
+            sent,
+        )
+        .await?;
+    }
+    resp.filters = filters;
+    Ok(())
+}
+
+fn run_filters(
+    filters: &mut [Box<dyn response::BodyFilter>],
+    input: &[u8],
+    last: bool,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let mut cur = input.to_vec();
+    for f in filters.iter_mut() {
+        let mut next = Vec::new();
+        f.filter(&cur, last, &mut next)?;
+        cur = next;
+    }
+    out.extend_from_slice(&cur);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn emit<S: Stream>(
+    stream: &S,
+    loc: &LocConf,
+    head: &[u8],
+    first: &mut bool,
+    out: &mut Vec<u8>,
+    chunked: bool,
+    last: bool,
+    trailers: &[(String, Vec<u8>)],
+    sent: &mut phases::Sent,
+) -> io::Result<()> {
+    let mut frame = Vec::with_capacity(out.len() + 64);
+    if *first {
+        frame.extend_from_slice(head);
+        *first = false;
+    }
+    sent.body_bytes += out.len() as u64;
+    if chunked {
+        if !out.is_empty() {
+            frame.extend_from_slice(format!("{:x}\r\n", out.len()).as_bytes());
+            frame.extend_from_slice(out);
+            frame.extend_from_slice(b"\r\n");
+        }
+        if last {
+            frame.extend_from_slice(b"0\r\n");
+            for (n, v) in trailers {
+                frame.extend_from_slice(n.as_bytes());
+                frame.extend_from_slice(b": ");
+                frame.extend_from_slice(v);
+                frame.extend_from_slice(b"\r\n");
+            }
+            frame.extend_from_slice(b"\r\n");
+        }
+    } else {
+        frame.extend_from_slice(out);
+    }
+    out.clear();
+    sent.bytes += frame.len() as u64;
+    if frame.is_empty() {
+        return Ok(());
+    }
+    write_all(stream, &[&frame], loc).await
 }
 
 /// Writes all of `bufs` with writev, waiting at most send_timeout between

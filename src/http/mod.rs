@@ -1,13 +1,12 @@
 //! HTTP: the HTTP/1.1 engine, phases, and modules.
 pub mod chunked;
 pub mod conf;
-pub mod date;
-pub mod status;
-pub mod uri;
 pub mod conn;
-pub mod log;
+pub mod date;
 pub mod modules;
 pub mod phases;
 pub mod request;
 pub mod response;
+pub mod status;
+pub mod uri;
 pub mod vars;

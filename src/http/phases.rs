@@ -1,37 +1,47 @@
 //! The request phases, in nginx's order. This file is the one place that
-//! fixes the order:
+//! fixes the order of phases and of header filters:
 //!
-//! 1. server rewrite (`return` at server level)
-//! 2. find location (may loop back after an internal redirect, max 10)
-//! 3. location rewrite (`return` in the location)
-//! 4. access (internal-only locations, body size)
-//! 5. content (index -> static file)
-//! 6. output: special responses (error pages), then the header filter and
-//!    body writer in [`crate::http::conn`], then the access log.
+//! 1. server rewrite (`rewrite`/`return`/`set`/`if` at server level)
+//! 2. find location (loops back after an internal redirect, max 10)
+//! 3. location rewrite
+//! 4. access: [`ACCESS`] in order (internal-only, limit_conn, limit_req...)
+//! 5. content: [`crate::http::modules::content`] (stub_status, metrics,
+//!    try_files, index, static...)
+//! 6. header filters: [`HEADER_FILTERS`] in order, which may install body
+//!    filters; then the header writer and body writer in
+//!    [`crate::http::conn`]
+//! 7. log: [`crate::http::modules::log_phase`]
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use crate::core::log::Level;
 use crate::core::worker::WorkerShared;
-use crate::http::conf::{LocConf, Server};
+use crate::http::conf::{HttpConf, LocConf, Server};
 use crate::http::conn::ConnInfo;
-use crate::http::modules::{rewrite, static_file};
+use crate::http::modules::{self, rewrite};
 use crate::http::request::Request;
 use crate::http::response::{self, Response};
 use crate::http::vars::{Var, VarCtx};
 
 /// A request in progress: the parts of its state that phases change.
 pub struct Ctx<'a> {
+    /// The configuration this request runs on, from start to log.
+    pub http: &'a Arc<HttpConf>,
     pub req: &'a Request,
     pub server: &'a Arc<Server>,
     pub conn: &'a ConnInfo,
     pub shared: &'a WorkerShared,
-    /// The current URI (changes on internal redirects).
+    /// The current URI (changes on internal redirects and rewrites).
     pub uri: Vec<u8>,
+    /// The current args (rewrites may change them).
+    pub args: Option<Vec<u8>>,
     pub loc: Arc<LocConf>,
-    /// Regex captures of the location match, as byte ranges of `uri`.
+    /// Regex captures of the last regex match, as byte ranges of `capture_src`.
     pub captures: Vec<Option<(usize, usize)>>,
+    pub capture_src: Vec<u8>,
     /// Set once an internal redirect happened (`internal` locations allowed).
     pub internal: bool,
     pub redirects: u32,
@@ -39,15 +49,26 @@ pub struct Ctx<'a> {
     pub loc_prefix_len: usize,
     pub alias: bool,
     pub start: std::time::Instant,
+    /// Values of user variables set with `set` in this request.
+    pub user_vars: RefCell<Vec<Option<Vec<u8>>>>,
+    /// Dropped when the request ends (e.g. a limit_conn slot).
+    pub guards: Vec<Box<dyn std::any::Any>>,
+    /// Per-request notes of modules for variables ($limit_conn_status...).
+    pub notes: Vec<(&'static str, Vec<u8>)>,
+    /// Filled after the response is written, for the log phase.
+    pub sent: Sent,
 }
 
-/// A finished request: its response and the configuration that produced it.
-pub struct Outcome {
-    pub resp: Response,
-    pub loc: Arc<LocConf>,
-    pub server: Arc<Server>,
-    pub uri: Vec<u8>,
-    pub start: std::time::Instant,
+/// What went out, for the log phase's variables.
+#[derive(Debug, Default, Clone)]
+pub struct Sent {
+    pub status: u16,
+    pub bytes: u64,
+    pub body_bytes: u64,
+    /// The head as written (for `$sent_http_*`).
+    pub head: Vec<u8>,
+    /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
+    pub io: &'static str,
 }
 
 pub enum Step {
@@ -59,43 +80,84 @@ pub enum Step {
     Redirect(Vec<u8>),
 }
 
-pub async fn run(req: &Request, server: &Arc<Server>, conn: &ConnInfo, shared: &WorkerShared) -> Outcome {
-    let mut cx = Ctx {
-        req,
-        server,
-        conn,
-        shared,
-        uri: req.uri.clone(),
-        loc: server.conf.clone(),
-        captures: Vec::new(),
-        internal: false,
-        redirects: 0,
-        loc_prefix_len: 0,
-        alias: false,
-        start: std::time::Instant::now(),
-    };
-    let mut resp = run_phases(&mut cx).await;
-    response::special_response(&mut resp, &cx.loc);
-    Outcome { resp, loc: cx.loc.clone(), server: server.clone(), uri: cx.uri, start: cx.start }
+/// An access-phase handler.
+pub type AccessFn = fn(&mut Ctx<'_>) -> Step;
+
+/// Access handlers, in order.
+pub const ACCESS: &[AccessFn] = modules::ACCESS;
+
+/// A header filter: may change the response and install body filters.
+pub type HeaderFilter = fn(&mut Ctx<'_>, &mut Response);
+
+/// Header filters in execution order (nginx's: not_modified, headers,
+/// charset, gzip, range).
+pub const HEADER_FILTERS: &[HeaderFilter] = modules::HEADER_FILTERS;
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        http: &'a Arc<HttpConf>,
+        req: &'a Request,
+        server: &'a Arc<Server>,
+        conn: &'a ConnInfo,
+        shared: &'a WorkerShared,
+    ) -> Ctx<'a> {
+        let nvars = http.main.vars.len();
+        Ctx {
+            http,
+            req,
+            server,
+            conn,
+            shared,
+            uri: req.uri.clone(),
+            args: req.args.clone(),
+            loc: server.conf.clone(),
+            captures: Vec::new(),
+            capture_src: Vec::new(),
+            internal: false,
+            redirects: 0,
+            loc_prefix_len: 0,
+            alias: false,
+            start: std::time::Instant::now(),
+            user_vars: RefCell::new(vec![None; nvars]),
+            guards: Vec::new(),
+            notes: Vec::new(),
+            sent: Sent::default(),
+        }
+    }
+
+    pub fn note(&self, key: &str) -> Option<&[u8]> {
+        self.notes
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Runs every phase and the header filters.
+pub async fn run(cx: &mut Ctx<'_>) -> Response {
+    let mut resp = run_phases(cx).await;
+    finish(cx, &mut resp);
+    resp
+}
+
+/// Error pages, then the header filters.
+pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
+    response::special_response(resp, &cx.loc);
+    for f in HEADER_FILTERS {
+        f(cx, resp);
+    }
 }
 
 async fn run_phases(cx: &mut Ctx<'_>) -> Response {
     // Server rewrite phase.
-    if let Step::Done(r) = rewrite::run(cx, &cx.server.conf.clone().modules.rewrite.ops) {
-        return r;
+    let srv_conf = cx.server.conf.clone();
+    match rewrite::run(cx, &srv_conf.modules.rewrite.ops) {
+        Step::Done(r) => return r,
+        Step::Redirect(u) => cx.uri = u,
+        Step::Next => {}
     }
     loop {
         find_location(cx);
-        if cx.loc.core.internal && !cx.internal {
-            return Response::status(404);
-        }
-        if let Some(cl) = cx.req.content_length {
-            let max = cx.loc.core.client_max_body_size.unwrap_or(1 << 20);
-            if max != 0 && cl > max {
-                cx.log(Level::Error, &format!("client intended to send too large body: {} bytes", cl));
-                return Response::status(413);
-            }
-        }
         let loc = cx.loc.clone();
         match rewrite::run(cx, &loc.modules.rewrite.ops) {
             Step::Done(r) => return r,
@@ -107,7 +169,32 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
             }
             Step::Next => {}
         }
-        match static_file::handle(cx).await {
+        if cx.loc.core.internal && !cx.internal {
+            return Response::status(404);
+        }
+        if let Some(cl) = cx.req.content_length {
+            let max = cx.loc.core.client_max_body_size.unwrap_or(1 << 20);
+            if max != 0 && cl > max {
+                cx.log(
+                    Level::Error,
+                    &format!("client intended to send too large body: {} bytes", cl),
+                );
+                return Response::status(413);
+            }
+        }
+        for a in ACCESS {
+            match a(cx) {
+                Step::Next => {}
+                Step::Done(r) => return r,
+                Step::Redirect(u) => {
+                    if let Some(r) = cx.internal_redirect(u) {
+                        return r;
+                    }
+                    continue;
+                }
+            }
+        }
+        match modules::content(cx).await {
             Step::Done(r) => return r,
             Step::Redirect(u) => {
                 if let Some(r) = cx.internal_redirect(u) {
@@ -119,19 +206,34 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
     }
 }
 
+/// Redirect to a named location (`@name`), used by try_files and error_page.
+pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
+    match cx.server.named.get(name) {
+        Some(l) => {
+            cx.loc = l.conf.clone();
+            cx.internal = true;
+            true
+        }
+        None => false,
+    }
+}
+
 fn find_location(cx: &mut Ctx<'_>) {
     match cx.server.locations.find(&cx.uri) {
         Some(f) => {
             cx.loc = f.loc.conf.clone();
-            cx.captures = f.captures;
+            if !f.captures.is_empty() {
+                cx.captures = f.captures;
+                cx.capture_src = cx.uri.clone();
+            }
             cx.loc_prefix_len = match &f.loc.m {
-                crate::http::conf::LocMatch::Prefix { prefix, .. } | crate::http::conf::LocMatch::Exact(prefix) => prefix.len(),
+                crate::http::conf::LocMatch::Prefix { prefix, .. }
+                | crate::http::conf::LocMatch::Exact(prefix) => prefix.len(),
                 _ => 0,
             };
         }
         None => {
             cx.loc = cx.server.conf.clone();
-            cx.captures.clear();
             cx.loc_prefix_len = 0;
         }
     }
@@ -139,11 +241,36 @@ fn find_location(cx: &mut Ctx<'_>) {
 }
 
 impl Ctx<'_> {
+    /// The file-I/O policy of the current location (`aio`, `directio`...),
+    /// with variables in the pool name resolved for this request.
+    pub fn io_policy(&self) -> Result<crate::io::Policy, Response> {
+        let pools = self.shared.pools.load();
+        let name = match self.loc.io.aio() {
+            crate::io::AioConf::Threads { pool: Some(p), .. } if p.contains('$') => {
+                match crate::http::vars::Template::compile_existing(p, &self.http.main.vars) {
+                    Ok(t) => Some(String::from_utf8_lossy(&t.render_vec(self)).into_owned()),
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        crate::io::Policy::from_loc(&self.loc.io, &pools, name.as_deref()).map_err(|e| {
+            self.log(Level::Error, &e.to_string());
+            Response::status(500)
+        })
+    }
+
     /// Returns a response when the redirect limit is hit.
     pub fn internal_redirect(&mut self, uri: Vec<u8>) -> Option<Response> {
         self.redirects += 1;
         if self.redirects > 10 {
-            self.log(Level::Error, &format!("rewrite or internal redirection cycle while internally redirecting to \"{}\"", String::from_utf8_lossy(&uri)));
+            self.log(
+                Level::Error,
+                &format!(
+                    "rewrite or internal redirection cycle while internally redirecting to \"{}\"",
+                    String::from_utf8_lossy(&uri)
+                ),
+            );
             return Some(Response::status(500));
         }
         self.uri = uri;
@@ -153,17 +280,37 @@ impl Ctx<'_> {
 
     /// Logs with nginx's request context suffix.
     pub fn log(&self, level: Level, msg: &str) {
-        let logger = self.loc.core.logger.clone().unwrap_or_else(crate::core::log::main_logger);
+        let logger = self
+            .loc
+            .core
+            .logger
+            .clone()
+            .unwrap_or_else(crate::core::log::main_logger);
         if !logger.enabled(level) {
             return;
         }
-        let client = self.conn.remote.map(|a| a.ip().to_string()).unwrap_or_else(|| "unix:".into());
+        let client = self
+            .conn
+            .remote
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|| "unix:".into());
         let server = self.server.srv.primary_name.clone().unwrap_or_default();
-        let host = self.req.header("host").map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h))).unwrap_or_default();
+        let host = self
+            .req
+            .header("host")
+            .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
+            .unwrap_or_default();
         logger.log(
             level,
             Some(self.conn.id),
-            format_args!("{}, client: {}, server: {}, request: \"{}\"{}", msg, client, server, String::from_utf8_lossy(&self.req.line), host),
+            format_args!(
+                "{}, client: {}, server: {}, request: \"{}\"{}",
+                msg,
+                client,
+                server,
+                String::from_utf8_lossy(&self.req.line),
+                host
+            ),
         );
     }
 
@@ -203,15 +350,25 @@ impl VarCtx for Ctx<'_> {
         match v {
             Var::Uri => out.extend_from_slice(&self.uri),
             Var::RequestUri => out.extend_from_slice(&r.raw_uri),
-            Var::Args => out.extend_from_slice(r.args.as_deref().unwrap_or(b"")),
+            Var::Args => match &self.args {
+                Some(a) => out.extend_from_slice(a),
+                None => return false,
+            },
             Var::IsArgs => {
-                if r.args.is_some() {
+                if self.args.is_some() {
                     out.push(b'?')
                 }
             }
             Var::Host => match &r.host {
                 Some(h) => out.extend_from_slice(h),
-                None => out.extend_from_slice(self.server.srv.primary_name.as_deref().unwrap_or("").as_bytes()),
+                None => out.extend_from_slice(
+                    self.server
+                        .srv
+                        .primary_name
+                        .as_deref()
+                        .unwrap_or("")
+                        .as_bytes(),
+                ),
             },
             Var::Hostname => out.extend_from_slice(crate::core::hostname().as_bytes()),
             Var::Http(name) => match name.as_str() {
@@ -231,7 +388,11 @@ impl VarCtx for Ctx<'_> {
                     None => return false,
                 },
             },
-            Var::Arg(name) => match r.args.as_deref().and_then(|a| crate::http::uri::arg(a, name.as_bytes())) {
+            Var::Arg(name) => match self
+                .args
+                .as_deref()
+                .and_then(|a| crate::http::uri::arg(a, name.as_bytes()))
+            {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,
             },
@@ -244,8 +405,19 @@ impl VarCtx for Ctx<'_> {
             Var::RemotePort => push_addr(out, self.conn.remote, true),
             Var::ServerAddr => push_addr(out, self.conn.local, false),
             Var::ServerPort => push_addr(out, self.conn.local, true),
-            Var::ServerName => out.extend_from_slice(self.server.srv.primary_name.as_deref().unwrap_or("").as_bytes()),
-            Var::ServerProtocol => out.extend_from_slice(if r.minor == 0 { b"HTTP/1.0" } else { b"HTTP/1.1" }),
+            Var::ServerName => out.extend_from_slice(
+                self.server
+                    .srv
+                    .primary_name
+                    .as_deref()
+                    .unwrap_or("")
+                    .as_bytes(),
+            ),
+            Var::ServerProtocol => out.extend_from_slice(if r.minor == 0 {
+                b"HTTP/1.0"
+            } else {
+                b"HTTP/1.1"
+            }),
             Var::Scheme => out.extend_from_slice(b"http"),
             Var::Request => out.extend_from_slice(&r.line),
             Var::RequestMethod => out.extend_from_slice(r.method_raw.as_bytes()),
@@ -268,19 +440,89 @@ impl VarCtx for Ctx<'_> {
             Var::TimeLocal => out.extend_from_slice(&crate::http::date::time_local()),
             Var::TimeIso8601 => out.extend_from_slice(&crate::http::date::time_iso8601()),
             Var::Msec => {
-                let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                out.extend_from_slice(format!("{}.{:03}", d.as_secs(), d.subsec_millis()).as_bytes());
+                let d = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                out.extend_from_slice(
+                    format!("{}.{:03}", d.as_secs(), d.subsec_millis()).as_bytes(),
+                );
             }
             Var::RequestTime => {
                 let e = self.start.elapsed();
-                out.extend_from_slice(format!("{}.{:03}", e.as_secs(), e.subsec_millis()).as_bytes());
+                out.extend_from_slice(
+                    format!("{}.{:03}", e.as_secs(), e.subsec_millis()).as_bytes(),
+                );
             }
             Var::Capture(n) => match self.captures.get(*n).copied().flatten() {
-                Some((s, e)) => out.extend_from_slice(self.uri.get(s..e).unwrap_or(b"")),
+                Some((s, e)) => out.extend_from_slice(self.capture_src.get(s..e).unwrap_or(b"")),
                 None => return false,
             },
-            _ => return false,
+            Var::Cookie(name) => match cookie(r, name.as_bytes()) {
+                Some(v) => out.extend_from_slice(v),
+                None => return false,
+            },
+            Var::RealpathRoot => {
+                let root = self.root();
+                match std::fs::canonicalize(std::path::Path::new(std::ffi::OsStr::from_bytes(
+                    &root,
+                ))) {
+                    Ok(p) => out.extend_from_slice(p.as_os_str().as_bytes()),
+                    Err(_) => return false,
+                }
+            }
+            Var::TernIo => out.extend_from_slice(self.sent.io.as_bytes()),
+            Var::Status => {
+                if self.sent.status == 0 {
+                    out.extend_from_slice(b"000");
+                } else {
+                    response::push_num(out, self.sent.status as u64)
+                }
+            }
+            Var::BodyBytesSent => response::push_num(out, self.sent.body_bytes),
+            Var::BytesSent => response::push_num(out, self.sent.bytes),
+            Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
+                Some(v) => out.extend_from_slice(v),
+                None => return false,
+            },
+            Var::User(i) => {
+                if let Some(Some(v)) = self.user_vars.borrow().get(*i) {
+                    out.extend_from_slice(v);
+                    return true;
+                }
+                match self.http.main.vars.def(*i) {
+                    Some(d) => return d.eval(self, out),
+                    None => return false,
+                }
+            }
+            Var::Module(m) => return modules::module_var(self, *m, out),
         }
         true
     }
+}
+
+fn cookie<'r>(r: &'r Request, name: &[u8]) -> Option<&'r [u8]> {
+    for h in r.headers.iter().filter(|h| h.lname == "cookie") {
+        for part in h.value.split(|&c| c == b';') {
+            let part = part.trim_ascii_start();
+            if let Some(rest) = part.strip_prefix(name) {
+                if let Some(v) = rest.strip_prefix(b"=") {
+                    return Some(v);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A header value from a written head (`$sent_http_NAME`).
+fn sent_header<'h>(head: &'h [u8], lname: &[u8]) -> Option<&'h [u8]> {
+    for line in head.split(|&c| c == b'\n').skip(1) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(colon) = memchr::memchr(b':', line) {
+            if line[..colon].eq_ignore_ascii_case(lname) {
+                return Some(line[colon + 1..].trim_ascii());
+            }
+        }
+    }
+    None
 }

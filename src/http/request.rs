@@ -54,7 +54,10 @@ pub struct Request {
 
 impl Request {
     pub fn header(&self, lname: &str) -> Option<&[u8]> {
-        self.headers.iter().find(|h| h.lname == lname).map(|h| h.value.as_slice())
+        self.headers
+            .iter()
+            .find(|h| h.lname == lname)
+            .map(|h| h.value.as_slice())
     }
 }
 
@@ -68,7 +71,11 @@ pub struct Reject {
 }
 
 fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
-    Reject { status, log, line: line.map(<[u8]>::to_vec) }
+    Reject {
+        status,
+        log,
+        line: line.map(<[u8]>::to_vec),
+    }
 }
 
 /// Parses a complete head (`buf` ends with the blank line).
@@ -80,17 +87,19 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
     let line = trim_cr(&buf[..line_end]);
     let head_len = match status {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Err(reject(400, "client sent invalid request", None)),
+        Ok(httparse::Status::Partial) => {
+            return Err(reject(400, "client sent invalid request", None))
+        }
         Err(httparse::Error::Version) => {
             return Err(reject(400, "client sent invalid request", None));
         }
         Err(httparse::Error::TooManyHeaders) => {
             return Err(reject(494, "client sent too long header line", Some(line)))
         }
-        Err(httparse::Error::Token) => {
-            return Err(reject(400, "client sent invalid method", None))
-        }
-        Err(httparse::Error::HeaderName) | Err(httparse::Error::HeaderValue) | Err(httparse::Error::NewLine) => {
+        Err(httparse::Error::Token) => return Err(reject(400, "client sent invalid method", None)),
+        Err(httparse::Error::HeaderName)
+        | Err(httparse::Error::HeaderValue)
+        | Err(httparse::Error::NewLine) => {
             return Err(reject(400, "client sent invalid header line", Some(line)))
         }
         Err(_) => return Err(reject(400, "client sent invalid request", None)),
@@ -107,14 +116,19 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
     };
     let minor = req.version.unwrap_or(0);
     let raw_target = req.path.unwrap_or("").as_bytes();
-    let target = uri::split_target(raw_target).map_err(|_| reject(400, "client sent invalid request", Some(line)))?;
+    let target = uri::split_target(raw_target)
+        .map_err(|_| reject(400, "client sent invalid request", Some(line)))?;
     let merge = srv.merge_slashes.unwrap_or(true);
-    let path = uri::normalize_path(target.path, merge).map_err(|_| reject(400, "client sent invalid request", Some(line)))?;
+    let path = uri::normalize_path(target.path, merge)
+        .map_err(|_| reject(400, "client sent invalid request", Some(line)))?;
     let args = target.query.map(<[u8]>::to_vec);
-    let mut host: Option<Vec<u8>> = match target.host {
-        Some(h) => Some(validate_host(h).ok_or_else(|| reject(400, "client sent invalid host in request line", Some(line)))?),
-        None => None,
-    };
+    let mut host: Option<Vec<u8>> =
+        match target.host {
+            Some(h) => Some(validate_host(h).ok_or_else(|| {
+                reject(400, "client sent invalid host in request line", Some(line))
+            })?),
+            None => None,
+        };
     let underscores = srv.underscores_in_headers.unwrap_or(false);
     let ignore_invalid = srv.ignore_invalid_headers.unwrap_or(true);
     let mut headers = Vec::with_capacity(req.headers.len());
@@ -124,7 +138,10 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
     let mut connection: Option<Vec<u8>> = None;
     let mut expect_continue = false;
     for h in req.headers.iter() {
-        let valid_name = h.name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
+        let valid_name = h
+            .name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
         if !valid_name && ignore_invalid {
             continue;
         }
@@ -135,7 +152,8 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
                     return Err(reject(400, "client sent duplicate host header", Some(line)));
                 }
                 seen_host = true;
-                let v = validate_host(h.value).ok_or_else(|| reject(400, "client sent invalid host header", Some(line)))?;
+                let v = validate_host(h.value)
+                    .ok_or_else(|| reject(400, "client sent invalid host header", Some(line)))?;
                 if host.is_none() {
                     host = Some(v);
                 }
@@ -148,7 +166,13 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
                 let n = s
                     .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
                     .and_then(|s| s.parse::<i64>().ok())
-                    .ok_or_else(|| reject(400, "client sent invalid \"Content-Length\" header", Some(line)))?;
+                    .ok_or_else(|| {
+                        reject(
+                            400,
+                            "client sent invalid \"Content-Length\" header",
+                            Some(line),
+                        )
+                    })?;
                 content_length = Some(n as u64);
             }
             "transfer-encoding" => {
@@ -161,21 +185,41 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
             "expect" => expect_continue = h.value.eq_ignore_ascii_case(b"100-continue"),
             _ => {}
         }
-        headers.push(Header { name: h.name.to_string(), lname, value: h.value.to_vec() });
+        headers.push(Header {
+            name: h.name.to_string(),
+            lname,
+            value: h.value.to_vec(),
+        });
     }
     if minor >= 1 && !seen_host && target.host.is_none() {
-        return Err(reject(400, "client sent HTTP/1.1 request without \"Host\" header", Some(line)));
+        return Err(reject(
+            400,
+            "client sent HTTP/1.1 request without \"Host\" header",
+            Some(line),
+        ));
     }
     let mut chunked = false;
     if let Some(te) = te {
         if minor == 0 {
-            return Err(reject(400, "client sent HTTP/1.0 request with \"Transfer-Encoding\" header", Some(line)));
+            return Err(reject(
+                400,
+                "client sent HTTP/1.0 request with \"Transfer-Encoding\" header",
+                Some(line),
+            ));
         }
         if !te.eq_ignore_ascii_case(b"chunked") {
-            return Err(reject(501, "client sent unknown \"Transfer-Encoding\"", Some(line)));
+            return Err(reject(
+                501,
+                "client sent unknown \"Transfer-Encoding\"",
+                Some(line),
+            ));
         }
         if content_length.is_some() {
-            return Err(reject(400, "client sent \"Content-Length\" and \"Transfer-Encoding\" headers at the same time", Some(line)));
+            return Err(reject(
+                400,
+                "client sent \"Content-Length\" and \"Transfer-Encoding\" headers at the same time",
+                Some(line),
+            ));
         }
         chunked = true;
     }

@@ -23,7 +23,33 @@ pub enum Body {
     #[default]
     Empty,
     Bytes(Vec<u8>),
-    File { file: Arc<OpenFile>, offset: u64, len: u64 },
+    File {
+        file: Arc<OpenFile>,
+        offset: u64,
+        len: u64,
+    },
+    /// Several pieces in order (multipart/byteranges).
+    Multi(Vec<Piece>),
+}
+
+/// One piece of a [`Body::Multi`].
+#[derive(Debug)]
+pub enum Piece {
+    Bytes(Vec<u8>),
+    File {
+        file: Arc<OpenFile>,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// A body filter (gzip, ...): transforms the body as it streams out, in
+/// bounded memory. Installed by a header filter, which has already fixed
+/// the headers (e.g. removed Content-Length).
+pub trait BodyFilter: Send {
+    /// Transforms one piece of the body; `last` is set on the final call
+    /// (which may carry an empty `input`). Output is appended to `out`.
+    fn filter(&mut self, input: &[u8], last: bool, out: &mut Vec<u8>) -> std::io::Result<()>;
 }
 
 #[derive(Debug, Default)]
@@ -34,7 +60,7 @@ pub struct Response {
     pub last_modified: Option<i64>,
     pub location: Option<Vec<u8>>,
     /// Other headers, in order, after the fixed ones.
-    pub headers: Vec<(&'static str, Vec<u8>)>,
+    pub headers: Vec<(std::borrow::Cow<'static, str>, Vec<u8>)>,
     pub body: Body,
     /// `return 444`: close without answering.
     pub close_silently: bool,
@@ -42,11 +68,27 @@ pub struct Response {
     pub force_close: bool,
     /// Lingering close is needed (unread body may follow).
     pub linger: bool,
+    /// Body filters in order; a non-empty list means the body streams
+    /// through them (no sendfile) and goes out chunked for HTTP/1.1.
+    pub filters: Vec<Box<dyn BodyFilter>>,
+    /// Trailers to send after a chunked body (`add_trailer`).
+    pub trailers: Vec<(String, Vec<u8>)>,
+    /// How file pieces of the body are read and sent (the location's `aio`).
+    pub io: Option<crate::io::Policy>,
+}
+
+impl std::fmt::Debug for dyn BodyFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BodyFilter")
+    }
 }
 
 impl Response {
     pub fn status(code: u16) -> Response {
-        Response { status: code, ..Default::default() }
+        Response {
+            status: code,
+            ..Default::default()
+        }
     }
 
     pub fn body_len(&self) -> u64 {
@@ -54,7 +96,32 @@ impl Response {
             Body::Empty => 0,
             Body::Bytes(b) => b.len() as u64,
             Body::File { len, .. } => *len,
+            Body::Multi(p) => p
+                .iter()
+                .map(|p| match p {
+                    Piece::Bytes(b) => b.len() as u64,
+                    Piece::File { len, .. } => *len,
+                })
+                .sum(),
         }
+    }
+
+    /// A header by name (case-insensitive) among the extra headers.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Removes a header from the extra headers.
+    pub fn remove_header(&mut self, name: &str) {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+    }
+
+    /// Whether the body goes out with chunked transfer-encoding.
+    pub fn chunked(&self, minor: u8) -> bool {
+        self.content_length.is_none() && !self.filters.is_empty() && minor >= 1
     }
 }
 
@@ -64,13 +131,21 @@ pub fn special_response(resp: &mut Response, loc: &LocConf) {
         return;
     }
     let mut page = Vec::new();
-    if status::error_page(resp.status, loc.core.server_tokens.unwrap_or(true), VERSION, &mut page) {
+    if status::error_page(
+        resp.status,
+        loc.core.server_tokens.unwrap_or(true),
+        VERSION,
+        &mut page,
+    ) {
         resp.content_type = Some("text/html".into());
         resp.content_length = Some(page.len() as u64);
         resp.body = Body::Bytes(page);
     }
     // nginx stops keep-alive after these errors.
-    if matches!(resp.status, 400 | 413 | 414 | 494 | 495 | 496 | 497 | 500 | 501) {
+    if matches!(
+        resp.status,
+        400 | 413 | 414 | 494 | 495 | 496 | 497 | 500 | 501
+    ) {
         resp.force_close = true;
     }
     if matches!(resp.status, 400 | 413 | 414 | 494) {
@@ -122,6 +197,9 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
         out.extend_from_slice(b"Location: ");
         out.extend_from_slice(l);
         out.extend_from_slice(b"\r\n");
+    }
+    if resp.chunked(minor) {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
     if minor >= 1 || keepalive {
         if keepalive {

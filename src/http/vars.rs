@@ -58,6 +58,16 @@ pub enum Var {
     Capture(usize),
     /// A user variable by index in the [`VarTable`].
     User(usize),
+    /// A variable a module provides (`$limit_conn_status`, `$gzip_ratio`...),
+    /// by the module's own id (see `modules::module_var_by_name`).
+    Module(u16),
+}
+
+/// How a user variable gets its value when `set` did not give one
+/// (`map`, `split_clients`, ...).
+pub trait UserVar: std::fmt::Debug + Send + Sync {
+    /// Appends the value; false when the variable has no value.
+    fn eval(&self, cx: &dyn VarCtx, out: &mut Vec<u8>) -> bool;
 }
 
 /// Builtins by name (those without a prefix).
@@ -108,6 +118,7 @@ pub struct VarTable {
     names: Vec<String>,
     index: HashMap<String, usize>,
     defined: Vec<bool>,
+    defs: Vec<Option<std::sync::Arc<dyn UserVar>>>,
 }
 
 impl VarTable {
@@ -119,6 +130,7 @@ impl VarTable {
         let i = self.names.len();
         self.names.push(name.to_string());
         self.defined.push(false);
+        self.defs.push(None);
         self.index.insert(name.to_string(), i);
         i
     }
@@ -128,6 +140,26 @@ impl VarTable {
         let i = self.user(name);
         self.defined[i] = true;
         i
+    }
+
+    /// Declares a computed variable (`map`, `split_clients`); a name may
+    /// be computed by only one of them.
+    pub fn define_computed(
+        &mut self,
+        name: &str,
+        def: std::sync::Arc<dyn UserVar>,
+    ) -> Result<usize, String> {
+        let i = self.define(name);
+        if self.defs[i].is_some() {
+            return Err(format!("the duplicate \"{}\" variable", name));
+        }
+        self.defs[i] = Some(def);
+        Ok(i)
+    }
+
+    /// The computed definition of user variable `i`, if any.
+    pub fn def(&self, i: usize) -> Option<&std::sync::Arc<dyn UserVar>> {
+        self.defs.get(i).and_then(Option::as_ref)
     }
 
     pub fn len(&self) -> usize {
@@ -147,10 +179,25 @@ impl VarTable {
     pub fn finish(&self) -> ConfResult<()> {
         for (i, d) in self.defined.iter().enumerate() {
             if !d {
-                return Err(ConfError::new(format!("unknown \"{}\" variable", self.names[i])));
+                return Err(ConfError::new(format!(
+                    "unknown \"{}\" variable",
+                    self.names[i]
+                )));
             }
         }
         Ok(())
+    }
+
+    /// Resolves a name without creating a user variable.
+    pub fn lookup(&self, name: &str) -> Option<Var> {
+        if let Some(i) = self.index.get(name) {
+            return Some(Var::User(*i));
+        }
+        let mut probe = VarTable::default();
+        match probe.resolve(name) {
+            Var::User(_) => None,
+            v => Some(v),
+        }
     }
 
     /// Resolves a name to a variable.
@@ -170,6 +217,9 @@ impl VarTable {
         }
         if let Some(c) = name.strip_prefix("cookie_") {
             return Var::Cookie(c.to_string());
+        }
+        if let Some(m) = crate::http::modules::module_var_by_name(name) {
+            return Var::Module(m);
         }
         Var::User(self.user(name))
     }
@@ -196,11 +246,26 @@ pub trait VarCtx {
 
 impl Template {
     pub fn literal(s: &str) -> Template {
-        Template { parts: vec![Part::Lit(s.as_bytes().to_vec())] }
+        Template {
+            parts: vec![Part::Lit(s.as_bytes().to_vec())],
+        }
     }
 
     /// Compiles `s`; errors are nginx's messages (without location).
     pub fn compile(s: &str, vars: &mut VarTable) -> Result<Template, String> {
+        Self::compile_with(s, &mut |n| Some(vars.resolve(n)))
+    }
+
+    /// Compiles against an existing table without adding to it (unknown
+    /// variables are an error).
+    pub fn compile_existing(s: &str, vars: &VarTable) -> Result<Template, String> {
+        Self::compile_with(s, &mut |n| vars.lookup(n))
+    }
+
+    fn compile_with(
+        s: &str,
+        resolve: &mut dyn FnMut(&str) -> Option<Var>,
+    ) -> Result<Template, String> {
         let b = s.as_bytes();
         let mut parts = Vec::new();
         let mut lit = Vec::new();
@@ -214,13 +279,19 @@ impl Template {
             i += 1;
             let (name, next) = if b.get(i) == Some(&b'{') {
                 let Some(end) = b[i + 1..].iter().position(|&c| c == b'}') else {
-                    return Err(format!("the closing bracket in \"{}\" variable is missing", &s[i + 1..]));
+                    return Err(format!(
+                        "the closing bracket in \"{}\" variable is missing",
+                        &s[i + 1..]
+                    ));
                 };
                 (&s[i + 1..i + 1 + end], i + end + 2)
             } else if b.get(i).is_some_and(u8::is_ascii_digit) {
                 (&s[i..i + 1], i + 1)
             } else {
-                let end = b[i..].iter().position(|&c| !(c.is_ascii_alphanumeric() || c == b'_')).map_or(b.len(), |p| i + p);
+                let end = b[i..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map_or(b.len(), |p| i + p);
                 (&s[i..end], end)
             };
             if name.is_empty() {
@@ -231,7 +302,7 @@ impl Template {
             }
             let v = match name.parse::<usize>() {
                 Ok(n) => Var::Capture(n),
-                Err(_) => vars.resolve(name),
+                Err(_) => resolve(name).ok_or_else(|| format!("unknown \"{}\" variable", name))?,
             };
             parts.push(Part::Var(v));
             i = next;

@@ -18,7 +18,8 @@ impl IndexLoc {
         }
     }
     pub fn defaults(&mut self) {
-        self.files.get_or_insert_with(|| vec![Template::literal("index.html")]);
+        self.files
+            .get_or_insert_with(|| vec![Template::literal("index.html")]);
     }
 }
 
@@ -26,7 +27,10 @@ fn set_index(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()
     let files = l.modules.index.files.get_or_insert_with(Vec::new);
     for a in &d.args {
         if a.value.is_empty() {
-            return Err(crate::config::ConfError::at(format!("index \"{}\" in \"index\" directive is invalid", a.value), d));
+            return Err(crate::config::ConfError::at(
+                format!("index \"{}\" in \"index\" directive is invalid", a.value),
+                d,
+            ));
         }
         files.push(cx.template(&a.value, d)?);
     }

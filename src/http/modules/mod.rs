@@ -5,43 +5,175 @@
 //! location lookup, location rewrite, access, content, then output filters
 //! and logging.
 
+pub mod access_log;
+pub mod autoindex;
+pub mod charset;
+pub mod gzip;
+pub mod gzip_static;
+pub mod headers;
 pub mod index;
+pub mod limit_conn;
+pub mod limit_req;
+pub mod map;
+pub mod not_modified;
+pub mod open_file_cache;
+pub mod range;
 pub mod rewrite;
 pub mod static_file;
+pub mod stub_status;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::conf::{HttpMain, LocConf};
+use crate::http::phases::{AccessFn, Ctx, HeaderFilter, Step};
 
-/// Every module's directive table.
-pub const TABLES: &[&[Spec]] = &[index::DIRECTIVES, rewrite::DIRECTIVES, UNSUPPORTED];
+/// Every module's directive table. `UNSUPPORTED` is last: a real row for a
+/// name shadows its placeholder.
+pub const TABLES: &[&[Spec]] = &[
+    index::DIRECTIVES,
+    rewrite::DIRECTIVES,
+    access_log::DIRECTIVES,
+    autoindex::DIRECTIVES,
+    charset::DIRECTIVES,
+    gzip::DIRECTIVES,
+    gzip_static::DIRECTIVES,
+    headers::DIRECTIVES,
+    limit_conn::DIRECTIVES,
+    limit_req::DIRECTIVES,
+    map::DIRECTIVES,
+    not_modified::DIRECTIVES,
+    open_file_cache::DIRECTIVES,
+    range::DIRECTIVES,
+    stub_status::DIRECTIVES,
+    UNSUPPORTED,
+];
+
+/// Access-phase handlers in order.
+pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
+
+/// Header filters in execution order (as nginx runs them).
+pub const HEADER_FILTERS: &[HeaderFilter] = &[
+    not_modified::header_filter,
+    headers::header_filter,
+    charset::header_filter,
+    gzip::header_filter,
+    range::header_filter,
+];
+
+/// The content phase: special handlers first, then files.
+pub async fn content(cx: &mut Ctx<'_>) -> Step {
+    if let Some(step) = stub_status::content(cx) {
+        return step;
+    }
+    static_file::handle(cx).await
+}
+
+/// The log phase.
+pub fn log_phase(cx: &Ctx<'_>) {
+    access_log::log(cx);
+}
+
+type VarFn = fn(&Ctx<'_>, u8, &mut Vec<u8>) -> bool;
+
+/// Modules that provide variables: their names and evaluator.
+const VAR_MODULES: &[(&[&str], VarFn)] = &[
+    (limit_conn::VARS, limit_conn::var),
+    (limit_req::VARS, limit_req::var),
+    (gzip::VARS, gzip::var),
+    (stub_status::VARS, stub_status::var),
+];
+
+/// The id of a module variable: module index and variable index.
+pub fn module_var_by_name(name: &str) -> Option<u16> {
+    for (m, (names, _)) in VAR_MODULES.iter().enumerate() {
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            return Some(((m as u16) << 8) | i as u16);
+        }
+    }
+    None
+}
+
+pub fn module_var(cx: &Ctx<'_>, id: u16, out: &mut Vec<u8>) -> bool {
+    match VAR_MODULES.get((id >> 8) as usize) {
+        Some((_, f)) => f(cx, (id & 0xff) as u8, out),
+        None => false,
+    }
+}
 
 /// The modules' location-level configuration.
 #[derive(Debug, Clone, Default)]
 pub struct ModLoc {
     pub index: index::IndexLoc,
     pub rewrite: rewrite::RewriteLoc,
+    pub access_log: access_log::AccessLogLoc,
+    pub autoindex: autoindex::AutoindexLoc,
+    pub charset: charset::CharsetLoc,
+    pub gzip: gzip::GzipLoc,
+    pub gzip_static: gzip_static::GzipStaticLoc,
+    pub headers: headers::HeadersLoc,
+    pub limit_conn: limit_conn::LimitConnLoc,
+    pub limit_req: limit_req::LimitReqLoc,
+    pub not_modified: not_modified::NotModifiedLoc,
+    pub open_file_cache: open_file_cache::OpenFileCacheLoc,
+    pub range: range::RangeLoc,
+    pub stub_status: stub_status::StubStatusLoc,
 }
 
 impl ModLoc {
     pub fn merge(&mut self, p: &ModLoc) {
         self.index.merge(&p.index);
         self.rewrite.merge(&p.rewrite);
+        self.access_log.merge(&p.access_log);
+        self.autoindex.merge(&p.autoindex);
+        self.charset.merge(&p.charset);
+        self.gzip.merge(&p.gzip);
+        self.gzip_static.merge(&p.gzip_static);
+        self.headers.merge(&p.headers);
+        self.limit_conn.merge(&p.limit_conn);
+        self.limit_req.merge(&p.limit_req);
+        self.not_modified.merge(&p.not_modified);
+        self.open_file_cache.merge(&p.open_file_cache);
+        self.range.merge(&p.range);
+        self.stub_status.merge(&p.stub_status);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
     }
 }
 
+/// The modules' http-level state (formats, zones...).
+#[derive(Debug, Clone, Default)]
+pub struct ModMain {
+    pub access_log: access_log::AccessLogMain,
+    pub limit_conn: limit_conn::LimitConnMain,
+    pub limit_req: limit_req::LimitReqMain,
+}
+
 /// A block directive inside `server` that a module owns (e.g. `if`).
-pub fn srv_block(d: &Directive, _cx: &mut Compiler, _hm: &mut HttpMain, _loc: &mut LocConf) -> ConfResult<()> {
-    Err(ConfError::at(format!("\"{}\" directive is not supported by tern yet", d.name), d))
+pub fn srv_block(
+    d: &Directive,
+    _cx: &mut Compiler,
+    _hm: &mut HttpMain,
+    _loc: &mut LocConf,
+) -> ConfResult<()> {
+    Err(ConfError::at(
+        format!("\"{}\" directive is not supported by tern yet", d.name),
+        d,
+    ))
 }
 
 /// A block directive inside `location` that a module owns (`if`, `limit_except`).
-pub fn loc_block(d: &Directive, _cx: &mut Compiler, _hm: &mut HttpMain, _loc: &mut LocConf) -> ConfResult<()> {
-    Err(ConfError::at(format!("\"{}\" directive is not supported by tern yet", d.name), d))
+pub fn loc_block(
+    d: &Directive,
+    _cx: &mut Compiler,
+    _hm: &mut HttpMain,
+    _loc: &mut LocConf,
+) -> ConfResult<()> {
+    Err(ConfError::at(
+        format!("\"{}\" directive is not supported by tern yet", d.name),
+        d,
+    ))
 }
 
 macro_rules! unsupported {

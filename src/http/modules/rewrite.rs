@@ -30,7 +30,10 @@ fn set_return(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     let op = match first.parse::<u16>() {
         Ok(code) => {
             if code > 999 {
-                return Err(ConfError::at(format!("invalid return code \"{}\"", first), d));
+                return Err(ConfError::at(
+                    format!("invalid return code \"{}\"", first),
+                    d,
+                ));
             }
             let text = match d.args.get(1) {
                 Some(a) => Some(cx.template(&a.value, d)?),
@@ -40,12 +43,24 @@ fn set_return(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
         }
         Err(_) => {
             if d.args.len() == 2 {
-                return Err(ConfError::at(format!("invalid return code \"{}\"", first), d));
+                return Err(ConfError::at(
+                    format!("invalid return code \"{}\"", first),
+                    d,
+                ));
             }
-            if !(first.starts_with("http://") || first.starts_with("https://") || first.starts_with('$')) {
-                return Err(ConfError::at(format!("invalid return code \"{}\"", first), d));
+            if !(first.starts_with("http://")
+                || first.starts_with("https://")
+                || first.starts_with('$'))
+            {
+                return Err(ConfError::at(
+                    format!("invalid return code \"{}\"", first),
+                    d,
+                ));
             }
-            Op::Return { code: 302, text: Some(cx.template(first, d)?) }
+            Op::Return {
+                code: 302,
+                text: Some(cx.template(first, d)?),
+            }
         }
     };
     l.modules.rewrite.ops.push(op);
@@ -78,7 +93,13 @@ pub fn run(cx: &mut crate::http::phases::Ctx<'_>, ops: &[Op]) -> crate::http::ph
                     if matches!(code, 301 | 302 | 303 | 307 | 308) {
                         r.location = Some(absolute_location(cx, v));
                     } else {
-                        r.content_type = Some(cx.loc.core.default_type.clone().unwrap_or_else(|| "text/plain".into()));
+                        r.content_type = Some(
+                            cx.loc
+                                .core
+                                .default_type
+                                .clone()
+                                .unwrap_or_else(|| "text/plain".into()),
+                        );
                         r.content_length = Some(v.len() as u64);
                         r.body = Body::Bytes(v);
                     }
@@ -99,7 +120,14 @@ pub fn absolute_location(cx: &crate::http::phases::Ctx<'_>, v: Vec<u8>) -> Vec<u
     let mut out = b"http://".to_vec();
     match &cx.req.host {
         Some(h) => out.extend_from_slice(h),
-        None => out.extend_from_slice(cx.server.srv.primary_name.as_deref().unwrap_or("").as_bytes()),
+        None => out.extend_from_slice(
+            cx.server
+                .srv
+                .primary_name
+                .as_deref()
+                .unwrap_or("")
+                .as_bytes(),
+        ),
     }
     if let Some(a) = cx.conn.local {
         if a.port() != 80 {

@@ -16,12 +16,24 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     if !matches!(method, Method::Get | Method::Head | Method::Post) {
         return Step::Done(Response::status(405));
     }
-    let policy = crate::io::Policy::default();
+    let policy = match cx.io_policy() {
+        Ok(p) => p,
+        Err(r) => return Step::Done(r),
+    };
     if cx.uri.ends_with(b"/") {
         return index(cx, &policy).await;
     }
     let path = cx.request_filename();
-    let file = match crate::io::open(Path::new(std::ffi::OsStr::from_bytes(&path)), &policy).await {
+    if let Some(r) = super::gzip_static::try_serve(cx, &path).await {
+        return Step::Done(r);
+    }
+    let file = match super::open_file_cache::open(
+        cx,
+        Path::new(std::ffi::OsStr::from_bytes(&path)),
+        &policy,
+    )
+    .await
+    {
         Ok(f) => f,
         Err(e) => return Step::Done(open_error(cx, &path, &e)),
     };
@@ -35,7 +47,9 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         let mut r = Response::status(301);
         let mut escaped = Vec::new();
         crate::http::uri::escape_uri(&loc, &mut escaped);
-        r.location = Some(crate::http::modules::rewrite::absolute_location(cx, escaped));
+        r.location = Some(crate::http::modules::rewrite::absolute_location(
+            cx, escaped,
+        ));
         return Step::Done(r);
     }
     if method == Method::Post {
@@ -45,12 +59,23 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     r.content_type = Some(content_type(cx, &path));
     r.content_length = Some(file.size);
     r.last_modified = Some(file.mtime);
-    let etag = format!("\"{:x}-{:x}\"", file.mtime, file.size);
-    r.headers.push(("ETag", etag.into_bytes()));
-    r.headers.push(("Accept-Ranges", b"bytes".to_vec()));
+    if cx.loc.modules.headers.etag.unwrap_or(true) {
+        r.headers.push(("ETag".into(), etag(&file).into_bytes()));
+    }
+    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
     let len = file.size;
-    r.body = Body::File { file, offset: 0, len };
+    r.body = Body::File {
+        file,
+        offset: 0,
+        len,
+    };
+    r.io = Some(policy);
     Step::Done(r)
+}
+
+/// nginx's ETag: hex mtime and size.
+pub fn etag(f: &crate::io::OpenFile) -> String {
+    format!("\"{:x}-{:x}\"", f.mtime, f.size)
 }
 
 async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
@@ -70,16 +95,33 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
             u.extend_from_slice(&name);
             (p, u)
         };
-        match crate::io::open(Path::new(std::ffi::OsStr::from_bytes(&path)), policy).await {
+        match super::open_file_cache::open(
+            cx,
+            Path::new(std::ffi::OsStr::from_bytes(&path)),
+            policy,
+        )
+        .await
+        {
             Ok(f) if !f.is_dir => return Step::Redirect(uri),
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
             Err(e) => return Step::Done(open_error(cx, &path, &e)),
         }
     }
-    match crate::io::open(Path::new(std::ffi::OsStr::from_bytes(&dir)), policy).await {
+    match super::open_file_cache::open(cx, Path::new(std::ffi::OsStr::from_bytes(&dir)), policy)
+        .await
+    {
         Ok(f) if f.is_dir => {
-            cx.log(Level::Error, &format!("directory index of \"{}\" is forbidden", String::from_utf8_lossy(&dir)));
+            if let Some(r) = super::autoindex::handle(cx, &dir).await {
+                return Step::Done(r);
+            }
+            cx.log(
+                Level::Error,
+                &format!(
+                    "directory index of \"{}\" is forbidden",
+                    String::from_utf8_lossy(&dir)
+                ),
+            );
             Step::Done(Response::status(403))
         }
         Ok(_) => Step::Done(Response::status(404)),
@@ -93,19 +135,31 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
     }
 }
 
-fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
+pub fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
     let code = match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => 404,
         Some(libc::EACCES) | Some(libc::EPERM) => 403,
         _ => 500,
     };
-    let level = if code == 500 { Level::Crit } else { Level::Error };
+    let level = if code == 500 {
+        Level::Crit
+    } else {
+        Level::Error
+    };
     let errno = e.raw_os_error().unwrap_or(0);
-    cx.log(level, &format!("open() \"{}\" failed ({}: {})", String::from_utf8_lossy(path), errno, crate::core::strerror(errno)));
+    cx.log(
+        level,
+        &format!(
+            "open() \"{}\" failed ({}: {})",
+            String::from_utf8_lossy(path),
+            errno,
+            crate::core::strerror(errno)
+        ),
+    );
     Response::status(code)
 }
 
-fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
+pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
     let ext = path.rsplit(|&c| c == b'/').next().and_then(|name| {
         let dot = name.iter().rposition(|&c| c == b'.')?;
         std::str::from_utf8(&name[dot + 1..]).ok()
@@ -116,5 +170,9 @@ fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
             return t.clone();
         }
     }
-    cx.loc.core.default_type.clone().unwrap_or_else(|| "text/plain".into())
+    cx.loc
+        .core
+        .default_type
+        .clone()
+        .unwrap_or_else(|| "text/plain".into())
 }
