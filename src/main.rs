@@ -68,8 +68,7 @@ fn parse_args() -> Opts {
         let Some(flags) = a.strip_prefix('-') else {
             fail(&format!("invalid option: \"{}\"", a))
         };
-        let mut chars = flags.char_indices();
-        while let Some((pos, c)) = chars.next() {
+        for (pos, c) in flags.char_indices() {
             let mut value = |name: &str| -> String {
                 let rest = &flags[pos + 1..];
                 if !rest.is_empty() {

@@ -24,7 +24,7 @@ pub struct ErrorLogSpec {
 }
 
 /// Directives of the main and `events` contexts.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MainConf {
     pub worker_processes: Option<usize>,
     pub worker_rlimit_nofile: Option<u64>,
@@ -39,26 +39,6 @@ pub struct MainConf {
     pub worker_shutdown_timeout_ms: Option<u64>,
     pub events_seen: bool,
     pub io: crate::io::IoMain,
-}
-
-impl Default for MainConf {
-    fn default() -> Self {
-        MainConf {
-            worker_processes: None,
-            worker_rlimit_nofile: None,
-            worker_connections: None,
-            multi_accept: None,
-            accept_mutex: None,
-            pid: None,
-            error_log: Vec::new(),
-            daemon: None,
-            master_process: None,
-            user: None,
-            worker_shutdown_timeout_ms: None,
-            events_seen: false,
-            io: Default::default(),
-        }
-    }
 }
 
 impl MainConf {

@@ -26,11 +26,39 @@ pub struct Stats {
     pub handled: AtomicU64,
     pub requests: AtomicU64,
     pub active: AtomicU64,
+    /// Connections reading a request head (stub_status "Reading").
+    pub reading: AtomicU64,
+    /// Connections handling a request or writing a response ("Writing").
+    pub writing: AtomicU64,
 }
 
 impl Stats {
     pub fn request(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Idle keep-alive connections ("Waiting"): active minus the others.
+    pub fn waiting(&self) -> u64 {
+        let a = self.active.load(Ordering::Relaxed);
+        a.saturating_sub(
+            self.reading.load(Ordering::Relaxed) + self.writing.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Counts a connection in one stub_status state while alive.
+pub struct StateGuard<'a>(&'a AtomicU64);
+
+impl<'a> StateGuard<'a> {
+    pub fn enter(c: &'a AtomicU64) -> StateGuard<'a> {
+        c.fetch_add(1, Ordering::Relaxed);
+        StateGuard(c)
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

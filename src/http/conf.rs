@@ -57,8 +57,14 @@ pub struct Listen {
     pub bind: bool,
     pub ipv6only: bool,
     /// `so_keepalive=on|off|idle:intvl:cnt`.
-    pub so_keepalive: Option<(bool, Option<u64>, Option<u64>, Option<u32>)>,
+    pub so_keepalive: Option<SoKeepalive>,
 }
+
+/// `so_keepalive=`: on/off, then TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT.
+pub type SoKeepalive = (bool, Option<u64>, Option<u64>, Option<u32>);
+
+/// Servers gathered per listen address: options, servers, the default.
+type AddrGroup = (Listen, Vec<Arc<Server>>, Option<Arc<Server>>);
 
 /// A `server_name` entry.
 #[derive(Debug, Clone)]
@@ -261,13 +267,14 @@ impl Locations {
                         true,
                     ));
                 }
-                LocMatch::Prefix { prefix, .. } if uri.starts_with(prefix) => {
-                    if best.is_none_or(|b| match &b.m {
-                        LocMatch::Prefix { prefix: bp, .. } => prefix.len() > bp.len(),
-                        _ => true,
-                    }) {
-                        best = Some(l);
-                    }
+                LocMatch::Prefix { prefix, .. }
+                    if uri.starts_with(prefix)
+                        && best.is_none_or(|b| match &b.m {
+                            LocMatch::Prefix { prefix: bp, .. } => prefix.len() > bp.len(),
+                            _ => true,
+                        }) =>
+                {
+                    best = Some(l);
                 }
                 _ => {}
             }
@@ -676,9 +683,9 @@ fn compile_location(
             re: location_regex(d, &p[1..], false)?,
             source: p[1..].to_string(),
         },
-        [p] if p.starts_with('=') => LocMatch::Exact(p[1..].as_bytes().to_vec()),
+        [p] if p.starts_with('=') => LocMatch::Exact(p.as_bytes()[1..].to_vec()),
         [p] if p.starts_with("^~") => LocMatch::Prefix {
-            prefix: p[2..].as_bytes().to_vec(),
+            prefix: p.as_bytes()[2..].to_vec(),
             no_regex: true,
         },
         [p] => LocMatch::Prefix {
@@ -790,13 +797,12 @@ fn first_line(s: &str) -> &str {
     s.lines().last().unwrap_or(s).trim()
 }
 
-fn group_addrs(
-    servers: &[Arc<Server>],
-) -> ConfResult<(Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>)> {
+type Grouped = (Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>);
+
+fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<Grouped> {
     // Gather (addr -> listen options, servers, default).
     let mut order: Vec<ListenAddr> = Vec::new();
-    let mut by: HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)> =
-        HashMap::new();
+    let mut by: HashMap<ListenAddr, AddrGroup> = HashMap::new();
     for s in servers {
         for l in &s.srv.listen {
             let e = by.entry(l.addr.clone()).or_insert_with(|| {
@@ -819,9 +825,7 @@ fn group_addrs(
             }
         }
     }
-    let build = |a: &ListenAddr,
-                 by: &HashMap<ListenAddr, (Listen, Vec<Arc<Server>>, Option<Arc<Server>>)>|
-     -> Option<Arc<AddrConf>> {
+    let build = |a: &ListenAddr, by: &HashMap<ListenAddr, AddrGroup>| -> Option<Arc<AddrConf>> {
         let (l, svs, def) = by.get(a)?;
         let default = def.clone().or_else(|| svs.first().cloned())?;
         Some(Arc::new(AddrConf {
@@ -1136,13 +1140,15 @@ fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRe
         "on" => true,
         "off" => false,
         "build" => true,
-        v => return Err(ConfError::at(
-            format!(
+        v => {
+            return Err(ConfError::at(
+                format!(
                 "invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\" or \"build\"",
                 v, d.name
             ),
-            d,
-        )),
+                d,
+            ))
+        }
     };
     set_once(&mut l.core.server_tokens, v, d)
 }
@@ -1218,7 +1224,7 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
     };
     for e in d.block.as_deref().unwrap_or(&[]) {
         if e.block.is_some() {
-            return Err(ConfError::at(format!("unexpected \"{{\""), e));
+            return Err(ConfError::at("unexpected \"{\"", e));
         }
         for ext in &e.args {
             // nginx keeps the first type given for an extension and warns.

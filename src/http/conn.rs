@@ -138,7 +138,10 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
                 _ = quit.changed(), if !first => return,
             }
         }
+        let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
         let head = read_head(&stream, &mut buf, &addr, first).await;
+        drop(reading);
+        let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
         let end = match head {
             HeadResult::Head(n) => n,
             HeadResult::Closed => return,
@@ -173,7 +176,7 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         };
         buf.drain(..end);
         let server = addr.select(req.host.as_deref()).clone();
-        let mut cx = phases::Ctx::new(&http, &req, &server, &info, &shared);
+        let mut cx = phases::Ctx::new(http, &req, &server, &info, &shared);
         let mut resp = phases::run(&mut cx).await;
         let loc = cx.loc.clone();
         if resp.close_silently {

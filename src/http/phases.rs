@@ -75,9 +75,15 @@ pub enum Step {
     /// Go on to the next phase.
     Next,
     /// The response is decided.
-    Done(Response),
+    Done(Box<Response>),
     /// Look up the location again for the new URI.
     Redirect(Vec<u8>),
+}
+
+impl Step {
+    pub fn done(r: Response) -> Step {
+        Step::Done(Box::new(r))
+    }
 }
 
 /// An access-phase handler.
@@ -152,7 +158,7 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
     // Server rewrite phase.
     let srv_conf = cx.server.conf.clone();
     match rewrite::run(cx, &srv_conf.modules.rewrite.ops) {
-        Step::Done(r) => return r,
+        Step::Done(r) => return *r,
         Step::Redirect(u) => cx.uri = u,
         Step::Next => {}
     }
@@ -160,7 +166,7 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
         find_location(cx);
         let loc = cx.loc.clone();
         match rewrite::run(cx, &loc.modules.rewrite.ops) {
-            Step::Done(r) => return r,
+            Step::Done(r) => return *r,
             Step::Redirect(u) => {
                 if let Some(r) = cx.internal_redirect(u) {
                     return r;
@@ -185,7 +191,7 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
         for a in ACCESS {
             match a(cx) {
                 Step::Next => {}
-                Step::Done(r) => return r,
+                Step::Done(r) => return *r,
                 Step::Redirect(u) => {
                     if let Some(r) = cx.internal_redirect(u) {
                         return r;
@@ -195,7 +201,7 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
             }
         }
         match modules::content(cx).await {
-            Step::Done(r) => return r,
+            Step::Done(r) => return *r,
             Step::Redirect(u) => {
                 if let Some(r) = cx.internal_redirect(u) {
                     return r;
@@ -243,7 +249,7 @@ fn find_location(cx: &mut Ctx<'_>) {
 impl Ctx<'_> {
     /// The file-I/O policy of the current location (`aio`, `directio`...),
     /// with variables in the pool name resolved for this request.
-    pub fn io_policy(&self) -> Result<crate::io::Policy, Response> {
+    pub fn io_policy(&self) -> Result<crate::io::Policy, Box<Response>> {
         let pools = self.shared.pools.load();
         let name = match self.loc.io.aio() {
             crate::io::AioConf::Threads { pool: Some(p), .. } if p.contains('$') => {
@@ -256,7 +262,7 @@ impl Ctx<'_> {
         };
         crate::io::Policy::from_loc(&self.loc.io, &pools, name.as_deref()).map_err(|e| {
             self.log(Level::Error, &e.to_string());
-            Response::status(500)
+            Box::new(Response::status(500))
         })
     }
 

@@ -75,6 +75,8 @@ pub const DIRECTIVES: &[Spec] = &[Spec {
 }];
 
 /// Runs a list of rewrite-phase ops.
+// More ops (rewrite, set, if) come with the rewrite module.
+#[allow(clippy::never_loop)]
 pub fn run(cx: &mut crate::http::phases::Ctx<'_>, ops: &[Op]) -> crate::http::phases::Step {
     use crate::http::phases::Step;
     use crate::http::response::{Body, Response};
@@ -85,7 +87,7 @@ pub fn run(cx: &mut crate::http::phases::Ctx<'_>, ops: &[Op]) -> crate::http::ph
                 if code == 444 {
                     let mut r = Response::status(444);
                     r.close_silently = true;
-                    return Step::Done(r);
+                    return Step::done(r);
                 }
                 let mut r = Response::status(code);
                 if let Some(t) = text {
@@ -104,7 +106,7 @@ pub fn run(cx: &mut crate::http::phases::Ctx<'_>, ops: &[Op]) -> crate::http::ph
                         r.body = Body::Bytes(v);
                     }
                 }
-                return Step::Done(r);
+                return Step::done(r);
             }
         }
     }

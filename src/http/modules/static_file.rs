@@ -14,7 +14,7 @@ use crate::http::response::{Body, Response};
 pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     let method = cx.req.method;
     if !matches!(method, Method::Get | Method::Head | Method::Post) {
-        return Step::Done(Response::status(405));
+        return Step::done(Response::status(405));
     }
     let policy = match cx.io_policy() {
         Ok(p) => p,
@@ -25,7 +25,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     }
     let path = cx.request_filename();
     if let Some(r) = super::gzip_static::try_serve(cx, &path).await {
-        return Step::Done(r);
+        return Step::done(r);
     }
     let file = match super::open_file_cache::open(
         cx,
@@ -35,7 +35,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     .await
     {
         Ok(f) => f,
-        Err(e) => return Step::Done(open_error(cx, &path, &e)),
+        Err(e) => return Step::done(open_error(cx, &path, &e)),
     };
     if file.is_dir {
         let mut loc = cx.uri.clone();
@@ -50,10 +50,10 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         r.location = Some(crate::http::modules::rewrite::absolute_location(
             cx, escaped,
         ));
-        return Step::Done(r);
+        return Step::done(r);
     }
     if method == Method::Post {
-        return Step::Done(Response::status(405));
+        return Step::done(Response::status(405));
     }
     let mut r = Response::status(200);
     r.content_type = Some(content_type(cx, &path));
@@ -70,7 +70,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         len,
     };
     r.io = Some(policy);
-    Step::Done(r)
+    Step::done(r)
 }
 
 /// nginx's ETag: hex mtime and size.
@@ -105,7 +105,7 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
             Ok(f) if !f.is_dir => return Step::Redirect(uri),
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
-            Err(e) => return Step::Done(open_error(cx, &path, &e)),
+            Err(e) => return Step::done(open_error(cx, &path, &e)),
         }
     }
     match super::open_file_cache::open(cx, Path::new(std::ffi::OsStr::from_bytes(&dir)), policy)
@@ -113,7 +113,7 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
     {
         Ok(f) if f.is_dir => {
             if let Some(r) = super::autoindex::handle(cx, &dir).await {
-                return Step::Done(r);
+                return Step::done(r);
             }
             cx.log(
                 Level::Error,
@@ -122,15 +122,15 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
                     String::from_utf8_lossy(&dir)
                 ),
             );
-            Step::Done(Response::status(403))
+            Step::done(Response::status(403))
         }
-        Ok(_) => Step::Done(Response::status(404)),
+        Ok(_) => Step::done(Response::status(404)),
         Err(e) => {
             let mut d = dir.clone();
             if d.len() > 1 && d.ends_with(b"/") {
                 d.pop();
             }
-            Step::Done(open_error(cx, &d, &e))
+            Step::done(open_error(cx, &d, &e))
         }
     }
 }

@@ -1,0 +1,418 @@
+//! The test harness: a temporary prefix, a config with free ports, the real
+//! binary started in the foreground, raw-socket and curl clients. On a
+//! failure the server's error log and config are printed (see `Drop`).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
+
+/// A free loopback TCP port (bound then released).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind :0");
+    l.local_addr().expect("local addr").port()
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A prefix directory with `logs/`, `html/` and `conf/`, removed on drop.
+pub struct Prefix {
+    pub dir: PathBuf,
+}
+
+impl Prefix {
+    pub fn new() -> Prefix {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tern-it-{}-{}", std::process::id(), n));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["logs", "html", "conf"] {
+            std::fs::create_dir_all(dir.join(d)).expect("mkdir");
+        }
+        Prefix { dir }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    /// Writes a file under the prefix, creating directories.
+    pub fn write(&self, rel: &str, data: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.dir.join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::fs::write(&p, data).expect("write");
+        p
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.dir.join(rel)).unwrap_or_default()
+    }
+
+    /// Runs `tern ARGS` with `-p PREFIX` and waits for it.
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("-p")
+            .arg(&self.dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tern")
+    }
+}
+
+impl Default for Prefix {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A running tern.
+pub struct Server {
+    pub prefix: Prefix,
+    pub child: Option<Child>,
+    pub port: u16,
+    pub conf: PathBuf,
+}
+
+/// The config text with `@PORT@` replaced; `events {}` added if missing.
+pub fn conf_text(body: &str, port: u16) -> String {
+    let mut t = body.replace("@PORT@", &port.to_string());
+    if !t.contains("events") {
+        t = format!("events {{}}\n{}", t);
+    }
+    t
+}
+
+impl Server {
+    /// Starts tern on `conf` (with `@PORT@` replaced by a free port) and
+    /// waits until the port accepts connections.
+    pub fn start(conf: &str) -> Server {
+        Self::start_in(Prefix::new(), conf)
+    }
+
+    pub fn start_in(prefix: Prefix, conf: &str) -> Server {
+        let port = free_port();
+        let text = conf_text(conf, port);
+        let conf = prefix.write("conf/nginx.conf", text);
+        let child = Command::new(BIN)
+            .arg("-p")
+            .arg(&prefix.dir)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-g")
+            .arg("daemon off;")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tern");
+        let mut s = Server { prefix, child: Some(child), port, conf };
+        s.wait_listening(port);
+        s
+    }
+
+    /// Waits until `port` accepts a TCP connection (or the server died).
+    pub fn wait_listening(&mut self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    let mut err = String::new();
+                    if let Some(e) = c.stderr.as_mut() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    panic!("tern exited with {}: {}\nerror.log:\n{}", st, err, self.prefix.read("logs/error.log"));
+                }
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("tern did not listen on {}", port);
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc_kill(self.pid(), sig);
+        }
+    }
+
+    /// Replaces the config file (for reload tests), `@PORT@` as at start.
+    pub fn rewrite_conf(&self, conf: &str, port: u16) {
+        std::fs::write(&self.conf, conf_text(conf, port)).expect("write conf");
+    }
+
+    pub fn error_log(&self) -> String {
+        self.prefix.read("logs/error.log")
+    }
+
+    /// Waits for the process to exit; returns its status code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        let c = self.child.as_mut()?;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return st.code().or(Some(-1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        connect(self.port)
+    }
+
+    /// Sends raw bytes on a new connection and reads until the server closes
+    /// (or 5 s pass).
+    pub fn raw(&self, req: &[u8]) -> Vec<u8> {
+        raw(self.port, req)
+    }
+
+    /// One request on a new connection, `Connection: close` added.
+    pub fn get(&self, path: &str) -> Resp {
+        let req = format!("GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
+        Resp::parse(&self.raw(req.as_bytes())).expect("a response")
+    }
+
+    /// curl with extra args against this server; returns (status, stdout).
+    pub fn curl(&self, args: &[&str]) -> Output {
+        Command::new("curl").args(["-s", "--max-time", "10"]).args(args).output().expect("curl")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+}
+
+fn libc_kill(pid: i32, sig: i32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: plain kill(2).
+    unsafe {
+        kill(pid, sig);
+    }
+}
+
+pub const SIGHUP: i32 = 1;
+pub const SIGQUIT: i32 = 3;
+pub const SIGTERM: i32 = 15;
+pub const SIGUSR1: i32 = 10;
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            libc_kill(c.id() as i32, SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("--- config {}:\n{}", self.conf.display(), std::fs::read_to_string(&self.conf).unwrap_or_default());
+            eprintln!("--- error.log:\n{}", self.error_log());
+        }
+    }
+}
+
+pub fn connect(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s.set_nodelay(true).expect("nodelay");
+    s
+}
+
+/// Sends `req`, then reads until EOF or 5 s.
+pub fn raw(port: u16, req: &[u8]) -> Vec<u8> {
+    let mut s = connect(port);
+    s.write_all(req).expect("write");
+    read_to_close(&mut s)
+}
+
+pub fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Reads exactly one response (by Content-Length or chunked) from a
+/// kept-alive connection.
+pub fn read_response(s: &mut TcpStream) -> Option<Resp> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        if let Some(r) = Resp::parse_complete(&data) {
+            return Some(r.0);
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return Resp::parse(&data),
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A parsed response.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub status_line: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The head exactly as received.
+    pub head: String,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The head with the Date and Server values blanked, for byte comparisons.
+    pub fn head_normalized(&self) -> String {
+        self.head
+            .split("\r\n")
+            .map(|l| {
+                if l.starts_with("Date: ") {
+                    "Date: X".to_string()
+                } else if l.starts_with("Server: ") {
+                    "Server: X".to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\r\n")
+    }
+
+    /// Parses a response; the body is everything after the head (for
+    /// connections read to close).
+    pub fn parse(data: &[u8]) -> Option<Resp> {
+        if let Some((r, _)) = Self::parse_complete(data) {
+            return Some(r);
+        }
+        let end = find(data, b"\r\n\r\n")?;
+        let mut r = Self::head(&data[..end + 4])?;
+        r.body = data[end + 4..].to_vec();
+        Some(r)
+    }
+
+    fn head(h: &[u8]) -> Option<Resp> {
+        let head = String::from_utf8_lossy(h).into_owned();
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next()?.to_string();
+        let status = status_line.split(' ').nth(1)?.parse().ok()?;
+        let headers = lines
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| l.split_once(": ").map(|(a, b)| (a.to_string(), b.to_string())))
+            .collect();
+        Some(Resp { status, status_line, headers, body: Vec::new(), head })
+    }
+
+    /// Parses one complete framed response; returns it and the bytes used.
+    pub fn parse_complete(data: &[u8]) -> Option<(Resp, usize)> {
+        let end = find(data, b"\r\n\r\n")?;
+        let mut r = Self::head(&data[..end + 4])?;
+        let body_start = end + 4;
+        let no_body = r.status == 304 || r.status == 204 || (100..200).contains(&r.status);
+        if no_body {
+            return Some((r, body_start));
+        }
+        if let Some(cl) = r.header("Content-Length") {
+            let n: usize = cl.trim().parse().ok()?;
+            if data.len() < body_start + n {
+                return None;
+            }
+            r.body = data[body_start..body_start + n].to_vec();
+            return Some((r, body_start + n));
+        }
+        if r.header("Transfer-Encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+            let mut pos = body_start;
+            let mut body = Vec::new();
+            loop {
+                let le = find(&data[pos..], b"\r\n")?;
+                let size_s = String::from_utf8_lossy(&data[pos..pos + le]).into_owned();
+                let size = usize::from_str_radix(size_s.split(';').next()?.trim(), 16).ok()?;
+                pos += le + 2;
+                if size == 0 {
+                    // trailers until empty line
+                    loop {
+                        let le = find(&data[pos..], b"\r\n")?;
+                        pos += le + 2;
+                        if le == 0 {
+                            r.body = body;
+                            return Some((r, pos));
+                        }
+                    }
+                }
+                if data.len() < pos + size + 2 {
+                    return None;
+                }
+                body.extend_from_slice(&data[pos..pos + size]);
+                pos += size + 2;
+            }
+        }
+        None
+    }
+}
+
+pub fn find(h: &[u8], n: &[u8]) -> Option<usize> {
+    h.windows(n.len()).position(|w| w == n)
+}
+
+/// Waits until `f` holds or panics after `secs`.
+pub fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("timed out waiting for: {}", what);
+}
+
+/// True when the path exists (helper for readability).
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}
