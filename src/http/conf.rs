@@ -500,7 +500,7 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
     })
 }
 
-fn apply(
+pub(crate) fn apply(
     cx: &mut Compiler,
     hm: &mut HttpMain,
     srv: Option<&mut SrvConf>,
@@ -559,6 +559,7 @@ fn compile_server(
     let own_error_log = loc.core.error_log.is_some();
     srv.merge(http_srv);
     loc.merge(http_loc);
+    crate::http::modules::rewrite::finish_ifs(&mut loc);
     if own_error_log {
         loc.core.logger = None;
         finish_loc(&mut loc)?;
@@ -758,6 +759,7 @@ fn compile_location(
     }
     let own_error_log = loc.core.error_log.is_some();
     loc.merge(parent);
+    crate::http::modules::rewrite::finish_ifs(&mut loc);
     if own_error_log {
         loc.core.logger = None;
         finish_loc(&mut loc)?;

@@ -22,7 +22,7 @@ use crate::core::worker::WorkerShared;
 use crate::http::conf::{HttpConf, LocConf, Server};
 use crate::http::conn::ConnInfo;
 use crate::http::modules::{self, rewrite};
-use crate::http::request::Request;
+use crate::http::request::{Method, Request};
 use crate::http::response::{self, Response};
 use crate::http::vars::{Var, VarCtx};
 
@@ -57,6 +57,10 @@ pub struct Ctx<'a> {
     pub notes: Vec<(&'static str, Vec<u8>)>,
     /// Filled after the response is written, for the log phase.
     pub sent: Sent,
+    /// The method handlers see (error_page redirects turn POST into GET).
+    pub method: Method,
+    /// An error_page redirect happened (recursive_error_pages).
+    pub error_paged: bool,
 }
 
 /// What went out, for the log phase's variables.
@@ -78,6 +82,8 @@ pub enum Step {
     Done(Box<Response>),
     /// Look up the location again for the new URI.
     Redirect(Vec<u8>),
+    /// Continue in a named location (`@name`).
+    Named(String),
 }
 
 impl Step {
@@ -128,6 +134,8 @@ impl<'a> Ctx<'a> {
             guards: Vec::new(),
             notes: Vec::new(),
             sent: Sent::default(),
+            method: req.method,
+            error_paged: false,
         }
     }
 
@@ -139,9 +147,68 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Runs every phase and the header filters.
+/// Runs every phase, error_page redirects, and the header filters.
 pub async fn run(cx: &mut Ctx<'_>) -> Response {
-    let mut resp = run_phases(cx).await;
+    let mut resp = run_phases(cx, Entry::Start).await;
+    let mut hops = 0;
+    while resp.status >= 300
+        && matches!(resp.body, crate::http::response::Body::Empty)
+        && !resp.close_silently
+    {
+        let Some(page) = cx.loc.modules.error_page.find(resp.status).cloned() else {
+            break;
+        };
+        if cx.error_paged && !cx.loc.modules.error_page.recursive.unwrap_or(false) {
+            break;
+        }
+        hops += 1;
+        if hops > 10 {
+            break;
+        }
+        cx.error_paged = true;
+        let orig = resp.status;
+        let target = page.target.render_vec(&*cx);
+        use crate::http::modules::error_page::Overwrite;
+        if target.starts_with(b"http://")
+            || target.starts_with(b"https://")
+            || !(target.starts_with(b"/") || target.starts_with(b"@"))
+        {
+            let code = match page.overwrite {
+                Overwrite::Code(c) if matches!(c, 301 | 302 | 303 | 307 | 308) => c,
+                _ => 302,
+            };
+            resp = Response::status(code);
+            rewrite::set_location(cx, &mut resp, target);
+            break;
+        }
+        if cx.method != Method::Head {
+            cx.method = Method::Get;
+        }
+        let entry = if let Some(name) = target.strip_prefix(b"@") {
+            Entry::Named(format!("@{}", String::from_utf8_lossy(name)))
+        } else {
+            let mut u = target;
+            if let Some(q) = u.iter().position(|&b| b == b'?') {
+                let args = u[q + 1..].to_vec();
+                u.truncate(q);
+                cx.args = if args.is_empty() { None } else { Some(args) };
+            }
+            cx.uri = u;
+            cx.internal = true;
+            Entry::Find
+        };
+        let r2 = run_phases(cx, entry).await;
+        let target_failed =
+            r2.status >= 400 && matches!(r2.body, crate::http::response::Body::Empty);
+        resp = r2;
+        if !target_failed {
+            resp.status = match page.overwrite {
+                Overwrite::Keep => orig,
+                Overwrite::Code(c) => c,
+                Overwrite::FromTarget => resp.status,
+            };
+        }
+    }
     finish(cx, &mut resp);
     resp
 }
@@ -149,28 +216,62 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
 /// Error pages, then the header filters.
 pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     response::special_response(resp, &cx.loc);
+    if resp.status != 200 {
+        resp.remove_header("Accept-Ranges");
+    }
     for f in HEADER_FILTERS {
         f(cx, resp);
     }
 }
 
-async fn run_phases(cx: &mut Ctx<'_>) -> Response {
-    // Server rewrite phase.
-    let srv_conf = cx.server.conf.clone();
-    match rewrite::run(cx, &srv_conf.modules.rewrite.ops) {
-        Step::Done(r) => return *r,
-        Step::Redirect(u) => cx.uri = u,
-        Step::Next => {}
+/// Where phase processing starts.
+enum Entry {
+    /// Server rewrite, then location lookup.
+    Start,
+    /// Location lookup for `cx.uri`.
+    Find,
+    /// A named location (its rewrite phase onward).
+    Named(String),
+}
+
+async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
+    let mut named = None;
+    match entry {
+        Entry::Start => {
+            let srv_conf = cx.server.conf.clone();
+            match rewrite::run(cx, &srv_conf.modules.rewrite.ops).await {
+                Step::Done(r) => return *r,
+                Step::Redirect(u) => cx.uri = u,
+                Step::Named(n) => named = Some(n),
+                Step::Next => {}
+            }
+        }
+        Entry::Find => {}
+        Entry::Named(n) => named = Some(n),
     }
     loop {
-        find_location(cx);
+        if let Some(n) = named.take() {
+            if !named_location(cx, &n) {
+                cx.log(
+                    Level::Error,
+                    &format!("could not find named location \"{}\"", n),
+                );
+                return Response::status(500);
+            }
+        } else {
+            find_location(cx);
+        }
         let loc = cx.loc.clone();
-        match rewrite::run(cx, &loc.modules.rewrite.ops) {
+        match rewrite::run(cx, &loc.modules.rewrite.ops).await {
             Step::Done(r) => return *r,
             Step::Redirect(u) => {
                 if let Some(r) = cx.internal_redirect(u) {
                     return r;
                 }
+                continue;
+            }
+            Step::Named(n) => {
+                named = Some(n);
                 continue;
             }
             Step::Next => {}
@@ -188,6 +289,7 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
                 return Response::status(413);
             }
         }
+        let mut again = false;
         for a in ACCESS {
             match a(cx) {
                 Step::Next => {}
@@ -196,9 +298,18 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
                     if let Some(r) = cx.internal_redirect(u) {
                         return r;
                     }
-                    continue;
+                    again = true;
+                    break;
+                }
+                Step::Named(n) => {
+                    named = Some(n);
+                    again = true;
+                    break;
                 }
             }
+        }
+        if again {
+            continue;
         }
         match modules::content(cx).await {
             Step::Done(r) => return *r,
@@ -206,6 +317,13 @@ async fn run_phases(cx: &mut Ctx<'_>) -> Response {
                 if let Some(r) = cx.internal_redirect(u) {
                     return r;
                 }
+            }
+            Step::Named(n) => {
+                cx.redirects += 1;
+                if cx.redirects > 10 {
+                    return Response::status(500);
+                }
+                named = Some(n);
             }
             Step::Next => return Response::status(404),
         }
@@ -218,6 +336,8 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
         Some(l) => {
             cx.loc = l.conf.clone();
             cx.internal = true;
+            cx.loc_prefix_len = 0;
+            cx.alias = matches!(cx.loc.core.root, Some((_, true)));
             true
         }
         None => false,
@@ -235,7 +355,8 @@ fn find_location(cx: &mut Ctx<'_>) {
             cx.loc_prefix_len = match &f.loc.m {
                 crate::http::conf::LocMatch::Prefix { prefix, .. }
                 | crate::http::conf::LocMatch::Exact(prefix) => prefix.len(),
-                _ => 0,
+                // An alias in a regex location is the whole path.
+                _ => cx.uri.len(),
             };
         }
         None => {

@@ -58,6 +58,9 @@ pub struct Response {
     pub content_type: Option<String>,
     pub content_length: Option<u64>,
     pub last_modified: Option<i64>,
+    /// A Location the server made absolute (written in the fixed part of
+    /// the head, as nginx does); a Location given absolute by the
+    /// configuration goes in `headers` instead.
     pub location: Option<Vec<u8>>,
     /// Other headers, in order, after the fixed ones.
     pub headers: Vec<(std::borrow::Cow<'static, str>, Vec<u8>)>,
@@ -188,7 +191,11 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
         push_num(out, n);
         out.extend_from_slice(b"\r\n");
     }
-    if let Some(t) = resp.last_modified {
+    // nginx sends Last-Modified only with 200, 206 and 304.
+    if let Some(t) = resp
+        .last_modified
+        .filter(|_| matches!(resp.status, 200 | 206 | 304))
+    {
         out.extend_from_slice(b"Last-Modified: ");
         out.extend_from_slice(&date::http_date_at(t));
         out.extend_from_slice(b"\r\n");
@@ -201,17 +208,15 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
     if resp.chunked(minor) {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
-    if minor >= 1 || keepalive {
-        if keepalive {
-            out.extend_from_slice(b"Connection: keep-alive\r\n");
-            if let Some(ka) = loc.core.keepalive.and_then(|k| k.header_secs) {
-                out.extend_from_slice(b"Keep-Alive: timeout=");
-                push_num(out, ka);
-                out.extend_from_slice(b"\r\n");
-            }
-        } else {
-            out.extend_from_slice(b"Connection: close\r\n");
+    if keepalive {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+        if let Some(ka) = loc.core.keepalive.and_then(|k| k.header_secs) {
+            out.extend_from_slice(b"Keep-Alive: timeout=");
+            push_num(out, ka);
+            out.extend_from_slice(b"\r\n");
         }
+    } else {
+        out.extend_from_slice(b"Connection: close\r\n");
     }
     for (n, v) in &resp.headers {
         out.extend_from_slice(n.as_bytes());

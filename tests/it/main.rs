@@ -4,4 +4,5 @@
 
 mod harness;
 
+mod differential;
 mod smoke;

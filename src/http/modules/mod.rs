@@ -8,6 +8,7 @@
 pub mod access_log;
 pub mod autoindex;
 pub mod charset;
+pub mod error_page;
 pub mod gzip;
 pub mod gzip_static;
 pub mod headers;
@@ -21,6 +22,7 @@ pub mod range;
 pub mod rewrite;
 pub mod static_file;
 pub mod stub_status;
+pub mod try_files;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -46,6 +48,8 @@ pub const TABLES: &[&[Spec]] = &[
     open_file_cache::DIRECTIVES,
     range::DIRECTIVES,
     stub_status::DIRECTIVES,
+    try_files::DIRECTIVES,
+    error_page::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -63,6 +67,10 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
 
 /// The content phase: special handlers first, then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
+    match try_files::run(cx).await {
+        Step::Next => {}
+        other => return other,
+    }
     if let Some(step) = stub_status::content(cx) {
         return step;
     }
@@ -118,6 +126,8 @@ pub struct ModLoc {
     pub open_file_cache: open_file_cache::OpenFileCacheLoc,
     pub range: range::RangeLoc,
     pub stub_status: stub_status::StubStatusLoc,
+    pub try_files: try_files::TryFilesLoc,
+    pub error_page: error_page::ErrorPageLoc,
 }
 
 impl ModLoc {
@@ -136,6 +146,8 @@ impl ModLoc {
         self.open_file_cache.merge(&p.open_file_cache);
         self.range.merge(&p.range);
         self.stub_status.merge(&p.stub_status);
+        self.try_files.merge(&p.try_files);
+        self.error_page.merge(&p.error_page);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
@@ -150,30 +162,36 @@ pub struct ModMain {
     pub limit_req: limit_req::LimitReqMain,
 }
 
-/// A block directive inside `server` that a module owns (e.g. `if`).
+/// A block directive inside `server` that a module owns (`if`).
 pub fn srv_block(
     d: &Directive,
-    _cx: &mut Compiler,
-    _hm: &mut HttpMain,
-    _loc: &mut LocConf,
+    cx: &mut Compiler,
+    hm: &mut HttpMain,
+    loc: &mut LocConf,
 ) -> ConfResult<()> {
-    Err(ConfError::at(
-        format!("\"{}\" directive is not supported by tern yet", d.name),
-        d,
-    ))
+    match d.name.as_str() {
+        "if" => rewrite::compile_if(d, cx, hm, loc, true),
+        _ => Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        )),
+    }
 }
 
 /// A block directive inside `location` that a module owns (`if`, `limit_except`).
 pub fn loc_block(
     d: &Directive,
-    _cx: &mut Compiler,
-    _hm: &mut HttpMain,
-    _loc: &mut LocConf,
+    cx: &mut Compiler,
+    hm: &mut HttpMain,
+    loc: &mut LocConf,
 ) -> ConfResult<()> {
-    Err(ConfError::at(
-        format!("\"{}\" directive is not supported by tern yet", d.name),
-        d,
-    ))
+    match d.name.as_str() {
+        "if" => rewrite::compile_if(d, cx, hm, loc, false),
+        _ => Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        )),
+    }
 }
 
 macro_rules! unsupported {
@@ -203,12 +221,11 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "proxy_cache_valid": ctx::HSL, "proxy_set_header": ctx::HSL, "proxy_buffering": ctx::HSL, "proxy_http_version": ctx::HSL,
     "proxy_temp_path": ctx::HSL, "proxy_connect_timeout": ctx::HSL, "proxy_read_timeout": ctx::HSL, "proxy_send_timeout": ctx::HSL,
     "fastcgi_pass": ctx::LOC | ctx::LIF, "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
-    "rewrite": HSL, "set": HSL, "if": ctx::SRV | ctx::LOC, "break": HSL, "rewrite_log": HSL, "uninitialized_variable_warn": HSL,
-    "try_files": ctx::SRV | ctx::LOC, "error_page": HSL, "recursive_error_pages": ctx::HSL, "autoindex": ctx::HSL,
+
+    "autoindex": ctx::HSL,
     "autoindex_exact_size": ctx::HSL, "autoindex_localtime": ctx::HSL, "autoindex_format": ctx::HSL,
     "add_header": HSL, "add_trailer": HSL, "expires": HSL, "etag": ctx::HSL, "if_modified_since": ctx::HSL, "max_ranges": ctx::HSL,
-    "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "absolute_redirect": ctx::HSL, "port_in_redirect": ctx::HSL,
-    "server_name_in_redirect": ctx::HSL, "msie_padding": ctx::HSL, "msie_refresh": ctx::HSL, "log_not_found": ctx::HSL,
+    "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "msie_padding": ctx::HSL, "msie_refresh": ctx::HSL, "log_not_found": ctx::HSL,
     "log_subrequest": ctx::HSL, "postpone_output": ctx::HSL, "chunked_transfer_encoding": ctx::HSL,
     "stub_status": ctx::SRV | ctx::LOC, "ssl_certificate": ctx::HTTP | ctx::SRV, "ssl_certificate_key": ctx::HTTP | ctx::SRV,
     "ssl_protocols": ctx::HTTP | ctx::SRV, "ssl_ciphers": ctx::HTTP | ctx::SRV, "http2": ctx::HTTP | ctx::SRV,

@@ -1,29 +1,370 @@
-//! The rewrite module's `return` (rewrite, set and if come with the static
-//! content work). Runs in the server rewrite phase (server-level
-//! directives) and the location rewrite phase; not inherited, as in nginx.
+//! The rewrite module: `rewrite`, `return`, `set`, `if`, `break`,
+//! `rewrite_log`, `uninitialized_variable_warn`, and the core's redirect
+//! settings (`absolute_redirect`, `port_in_redirect`,
+//! `server_name_in_redirect`).
+//!
+//! Directives compile into a list of [`Op`]s per level (server, location,
+//! `if` block), never inherited, run in order by [`run`] in the server
+//! rewrite phase and the location rewrite phase. An `if` whose condition
+//! holds switches the request to the `if` block's configuration (merged
+//! with its enclosing level after that level is complete, see
+//! [`finish_ifs`]) and runs the block's ops, then execution continues after
+//! the block, as nginx does.
 
-use crate::config::registry::{arg, ctx, Args, Setter, Spec};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use regex::bytes::Regex;
+
+use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
+use crate::core::log::Level;
 use crate::http::conf::LocConf;
+use crate::http::phases::{Ctx, Step};
+use crate::http::response::{Body, Response};
 use crate::http::vars::Template;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flag {
+    /// No flag: go on with the next op, look the location up again at the end.
+    None,
+    Last,
+    Break,
+    Redirect,
+    Permanent,
+}
+
+/// An `if` condition.
+#[derive(Debug, Clone)]
+pub enum Cond {
+    /// `($var)`: true unless empty or "0".
+    Var(Template),
+    Eq {
+        a: Template,
+        b: Template,
+        negate: bool,
+    },
+    Match {
+        a: Template,
+        re: Regex,
+        negate: bool,
+    },
+    /// `-f`, `-d`, `-e`, `-x` with `!`.
+    File {
+        path: Template,
+        test: u8,
+        negate: bool,
+    },
+}
 
 /// One step of the rewrite phase.
 #[derive(Debug, Clone)]
 pub enum Op {
     /// `return CODE [TEXT]` / `return CODE URL` / `return URL`.
-    Return { code: u16, text: Option<Template> },
+    Return {
+        code: u16,
+        text: Option<Template>,
+    },
+    Rewrite {
+        re: Regex,
+        source: String,
+        to: Template,
+        flag: Flag,
+    },
+    Set {
+        var: usize,
+        value: Template,
+    },
+    If {
+        cond: Cond,
+        raw: Box<LocConf>,
+        conf: Option<Arc<LocConf>>,
+    },
+    Break,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct RewriteLoc {
     /// Ops of this level only (never inherited).
     pub ops: Vec<Op>,
+    pub rewrite_log: Option<bool>,
+    pub uninitialized_variable_warn: Option<bool>,
+    pub absolute_redirect: Option<bool>,
+    pub port_in_redirect: Option<bool>,
+    pub server_name_in_redirect: Option<bool>,
 }
 
 impl RewriteLoc {
-    pub fn merge(&mut self, _p: &RewriteLoc) {}
+    pub fn merge(&mut self, p: &RewriteLoc) {
+        crate::http::conf::merge_opts!(self, p; rewrite_log, uninitialized_variable_warn,
+            absolute_redirect, port_in_redirect, server_name_in_redirect);
+    }
 }
+
+/// After a level's configuration is merged: give each `if` block its final
+/// configuration (the block's own settings over the enclosing level's).
+pub fn finish_ifs(l: &mut LocConf) {
+    let mut ops = std::mem::take(&mut l.modules.rewrite.ops);
+    for op in ops.iter_mut() {
+        if let Op::If { raw, conf, .. } = op {
+            let mut c = (**raw).clone();
+            c.merge(l);
+            finish_ifs(&mut c);
+            *conf = Some(Arc::new(c));
+        }
+    }
+    l.modules.rewrite.ops = ops;
+}
+
+/// What running a list of ops ended with.
+enum Flow {
+    Continue,
+    Stop(Step),
+    /// `break`, or `rewrite ... break`: stop the rewrite phase, stay here.
+    Break,
+    /// `rewrite ... last`: stop and look the location up again.
+    Last,
+}
+
+/// Runs a level's ops. Returns `Step::Redirect(uri)` when the location must
+/// be looked up again (a `last` flag, or a changed URI without a flag).
+pub async fn run(cx: &mut Ctx<'_>, ops: &[Op]) -> Step {
+    let before = cx.uri.clone();
+    let flow = Box::pin(run_ops(cx, ops)).await;
+    match flow {
+        Flow::Stop(s) => s,
+        Flow::Last => Step::Redirect(cx.uri.clone()),
+        Flow::Break => Step::Next,
+        Flow::Continue if cx.uri != before => Step::Redirect(cx.uri.clone()),
+        Flow::Continue => Step::Next,
+    }
+}
+
+async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
+    for op in ops {
+        match op {
+            Op::Return { code, text } => {
+                return Flow::Stop(Step::done(ret(cx, *code, text.as_ref())))
+            }
+            Op::Break => return Flow::Break,
+            Op::Set { var, value } => {
+                let v = value.render_vec(&*cx);
+                if let Some(slot) = cx.user_vars.borrow_mut().get_mut(*var) {
+                    *slot = Some(v);
+                }
+            }
+            Op::Rewrite {
+                re,
+                source,
+                to,
+                flag,
+            } => {
+                let uri = cx.uri.clone();
+                let Some(c) = re.captures(&uri) else {
+                    if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
+                        cx.log(
+                            Level::Notice,
+                            &format!(
+                                "\"{}\" does not match \"{}\"",
+                                source,
+                                String::from_utf8_lossy(&uri)
+                            ),
+                        );
+                    }
+                    continue;
+                };
+                cx.captures = (0..c.len())
+                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
+                    .collect();
+                cx.capture_src = uri.clone();
+                if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
+                    cx.log(
+                        Level::Notice,
+                        &format!(
+                            "\"{}\" matches \"{}\"",
+                            source,
+                            String::from_utf8_lossy(&uri)
+                        ),
+                    );
+                }
+                let mut target = to.render_vec(&*cx);
+                let external = target.starts_with(b"http://") || target.starts_with(b"https://");
+                if external || matches!(flag, Flag::Redirect | Flag::Permanent) {
+                    // Redirects keep the original args (after the replacement's
+                    // own), unless the replacement ends with "?".
+                    if target.ends_with(b"?") {
+                        target.pop();
+                    } else if let Some(a) = &cx.args {
+                        target.push(if target.contains(&b'?') { b'&' } else { b'?' });
+                        target.extend_from_slice(a);
+                    }
+                    let code = if *flag == Flag::Permanent { 301 } else { 302 };
+                    let mut r = Response::status(code);
+                    set_location(cx, &mut r, target);
+                    return Flow::Stop(Step::done(r));
+                }
+                // An internal rewrite: split new args off.
+                if let Some(q) = target.iter().position(|&b| b == b'?') {
+                    let mut new_args = target[q + 1..].to_vec();
+                    let keep_old = !new_args.is_empty() || q + 1 < target.len();
+                    target.truncate(q);
+                    if keep_old {
+                        if let Some(a) = &cx.args {
+                            if !new_args.is_empty() {
+                                new_args.push(b'&');
+                            }
+                            new_args.extend_from_slice(a);
+                        }
+                    }
+                    cx.args = if new_args.is_empty() {
+                        None
+                    } else {
+                        Some(new_args)
+                    };
+                }
+                if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
+                    cx.log(
+                        Level::Notice,
+                        &format!(
+                            "rewritten data: \"{}\", args: \"{}\"",
+                            String::from_utf8_lossy(&target),
+                            String::from_utf8_lossy(cx.args.as_deref().unwrap_or(b""))
+                        ),
+                    );
+                }
+                cx.uri = target;
+                match flag {
+                    Flag::Last => return Flow::Last,
+                    Flag::Break => return Flow::Break,
+                    _ => {}
+                }
+            }
+            Op::If { cond, conf, .. } => {
+                if eval(cx, cond).await {
+                    if let Some(c) = conf {
+                        cx.loc = c.clone();
+                        let inner = c.clone();
+                        match Box::pin(run_ops(cx, &inner.modules.rewrite.ops)).await {
+                            Flow::Continue => {}
+                            other => return other,
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Flow::Continue
+}
+
+async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
+    match cond {
+        Cond::Var(t) => {
+            let v = t.render_vec(&*cx);
+            !(v.is_empty() || v == b"0")
+        }
+        Cond::Eq { a, b, negate } => (a.render_vec(&*cx) == b.render_vec(&*cx)) != *negate,
+        Cond::Match { a, re, negate } => {
+            let v = a.render_vec(&*cx);
+            match re.captures(&v) {
+                Some(c) => {
+                    if !negate {
+                        cx.captures = (0..c.len())
+                            .map(|i| c.get(i).map(|m| (m.start(), m.end())))
+                            .collect();
+                        cx.capture_src = v.clone();
+                    }
+                    !negate
+                }
+                None => *negate,
+            }
+        }
+        Cond::File { path, test, negate } => {
+            let p = path.render_vec(&*cx);
+            let policy = cx.io_policy().unwrap_or_default();
+            let m = crate::io::stat(
+                std::path::Path::new(std::ffi::OsStr::from_bytes(&p)),
+                &policy,
+            )
+            .await;
+            let r = match (test, m) {
+                (b'f', Ok(m)) => !m.is_dir,
+                (b'd', Ok(m)) => m.is_dir,
+                (b'e', Ok(_)) => true,
+                (b'x', Ok(m)) => m.mode & 0o111 != 0 && !m.is_dir,
+                _ => false,
+            };
+            r != *negate
+        }
+    }
+}
+
+/// The response of `return`.
+pub fn ret(cx: &Ctx<'_>, code: u16, text: Option<&Template>) -> Response {
+    if code == 444 {
+        let mut r = Response::status(444);
+        r.close_silently = true;
+        return r;
+    }
+    let mut r = Response::status(code);
+    if let Some(t) = text {
+        let v = t.render_vec(cx);
+        if matches!(code, 301 | 302 | 303 | 307 | 308) {
+            set_location(cx, &mut r, v);
+        } else {
+            // nginx types the text by the URI's extension, like a file.
+            r.content_type = Some(super::static_file::content_type(cx, &cx.uri));
+            r.content_length = Some(v.len() as u64);
+            r.body = Body::Bytes(v);
+        }
+    }
+    r
+}
+
+/// Sets a redirect target: a relative one is made absolute and written in
+/// the head's fixed part; an absolute one is an ordinary header.
+pub fn set_location(cx: &Ctx<'_>, r: &mut Response, target: Vec<u8>) {
+    if target.starts_with(b"/") {
+        r.location = Some(absolute_location(cx, target));
+    } else {
+        r.headers.push(("Location".into(), target));
+    }
+}
+
+/// A relative redirect target made absolute as nginx does with
+/// `absolute_redirect on`: scheme, host (Host header, or the server name
+/// with `server_name_in_redirect on`), and the port unless it is 80.
+pub fn absolute_location(cx: &Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
+    let rw = &cx.loc.modules.rewrite;
+    if !v.starts_with(b"/") || !rw.absolute_redirect.unwrap_or(true) {
+        return v;
+    }
+    let mut out = b"http://".to_vec();
+    let primary = cx.server.srv.primary_name.as_deref().unwrap_or("");
+    match &cx.req.host {
+        Some(h) if !rw.server_name_in_redirect.unwrap_or(false) => out.extend_from_slice(h),
+        _ if !primary.is_empty() => out.extend_from_slice(primary.as_bytes()),
+        _ => out.extend_from_slice(
+            cx.conn
+                .local
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default()
+                .as_bytes(),
+        ),
+    }
+    if rw.port_in_redirect.unwrap_or(true) {
+        if let Some(a) = cx.conn.local {
+            if a.port() != 80 {
+                out.push(b':');
+                out.extend_from_slice(a.port().to_string().as_bytes());
+            }
+        }
+    }
+    out.extend_from_slice(&v);
+    out
+}
+
+// ---- directives -----------------------------------------------------------
 
 fn set_return(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let first = arg(d, 0);
@@ -42,15 +383,10 @@ fn set_return(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
             Op::Return { code, text }
         }
         Err(_) => {
-            if d.args.len() == 2 {
-                return Err(ConfError::at(
-                    format!("invalid return code \"{}\"", first),
-                    d,
-                ));
-            }
-            if !(first.starts_with("http://")
-                || first.starts_with("https://")
-                || first.starts_with('$'))
+            if d.args.len() == 2
+                || !(first.starts_with("http://")
+                    || first.starts_with("https://")
+                    || first.starts_with("$scheme"))
             {
                 return Err(ConfError::at(
                     format!("invalid return code \"{}\"", first),
@@ -67,76 +403,226 @@ fn set_return(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     Ok(())
 }
 
-pub const DIRECTIVES: &[Spec] = &[Spec {
-    name: "return",
-    ctx: ctx::SRV | ctx::LOC | ctx::SIF | ctx::LIF,
-    args: Args::take12(),
-    set: Setter::Loc(set_return),
-}];
-
-/// Runs a list of rewrite-phase ops.
-// More ops (rewrite, set, if) come with the rewrite module.
-#[allow(clippy::never_loop)]
-pub fn run(cx: &mut crate::http::phases::Ctx<'_>, ops: &[Op]) -> crate::http::phases::Step {
-    use crate::http::phases::Step;
-    use crate::http::response::{Body, Response};
-    for op in ops {
-        match op {
-            Op::Return { code, text } => {
-                let code = *code;
-                if code == 444 {
-                    let mut r = Response::status(444);
-                    r.close_silently = true;
-                    return Step::done(r);
-                }
-                let mut r = Response::status(code);
-                if let Some(t) = text {
-                    let v = t.render_vec(&*cx);
-                    if matches!(code, 301 | 302 | 303 | 307 | 308) {
-                        r.location = Some(absolute_location(cx, v));
-                    } else {
-                        r.content_type = Some(
-                            cx.loc
-                                .core
-                                .default_type
-                                .clone()
-                                .unwrap_or_else(|| "text/plain".into()),
-                        );
-                        r.content_length = Some(v.len() as u64);
-                        r.body = Body::Bytes(v);
-                    }
-                }
-                return Step::done(r);
-            }
-        }
-    }
-    Step::Next
+fn set_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let source = arg(d, 0).to_string();
+    let re = compile_regex(d, &source, false)?;
+    let flag = match d.args.get(2).map(|a| a.value.as_str()) {
+        None => Flag::None,
+        Some("last") => Flag::Last,
+        Some("break") => Flag::Break,
+        Some("redirect") => Flag::Redirect,
+        Some("permanent") => Flag::Permanent,
+        Some(v) => return Err(ConfError::at(format!("invalid parameter \"{}\"", v), d)),
+    };
+    let to = cx.template(arg(d, 1), d)?;
+    l.modules.rewrite.ops.push(Op::Rewrite {
+        re,
+        source,
+        to,
+        flag,
+    });
+    Ok(())
 }
 
-/// A relative redirect target made absolute as nginx does with
-/// `absolute_redirect on`: scheme, Host (or server name) and port.
-pub fn absolute_location(cx: &crate::http::phases::Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
-    if !v.starts_with(b"/") {
-        return v;
+fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let name = arg(d, 0);
+    let Some(name) = name.strip_prefix('$') else {
+        return Err(ConfError::at(
+            format!("invalid variable name \"{}\"", name),
+            d,
+        ));
+    };
+    if crate::http::vars::VarTable::default()
+        .lookup(name)
+        .is_some()
+        && !name.starts_with("arg_")
+    {
+        return Err(ConfError::at(
+            format!("the duplicate \"{}\" variable", name),
+            d,
+        ));
     }
-    let mut out = b"http://".to_vec();
-    match &cx.req.host {
-        Some(h) => out.extend_from_slice(h),
-        None => out.extend_from_slice(
-            cx.server
-                .srv
-                .primary_name
-                .as_deref()
-                .unwrap_or("")
-                .as_bytes(),
-        ),
+    let var = cx.vars.define(name);
+    let value = cx.template(arg(d, 1), d)?;
+    l.modules.rewrite.ops.push(Op::Set { var, value });
+    Ok(())
+}
+
+fn set_break(l: &mut LocConf, _d: &Directive, _cx: &mut Compiler) -> ConfResult<()> {
+    l.modules.rewrite.ops.push(Op::Break);
+    Ok(())
+}
+
+macro_rules! flag_setter {
+    ($f:ident, $field:ident) => {
+        fn $f(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+            let v = flag(d)?;
+            set_once(&mut l.modules.rewrite.$field, v, d)
+        }
+    };
+}
+flag_setter!(set_rewrite_log, rewrite_log);
+flag_setter!(set_uninit_warn, uninitialized_variable_warn);
+flag_setter!(set_absolute_redirect, absolute_redirect);
+flag_setter!(set_port_in_redirect, port_in_redirect);
+flag_setter!(set_server_name_in_redirect, server_name_in_redirect);
+
+fn compile_regex(d: &Directive, r: &str, caseless: bool) -> ConfResult<Regex> {
+    regex::bytes::RegexBuilder::new(r)
+        .case_insensitive(caseless)
+        .build()
+        .map_err(|e| {
+            let msg = e.to_string();
+            let last = msg.lines().last().unwrap_or("").trim().to_string();
+            ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", last, r), d)
+        })
+}
+
+/// Parses an `if (...)` condition from the directive's arguments.
+fn parse_cond(d: &Directive, cx: &mut Compiler) -> ConfResult<Cond> {
+    let mut args: Vec<String> = d.args.iter().map(|a| a.value.clone()).collect();
+    let bad = || {
+        ConfError::at(
+            format!(
+                "invalid condition \"{}\"",
+                d.args
+                    .iter()
+                    .map(|a| a.value.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            d,
+        )
+    };
+    match args.first_mut() {
+        Some(f) if f.starts_with('(') => {
+            f.remove(0);
+        }
+        _ => return Err(bad()),
     }
-    if let Some(a) = cx.conn.local {
-        if a.port() != 80 {
-            out.push(b':');
-            out.extend_from_slice(a.port().to_string().as_bytes());
+    match args.last_mut() {
+        Some(l) if l.ends_with(')') => {
+            l.pop();
+        }
+        _ => return Err(bad()),
+    }
+    args.retain(|a| !a.is_empty());
+    match args.as_slice() {
+        [v] if v.starts_with('$') => Ok(Cond::Var(cx.template(v, d)?)),
+        [a, op, b] if op == "=" || op == "!=" => Ok(Cond::Eq {
+            a: cx.template(a, d)?,
+            b: cx.template(b, d)?,
+            negate: op == "!=",
+        }),
+        [a, op, r] if matches!(op.as_str(), "~" | "~*" | "!~" | "!~*") => Ok(Cond::Match {
+            a: cx.template(a, d)?,
+            re: compile_regex(d, r, op.ends_with('*'))?,
+            negate: op.starts_with('!'),
+        }),
+        [op, p]
+            if matches!(
+                op.as_str(),
+                "-f" | "-d" | "-e" | "-x" | "!-f" | "!-d" | "!-e" | "!-x"
+            ) =>
+        {
+            Ok(Cond::File {
+                path: cx.template(p, d)?,
+                test: op.as_bytes()[op.len() - 1],
+                negate: op.starts_with('!'),
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Compiles an `if` block (server or location level).
+pub fn compile_if(
+    d: &Directive,
+    cx: &mut Compiler,
+    hm: &mut crate::http::conf::HttpMain,
+    parent: &mut LocConf,
+    in_server: bool,
+) -> ConfResult<()> {
+    let cond = parse_cond(d, cx)?;
+    let mut raw = LocConf::default();
+    let here = if in_server { ctx::SIF } else { ctx::LIF };
+    for k in d.block.as_deref().unwrap_or(&[]) {
+        let spec = crate::core::conf::lookup(k, here)?;
+        match spec.set {
+            Setter::Block if k.name == "if" => compile_if(k, cx, hm, &mut raw, in_server)?,
+            _ => crate::http::conf::apply(cx, hm, None, &mut raw, k, &spec)?,
         }
     }
-    out.extend_from_slice(&v);
-    out
+    parent.modules.rewrite.ops.push(Op::If {
+        cond,
+        raw: Box::new(raw),
+        conf: None,
+    });
+    Ok(())
 }
+
+const RW: u32 = ctx::SRV | ctx::LOC | ctx::SIF | ctx::LIF;
+const HSLI: u32 = ctx::HSL | ctx::SIF | ctx::LIF;
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "return",
+        ctx: RW,
+        args: Args::take12(),
+        set: Setter::Loc(set_return),
+    },
+    Spec {
+        name: "rewrite",
+        ctx: RW,
+        args: Args::take23(),
+        set: Setter::Loc(set_rewrite),
+    },
+    Spec {
+        name: "set",
+        ctx: RW,
+        args: Args::take(2),
+        set: Setter::Loc(set_set),
+    },
+    Spec {
+        name: "break",
+        ctx: RW,
+        args: Args::take(0),
+        set: Setter::Loc(set_break),
+    },
+    Spec {
+        name: "if",
+        ctx: ctx::SRV | ctx::LOC | ctx::SIF | ctx::LIF,
+        args: Args::AtLeast(1),
+        set: Setter::Block,
+    },
+    Spec {
+        name: "rewrite_log",
+        ctx: HSLI,
+        args: Args::Flag,
+        set: Setter::Loc(set_rewrite_log),
+    },
+    Spec {
+        name: "uninitialized_variable_warn",
+        ctx: HSLI,
+        args: Args::Flag,
+        set: Setter::Loc(set_uninit_warn),
+    },
+    Spec {
+        name: "absolute_redirect",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_absolute_redirect),
+    },
+    Spec {
+        name: "port_in_redirect",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_port_in_redirect),
+    },
+    Spec {
+        name: "server_name_in_redirect",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_server_name_in_redirect),
+    },
+];

@@ -12,7 +12,7 @@ use crate::http::request::Method;
 use crate::http::response::{Body, Response};
 
 pub async fn handle(cx: &mut Ctx<'_>) -> Step {
-    let method = cx.req.method;
+    let method = cx.method;
     if !matches!(method, Method::Get | Method::Head | Method::Post) {
         return Step::done(Response::status(405));
     }

@@ -1,0 +1,396 @@
+//! Side by side with nginx: the same configuration and files served by
+//! the real nginx and by tern, the same corpus of requests sent to both,
+//! responses compared byte for byte after normalising what legitimately
+//! differs (Date, the Server header, the server name in error-page tails
+//! and the Content-Length that follows from it, listening ports).
+//!
+//! Skipped (with a message) when nginx is not installed; `.ci/run`
+//! installs it.
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+
+use crate::harness::*;
+
+const NGINX: &str = "/usr/sbin/nginx";
+
+const CONF: &str = r#"
+worker_processes 1;
+events {}
+http {
+    types { text/html html; text/plain txt; text/css css; image/png png; application/json json; }
+    default_type application/octet-stream;
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name main.test;
+        root html;
+        location = /exact { return 200 "exact\n"; }
+        location ^~ /static/ { root html; }
+        location ~ \.php$ { return 403; }
+        location ~* \.(PNG|gif)$ { return 200 "img $uri\n"; }
+        location /nested/ {
+            location ~ /nested/deep/ { return 200 "deep $uri\n"; }
+            return 200 "nested $uri\n";
+        }
+        location /ret/ {
+            location /ret/301 { return 301 /target; }
+            location /ret/302 { return 302 http://example.com/x; }
+            location /ret/307 { return 307 /t?a=1; }
+            location /ret/404 { return 404; }
+            location /ret/text { return 418 "teapot $request_method $args\n"; }
+            location /ret/444 { return 444; }
+            location /ret/500 { return 500; }
+            location /ret/503 { return 503; }
+        }
+        location /rw/ {
+            rewrite ^/rw/last/(.*)$ /exact last;
+            rewrite ^/rw/break/(.*)$ /files/$1 break;
+            rewrite ^/rw/perm/(.*)$ /new/$1 permanent;
+            rewrite ^/rw/redir/(.*)$ /new/$1?x=y redirect;
+            rewrite ^/rw/ext$ http://other.test/ext;
+            rewrite ^/rw/args$ /echoargs?z=1;
+            rewrite ^/rw/noargs$ /echoargs? last;
+            return 200 "rw fell through $uri\n";
+        }
+        location /echoargs { return 200 "args=$args is_args=$is_args uri=$uri\n"; }
+        location /files/ { root html; }
+        location /set/ {
+            set $a "alpha";
+            set $b "$a-beta";
+            if ($arg_x = "1") { return 200 "x is one $b\n"; }
+            if ($arg_x ~ ^(\d+)-(\d+)$) { return 200 "range $1 to $2\n"; }
+            if ($http_x_test) { return 200 "header $http_x_test\n"; }
+            if (-f $request_filename) { return 200 "file exists\n"; }
+            if (!-e $request_filename) { return 200 "no such $uri\n"; }
+            return 200 "set $a $b\n";
+        }
+        location /try/ {
+            try_files $uri $uri/ /try/fallback.txt;
+        }
+        location /try2/ { try_files $uri =404; }
+        location /try3/ { try_files $uri @named; }
+        location @named { return 200 "named $uri\n"; }
+        location /ep/ {
+            error_page 404 /errors/404.html;
+            error_page 500 502 =200 /errors/ok.txt;
+            error_page 403 = @named;
+            error_page 410 http://example.com/gone;
+            error_page 418 =301 http://example.com/teapot;
+            location /ep/500 { return 500; }
+            location /ep/403 { return 403; }
+            location /ep/410 { return 410; }
+            location /ep/418 { return 418; }
+        }
+        location /errors/ { internal; }
+        location /alias/ { alias html/files/; }
+        location ~ ^/ralias/(.*)$ { alias html/files/$1; }
+        location /vars {
+            return 200 "uri=$uri request_uri=$request_uri args=$args host=$host method=$request_method proto=$server_protocol server=$server_name scheme=$scheme arg_a=$arg_a cookie_c=$cookie_c http_ua=$http_user_agent\n";
+        }
+        location /idx/ { index none.html other.html; }
+        location /multi { index a.html; }
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name *.wild.test;
+        return 200 "wild $host\n";
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name trail.*;
+        return 200 "trail $host\n";
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name ~^(?<sub>[a-z]+)\.re\.test$;
+        return 200 "regex $host\n";
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name "" empty.test;
+        return 200 "empty-or-named $host\n";
+    }
+}
+"#;
+
+fn files(p: &Prefix) {
+    p.write("html/index.html", "<h1>index</h1>\n");
+    p.write("html/a.txt", "plain text\n");
+    p.write("html/style.css", "body{}\n");
+    p.write("html/pic.png", [137u8, 80, 78, 71, 1, 2, 3]);
+    p.write("html/static/s.txt", "static\n");
+    p.write("html/static/x.php", "php source\n");
+    p.write("html/files/f.txt", "files f\n");
+    p.write("html/files/sub/index.html", "sub index\n");
+    p.write("html/try/real.txt", "try real\n");
+    p.write("html/try/fallback.txt", "fallback\n");
+    p.write("html/try/dir/index.html", "try dir index\n");
+    p.write("html/try2/here.txt", "try2 here\n");
+    p.write("html/errors/404.html", "custom 404\n");
+    p.write("html/errors/ok.txt", "ok page\n");
+    p.write("html/set/present", "present\n");
+    p.write("html/idx/other.html", "other index\n");
+    p.write("html/dir/index.html", "dir index\n");
+    p.write("html/emptydir/.keep", "");
+    p.write("html/nested/file", "nested file\n");
+    p.write("html/multi/a.html", "multi a\n");
+    p.write("html/sp ace.txt", "space\n");
+    p.write("html/b.json", "{}\n");
+}
+
+fn corpus() -> Vec<String> {
+    let mut reqs = Vec::new();
+    let paths = [
+        "/",
+        "/index.html",
+        "/a.txt",
+        "/style.css",
+        "/pic.png",
+        "/missing",
+        "/dir",
+        "/dir/",
+        "/emptydir/",
+        "/static/s.txt",
+        "/static/x.php",
+        "/x.php",
+        "/PIC.PNG",
+        "/pic.PNG",
+        "/exact",
+        "/exact/",
+        "/exactx",
+        "/nested/",
+        "/nested/file",
+        "/nested/deep/x",
+        "/ret/301",
+        "/ret/302",
+        "/ret/307",
+        "/ret/404",
+        "/ret/text?q=1",
+        "/ret/500",
+        "/ret/503",
+        "/rw/last/a",
+        "/rw/break/f.txt",
+        "/rw/perm/a?k=v",
+        "/rw/redir/b?k=v",
+        "/rw/ext",
+        "/rw/args?orig=1",
+        "/rw/noargs?orig=1",
+        "/rw/other",
+        "/echoargs?a=1&b=2",
+        "/set/",
+        "/set/?x=1",
+        "/set/?x=12-34",
+        "/set/present",
+        "/set/absent",
+        "/try/real.txt",
+        "/try/dir",
+        "/try/nothing",
+        "/try2/here.txt",
+        "/try2/nothing",
+        "/try3/nothing",
+        "/ep/nothing",
+        "/ep/500",
+        "/ep/403",
+        "/ep/410",
+        "/ep/418",
+        "/errors/404.html",
+        "/alias/f.txt",
+        "/alias/sub/",
+        "/alias/none",
+        "/ralias/f.txt",
+        "/vars?a=b",
+        "/idx/",
+        "/multi/",
+        "/sp%20ace.txt",
+        "/b.json",
+        "/a.txt?x=1",
+        "/%61.txt",
+        "/./a.txt",
+        "/x/../a.txt",
+        "/../a.txt",
+        "//a.txt",
+        "/dir//index.html",
+        "/nested/../a.txt",
+        "/a.txt%00",
+        "/%zz",
+        "/files/sub",
+        "/files/sub/",
+        "/files/sub/index.html",
+    ];
+    let hosts = [
+        "main.test",
+        "a.wild.test",
+        "trail.zzz",
+        "abc.re.test",
+        "empty.test",
+        "unknown.test",
+    ];
+    for p in paths {
+        reqs.push(format!(
+            "GET {} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n",
+            p
+        ));
+        reqs.push(format!("HEAD {} HTTP/1.0\r\n\r\n", p));
+    }
+    for p in ["/", "/a.txt", "/missing", "/dir", "/ret/404", "/exact"] {
+        reqs.push(format!(
+            "HEAD {} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n",
+            p
+        ));
+        reqs.push(format!(
+            "POST {} HTTP/1.1\r\nHost: main.test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            p
+        ));
+        reqs.push(format!(
+            "DELETE {} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n",
+            p
+        ));
+        reqs.push(format!("GET {} HTTP/1.0\r\n\r\n", p));
+        reqs.push(format!(
+            "GET {} HTTP/1.0\r\nConnection: keep-alive\r\nHost: main.test\r\n\r\n",
+            p
+        ));
+    }
+    for h in hosts {
+        for p in ["/", "/vars", "/exact"] {
+            reqs.push(format!(
+                "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                p, h
+            ));
+        }
+    }
+    reqs.push("GET / HTTP/1.1\r\nConnection: close\r\n\r\n".into());
+    reqs.push("GET /vars HTTP/1.1\r\nHost: MAIN.test.\r\nConnection: close\r\nCookie: a=1; c=see\r\nUser-Agent: ua/1\r\n\r\n".into());
+    reqs.push(
+        "GET /set/ HTTP/1.1\r\nHost: main.test\r\nX-Test: hdr\r\nConnection: close\r\n\r\n".into(),
+    );
+    reqs.push(
+        "GET http://abc.re.test/ HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".into(),
+    );
+    reqs.push("GET /ep/500 HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".into());
+    reqs.push("POST /ep/nothing HTTP/1.1\r\nHost: main.test\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc".into());
+    reqs.push("GET / HTTP/1.1\r\nHost: main.test\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".into());
+    reqs.push("GET / HTTP/1.1\r\nHost: main.test\r\nTransfer-Encoding: gzip\r\n\r\n".into());
+    reqs.push(
+        "GET / HTTP/1.1\r\nHost: main.test\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx"
+            .into(),
+    );
+    reqs.push("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".into());
+    reqs.push("GET /a.txt HTTP/1.1\r\nHost: main.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n".into());
+    reqs.push("GET /a.txt HTTP/1.1\r\nHost: main.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n".into());
+    reqs.push("GARBAGE\r\n\r\n".into());
+    reqs.push("GET / HTTP/2.0\r\nHost: main.test\r\n\r\n".into());
+    reqs.push("GET /a.txt HTTP/1.1\r\nHost: bad/host\r\nConnection: close\r\n\r\n".into());
+    reqs.push("get / HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".into());
+    reqs.push("GET noslash HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".into());
+    // Pipelined pairs.
+    reqs.push("GET /a.txt HTTP/1.1\r\nHost: main.test\r\n\r\nGET /exact HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".into());
+    reqs
+}
+
+fn start_nginx(p: &Prefix, port: u16) -> Option<Child> {
+    let conf = p.write("conf/nginx.conf", conf_text(CONF, port));
+    let child = Command::new(NGINX)
+        .arg("-p")
+        .arg(format!("{}/", p.dir.display()))
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(p.path("logs/error.log"))
+        .args([
+            "-g",
+            &format!("daemon off; pid {}/logs/nginx.pid;", p.dir.display()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    eventually(10, "nginx listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    Some(child)
+}
+
+/// What may differ between the two servers, normalised away.
+fn normalize(raw: &[u8], port: u16) -> String {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let text = text.replace(&format!(":{}", port), ":PORT");
+    let mut out = Vec::new();
+    // Normalise each response's head and the error page tails.
+    for line in text.split("\r\n") {
+        if line.starts_with("Date: ") {
+            out.push("Date: X".to_string());
+        } else if line.starts_with("Server: ") {
+            out.push("Server: X".to_string());
+        } else if line.starts_with("Content-Length: ") {
+            out.push("Content-Length: N".to_string());
+        } else {
+            out.push(
+                line.replace(
+                    "<hr><center>nginx/1.22.1</center>",
+                    "<hr><center>SERVER</center>",
+                )
+                .replace("<hr><center>nginx</center>", "<hr><center>SERVER</center>")
+                .replace(
+                    "<hr><center>tern/0.1.0</center>",
+                    "<hr><center>SERVER</center>",
+                )
+                .replace("<hr><center>tern</center>", "<hr><center>SERVER</center>"),
+            );
+        }
+    }
+    out.join("\r\n")
+}
+
+#[test]
+fn same_bytes_as_nginx() {
+    if !std::path::Path::new(NGINX).exists() {
+        eprintln!(
+            "skipped: {} not installed (.ci/run installs nginx-light)",
+            NGINX
+        );
+        return;
+    }
+    let pn = Prefix::new();
+    files(&pn);
+    let nport = free_port();
+    let Some(mut nginx) = start_nginx(&pn, nport) else {
+        panic!("nginx did not start");
+    };
+    let pt = Prefix::new();
+    files(&pt);
+    let tern = Server::start_in(pt, CONF);
+    let reqs = corpus();
+    assert!(reqs.len() >= 200, "corpus has {} requests", reqs.len());
+    let mut diffs = Vec::new();
+    for r in &reqs {
+        let a = normalize(&raw(nport, r.as_bytes()), nport);
+        let b = normalize(&tern.raw(r.as_bytes()), tern.port);
+        if a != b {
+            diffs.push(format!(
+                "=== request {:?}\n--- nginx\n{}\n--- tern\n{}\n",
+                r, a, b
+            ));
+        }
+    }
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+    if !diffs.is_empty() {
+        let mut f = std::fs::File::create(std::env::temp_dir().join("tern-differential.txt"))
+            .expect("report");
+        for d in &diffs {
+            let _ = f.write_all(d.as_bytes());
+        }
+        panic!(
+            "{} of {} responses differ from nginx:\n{}",
+            diffs.len(),
+            reqs.len(),
+            diffs.iter().take(8).cloned().collect::<String>()
+        );
+    }
+    eprintln!(
+        "{} requests, all identical to nginx after normalisation",
+        reqs.len()
+    );
+}
