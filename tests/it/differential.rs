@@ -89,6 +89,11 @@ http {
         }
         location /idx/ { index none.html other.html; }
         location /multi { index a.html; }
+        location /le/ { limit_except GET { deny all; } }
+        location /deny/ { deny 127.0.0.1; }
+        location /allow/ { allow 10.0.0.0/8; allow 127.0.0.0/8; deny all; }
+        location /sym/ { disable_symlinks on; }
+        location /nolog/ { log_not_found off; }
     }
     server {
         listen 127.0.0.1:@PORT@;
@@ -136,6 +141,13 @@ fn files(p: &Prefix) {
     p.write("html/multi/a.html", "multi a\n");
     p.write("html/sp ace.txt", "space\n");
     p.write("html/b.json", "{}\n");
+    p.write("html/le/f.txt", "le\n");
+    p.write("html/deny/f.txt", "deny\n");
+    p.write("html/allow/f.txt", "allow\n");
+    p.write("html/sym/real.txt", "real\n");
+    let _ = std::os::unix::fs::symlink("../a.txt", p.path("html/sym/link.txt"));
+    let _ = std::fs::create_dir_all(p.path("html/symdir"));
+    let _ = std::os::unix::fs::symlink("../sym", p.path("html/sym/dirlink"));
 }
 
 fn corpus() -> Vec<String> {
@@ -232,7 +244,15 @@ fn corpus() -> Vec<String> {
         ));
         reqs.push(format!("HEAD {} HTTP/1.0\r\n\r\n", p));
     }
-    for p in ["/", "/a.txt", "/missing", "/dir", "/ret/404", "/exact"] {
+    for p in [
+        "/",
+        "/a.txt",
+        "/missing",
+        "/dir",
+        "/ret/404",
+        "/exact",
+        "/le/f.txt",
+    ] {
         reqs.push(format!(
             "HEAD {} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n",
             p

@@ -5,6 +5,7 @@
 //! location lookup, location rewrite, access, content, then output filters
 //! and logging.
 
+pub mod access;
 pub mod access_log;
 pub mod autoindex;
 pub mod charset;
@@ -34,6 +35,8 @@ use crate::http::phases::{AccessFn, Ctx, HeaderFilter, Step};
 /// name shadows its placeholder.
 pub const TABLES: &[&[Spec]] = &[
     index::DIRECTIVES,
+    static_file::DIRECTIVES,
+    access::DIRECTIVES,
     rewrite::DIRECTIVES,
     access_log::DIRECTIVES,
     autoindex::DIRECTIVES,
@@ -54,7 +57,7 @@ pub const TABLES: &[&[Spec]] = &[
 ];
 
 /// Access-phase handlers in order.
-pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
+pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access, access::access];
 
 /// Header filters in execution order (as nginx runs them).
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
@@ -127,6 +130,8 @@ pub struct ModLoc {
     pub range: range::RangeLoc,
     pub stub_status: stub_status::StubStatusLoc,
     pub try_files: try_files::TryFilesLoc,
+    pub access: access::AccessLoc,
+    pub static_file: static_file::StaticLoc,
     pub error_page: error_page::ErrorPageLoc,
 }
 
@@ -147,6 +152,8 @@ impl ModLoc {
         self.range.merge(&p.range);
         self.stub_status.merge(&p.stub_status);
         self.try_files.merge(&p.try_files);
+        self.access.merge(&p.access);
+        self.static_file.merge(&p.static_file);
         self.error_page.merge(&p.error_page);
     }
     pub fn defaults(&mut self) {
@@ -187,6 +194,7 @@ pub fn loc_block(
 ) -> ConfResult<()> {
     match d.name.as_str() {
         "if" => rewrite::compile_if(d, cx, hm, loc, false),
+        "limit_except" => access::compile_limit_except(d, cx, hm, loc),
         _ => Err(ConfError::at(
             format!("\"{}\" directive is not supported by tern yet", d.name),
             d,

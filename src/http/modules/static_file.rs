@@ -138,9 +138,12 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
 pub fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
     let code = match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => 404,
-        Some(libc::EACCES) | Some(libc::EPERM) => 403,
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::ELOOP) => 403,
         _ => 500,
     };
+    if code == 404 && !cx.loc.modules.static_file.log_not_found.unwrap_or(true) {
+        return Response::status(code);
+    }
     let level = if code == 500 {
         Level::Crit
     } else {
@@ -176,3 +179,128 @@ pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
         .clone()
         .unwrap_or_else(|| "text/plain".into())
 }
+
+/// `disable_symlinks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Symlinks {
+    Off,
+    On,
+    IfNotOwner,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct StaticLoc {
+    pub log_not_found: Option<bool>,
+    pub disable_symlinks: Option<(Symlinks, Option<crate::http::vars::Template>)>,
+}
+
+impl StaticLoc {
+    pub fn merge(&mut self, p: &StaticLoc) {
+        crate::http::conf::merge_opts!(self, p; log_not_found, disable_symlinks);
+    }
+}
+
+/// With `disable_symlinks on|if_not_owner`: refuses a path any of whose
+/// components (after the `from=` part) is a symbolic link (owned by
+/// someone else than its target, for if_not_owner), as nginx does with
+/// O_NOFOLLOW opens. Runs the lstat calls through the file-I/O layer.
+pub async fn symlink_check(
+    cx: &Ctx<'_>,
+    path: &[u8],
+    policy: &crate::io::Policy,
+) -> Result<(), io::Error> {
+    let Some((mode, from)) = &cx.loc.modules.static_file.disable_symlinks else {
+        return Ok(());
+    };
+    if *mode == Symlinks::Off {
+        return Ok(());
+    }
+    let skip = from
+        .as_ref()
+        .map(|t| t.render_vec(cx))
+        .filter(|f| path.starts_with(f))
+        .map_or(0, |f| f.len());
+    let mut end = skip;
+    while end < path.len() {
+        let next = path[end + 1..]
+            .iter()
+            .position(|&c| c == b'/')
+            .map_or(path.len(), |p| end + 1 + p);
+        let part = &path[..next];
+        end = next;
+        if part.is_empty() || part == b"/" {
+            continue;
+        }
+        let p = Path::new(std::ffi::OsStr::from_bytes(part));
+        let m = match crate::io::lstat(p, policy).await {
+            Ok(m) => m,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if m.is_symlink {
+            if *mode == Symlinks::IfNotOwner {
+                if let Ok(t) = crate::io::stat(p, policy).await {
+                    if t.uid == m.uid {
+                        continue;
+                    }
+                }
+            }
+            return Err(io::Error::from_raw_os_error(libc::ELOOP));
+        }
+    }
+    Ok(())
+}
+
+fn set_log_not_found(
+    l: &mut crate::http::conf::LocConf,
+    d: &crate::config::Directive,
+    _: &mut crate::core::conf::Compiler,
+) -> crate::config::ConfResult<()> {
+    let v = crate::config::registry::flag(d)?;
+    crate::config::registry::set_once(&mut l.modules.static_file.log_not_found, v, d)
+}
+
+fn set_disable_symlinks(
+    l: &mut crate::http::conf::LocConf,
+    d: &crate::config::Directive,
+    cx: &mut crate::core::conf::Compiler,
+) -> crate::config::ConfResult<()> {
+    use crate::config::ConfError;
+    let mode = match crate::config::registry::arg(d, 0) {
+        "off" => Symlinks::Off,
+        "on" => Symlinks::On,
+        "if_not_owner" => Symlinks::IfNotOwner,
+        v => return Err(ConfError::at(format!("invalid value \"{}\"", v), d)),
+    };
+    let mut from = None;
+    for a in d.args.iter().skip(1) {
+        match a.value.strip_prefix("from=") {
+            Some(f) if mode != Symlinks::Off => from = Some(cx.template(f, d)?),
+            _ => {
+                return Err(ConfError::at(
+                    format!("invalid parameter \"{}\"", a.value),
+                    d,
+                ))
+            }
+        }
+    }
+    crate::config::registry::set_once(&mut l.modules.static_file.disable_symlinks, (mode, from), d)
+}
+
+pub const DIRECTIVES: &[crate::config::registry::Spec] = {
+    use crate::config::registry::{ctx, Args, Setter, Spec};
+    &[
+        Spec {
+            name: "log_not_found",
+            ctx: ctx::HSL,
+            args: Args::Flag,
+            set: Setter::Loc(set_log_not_found),
+        },
+        Spec {
+            name: "disable_symlinks",
+            ctx: ctx::HSL,
+            args: Args::take12(),
+            set: Setter::Loc(set_disable_symlinks),
+        },
+    ]
+};

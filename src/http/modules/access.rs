@@ -1,0 +1,228 @@
+//! `allow`, `deny` and `limit_except`: the access phase's address rules.
+//!
+//! Rules are checked in order and the first match decides; no match
+//! allows. `limit_except METHODS { ... }` holds rules (and other settings)
+//! that apply to every method not listed (GET implies HEAD), as nginx's
+//! limit_except configuration does.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::config::registry::{arg, ctx, Args, Setter, Spec};
+use crate::config::{ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::core::log::Level;
+use crate::http::conf::{HttpMain, LocConf};
+use crate::http::phases::{Ctx, Step};
+use crate::http::request::Method;
+use crate::http::response::Response;
+
+#[derive(Debug, Clone)]
+pub enum Addr {
+    All,
+    Unix,
+    Net { addr: IpAddr, prefix: u8 },
+}
+
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub allow: bool,
+    pub addr: Addr,
+}
+
+#[derive(Debug, Clone)]
+pub struct LimitExcept {
+    /// Methods (uppercase names) that are *not* limited.
+    pub methods: Vec<String>,
+    pub conf: Arc<LocConf>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AccessLoc {
+    pub rules: Option<Vec<Rule>>,
+    /// Not inherited by nested locations (per location, as in nginx).
+    pub limit_except: Option<Arc<LimitExcept>>,
+}
+
+impl AccessLoc {
+    pub fn merge(&mut self, p: &AccessLoc) {
+        if self.rules.is_none() {
+            self.rules = p.rules.clone();
+        }
+    }
+}
+
+fn matches(addr: &Addr, peer: Option<IpAddr>) -> bool {
+    match (addr, peer) {
+        (Addr::All, _) => true,
+        (Addr::Unix, None) => true,
+        (Addr::Net { addr, prefix }, Some(ip)) => match (addr, ip) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                let mask = if *prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - *prefix as u32)
+                };
+                u32::from(*a) & mask == u32::from(b) & mask
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => {
+                let mask = if *prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - *prefix as u32)
+                };
+                u128::from(*a) & mask == u128::from(b) & mask
+            }
+            (IpAddr::V4(a), IpAddr::V6(b)) => b.to_ipv4_mapped().is_some_and(|b| {
+                let mask = if *prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - *prefix as u32)
+                };
+                u32::from(*a) & mask == u32::from(b) & mask
+            }),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The access-phase handler.
+pub fn access(cx: &mut Ctx<'_>) -> Step {
+    if let Some(le) = cx.loc.modules.access.limit_except.clone() {
+        let m = cx.req.method_raw.as_str();
+        let listed = le
+            .methods
+            .iter()
+            .any(|x| x == m || (x == "GET" && cx.method == Method::Head));
+        if !listed {
+            if let Some(step) = check(cx, le.conf.modules.access.rules.as_deref()) {
+                return step;
+            }
+        }
+    }
+    let rules = cx.loc.modules.access.rules.clone();
+    check(cx, rules.as_deref()).unwrap_or(Step::Next)
+}
+
+fn check(cx: &Ctx<'_>, rules: Option<&[Rule]>) -> Option<Step> {
+    let peer = cx.conn.remote.map(|a| a.ip());
+    for r in rules? {
+        if matches(&r.addr, peer) {
+            if r.allow {
+                return None;
+            }
+            cx.log(Level::Error, "access forbidden by rule");
+            return Some(Step::done(Response::status(403)));
+        }
+    }
+    None
+}
+
+fn parse_addr(d: &Directive) -> ConfResult<Addr> {
+    let v = arg(d, 0);
+    if v == "all" {
+        return Ok(Addr::All);
+    }
+    if v == "unix:" {
+        return Ok(Addr::Unix);
+    }
+    let (a, p) = match v.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (v, None),
+    };
+    let addr: IpAddr = a
+        .parse()
+        .map_err(|_| ConfError::at(format!("invalid parameter \"{}\"", v), d))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match p {
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| ConfError::at(format!("invalid parameter \"{}\"", v), d))?,
+        None => max,
+    };
+    Ok(Addr::Net { addr, prefix })
+}
+
+fn set_rule(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let addr = parse_addr(d)?;
+    l.modules
+        .access
+        .rules
+        .get_or_insert_with(Vec::new)
+        .push(Rule {
+            allow: d.name == "allow",
+            addr,
+        });
+    Ok(())
+}
+
+const METHODS: &[&str] = &[
+    "GET",
+    "HEAD",
+    "POST",
+    "PUT",
+    "DELETE",
+    "MKCOL",
+    "COPY",
+    "MOVE",
+    "OPTIONS",
+    "PROPFIND",
+    "PROPPATCH",
+    "LOCK",
+    "UNLOCK",
+    "PATCH",
+];
+
+/// Compiles `limit_except METHOD... { ... }` inside a location.
+pub fn compile_limit_except(
+    d: &Directive,
+    cx: &mut Compiler,
+    hm: &mut HttpMain,
+    parent: &mut LocConf,
+) -> ConfResult<()> {
+    if parent.modules.access.limit_except.is_some() {
+        return Err(ConfError::at("\"limit_except\" directive is duplicate", d));
+    }
+    let mut methods = Vec::new();
+    for a in &d.args {
+        let m = a.value.to_ascii_uppercase();
+        if !METHODS.contains(&m.as_str()) || a.value != m {
+            return Err(ConfError::at(format!("invalid method \"{}\"", a.value), d));
+        }
+        methods.push(m);
+    }
+    let mut raw = LocConf::default();
+    for k in d.block.as_deref().unwrap_or(&[]) {
+        let spec = crate::core::conf::lookup(k, ctx::LMT)?;
+        crate::http::conf::apply(cx, hm, None, &mut raw, k, &spec)?;
+    }
+    parent.modules.access.limit_except = Some(Arc::new(LimitExcept {
+        methods,
+        conf: Arc::new(raw),
+    }));
+    Ok(())
+}
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "allow",
+        ctx: ctx::HSL | ctx::LMT,
+        args: Args::take(1),
+        set: Setter::Loc(set_rule),
+    },
+    Spec {
+        name: "deny",
+        ctx: ctx::HSL | ctx::LMT,
+        args: Args::take(1),
+        set: Setter::Loc(set_rule),
+    },
+    Spec {
+        name: "limit_except",
+        ctx: ctx::LOC,
+        args: Args::AtLeast(1),
+        set: Setter::Block,
+    },
+];
