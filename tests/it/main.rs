@@ -6,3 +6,4 @@ mod harness;
 
 mod differential;
 mod smoke;
+mod static_headers;
