@@ -161,10 +161,7 @@ impl Server {
     }
 
     pub fn signal(&self, sig: i32) {
-        // SAFETY: sending a signal to our own child.
-        unsafe {
-            libc_kill(self.pid(), sig);
-        }
+        libc_kill(self.pid(), sig);
     }
 
     /// Replaces the config file (for reload tests), `@PORT@` as at start.
