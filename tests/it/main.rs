@@ -4,4 +4,5 @@
 
 mod harness;
 
+mod gzip;
 mod smoke;
