@@ -5,5 +5,6 @@
 mod harness;
 
 mod differential;
+mod gzip;
 mod smoke;
 mod static_headers;
