@@ -747,6 +747,12 @@ fn compile_location(
             ));
         }
     }
+    if let LocMatch::Regex { re, .. } = &m {
+        // Named captures become variables, as with PCRE in nginx.
+        for name in re.capture_names().flatten() {
+            cx.vars.define(name);
+        }
+    }
     let mut loc = LocConf::default();
     let mut nested_dirs = Vec::new();
     for k in d.block.as_deref().unwrap_or(&[]) {

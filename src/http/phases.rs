@@ -349,6 +349,7 @@ fn find_location(cx: &mut Ctx<'_>) {
         Some(f) => {
             cx.loc = f.loc.conf.clone();
             if !f.captures.is_empty() {
+                set_named_captures(cx, &f.capture_names, &f.captures, &cx.uri.clone());
                 cx.captures = f.captures;
                 cx.capture_src = cx.uri.clone();
             }
@@ -365,6 +366,29 @@ fn find_location(cx: &mut Ctx<'_>) {
         }
     }
     cx.alias = matches!(cx.loc.core.root, Some((_, true)));
+}
+
+/// Stores named regex captures in their variables.
+pub fn set_named_captures(
+    cx: &Ctx<'_>,
+    names: &[Option<String>],
+    caps: &[Option<(usize, usize)>],
+    src: &[u8],
+) {
+    for (i, n) in names.iter().enumerate() {
+        let Some(n) = n else { continue };
+        if let Some(Var::User(v)) = cx.http.main.vars.lookup(n) {
+            let val = caps
+                .get(i)
+                .copied()
+                .flatten()
+                .and_then(|(s, e)| src.get(s..e))
+                .map(<[u8]>::to_vec);
+            if let Some(slot) = cx.user_vars.borrow_mut().get_mut(v) {
+                *slot = val;
+            }
+        }
+    }
 }
 
 impl Ctx<'_> {

@@ -174,10 +174,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                     }
                     continue;
                 };
-                cx.captures = (0..c.len())
-                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                    .collect();
-                cx.capture_src = uri.clone();
+                record_captures(cx, re, &c, &uri);
                 if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
                     cx.log(
                         Level::Notice,
@@ -269,10 +266,7 @@ async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
             match re.captures(&v) {
                 Some(c) => {
                     if !negate {
-                        cx.captures = (0..c.len())
-                            .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                            .collect();
-                        cx.capture_src = v.clone();
+                        record_captures(cx, re, &c, &v);
                     }
                     !negate
                 }
@@ -405,7 +399,7 @@ fn set_return(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
 
 fn set_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let source = arg(d, 0).to_string();
-    let re = compile_regex(d, &source, false)?;
+    let re = compile_regex(d, &source, false, cx)?;
     let flag = match d.args.get(2).map(|a| a.value.as_str()) {
         None => Flag::None,
         Some("last") => Flag::Last,
@@ -467,15 +461,31 @@ flag_setter!(set_absolute_redirect, absolute_redirect);
 flag_setter!(set_port_in_redirect, port_in_redirect);
 flag_setter!(set_server_name_in_redirect, server_name_in_redirect);
 
-fn compile_regex(d: &Directive, r: &str, caseless: bool) -> ConfResult<Regex> {
-    regex::bytes::RegexBuilder::new(r)
+fn compile_regex(d: &Directive, r: &str, caseless: bool, cx: &mut Compiler) -> ConfResult<Regex> {
+    let re = regex::bytes::RegexBuilder::new(r)
         .case_insensitive(caseless)
         .build()
         .map_err(|e| {
             let msg = e.to_string();
             let last = msg.lines().last().unwrap_or("").trim().to_string();
             ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", last, r), d)
-        })
+        })?;
+    // Named captures become variables, as with PCRE in nginx.
+    for name in re.capture_names().flatten() {
+        cx.vars.define(name);
+    }
+    Ok(re)
+}
+
+/// Records a regex match: numbered captures for `$1`.., named ones in their variables.
+fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: &regex::bytes::Captures<'_>, src: &[u8]) {
+    cx.captures = (0..c.len())
+        .map(|i| c.get(i).map(|m| (m.start(), m.end())))
+        .collect();
+    cx.capture_src = src.to_vec();
+    let names: Vec<Option<String>> = re.capture_names().map(|n| n.map(str::to_string)).collect();
+    let caps = cx.captures.clone();
+    crate::http::phases::set_named_captures(cx, &names, &caps, src);
 }
 
 /// Parses an `if (...)` condition from the directive's arguments.
@@ -516,7 +526,7 @@ fn parse_cond(d: &Directive, cx: &mut Compiler) -> ConfResult<Cond> {
         }),
         [a, op, r] if matches!(op.as_str(), "~" | "~*" | "!~" | "!~*") => Ok(Cond::Match {
             a: cx.template(a, d)?,
-            re: compile_regex(d, r, op.ends_with('*'))?,
+            re: compile_regex(d, r, op.ends_with('*'), cx)?,
             negate: op.starts_with('!'),
         }),
         [op, p]
