@@ -600,12 +600,12 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
                         ),
                     );
                 } else {
-                    cx.log(
-                        Level::Crit,
-                        &format!(
-                            "ngx_slab_alloc() failed: no memory in limit_conn zone \"{}\"",
-                            zone.name
-                        ),
+                    // nginx's slab allocator logs this itself, on the
+                    // cycle's log: no connection number, no request.
+                    crate::elog!(
+                        Crit,
+                        "ngx_slab_alloc() failed: no memory in limit_conn_zone \"{}\"",
+                        zone.name
                     );
                 }
                 drop(taken);
