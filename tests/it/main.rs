@@ -4,4 +4,6 @@
 
 mod harness;
 
+mod limits;
 mod smoke;
+mod status;

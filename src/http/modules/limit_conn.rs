@@ -103,7 +103,7 @@ impl SlabBudget {
                 true
             }
             Some(c) => {
-                if self.live[c] % Self::per_page(c) == 0 {
+                if self.live[c].is_multiple_of(Self::per_page(c)) {
                     if self.used >= self.pages {
                         return false;
                     }
@@ -124,7 +124,7 @@ impl SlabBudget {
                     return;
                 }
                 self.live[c] -= 1;
-                if self.live[c] % Self::per_page(c) == 0 {
+                if self.live[c].is_multiple_of(Self::per_page(c)) {
                     self.used = self.used.saturating_sub(1);
                 }
             }
@@ -272,8 +272,20 @@ pub fn set_flag(slot: &mut Option<bool>, d: &Directive) -> ConfResult<()> {
 /// shared memory zone" at startup). For the engine to call on each
 /// compiled location configuration once the http block is complete.
 pub fn check_zones(hm: &HttpMain, loc: &LocConf) -> ConfResult<()> {
-    let conns = loc.modules.limit_conn.limits.iter().flatten().map(|l| &l.zone);
-    let reqs = loc.modules.limit_req.limits.iter().flatten().map(|l| &l.zone);
+    let conns = loc
+        .modules
+        .limit_conn
+        .limits
+        .iter()
+        .flatten()
+        .map(|l| &l.zone);
+    let reqs = loc
+        .modules
+        .limit_req
+        .limits
+        .iter()
+        .flatten()
+        .map(|l| &l.zone);
     for z in conns {
         if !hm.modules.limit_conn.zones.contains_key(z.as_str()) {
             return Err(zero_size(z));
@@ -294,7 +306,10 @@ fn zero_size(z: &str) -> ConfError {
 /// Logs a zone used at request time that the configuration never declared
 /// (only possible until the engine calls [`check_zones`]) and answers 500.
 pub fn missing_zone(cx: &Ctx<'_>, z: &str) -> Step {
-    cx.log(Level::Error, &format!("zero size shared memory zone \"{}\"", z));
+    cx.log(
+        Level::Error,
+        &format!("zero size shared memory zone \"{}\"", z),
+    );
     Step::done(Response::status(500))
 }
 
@@ -472,9 +487,15 @@ fn set_zone(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<(
         ));
     }
     check_other_use(hm, ZoneKind::Conn, &name, d)?;
-    let state = zone_state(ZoneKind::Conn, &name, size, key_src, "limit_conn_zone", d, || {
-        ConnState::new(size, key_src)
-    })?;
+    let state = zone_state(
+        ZoneKind::Conn,
+        &name,
+        size,
+        key_src,
+        "limit_conn_zone",
+        d,
+        || ConnState::new(size, key_src),
+    )?;
     hm.modules
         .limit_conn
         .zones

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::limit_conn::{
-    check_other_use, missing_zone, parse_zone_param, set_flag, set_level, set_status,
-    zone_state, SlabBudget, ZoneKind, ZoneState,
+    check_other_use, missing_zone, parse_zone_param, set_flag, set_level, set_status, zone_state,
+    SlabBudget, ZoneKind, ZoneState,
 };
 use crate::config::registry::{arg, ctx, duplicate, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
@@ -711,10 +711,7 @@ mod tests {
             Lookup::Ok(0)
         );
         // A key bigger than the zone can never fit.
-        assert_eq!(
-            z.lookup(&[1u8; 40000], RATE, 0, true, t),
-            Lookup::NoMemory
-        );
+        assert_eq!(z.lookup(&[1u8; 40000], RATE, 0, true, t), Lookup::NoMemory);
     }
 
     #[test]

@@ -145,7 +145,10 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
         "counter",
         "Responses sent, by status class.",
     );
-    for (i, class) in ["other", "1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+    for (i, class) in ["other", "1xx", "2xx", "3xx", "4xx", "5xx"]
+        .iter()
+        .enumerate()
+    {
         let v = RESPONSES.by_class[i].load(Ordering::Relaxed);
         o.sample("tern_http_responses_total", &[("class", class)], v);
     }
@@ -157,7 +160,9 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
     );
 
     let io = crate::io::STATS.snapshot();
-    let io_families: [(&str, &str, &[(&str, u64)]); 7] = [
+    /// Name, help, and (mode, value) samples.
+    type IoFamily<'a> = (&'a str, &'a str, &'a [(&'a str, u64)]);
+    let io_families: [IoFamily; 7] = [
         (
             "tern_io_reads_total",
             "File reads by how they ran: inline on the event loop, offloaded to a thread pool, or with O_DIRECT.",
@@ -220,9 +225,12 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
     let pools = cx.shared.pools.load().stats();
     type PoolField = fn(&crate::io::PoolStats) -> u64;
     let pool_families: [(&str, &str, &str, PoolField); 6] = [
-        ("tern_io_pool_threads", "gauge", "Threads of the pool.", |p| {
-            p.threads as u64
-        }),
+        (
+            "tern_io_pool_threads",
+            "gauge",
+            "Threads of the pool.",
+            |p| p.threads as u64,
+        ),
         (
             "tern_io_pool_max_queue",
             "gauge",

@@ -4,10 +4,10 @@
 //! `stub_status` prints nginx's text byte for byte:
 //!
 //! ```text
-//! Active connections: 1 
+//! Active connections: 1
 //! server accepts handled requests
-//!  1 1 1 
-//! Reading: 0 Writing: 1 Waiting: 0 
+//!  1 1 1
+//! Reading: 0 Writing: 1 Waiting: 0
 //! ```
 //!
 //! from the counters every worker shares ([`crate::core::worker::Stats`]);
