@@ -6,5 +6,7 @@ mod harness;
 
 mod differential;
 mod gzip;
+mod limits;
 mod smoke;
 mod static_headers;
+mod status;
