@@ -4,4 +4,5 @@
 
 mod harness;
 
+mod access_log;
 mod smoke;

@@ -449,6 +449,11 @@ impl AccessLogLoc {
             self.logs = p.logs.clone();
             self.off = p.off;
         }
+        if self.logs.is_none() && !self.off {
+            // The default log will be opened on first use; make sure a
+            // thread with the master's credentials exists to open it.
+            opener();
+        }
     }
 }
 
@@ -997,10 +1002,7 @@ fn submit(job: Job) {
 /// At exit: flush every buffer and give the writer a bounded time to drain.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        let sets: Vec<Arc<BufSet>> = lock(bufsets())
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let sets: Vec<Arc<BufSet>> = lock(bufsets()).values().filter_map(Weak::upgrade).collect();
         for s in &sets {
             s.flush_all();
         }
@@ -1081,7 +1083,7 @@ impl WriterState {
         if let Some(f) = self.opened.get(p) {
             return Some(f.clone());
         }
-        match crate::core::log::open_log(Some(p)) {
+        match open_privileged(p) {
             Ok(f) => {
                 self.opened.insert(p.to_path_buf(), f.clone());
                 Some(f)
@@ -1188,6 +1190,42 @@ impl WriterState {
     }
 }
 
+type OpenReq = (PathBuf, mpsc::SyncSender<std::io::Result<Arc<LogFile>>>);
+
+/// A thread started at configuration time, so with the master's
+/// credentials: nginx's master opens `logs/access.log` before workers give
+/// up root, and the writer thread (started from a worker) may not be able
+/// to. It only ever opens the default log path.
+fn opener() -> Option<&'static Mutex<mpsc::Sender<OpenReq>>> {
+    static O: OnceLock<Option<Mutex<mpsc::Sender<OpenReq>>>> = OnceLock::new();
+    O.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<OpenReq>();
+        std::thread::Builder::new()
+            .name("tern-log-opener".into())
+            .spawn(move || {
+                for (p, reply) in rx {
+                    let _ = reply.send(crate::core::log::open_log(Some(&p)));
+                }
+            })
+            .ok()?;
+        Some(Mutex::new(tx))
+    })
+    .as_ref()
+}
+
+/// Opens (and registers for USR1) the default log through [`opener`].
+fn open_privileged(p: &Path) -> std::io::Result<Arc<LogFile>> {
+    let Some(o) = opener() else {
+        return crate::core::log::open_log(Some(p));
+    };
+    let (tx, rx) = mpsc::sync_channel(1);
+    lock(o)
+        .send((p.to_path_buf(), tx))
+        .map_err(|_| std::io::Error::other("log opener stopped"))?;
+    rx.recv_timeout(Duration::from_secs(10))
+        .map_err(|_| std::io::Error::other("log opener did not answer"))?
+}
+
 fn open_append(p: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
         .create(true)
@@ -1249,8 +1287,7 @@ impl FdCache {
         }
         e.uses += 1;
         e.last = now;
-        if e
-            .file
+        if e.file
             .as_ref()
             .is_some_and(|(_, at)| now.duration_since(*at) >= c.valid)
         {
@@ -1302,7 +1339,10 @@ mod tests {
     #[test]
     fn escaping_matches_nginx() {
         let cx = Fixed(vec![
-            (Var::Http("x-a".into()), Some(b"q\"\\\x01\x7f\xc3\xa9\t\x08\x0c\x1f\x1b/end")),
+            (
+                Var::Http("x-a".into()),
+                Some(b"q\"\\\x01\x7f\xc3\xa9\t\x08\x0c\x1f\x1b/end"),
+            ),
             (Var::Http("empty".into()), Some(b"")),
         ]);
         assert_eq!(
