@@ -362,3 +362,29 @@ fn config_errors_in_nginx_wording() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn reload_writes_out_buffers_of_a_dropped_log() {
+    let s = start(
+        "error_log logs/error.log notice;
+         http { log_format u $request_uri;
+           server { listen 127.0.0.1:@PORT@; root html;
+             access_log logs/b.log u buffer=64k; } }",
+    );
+    s.get("/buffered");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.prefix.read("logs/b.log"), "");
+    s.rewrite_conf(
+        "error_log logs/error.log notice;
+         http { log_format u $request_uri;
+           server { listen 127.0.0.1:@PORT@; root html; access_log logs/b.log u; } }",
+        s.port,
+    );
+    s.signal(SIGHUP);
+    eventually(5, "reloaded", || s.error_log().contains("reconfigured"));
+    // The old configuration is gone: its buffer is written without waiting
+    // for more traffic.
+    assert_eq!(wait_for(&s, "logs/b.log", 1), "/buffered\n");
+    s.get("/after");
+    assert_eq!(wait_for(&s, "logs/b.log", 2), "/buffered\n/after\n");
+}

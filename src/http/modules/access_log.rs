@@ -224,7 +224,7 @@ impl UserVar for Format {
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn escape_default_byte(c: u8) -> bool {
-    c < 0x20 || c >= 0x7f || c == b'"' || c == b'\\'
+    !(0x20..0x7f).contains(&c) || c == b'"' || c == b'\\'
 }
 
 /// nginx's access-log escaping: `\xHH` with upper-case hex.
@@ -771,8 +771,9 @@ fn err_ctx(cx: &Ctx<'_>) -> ErrCtx {
             .clone()
             .unwrap_or_else(crate::core::log::main_logger),
         conn: cx.conn.id,
+        // nginx names the action of the log phase in its error lines.
         suffix: format!(
-            ", client: {}, server: {}, request: \"{}\"{}",
+            " while logging request, client: {}, server: {}, request: \"{}\"{}",
             client,
             server,
             String::from_utf8_lossy(&cx.req.line),
