@@ -689,6 +689,10 @@ pub const DIRECTIVES: &[Spec] = &[
 
 /// The log phase: writes the request to every access log of its location.
 pub fn log(cx: &Ctx<'_>) {
+    // Start the writer from a worker thread, so that it has the workers'
+    // credentials (logs with variables are opened as the worker user, as in
+    // nginx), even if its first job comes from elsewhere (a reload, exit).
+    writer();
     let conf = &cx.loc.modules.access_log;
     if conf.off {
         return;
@@ -904,12 +908,19 @@ fn write_buffered(set: &Arc<BufSet>, line: Vec<u8>) {
             let buf = b.clone();
             h.spawn(async move {
                 tokio::time::sleep(after).await;
-                let mut g = lock(&buf);
-                g.timer = false;
-                // A dropped set has flushed everything already.
-                if let Some(set) = weak.upgrade() {
-                    set.flush(&mut g);
+                // Upgrade before locking: if this is the last reference,
+                // the set's Drop locks every buffer, so the guard must be
+                // gone by then.
+                let set = weak.upgrade();
+                {
+                    let mut g = lock(&buf);
+                    g.timer = false;
+                    // A dropped set has flushed everything already.
+                    if let Some(set) = &set {
+                        set.flush(&mut g);
+                    }
                 }
+                drop(set);
             });
         }
         // No event loop to time the flush: write now rather than never.
@@ -959,7 +970,7 @@ impl Job {
 }
 
 struct Writer {
-    tx: Mutex<mpsc::Sender<Job>>,
+    tx: mpsc::Sender<Job>,
     pending: AtomicUsize,
     dropped: AtomicUsize,
 }
@@ -978,7 +989,7 @@ fn writer() -> Option<&'static Writer> {
         // SAFETY: registers a plain extern "C" function with no arguments.
         unsafe { libc::atexit(at_exit) };
         Some(Writer {
-            tx: Mutex::new(tx),
+            tx,
             pending: AtomicUsize::new(0),
             dropped: AtomicUsize::new(0),
         })
@@ -995,7 +1006,7 @@ fn submit(job: Job) {
         w.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    if lock(&w.tx).send(job).is_err() {
+    if w.tx.send(job).is_err() {
         w.pending.fetch_sub(n, Ordering::Relaxed);
     }
 }
