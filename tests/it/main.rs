@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod access_log;
 mod differential;
 mod gzip;
 mod limits;
