@@ -201,7 +201,8 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
     if resp.chunked(minor) {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
-    if minor >= 1 || keepalive {
+    // nginx says `Connection: close` to HTTP/1.0 clients too.
+    {
         if keepalive {
             out.extend_from_slice(b"Connection: keep-alive\r\n");
             if let Some(ka) = loc.core.keepalive.and_then(|k| k.header_secs) {
