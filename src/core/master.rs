@@ -194,7 +194,15 @@ pub fn run(src: Source, cfg: Config) -> i32 {
         crate::elog!(Emerg, "{}", msg);
         return 1;
     }
-    let user = crate::core::user::resolve(&cfg.main);
+    let user = match crate::core::user::resolve(&cfg.main) {
+        Ok(u) => u,
+        Err(msg) => {
+            eprintln!("tern: [emerg] {}", msg);
+            crate::elog!(Emerg, "{}", msg);
+            let _ = std::fs::remove_file(&pid_file);
+            return 1;
+        }
+    };
     if let Some(u) = user.clone() {
         crate::io::set_thread_init(Box::new(move || {
             if let Err(e) = crate::core::user::drop_thread_privileges(&u) {

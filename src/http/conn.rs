@@ -98,6 +98,48 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
     let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
     loop {
+        let first = info.requests == 0;
+        // Wait for the first byte: keepalive_timeout between requests.
+        if buf.is_empty() {
+            if *quit.borrow() && !first {
+                return;
+            }
+            let Some((wait_ms, reset, size)) = idle_params(&shared, &info, first) else {
+                return;
+            };
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+            // Wait until bytes are really here (readiness alone can be
+            // stale), so the configuration below is the one current when
+            // the request arrived. Idle connections hold no buffer.
+            buf = Vec::new();
+            loop {
+                tokio::select! {
+                    r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            if first && reset {
+                                stream.set_linger_zero();
+                            }
+                            return;
+                        }
+                    },
+                    _ = quit.changed(), if !first => return,
+                }
+                buf.resize(size, 0);
+                match stream.try_read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.clear(),
+                    Err(_) => return,
+                }
+            }
+        }
+        // Loaded once the request has started: a reload while this
+        // connection idled applies to this request.
         let config = shared.config.load_full();
         let Some(http) = config.http.clone() else {
             return;
@@ -107,37 +149,6 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             return;
         };
         let dsrv = &addr.default.srv;
-        let first = info.requests == 0;
-        // Wait for the first byte: keepalive_timeout between requests.
-        if buf.is_empty() {
-            if *quit.borrow() && !first {
-                return;
-            }
-            let wait_ms = if first {
-                dsrv.header_timeout_ms()
-            } else {
-                addr.default
-                    .conf
-                    .core
-                    .keepalive
-                    .map_or(75_000, |k| k.timeout_ms)
-            };
-            // Idle connections hold no buffer.
-            buf = Vec::new();
-            tokio::select! {
-                r = timeout(Duration::from_millis(wait_ms), stream.readable()) => match r {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return,
-                    Err(_) => {
-                        if first && addr.default.conf.core.reset_timedout_connection.unwrap_or(false) {
-                            stream.set_linger_zero();
-                        }
-                        return;
-                    }
-                },
-                _ = quit.changed(), if !first => return,
-            }
-        }
         let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
         let head = read_head(&stream, &mut buf, &addr, first).await;
         drop(reading);
@@ -264,6 +275,31 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             buf = Vec::new();
         }
     }
+}
+
+/// The idle wait before a request (client_header_timeout for the first,
+/// keepalive_timeout after), whether a timeout resets the connection, and
+/// the first read buffer's size (client_header_buffer_size).
+fn idle_params(shared: &WorkerShared, info: &ConnInfo, first: bool) -> Option<(u64, bool, usize)> {
+    let config = shared.config.load();
+    let http = config.http.as_ref()?;
+    let addr = http.addr_for(&info.listen, info.local)?;
+    let wait_ms = if first {
+        addr.default.srv.header_timeout_ms()
+    } else {
+        addr.default
+            .conf
+            .core
+            .keepalive
+            .map_or(75_000, |k| k.timeout_ms)
+    };
+    let reset = addr
+        .default
+        .conf
+        .core
+        .reset_timedout_connection
+        .unwrap_or(false);
+    Some((wait_ms, reset, addr.default.srv.header_buffer().max(1)))
 }
 
 /// Reads until a complete head is in `buf`; returns its length.
