@@ -1152,9 +1152,7 @@ fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRe
 fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let timeout_ms = msec_arg(d, 0)?;
     let header_secs = match d.args.get(1) {
-        Some(a) => {
-            Some(value::time_secs(&a.value).ok_or_else(|| registry::slot_invalid(d))?)
-        }
+        Some(a) => Some(value::time_secs(&a.value).ok_or_else(|| registry::slot_invalid(d))?),
         None => None,
     };
     set_once(

@@ -317,7 +317,10 @@ async fn read_head<S: Stream>(
     let mut scanned = 0;
     loop {
         // nginx skips empty lines before a request line.
-        let blank = buf.iter().take_while(|&&c| c == b'\r' || c == b'\n').count();
+        let blank = buf
+            .iter()
+            .take_while(|&&c| c == b'\r' || c == b'\n')
+            .count();
         if blank > 0 {
             buf.drain(..blank);
             scanned = 0;
@@ -378,9 +381,7 @@ fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
             line: None,
         });
     }
-    let Some(first_nl) = first_nl else {
-        return None;
-    };
+    let first_nl = first_nl?;
     let line = buf[..first_nl]
         .strip_suffix(b"\r")
         .unwrap_or(&buf[..first_nl])

@@ -92,7 +92,11 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
         }
         Err(httparse::Error::Version) => {
             // nginx answers a well-formed version above 1.x with 505.
-            let status = if major_version_above_one(line) { 505 } else { 400 };
+            let status = if major_version_above_one(line) {
+                505
+            } else {
+                400
+            };
             let log = if status == 505 {
                 "client sent unsupported HTTP version"
             } else {

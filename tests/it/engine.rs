@@ -4,7 +4,7 @@
 //! deliberate difference, so Content-Length is two less).
 use crate::harness::*;
 use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CONF: &str = "http { server { listen 127.0.0.1:@PORT@; root html;
     keepalive_timeout 1s; client_header_timeout 1s; client_body_timeout 1s;
@@ -114,7 +114,12 @@ fn smuggling_cases_get_400_or_501_and_close() {
 fn pipelined_three_requests_in_one_packet() {
     let s = server();
     let got = s.raw(b"GET /a.txt HTTP/1.1\r\nHost: a\r\n\r\nGET /r HTTP/1.1\r\nHost: a\r\n\r\nGET /nope HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
-    let want = format!("{}{}{}", file_a("keep-alive"), hi("keep-alive"), error_resp(404, "Not Found", "close"));
+    let want = format!(
+        "{}{}{}",
+        file_a("keep-alive"),
+        hi("keep-alive"),
+        error_resp(404, "Not Found", "close")
+    );
     assert_eq!(norm(&got), want);
 }
 
@@ -136,8 +141,12 @@ fn http10_closes_and_keeps_alive_on_request() {
     let s = server();
     let got = s.raw(b"GET /a.txt HTTP/1.0\r\n\r\n");
     assert_eq!(norm(&got), file_a("close"));
-    let got = s.raw(b"GET /a.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /a.txt HTTP/1.0\r\n\r\n");
-    assert_eq!(norm(&got), format!("{}{}", file_a("keep-alive"), file_a("close")));
+    let got =
+        s.raw(b"GET /a.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /a.txt HTTP/1.0\r\n\r\n");
+    assert_eq!(
+        norm(&got),
+        format!("{}{}", file_a("keep-alive"), file_a("close"))
+    );
 }
 
 #[test]
@@ -176,7 +185,10 @@ fn long_request_line_is_414_and_long_header_is_400_too_large() {
     let mut req = b"GET /".to_vec();
     req.extend(std::iter::repeat_n(b'a', 9000));
     req.extend_from_slice(b" HTTP/1.1\r\nHost: a\r\n\r\n");
-    assert_eq!(norm(&s.raw(&req)), error_resp(414, "Request-URI Too Large", "close"));
+    assert_eq!(
+        norm(&s.raw(&req)),
+        error_resp(414, "Request-URI Too Large", "close")
+    );
     let mut req = b"GET / HTTP/1.1\r\nHost: a\r\nX: ".to_vec();
     req.extend(std::iter::repeat_n(b'a', 9000));
     req.extend_from_slice(b"\r\n\r\n");
@@ -205,7 +217,10 @@ fn expect_continue_and_discarded_bodies_keep_alive() {
     let s = server();
     // Expect: 100-continue, then the answer without waiting for the body.
     let mut c = s.connect();
-    c.write_all(b"POST /r HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n").unwrap();
+    c.write_all(
+        b"POST /r HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+    )
+    .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let want = format!("HTTP/1.1 100 Continue\r\n\r\n{}", hi("keep-alive"));
@@ -216,13 +231,21 @@ fn expect_continue_and_discarded_bodies_keep_alive() {
     }
     assert_eq!(norm(&got), want);
     // The body comes late; it is discarded and the connection serves on.
-    c.write_all(b"abcGET /a.txt HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").unwrap();
+    c.write_all(b"abcGET /a.txt HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
     assert_eq!(norm(&read_to_close(&mut c)), file_a("close"));
     // A body sent with the head, then a chunked one, then the next request.
-    let got = s.raw(b"POST /a.txt HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc\
+    let got = s.raw(
+        b"POST /a.txt HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc\
         POST /r HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n\
-        GET /a.txt HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
-    let want = format!("{}{}{}", error_resp(405, "Not Allowed", "keep-alive"), hi("keep-alive"), file_a("close"));
+        GET /a.txt HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    let want = format!(
+        "{}{}{}",
+        error_resp(405, "Not Allowed", "keep-alive"),
+        hi("keep-alive"),
+        file_a("close")
+    );
     assert_eq!(norm(&got), want);
 }
 
@@ -230,8 +253,13 @@ fn expect_continue_and_discarded_bodies_keep_alive() {
 fn too_large_body_is_413() {
     let s = server();
     let got = s.raw(b"POST /a.txt HTTP/1.1\r\nHost: a\r\nContent-Length: 2000000\r\n\r\n");
-    assert_eq!(norm(&got), error_resp(413, "Request Entity Too Large", "close"));
-    assert!(s.error_log().contains("client intended to send too large body: 2000000 bytes"));
+    assert_eq!(
+        norm(&got),
+        error_resp(413, "Request Entity Too Large", "close")
+    );
+    assert!(s
+        .error_log()
+        .contains("client intended to send too large body: 2000000 bytes"));
 }
 
 #[test]
@@ -253,10 +281,23 @@ fn return_codes_text_and_urls() {
     // nginx puts an absolute `return` URL after Connection (it is an
     // ordinary header there); tern writes it before: the only difference.
     assert!(got.starts_with(&format!("HTTP/1.1 302 Moved Temporarily\r\nServer: X\r\nDate: X\r\nContent-Type: text/html\r\nContent-Length: {}\r\n", body.len())), "{got}");
-    assert!(got.contains("\r\nLocation: http://example.com/z\r\n"), "{got}");
-    assert!(got.ends_with(&format!("Connection: close\r\n\r\n{body}")) || got.contains(&format!("\r\n\r\n{body}")), "{got}");
+    assert!(
+        got.contains("\r\nLocation: http://example.com/z\r\n"),
+        "{got}"
+    );
+    assert!(
+        got.ends_with(&format!("Connection: close\r\n\r\n{body}"))
+            || got.contains(&format!("\r\n\r\n{body}")),
+        "{got}"
+    );
     let got = norm(&s.raw(b"GET /c HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"));
-    assert_eq!(got, "HTTP/1.1 418 \r\nServer: X\r\nDate: X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    assert_eq!(
+        got,
+        "HTTP/1.1 418 \r\nServer: X\r\nDate: X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     let got = norm(&s.raw(b"GET /rel HTTP/1.1\r\nHost: a:8\r\nConnection: close\r\n\r\n"));
-    assert!(got.contains(&format!("Location: http://a:{}/x\r\n", s.port)), "{got}");
+    assert!(
+        got.contains(&format!("Location: http://a:{}/x\r\n", s.port)),
+        "{got}"
+    );
 }

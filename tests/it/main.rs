@@ -4,6 +4,6 @@
 
 mod harness;
 
-mod smoke;
 mod engine;
 mod runtime;
+mod smoke;

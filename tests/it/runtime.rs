@@ -17,18 +17,51 @@ fn stderr(o: &std::process::Output) -> String {
 fn config_errors_in_nginx_wording() {
     let cases: &[(&str, &str)] = &[
         ("events {}\nfoo bar;\n", "unknown directive \"foo\" in @:2"),
-        ("events {}\nhttp { listen 80; }\n", "\"listen\" directive is not allowed here in @:2"),
-        ("events {}\nworker_processes 1 2;\n", "invalid number of arguments in \"worker_processes\" directive in @:2"),
+        (
+            "events {}\nhttp { listen 80; }\n",
+            "\"listen\" directive is not allowed here in @:2",
+        ),
+        (
+            "events {}\nworker_processes 1 2;\n",
+            "invalid number of arguments in \"worker_processes\" directive in @:2",
+        ),
         ("events {}\n}\n", "unexpected \"}\" in @:2"),
-        ("events {}\nhttp {\n", "unexpected end of file, expecting \"}\" in @:3"),
-        ("events {}\npid a;\npid b;\n", "\"pid\" directive is duplicate in @:3"),
-        ("events {}\ndaemon maybe;\n", "invalid value \"maybe\" in \"daemon\" directive, it must be \"on\" or \"off\" in @:2"),
-        ("events {}\nhttp { keepalive_timeout abc; }\n", "\"keepalive_timeout\" directive invalid value in @:2"),
-        ("events {}\nhttp { keepalive_requests x; }\n", "\"keepalive_requests\" directive invalid number in @:2"),
-        ("events {}\nhttp { lingering_close foo; }\n", "invalid value \"foo\" in @:2"),
-        ("events {}\nhttp { server { listen 127.0.0.1:abc; } }\n", "invalid port in \"127.0.0.1:abc\" of the \"listen\" directive in @:2"),
-        ("events {}\nhttp {\n server {\n listen 80 }\n}\n", "unexpected \"}\" in @:4"),
-        ("events {}\nhttp { server { return 1000; } }\n", "invalid return code \"1000\" in @:2"),
+        (
+            "events {}\nhttp {\n",
+            "unexpected end of file, expecting \"}\" in @:3",
+        ),
+        (
+            "events {}\npid a;\npid b;\n",
+            "\"pid\" directive is duplicate in @:3",
+        ),
+        (
+            "events {}\ndaemon maybe;\n",
+            "invalid value \"maybe\" in \"daemon\" directive, it must be \"on\" or \"off\" in @:2",
+        ),
+        (
+            "events {}\nhttp { keepalive_timeout abc; }\n",
+            "\"keepalive_timeout\" directive invalid value in @:2",
+        ),
+        (
+            "events {}\nhttp { keepalive_requests x; }\n",
+            "\"keepalive_requests\" directive invalid number in @:2",
+        ),
+        (
+            "events {}\nhttp { lingering_close foo; }\n",
+            "invalid value \"foo\" in @:2",
+        ),
+        (
+            "events {}\nhttp { server { listen 127.0.0.1:abc; } }\n",
+            "invalid port in \"127.0.0.1:abc\" of the \"listen\" directive in @:2",
+        ),
+        (
+            "events {}\nhttp {\n server {\n listen 80 }\n}\n",
+            "unexpected \"}\" in @:4",
+        ),
+        (
+            "events {}\nhttp { server { return 1000; } }\n",
+            "invalid return code \"1000\" in @:2",
+        ),
         ("http {}\n", "no \"events\" section in configuration"),
     ];
     for (conf, want) in cases {
@@ -39,10 +72,19 @@ fn config_errors_in_nginx_wording() {
         assert_eq!(o.status.code(), Some(1), "{conf}");
         let err = stderr(&o);
         assert!(err.contains(&format!("tern: {want}\n")), "{conf}: {err}");
-        assert!(err.contains(&format!("tern: configuration file {} test failed\n", f.display())), "{err}");
+        assert!(
+            err.contains(&format!(
+                "tern: configuration file {} test failed\n",
+                f.display()
+            )),
+            "{err}"
+        );
         let msg = want.trim_start_matches("[emerg] ");
         let log = p.read("logs/error.log");
-        assert!(log.contains("[emerg] ") && log.contains(msg), "{conf}: log {log}");
+        assert!(
+            log.contains("[emerg] ") && log.contains(msg),
+            "{conf}: log {log}"
+        );
         // Starting (not testing) fails the same way.
         let o = p.run(&["-c", f.to_str().unwrap(), "-g", "daemon off;"]);
         assert_eq!(o.status.code(), Some(1));
@@ -56,11 +98,25 @@ fn command_line_g_errors() {
     let f = p.write("conf/nginx.conf", "events {}\npid x;\n");
     let f = f.to_str().unwrap();
     for (g, want) in [
-        ("foo;", "tern: [emerg] unknown directive \"foo\" in command line\n".to_string()),
-        ("pid y", "tern: [emerg] unexpected end of parameter, expecting \";\" in command line\n".to_string()),
-        ("events {}", "tern: [emerg] block directives are not supported in -g option in command line\n".to_string()),
+        (
+            "foo;",
+            "tern: [emerg] unknown directive \"foo\" in command line\n".to_string(),
+        ),
+        (
+            "pid y",
+            "tern: [emerg] unexpected end of parameter, expecting \";\" in command line\n"
+                .to_string(),
+        ),
+        (
+            "events {}",
+            "tern: [emerg] block directives are not supported in -g option in command line\n"
+                .to_string(),
+        ),
         // -g comes first, so the file's line is the duplicate, as in nginx.
-        ("pid y;", format!("tern: [emerg] \"pid\" directive is duplicate in {f}:2\n")),
+        (
+            "pid y;",
+            format!("tern: [emerg] \"pid\" directive is duplicate in {f}:2\n"),
+        ),
     ] {
         let o = p.run(&["-c", f, "-t", "-g", g]);
         assert_eq!(o.status.code(), Some(1));
@@ -86,12 +142,22 @@ fn test_dump_quiet_version_help() {
         format!("# configuration file {fs}:\nevents {{}}\ninclude m.conf;\n\n# configuration file {}:\nworker_processes 1;\n\n", p.path("conf/m.conf").display())
     );
     let o = p.run(&["-v"]);
-    assert_eq!(stderr(&o), "tern version: tern/0.1.0 (nginx/1.22.1 compatible)\n");
+    assert_eq!(
+        stderr(&o),
+        "tern version: tern/0.1.0 (nginx/1.22.1 compatible)\n"
+    );
     let o = p.run(&["-V"]);
     let e = stderr(&o);
-    assert!(e.contains("\nconfigure arguments: ") && e.contains("--without-http_proxy_module"), "{e}");
+    assert!(
+        e.contains("\nconfigure arguments: ") && e.contains("--without-http_proxy_module"),
+        "{e}"
+    );
     let o = p.run(&["-h"]);
-    assert!(stderr(&o).starts_with("Usage: tern [-?hvVtTq] [-s signal]"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("Usage: tern [-?hvVtTq] [-s signal]"),
+        "{}",
+        stderr(&o)
+    );
     let o = p.run(&["-x"]);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(stderr(&o), "tern: invalid option: \"x\"\n");
@@ -100,7 +166,11 @@ fn test_dump_quiet_version_help() {
 #[test]
 fn seed_check_missing_semicolon() {
     let o = Command::new("python3")
-        .args(["/work/shared/seed-configs/check.py", BIN, "broken-003-missing-semicolon.conf"])
+        .args([
+            "/work/shared/seed-configs/check.py",
+            BIN,
+            "broken-003-missing-semicolon.conf",
+        ])
         .output();
     let Ok(o) = o else {
         eprintln!("skipped: python3 not available");
@@ -110,7 +180,12 @@ fn seed_check_missing_semicolon() {
         eprintln!("skipped: seed configs not present");
         return;
     }
-    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -118,7 +193,10 @@ fn port_in_use_is_a_clear_startup_error() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let p = Prefix::new();
-    let f = p.write("conf/nginx.conf", conf_text("http { server { listen 127.0.0.1:@PORT@; } }", port));
+    let f = p.write(
+        "conf/nginx.conf",
+        conf_text("http { server { listen 127.0.0.1:@PORT@; } }", port),
+    );
     let o = p.run(&["-c", f.to_str().unwrap(), "-g", "daemon off;"]);
     assert_eq!(o.status.code(), Some(1));
     let want = format!("bind() to 127.0.0.1:{port} failed (98: Address already in use)");
@@ -135,49 +213,87 @@ fn get_on(port: u16, path: &str, host: &str) -> Resp {
 fn pid_file_signals_and_reload() {
     let p = Prefix::new();
     let extra = free_port();
-    let mut s = Server::start_in(p, "http { server { listen 127.0.0.1:@PORT@; location / { return 200 one; } } }");
+    let mut s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@; location / { return 200 one; } } }",
+    );
     let pid_file = s.prefix.path("logs/nginx.pid");
-    assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), format!("{}\n", s.pid()));
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap(),
+        format!("{}\n", s.pid())
+    );
     // A kept-alive connection from before the reload...
     let mut ka = s.connect();
     ka.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
     assert_eq!(read_response(&mut ka).unwrap().body, b"one");
 
     // A broken config: the old one keeps serving and the error is logged.
-    std::fs::write(&s.conf, "events {}\nhttp { server { listen 127.0.0.1:1; foo; } }\n").unwrap();
-    let o = s.prefix.run(&["-c", s.conf.to_str().unwrap(), "-s", "reload"]);
+    std::fs::write(
+        &s.conf,
+        "events {}\nhttp { server { listen 127.0.0.1:1; foo; } }\n",
+    )
+    .unwrap();
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "reload"]);
     // `-s` needs a valid config to find the pid file, as nginx does.
     assert_eq!(o.status.code(), Some(1));
     s.signal(SIGHUP);
-    eventually(5, "reload failure logged", || s.error_log().contains("unknown directive \"foo\""));
+    eventually(5, "reload failure logged", || {
+        s.error_log().contains("unknown directive \"foo\"")
+    });
     assert_eq!(s.get("/").body, b"one");
 
     // A good config adding a port, via `-s reload`.
     let two = format!("http {{ server {{ listen 127.0.0.1:@PORT@; listen 127.0.0.1:{extra}; location / {{ return 200 two; }} }} }}");
     s.rewrite_conf(&two, s.port);
-    let o = s.prefix.run(&["-c", s.conf.to_str().unwrap(), "-s", "reload"]);
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "reload"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     eventually(5, "new config serves", || s.get("/").body == b"two");
-    eventually(5, "new port listens", || TcpStream::connect(("127.0.0.1", extra)).is_ok());
+    eventually(5, "new port listens", || {
+        TcpStream::connect(("127.0.0.1", extra)).is_ok()
+    });
     assert_eq!(get_on(extra, "/", "a").body, b"two");
     // The old kept-alive connection survived and uses the new config.
     ka.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
-    assert_eq!(read_response(&mut ka).expect("kept-alive connection survived reload").body, b"two");
+    assert_eq!(
+        read_response(&mut ka)
+            .expect("kept-alive connection survived reload")
+            .body,
+        b"two"
+    );
 
     // Remove the port again.
-    s.rewrite_conf("http { server { listen 127.0.0.1:@PORT@; location / { return 200 three; } } }", s.port);
+    s.rewrite_conf(
+        "http { server { listen 127.0.0.1:@PORT@; location / { return 200 three; } } }",
+        s.port,
+    );
     s.signal(SIGHUP);
-    eventually(5, "port removed", || TcpStream::connect(("127.0.0.1", extra)).is_err());
+    eventually(5, "port removed", || {
+        TcpStream::connect(("127.0.0.1", extra)).is_err()
+    });
     assert_eq!(s.get("/").body, b"three");
 
     // USR1 via -s reopen: a renamed log is recreated.
-    std::fs::rename(s.prefix.path("logs/error.log"), s.prefix.path("logs/error.log.1")).unwrap();
-    let o = s.prefix.run(&["-c", s.conf.to_str().unwrap(), "-s", "reopen"]);
+    std::fs::rename(
+        s.prefix.path("logs/error.log"),
+        s.prefix.path("logs/error.log.1"),
+    )
+    .unwrap();
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "reopen"]);
     assert_eq!(o.status.code(), Some(0));
-    eventually(5, "error.log reopened", || s.prefix.path("logs/error.log").exists());
+    eventually(5, "error.log reopened", || {
+        s.prefix.path("logs/error.log").exists()
+    });
 
     // QUIT via -s quit: idle keepalive closed, process exits, pid file gone.
-    let o = s.prefix.run(&["-c", s.conf.to_str().unwrap(), "-s", "quit"]);
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "quit"]);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
     assert_eq!(read_to_close(&mut ka), b"");
@@ -191,7 +307,8 @@ fn quit_finishes_in_flight_requests_and_term_is_fast() {
     p.write("html/big", &big);
     let mut s = Server::start_in(p, "http { server { listen 127.0.0.1:@PORT@; root html; } }");
     let mut c = s.connect();
-    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
     let mut first = [0u8; 16];
     c.read_exact(&mut first).unwrap();
     s.signal(SIGQUIT);
@@ -203,7 +320,10 @@ fn quit_finishes_in_flight_requests_and_term_is_fast() {
     assert_eq!(r.body.len(), big.len());
     assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
 
-    let mut s = Server::start_in(Prefix::new(), "http { server { listen 127.0.0.1:@PORT@; } }");
+    let mut s = Server::start_in(
+        Prefix::new(),
+        "http { server { listen 127.0.0.1:@PORT@; } }",
+    );
     let _idle = s.connect();
     let t = Instant::now();
     s.signal(SIGTERM);
@@ -238,7 +358,11 @@ fn timeouts() {
     assert_eq!(r.header("Connection"), Some("keep-alive"));
     c.write_all(b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
     let r = read_response(&mut c).unwrap();
-    assert_eq!(r.header("Connection"), Some("close"), "keepalive_requests 2");
+    assert_eq!(
+        r.header("Connection"),
+        Some("close"),
+        "keepalive_requests 2"
+    );
     assert_eq!(read_to_close(&mut c), b"");
     let mut c = s.connect();
     c.write_all(b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
@@ -246,11 +370,15 @@ fn timeouts() {
     let t = Instant::now();
     assert_eq!(read_to_close(&mut c), b"");
     let e = t.elapsed();
-    assert!(e > Duration::from_millis(300) && e < Duration::from_secs(2), "{e:?}");
+    assert!(
+        e > Duration::from_millis(300) && e < Duration::from_secs(2),
+        "{e:?}"
+    );
     // client_body_timeout: the answer goes out, the unfinished body
     // keeps the connection only until the timeout.
     let mut c = s.connect();
-    c.write_all(b"POST /r HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc").unwrap();
+    c.write_all(b"POST /r HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+        .unwrap();
     assert_eq!(read_response(&mut c).unwrap().body, b"ok");
     let t = Instant::now();
     assert_eq!(read_to_close(&mut c), b"");
@@ -262,23 +390,34 @@ fn timeouts() {
     c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
     let mut b = [0u8; 16];
     let r = c.read(&mut b);
-    assert!(matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
 }
 
 #[test]
 fn send_timeout_closes_a_stalled_client() {
     let p = Prefix::new();
     p.write("html/big", vec![b'x'; 32 << 20]);
-    let s = Server::start_in(p, "http { server { listen 127.0.0.1:@PORT@; root html; send_timeout 300ms; } }");
+    let s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@; root html; send_timeout 300ms; } }",
+    );
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
-    sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into()).unwrap();
+    sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into())
+        .unwrap();
     let mut c: TcpStream = sock.into();
-    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let got = read_to_close(&mut c);
-    assert!(got.len() < 32 << 20, "the whole body arrived: send_timeout not applied");
+    assert!(
+        got.len() < 32 << 20,
+        "the whole body arrived: send_timeout not applied"
+    );
 }
 
 #[test]
@@ -323,11 +462,20 @@ fn worker_connections_excess_waits_and_alerts() {
     let b = s.connect();
     std::thread::sleep(Duration::from_millis(100));
     let mut c = s.connect();
-    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").unwrap();
-    c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
     let mut buf = [0u8; 64];
-    assert!(c.read(&mut buf).is_err(), "served beyond worker_connections");
-    eventually(3, "alert logged", || s.error_log().contains("[alert]") && s.error_log().contains("2 worker_connections are not enough"));
+    assert!(
+        c.read(&mut buf).is_err(),
+        "served beyond worker_connections"
+    );
+    eventually(3, "alert logged", || {
+        s.error_log().contains("[alert]")
+            && s.error_log()
+                .contains("2 worker_connections are not enough")
+    });
     drop(a);
     c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let r = Resp::parse(&read_to_close(&mut c)).expect("served once a slot freed");
@@ -339,25 +487,37 @@ fn worker_connections_excess_waits_and_alerts() {
 fn listen_unix_ipv6_reuseport_backlog() {
     let p = Prefix::new();
     let sock = p.path("logs/t.sock");
-    let v6 = std::net::TcpListener::bind("[::1]:0").ok().map(|l| l.local_addr().unwrap().port());
-    let v6_listen = v6.map(|port| format!("listen [::1]:{port};")).unwrap_or_default();
+    let v6 = std::net::TcpListener::bind("[::1]:0")
+        .ok()
+        .map(|l| l.local_addr().unwrap().port());
+    let v6_listen = v6
+        .map(|port| format!("listen [::1]:{port};"))
+        .unwrap_or_default();
     let s = Server::start_in(
         p,
         &format!("worker_processes 2; http {{ server {{ listen 127.0.0.1:@PORT@ reuseport backlog=16; listen unix:{}; {v6_listen} return 200 ok; }} }}", sock.display()),
     );
     assert_eq!(s.get("/").body, b"ok");
     let mut u = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    u.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").unwrap();
+    u.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut out = Vec::new();
     u.read_to_end(&mut out).unwrap();
-    assert!(out.ends_with(b"\r\n\r\nok"), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        out.ends_with(b"\r\n\r\nok"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     if let Some(port) = v6 {
         let mut c = TcpStream::connect(("::1", port)).unwrap();
-        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .unwrap();
         assert!(read_to_close(&mut c).ends_with(b"ok"));
     }
     // reuseport: one socket per worker, so two listening sockets on the port.
-    let ss = Command::new("ss").args(["-Hltn", &format!("sport = :{}", s.port)]).output();
+    let ss = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{}", s.port)])
+        .output();
     if let Ok(o) = ss {
         let n = String::from_utf8_lossy(&o.stdout).lines().count();
         assert_eq!(n, 2, "{}", String::from_utf8_lossy(&o.stdout));
@@ -379,23 +539,36 @@ fn user_nobody_serves_world_readable_only() {
     for d in ["", "html"] {
         std::fs::set_permissions(p.path(d), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let mut s = Server::start_in(p, "user nobody; http { server { listen 127.0.0.1:@PORT@; root html; } }");
+    let mut s = Server::start_in(
+        p,
+        "user nobody; http { server { listen 127.0.0.1:@PORT@; root html; } }",
+    );
     assert_eq!(s.get("/open").body, b"open");
     assert_eq!(s.get("/secret").status, 403);
     // Reload and log reopening still work (the master kept its rights).
     s.rewrite_conf("user nobody; http { server { listen 127.0.0.1:@PORT@; root html; location /x { return 200 reloaded; } } }", s.port);
     s.signal(SIGHUP);
-    eventually(5, "reload as root master", || s.get("/x").body == b"reloaded");
-    std::fs::rename(s.prefix.path("logs/error.log"), s.prefix.path("logs/old.log")).unwrap();
+    eventually(5, "reload as root master", || {
+        s.get("/x").body == b"reloaded"
+    });
+    std::fs::rename(
+        s.prefix.path("logs/error.log"),
+        s.prefix.path("logs/old.log"),
+    )
+    .unwrap();
     s.signal(SIGUSR1);
-    eventually(5, "log reopened", || s.prefix.path("logs/error.log").exists());
+    eventually(5, "log reopened", || {
+        s.prefix.path("logs/error.log").exists()
+    });
     s.signal(SIGQUIT);
     assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
 }
 
 #[test]
 fn curl_against_the_embedded_default() {
-    if TcpStream::connect(("127.0.0.1", 8080)).is_ok() || std::net::TcpListener::bind("127.0.0.1:8080").is_err() {
+    if TcpStream::connect(("127.0.0.1", 8080)).is_ok()
+        || std::net::TcpListener::bind("127.0.0.1:8080").is_err()
+    {
         eprintln!("skipped: 127.0.0.1:8080 is busy, the embedded default needs it");
         return;
     }
@@ -412,7 +585,9 @@ fn curl_against_the_embedded_default() {
     while TcpStream::connect(("127.0.0.1", 8080)).is_err() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let o = Command::new("curl").args(["-s", "-i", "--max-time", "5", "http://127.0.0.1:8080/"]).output();
+    let o = Command::new("curl")
+        .args(["-s", "-i", "--max-time", "5", "http://127.0.0.1:8080/"])
+        .output();
     let _ = child.kill();
     let _ = child.wait();
     let Ok(o) = o else {
@@ -420,6 +595,12 @@ fn curl_against_the_embedded_default() {
         return;
     };
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.starts_with("HTTP/1.1 200 OK\r\nServer: tern/0.1.0\r\n"), "{out}");
-    assert!(out.contains("\r\nContent-Length: 14\r\n") && out.ends_with("\r\n\r\n<h1>tern</h1>\n"), "{out}");
+    assert!(
+        out.starts_with("HTTP/1.1 200 OK\r\nServer: tern/0.1.0\r\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\r\nContent-Length: 14\r\n") && out.ends_with("\r\n\r\n<h1>tern</h1>\n"),
+        "{out}"
+    );
 }
