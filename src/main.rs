@@ -209,11 +209,15 @@ fn main() {
     let cfg = match src.load() {
         Ok(c) => c,
         Err(e) => {
+            // nginx checks for `events` after it has declared the syntax ok.
+            if o.test && !o.quiet && e.msg.starts_with("no \"events\" section") {
+                eprintln!("tern: the configuration file {} syntax is ok", name);
+            }
             eprintln!("tern: [emerg] {}", e);
+            // nginx writes the error to the error log with -t too.
+            log_to_error_file(&src, &e.to_string());
             if o.test {
                 eprintln!("tern: configuration file {} test failed", name);
-            } else {
-                log_to_error_file(&src, &e.to_string());
             }
             exit(1);
         }

@@ -71,6 +71,8 @@ impl ConfError {
 impl fmt::Display for ConfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.file {
+            // nginx gives no line number for `-g` text.
+            Some(p) if p.as_os_str() == "command line" => write!(f, "{} in command line", self.msg),
             Some(p) => write!(f, "{} in {}:{}", self.msg, p.display(), self.line),
             None => write!(f, "{}", self.msg),
         }

@@ -923,7 +923,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unexpected end of file, expecting \";\" or \"}\" in command line:1"
+            "unexpected end of file, expecting \";\" or \"}\" in command line"
         );
     }
 

@@ -132,6 +132,22 @@ pub fn invalid_value(d: &Directive, v: &str) -> ConfError {
     )
 }
 
+/// `"X" directive invalid value`: nginx's wording when a generic size,
+/// time or buffer argument does not parse.
+pub fn slot_invalid(d: &Directive) -> ConfError {
+    ConfError::at(format!("\"{}\" directive invalid value", d.name), d)
+}
+
+/// `"X" directive invalid number`: a generic number argument.
+pub fn slot_invalid_number(d: &Directive) -> ConfError {
+    ConfError::at(format!("\"{}\" directive invalid number", d.name), d)
+}
+
+/// `invalid value "V"`: an argument outside a fixed set of words.
+pub fn enum_invalid(d: &Directive, v: &str) -> ConfError {
+    ConfError::at(format!("invalid value \"{}\"", v), d)
+}
+
 /// Sets an `Option` once; a second time is nginx's "is duplicate".
 pub fn set_once<T>(slot: &mut Option<T>, v: T, d: &Directive) -> ConfResult<()> {
     if slot.is_some() {

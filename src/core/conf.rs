@@ -192,15 +192,36 @@ pub fn load(conf_file: &Path, prefix: &Path, extra: Option<&str>) -> ConfResult<
         .unwrap_or_else(|| prefix.to_path_buf());
     let mut tree = parse::parse_file(conf_file, &conf_prefix)?;
     if let Some(g) = extra {
-        let dirs = parse::parse_str(
-            g,
-            Arc::new(PathBuf::from("command line")),
-            &conf_prefix,
-            &mut tree,
-        )?;
-        tree.directives.extend(dirs);
+        let mut dirs = parse_globals(g, &conf_prefix, &mut tree)?;
+        // nginx applies `-g` before the file, so a directive set in both is
+        // reported as a duplicate at its line in the file.
+        dirs.append(&mut tree.directives);
+        tree.directives = dirs;
     }
     compile(tree, prefix, &conf_prefix, conf_file)
+}
+
+/// Parses `-g` text with nginx's wording for its two special errors.
+fn parse_globals(g: &str, conf_prefix: &Path, tree: &mut Tree) -> ConfResult<Vec<Directive>> {
+    let dirs = parse::parse_str(
+        g,
+        Arc::new(PathBuf::from("command line")),
+        conf_prefix,
+        tree,
+    )
+    .map_err(|mut e| {
+        if e.msg.starts_with("unexpected end of file") {
+            e.msg = "unexpected end of parameter, expecting \";\"".into();
+        }
+        e
+    })?;
+    if let Some(d) = dirs.iter().find(|d| d.block.is_some()) {
+        return Err(ConfError::at(
+            "block directives are not supported in -g option".to_string(),
+            d,
+        ));
+    }
+    Ok(dirs)
 }
 
 /// Compiles an already parsed tree.
@@ -295,10 +316,15 @@ impl ConfError {
     }
 }
 
+/// A number argument; nginx words the error per directive kind.
 fn positive(d: &Directive, s: &str) -> ConfResult<usize> {
-    value::number(s)
-        .map(|n| n as usize)
-        .ok_or_else(|| registry::invalid_value(d, s))
+    value::number(s).map(|n| n as usize).ok_or_else(|| {
+        if d.name == "worker_processes" {
+            registry::slot_invalid(d)
+        } else {
+            registry::slot_invalid_number(d)
+        }
+    })
 }
 
 fn set_worker_processes(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -361,7 +387,7 @@ fn set_user(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 }
 
 fn set_shutdown_timeout(m: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = value::time_ms(arg(d, 0)).ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+    let v = value::time_ms(arg(d, 0)).ok_or_else(|| registry::slot_invalid(d))?;
     set_once(&mut m.worker_shutdown_timeout_ms, v, d)
 }
 
@@ -553,12 +579,9 @@ pub fn load_embedded(prefix: &Path, extra: Option<&str>) -> ConfResult<Config> {
     let mut dirs = parse::parse_str(&text, name.clone(), prefix, &mut tree)?;
     tree.files.insert(0, ((*name).clone(), text));
     if let Some(g) = extra {
-        dirs.extend(parse::parse_str(
-            g,
-            Arc::new(PathBuf::from("command line")),
-            prefix,
-            &mut tree,
-        )?);
+        let mut g = parse_globals(g, prefix, &mut tree)?;
+        g.append(&mut dirs);
+        dirs = g;
     }
     tree.directives = dirs;
     compile(tree, prefix, prefix, &name)

@@ -183,6 +183,29 @@ pub fn run(src: Source, cfg: Config) -> i32 {
             return 1;
         }
     }
+    // Signal handlers go in before the pid file and the workers: a signal
+    // that arrives between the first accept and their installation would otherwise
+    // take its default action (QUIT would kill the process mid-response).
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            crate::elog!(Emerg, "master event loop: {}", e);
+            return 1;
+        }
+    };
+    let sigs = {
+        let _in_rt = rt.enter();
+        match Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                crate::elog!(Emerg, "could not install signal handlers: {}", e);
+                return 1;
+            }
+        }
+    };
     let pid_file = pid_path(&cfg);
     if let Err(e) = std::fs::write(&pid_file, format!("{}\n", std::process::id())) {
         let msg = format!(
@@ -194,7 +217,15 @@ pub fn run(src: Source, cfg: Config) -> i32 {
         crate::elog!(Emerg, "{}", msg);
         return 1;
     }
-    let user = crate::core::user::resolve(&cfg.main);
+    let user = match crate::core::user::resolve(&cfg.main) {
+        Ok(u) => u,
+        Err(msg) => {
+            eprintln!("tern: [emerg] {}", msg);
+            crate::elog!(Emerg, "{}", msg);
+            let _ = std::fs::remove_file(&pid_file);
+            return 1;
+        }
+    };
     if let Some(u) = user.clone() {
         crate::io::set_thread_init(Box::new(move || {
             if let Err(e) = crate::core::user::drop_thread_privileges(&u) {
@@ -249,17 +280,7 @@ pub fn run(src: Source, cfg: Config) -> i32 {
         crate::http::response::VERSION,
         workers_n
     );
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            crate::elog!(Emerg, "master event loop: {}", e);
-            return 1;
-        }
-    };
-    let graceful = rt.block_on(signals(&src, &config, &pools, &senders, &mut bound));
+    let graceful = rt.block_on(signals(sigs, &src, &config, &pools, &senders, &mut bound));
     if graceful {
         for s in &senders {
             let _ = s.send(Ctrl::Quit);
@@ -279,25 +300,44 @@ pub fn run(src: Source, cfg: Config) -> i32 {
     0
 }
 
+/// The master's signal streams, installed once at start.
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Must run inside the master runtime's context.
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        })
+    }
+}
+
 /// Waits for signals; returns true for a graceful stop, false for a fast one.
 async fn signals(
+    sigs: Signals,
     src: &Source,
     config: &Arc<ArcSwap<Config>>,
     pools: &Arc<ArcSwap<crate::io::Pools>>,
     workers: &[mpsc::UnboundedSender<Ctrl>],
     bound: &mut HashMap<ListenAddr, Bound>,
 ) -> bool {
-    let mk = |k: SignalKind| signal(k);
-    let (Ok(mut hup), Ok(mut quit), Ok(mut term), Ok(mut int), Ok(mut usr1)) = (
-        mk(SignalKind::hangup()),
-        mk(SignalKind::quit()),
-        mk(SignalKind::terminate()),
-        mk(SignalKind::interrupt()),
-        mk(SignalKind::user_defined1()),
-    ) else {
-        crate::elog!(Emerg, "could not install signal handlers");
-        return false;
-    };
+    let Signals {
+        mut hup,
+        mut quit,
+        mut term,
+        mut int,
+        mut usr1,
+    } = sigs;
     loop {
         tokio::select! {
             _ = hup.recv() => {

@@ -23,24 +23,26 @@ pub struct Creds {
 }
 
 /// The credentials workers switch to, or None when not started as root.
-pub fn resolve(m: &MainConf) -> Option<Creds> {
+/// `Err` is a startup error: started as root with a user (or group) that
+/// does not exist, serving as root instead would be worse than not serving.
+pub fn resolve(m: &MainConf) -> Result<Option<Creds>, String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         if m.user.is_some() {
             crate::elog!(Warn, "the \"user\" directive makes sense only if the master process runs with super-user privileges, ignored");
         }
-        return None;
+        return Ok(None);
     }
     let (user, group) = m.user.clone().unwrap_or_else(|| ("nobody".into(), None));
-    let cuser = CString::new(user.clone()).ok()?;
+    let cuser = CString::new(user.clone()).map_err(|_| format!("getpwnam(\"{}\") failed", user))?;
     // SAFETY: getpwnam returns a pointer to static storage or NULL; read at once.
     let pw = unsafe { libc::getpwnam(cuser.as_ptr()) };
     if pw.is_null() {
-        crate::elog!(Emerg, "getpwnam(\"{}\") failed", user);
-        return None;
+        return Err(format!("getpwnam(\"{}\") failed", user));
     }
     // SAFETY: pw is non-null and points to a valid passwd struct.
     let (uid, mut gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    let explicit_group = group.is_some();
     let group = group.unwrap_or_else(|| {
         if user == "nobody" {
             "nogroup".into()
@@ -52,17 +54,20 @@ pub fn resolve(m: &MainConf) -> Option<Creds> {
         if let Ok(cg) = CString::new(group.clone()) {
             // SAFETY: as getpwnam.
             let gr = unsafe { libc::getgrnam(cg.as_ptr()) };
+            if gr.is_null() && explicit_group {
+                return Err(format!("getgrnam(\"{}\") failed", group));
+            }
             if !gr.is_null() {
                 // SAFETY: gr is non-null.
                 gid = unsafe { (*gr).gr_gid };
             }
         }
     }
-    Some(Creds {
+    Ok(Some(Creds {
         uid,
         gid,
         name: user,
-    })
+    }))
 }
 
 /// Switches the calling thread (only) to `c`.

@@ -147,8 +147,17 @@ pub fn run(
         let _ = quit_tx.send(true);
         let limit = shared.config.load().main.worker_shutdown_timeout_ms;
         let deadline = limit.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
-        while shared.active.load(Ordering::Acquire) > 0 {
+        loop {
+            // Register for the wake-up before reading the counter: a
+            // connection that closes between the check and the await would
+            // otherwise call `notify_waiters` with nobody registered, and
+            // this loop would sleep until the deadline (or forever).
             let wait = shared.freed.notified();
+            tokio::pin!(wait);
+            wait.as_mut().enable();
+            if shared.active.load(Ordering::Acquire) == 0 {
+                break;
+            }
             match deadline {
                 Some(d) => {
                     if tokio::time::timeout_at(d, wait).await.is_err() {
@@ -184,15 +193,24 @@ async fn accept_loop(
     };
     let mut warned = false;
     loop {
-        let limit = shared.config.load().main.connections();
-        while shared.active.load(Ordering::Acquire) >= limit {
+        loop {
+            let limit = shared.config.load().main.connections();
+            // Registered before the check, for the same reason as in `run`.
+            let freed = shared.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if shared.active.load(Ordering::Acquire) < limit {
+                // Alert again the next time the limit is hit, as nginx does.
+                warned = false;
+                break;
+            }
             if !warned {
                 crate::elog!(Alert, "{} worker_connections are not enough", limit);
                 warned = true;
             }
             // New connections wait in the backlog until one closes.
             tokio::select! {
-                _ = shared.freed.notified() => {}
+                _ = freed => {}
                 _ = stop.changed() => return,
             }
         }

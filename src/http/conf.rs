@@ -875,7 +875,11 @@ fn parse_listen(d: &Directive) -> ConfResult<Listen> {
         ListenAddr::Unix(PathBuf::from(p))
     } else {
         ListenAddr::Inet(parse_inet(a).ok_or_else(|| {
-            if a.starts_with('[') || a.contains(':') {
+            // nginx blames the port when the part after the last `:` is not one.
+            let port_bad = a
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_err() && !p.ends_with(']'));
+            if (a.starts_with('[') || a.contains(':')) && !port_bad {
                 ConfError::at(
                     format!("invalid host in \"{}\" of the \"listen\" directive", a),
                     d,
@@ -899,9 +903,9 @@ fn parse_listen(d: &Directive) -> ConfResult<Listen> {
                 let v = &p[8..];
                 let n: i32 = v
                     .parse()
-                    .map_err(|_| ConfError::at(format!("invalid backlog \"{}\"", v), d))?;
+                    .map_err(|_| ConfError::at(format!("invalid backlog \"{}\"", p), d))?;
                 if n == 0 {
-                    return Err(ConfError::at(format!("invalid backlog \"{}\"", v), d));
+                    return Err(ConfError::at(format!("invalid backlog \"{}\"", p), d));
                 }
                 l.backlog = Some(n);
             }
@@ -1060,11 +1064,11 @@ fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResu
 }
 
 fn size_arg(d: &Directive, i: usize) -> ConfResult<u64> {
-    value::size(arg(d, i)).ok_or_else(|| registry::invalid_value(d, arg(d, i)))
+    value::size(arg(d, i)).ok_or_else(|| registry::slot_invalid(d))
 }
 
 fn msec_arg(d: &Directive, i: usize) -> ConfResult<u64> {
-    value::time_ms(arg(d, i)).ok_or_else(|| registry::invalid_value(d, arg(d, i)))
+    value::time_ms(arg(d, i)).ok_or_else(|| registry::slot_invalid(d))
 }
 
 macro_rules! srv_size {
@@ -1131,10 +1135,10 @@ fn set_client_header_timeout(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -
 fn set_large_buffers(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let n = value::number(arg(d, 0))
         .filter(|n| *n > 0)
-        .ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+        .ok_or_else(|| registry::slot_invalid(d))?;
     let size = size_arg(d, 1)?;
     if size == 0 {
-        return Err(registry::invalid_value(d, arg(d, 1)));
+        return Err(registry::slot_invalid(d));
     }
     set_once(
         &mut s.large_client_header_buffers,
@@ -1148,15 +1152,7 @@ fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRe
         "on" => true,
         "off" => false,
         "build" => true,
-        v => {
-            return Err(ConfError::at(
-                format!(
-                "invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\" or \"build\"",
-                v, d.name
-            ),
-                d,
-            ))
-        }
+        v => return Err(registry::enum_invalid(d, v)),
     };
     set_once(&mut l.core.server_tokens, v, d)
 }
@@ -1164,9 +1160,7 @@ fn set_server_tokens(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRe
 fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let timeout_ms = msec_arg(d, 0)?;
     let header_secs = match d.args.get(1) {
-        Some(a) => {
-            Some(value::time_secs(&a.value).ok_or_else(|| registry::invalid_value(d, &a.value))?)
-        }
+        Some(a) => Some(value::time_secs(&a.value).ok_or_else(|| registry::slot_invalid(d))?),
         None => None,
     };
     set_once(
@@ -1180,7 +1174,7 @@ fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Co
 }
 
 fn set_keepalive_requests(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = value::number(arg(d, 0)).ok_or_else(|| registry::invalid_value(d, arg(d, 0)))?;
+    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
     set_once(&mut l.core.keepalive_requests, v, d)
 }
 
@@ -1189,7 +1183,7 @@ fn set_lingering_close(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Conf
         "off" => Lingering::Off,
         "on" => Lingering::On,
         "always" => Lingering::Always,
-        v => return Err(registry::invalid_value(d, v)),
+        v => return Err(registry::enum_invalid(d, v)),
     };
     set_once(&mut l.core.lingering_close, v, d)
 }

@@ -98,6 +98,48 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
     let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
     loop {
+        let first = info.requests == 0;
+        // Wait for the first byte: keepalive_timeout between requests.
+        if buf.is_empty() {
+            if *quit.borrow() && !first {
+                return;
+            }
+            let Some((wait_ms, reset, size)) = idle_params(&shared, &info, first) else {
+                return;
+            };
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+            // Wait until bytes are really here (readiness alone can be
+            // stale), so the configuration below is the one current when
+            // the request arrived. Idle connections hold no buffer.
+            buf = Vec::new();
+            loop {
+                tokio::select! {
+                    r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            if first && reset {
+                                stream.set_linger_zero();
+                            }
+                            return;
+                        }
+                    },
+                    _ = quit.changed(), if !first => return,
+                }
+                buf.resize(size, 0);
+                match stream.try_read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.clear(),
+                    Err(_) => return,
+                }
+            }
+        }
+        // Loaded once the request has started: a reload while this
+        // connection idled applies to this request.
         let config = shared.config.load_full();
         let Some(http) = config.http.clone() else {
             return;
@@ -107,37 +149,6 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             return;
         };
         let dsrv = &addr.default.srv;
-        let first = info.requests == 0;
-        // Wait for the first byte: keepalive_timeout between requests.
-        if buf.is_empty() {
-            if *quit.borrow() && !first {
-                return;
-            }
-            let wait_ms = if first {
-                dsrv.header_timeout_ms()
-            } else {
-                addr.default
-                    .conf
-                    .core
-                    .keepalive
-                    .map_or(75_000, |k| k.timeout_ms)
-            };
-            // Idle connections hold no buffer.
-            buf = Vec::new();
-            tokio::select! {
-                r = timeout(Duration::from_millis(wait_ms), stream.readable()) => match r {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return,
-                    Err(_) => {
-                        if first && addr.default.conf.core.reset_timedout_connection.unwrap_or(false) {
-                            stream.set_linger_zero();
-                        }
-                        return;
-                    }
-                },
-                _ = quit.changed(), if !first => return,
-            }
-        }
         let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
         let head = read_head(&stream, &mut buf, &addr, first).await;
         drop(reading);
@@ -187,20 +198,30 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
             keepalive = false;
         }
-        // Handlers here never consume the body: read and discard it so the
-        // connection can be reused (unless the answer refuses it).
+        // Handlers here never consume the body. As nginx does, what has
+        // already arrived is discarded now (a malformed body is still a
+        // 400), the response goes out without waiting for the rest, and the
+        // rest is read and dropped afterwards so the connection can be
+        // reused (or lingering close drains it).
         let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
+        let mut discard: Option<Discard> = None;
         if body_pending && resp.status != 413 {
             if req.expect_continue
-                && buf.is_empty()
                 && write_all(&stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
                     .await
                     .is_err()
             {
                 return;
             }
-            match discard_body(&stream, &mut buf, &req, &loc).await {
-                Ok(()) => {}
+            let mut d = Discard::new(&req);
+            match d.take_available(&stream, &mut buf) {
+                Ok(true) => {}
+                Ok(false) => {
+                    if !keepalive {
+                        resp.linger = true;
+                    }
+                    discard = Some(d);
+                }
                 Err(DiscardError::Bad) => {
                     let r = Reject {
                         status: 400,
@@ -237,6 +258,13 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             }
             return;
         }
+        if keepalive {
+            if let Some(mut d) = discard {
+                if d.finish(&stream, &mut buf, &loc).await.is_err() {
+                    return;
+                }
+            }
+        }
         if !keepalive {
             if linger_after {
                 linger(&stream, &loc).await;
@@ -247,6 +275,31 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             buf = Vec::new();
         }
     }
+}
+
+/// The idle wait before a request (client_header_timeout for the first,
+/// keepalive_timeout after), whether a timeout resets the connection, and
+/// the first read buffer's size (client_header_buffer_size).
+fn idle_params(shared: &WorkerShared, info: &ConnInfo, first: bool) -> Option<(u64, bool, usize)> {
+    let config = shared.config.load();
+    let http = config.http.as_ref()?;
+    let addr = http.addr_for(&info.listen, info.local)?;
+    let wait_ms = if first {
+        addr.default.srv.header_timeout_ms()
+    } else {
+        addr.default
+            .conf
+            .core
+            .keepalive
+            .map_or(75_000, |k| k.timeout_ms)
+    };
+    let reset = addr
+        .default
+        .conf
+        .core
+        .reset_timedout_connection
+        .unwrap_or(false);
+    Some((wait_ms, reset, addr.default.srv.header_buffer().max(1)))
 }
 
 /// Reads until a complete head is in `buf`; returns its length.
@@ -263,7 +316,20 @@ async fn read_head<S: Stream>(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(srv.header_timeout_ms());
     let mut scanned = 0;
     loop {
+        // nginx skips empty lines before a request line.
+        let blank = buf
+            .iter()
+            .take_while(|&&c| c == b'\r' || c == b'\n')
+            .count();
+        if blank > 0 {
+            buf.drain(..blank);
+            scanned = 0;
+        }
         if let Some(end) = head_end(buf, &mut scanned) {
+            // A head that arrived whole must obey the same limits.
+            if let Some(r) = check_limits(&buf[..end], large, limit) {
+                return HeadResult::Reject(r);
+            }
             return HeadResult::Head(end);
         }
         if let Some(r) = check_limits(buf, large, limit) {
@@ -302,36 +368,33 @@ async fn read_head<S: Stream>(
     }
 }
 
-/// nginx's limits while the head is incomplete: a request line longer than
+/// nginx's limits on a head (complete or not): a request line longer than
 /// a large buffer is 414, a header line longer than one is 494, and the
 /// whole head may not exceed all the large buffers.
 fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
     let first_nl = memchr::memchr(b'\n', buf);
-    match first_nl {
-        None if buf.len() > large => {
-            return Some(Reject {
-                status: 414,
-                log: "client sent too long URI",
-                line: None,
-            });
-        }
-        None => return None,
-        Some(n) if n > large => {
-            return Some(Reject {
-                status: 414,
-                log: "client sent too long URI",
-                line: None,
-            });
-        }
-        Some(_) => {}
+    let line_len = first_nl.unwrap_or(buf.len());
+    if line_len > large {
+        return Some(Reject {
+            status: 414,
+            log: "client sent too long URI",
+            line: None,
+        });
     }
-    let line = first_nl.map(|n| buf[..n].strip_suffix(b"\r").unwrap_or(&buf[..n]).to_vec());
-    let last_nl = memchr::memrchr(b'\n', buf).unwrap_or(0);
-    if buf.len() - last_nl > large || buf.len() > limit {
+    let first_nl = first_nl?;
+    let line = buf[..first_nl]
+        .strip_suffix(b"\r")
+        .unwrap_or(&buf[..first_nl])
+        .to_vec();
+    let too_long = buf.len() > limit
+        || buf[first_nl + 1..]
+            .split(|&c| c == b'\n')
+            .any(|l| l.len() > large);
+    if too_long {
         return Some(Reject {
             status: 494,
             log: "client sent too long header line",
-            line,
+            line: Some(line),
         });
     }
     None
@@ -398,56 +461,87 @@ enum DiscardError {
     Io,
 }
 
-async fn discard_body<S: Stream>(
-    stream: &S,
-    buf: &mut Vec<u8>,
-    req: &Request,
-    loc: &LocConf,
-) -> Result<(), DiscardError> {
-    let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
-    if let Some(mut left) = req.content_length {
-        let take = (buf.len() as u64).min(left) as usize;
-        buf.drain(..take);
-        left -= take as u64;
-        let mut scratch = vec![0u8; 16384];
-        while left > 0 {
-            let want = (scratch.len() as u64).min(left) as usize;
-            let n = read_some(stream, &mut scratch[..want], to).await?;
-            left -= n as u64;
-        }
-        return Ok(());
-    }
-    let mut dec = ChunkedDecoder::new();
-    let mut sink = Vec::new();
-    loop {
-        let used = dec.decode(buf, &mut sink).map_err(|_| DiscardError::Bad)?;
-        buf.drain(..used);
-        sink.clear();
-        if dec.is_done() {
-            return Ok(());
-        }
-        let mut scratch = vec![0u8; 16384];
-        let n = read_some(stream, &mut scratch, to).await?;
-        buf.extend_from_slice(&scratch[..n]);
-    }
+/// A request body being read and dropped.
+enum Discard {
+    Length(u64),
+    Chunked(ChunkedDecoder),
 }
 
-async fn read_some<S: Stream>(
-    stream: &S,
-    into: &mut [u8],
-    to: Duration,
-) -> Result<usize, DiscardError> {
-    loop {
-        match stream.try_read(into) {
-            Ok(0) => return Err(DiscardError::Io),
-            Ok(n) => return Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match timeout(to, stream.readable()).await {
-                    Ok(Ok(())) => {}
-                    _ => return Err(DiscardError::Io),
-                }
+impl Discard {
+    fn new(req: &Request) -> Discard {
+        match req.content_length {
+            Some(n) => Discard::Length(n),
+            None => Discard::Chunked(ChunkedDecoder::new()),
+        }
+    }
+
+    /// Drops body bytes from `buf`; bytes after the body stay (pipelining).
+    fn eat(&mut self, buf: &mut Vec<u8>) -> Result<bool, DiscardError> {
+        match self {
+            Discard::Length(left) => {
+                let take = (buf.len() as u64).min(*left) as usize;
+                buf.drain(..take);
+                *left -= take as u64;
+                Ok(*left == 0)
             }
-            Err(_) => return Err(DiscardError::Io),
+            Discard::Chunked(dec) => {
+                // The sink is never filled much: `buf` holds one read at most.
+                let mut sink = Vec::new();
+                let used = dec.decode(buf, &mut sink).map_err(|_| DiscardError::Bad)?;
+                buf.drain(..used);
+                Ok(dec.is_done())
+            }
+        }
+    }
+
+    /// How much may be read from the socket without passing the body's end.
+    fn want(&self) -> usize {
+        match self {
+            Discard::Length(left) => (*left).min(16384) as usize,
+            Discard::Chunked(_) => 16384,
+        }
+    }
+
+    /// Discards what is buffered or readable now, without waiting.
+    fn take_available<S: Stream>(
+        &mut self,
+        stream: &S,
+        buf: &mut Vec<u8>,
+    ) -> Result<bool, DiscardError> {
+        loop {
+            if self.eat(buf)? {
+                return Ok(true);
+            }
+            let start = buf.len();
+            buf.resize(start + self.want(), 0);
+            match stream.try_read(&mut buf[start..]) {
+                Ok(0) => return Err(DiscardError::Io),
+                Ok(n) => buf.truncate(start + n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    buf.truncate(start);
+                    return Ok(false);
+                }
+                Err(_) => return Err(DiscardError::Io),
+            }
+        }
+    }
+
+    /// Discards the rest, waiting at most client_body_timeout between reads.
+    async fn finish<S: Stream>(
+        &mut self,
+        stream: &S,
+        buf: &mut Vec<u8>,
+        loc: &LocConf,
+    ) -> Result<(), DiscardError> {
+        let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
+        loop {
+            if self.take_available(stream, buf)? {
+                return Ok(());
+            }
+            match timeout(to, stream.readable()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(DiscardError::Io),
+            }
         }
     }
 }

@@ -91,7 +91,18 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
             return Err(reject(400, "client sent invalid request", None))
         }
         Err(httparse::Error::Version) => {
-            return Err(reject(400, "client sent invalid request", None));
+            // nginx answers a well-formed version above 1.x with 505.
+            let status = if major_version_above_one(line) {
+                505
+            } else {
+                400
+            };
+            let log = if status == 505 {
+                "client sent unsupported HTTP version"
+            } else {
+                "client sent invalid request"
+            };
+            return Err(reject(status, log, None));
         }
         Err(httparse::Error::TooManyHeaders) => {
             return Err(reject(494, "client sent too long header line", Some(line)))
@@ -105,6 +116,13 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
         Err(_) => return Err(reject(400, "client sent invalid request", None)),
     };
     let method_raw = req.method.unwrap_or("").to_string();
+    // nginx accepts only upper-case letters, `_` and `-` in a method.
+    if !method_raw
+        .bytes()
+        .all(|c| c.is_ascii_uppercase() || c == b'_' || c == b'-')
+    {
+        return Err(reject(400, "client sent invalid method", None));
+    }
     let method = match method_raw.as_str() {
         "GET" => Method::Get,
         "HEAD" => Method::Head,
@@ -244,6 +262,22 @@ pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
         expect_continue: expect_continue && minor >= 1,
         head_len,
     })
+}
+
+/// True for a request line ending in `HTTP/<major>.<minor>` with major > 1.
+fn major_version_above_one(line: &[u8]) -> bool {
+    let Some(sp) = memchr::memrchr(b' ', line) else {
+        return false;
+    };
+    let Some(v) = line[sp + 1..].strip_prefix(b"HTTP/") else {
+        return false;
+    };
+    let mut parts = v.splitn(2, |&c| c == b'.');
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let digits = |d: &[u8]| !d.is_empty() && d.len() <= 3 && d.iter().all(u8::is_ascii_digit);
+    digits(major) && digits(minor) && major != b"1" && major != b"0"
 }
 
 fn contains_token(v: &[u8], tok: &[u8]) -> bool {

@@ -6,8 +6,10 @@ mod harness;
 
 mod access_log;
 mod differential;
+mod engine;
 mod gzip;
 mod limits;
+mod runtime;
 mod smoke;
 mod static_headers;
 mod status;

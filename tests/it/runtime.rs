@@ -1,0 +1,606 @@
+//! tern as a running server: command line, config errors, signals and
+//! reload, timeouts, server selection, worker_connections, `user`, and
+//! curl against the embedded default.
+use crate::harness::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Each class of config error: nginx's message with file:line, exit 1,
+/// the same line in the error log.
+#[test]
+fn config_errors_in_nginx_wording() {
+    let cases: &[(&str, &str)] = &[
+        ("events {}\nfoo bar;\n", "unknown directive \"foo\" in @:2"),
+        (
+            "events {}\nhttp { listen 80; }\n",
+            "\"listen\" directive is not allowed here in @:2",
+        ),
+        (
+            "events {}\nworker_processes 1 2;\n",
+            "invalid number of arguments in \"worker_processes\" directive in @:2",
+        ),
+        ("events {}\n}\n", "unexpected \"}\" in @:2"),
+        (
+            "events {}\nhttp {\n",
+            "unexpected end of file, expecting \"}\" in @:3",
+        ),
+        (
+            "events {}\npid a;\npid b;\n",
+            "\"pid\" directive is duplicate in @:3",
+        ),
+        (
+            "events {}\ndaemon maybe;\n",
+            "invalid value \"maybe\" in \"daemon\" directive, it must be \"on\" or \"off\" in @:2",
+        ),
+        (
+            "events {}\nhttp { keepalive_timeout abc; }\n",
+            "\"keepalive_timeout\" directive invalid value in @:2",
+        ),
+        (
+            "events {}\nhttp { keepalive_requests x; }\n",
+            "\"keepalive_requests\" directive invalid number in @:2",
+        ),
+        (
+            "events {}\nhttp { lingering_close foo; }\n",
+            "invalid value \"foo\" in @:2",
+        ),
+        (
+            "events {}\nhttp { server { listen 127.0.0.1:abc; } }\n",
+            "invalid port in \"127.0.0.1:abc\" of the \"listen\" directive in @:2",
+        ),
+        (
+            "events {}\nhttp {\n server {\n listen 80 }\n}\n",
+            "unexpected \"}\" in @:4",
+        ),
+        (
+            "events {}\nhttp { server { return 1000; } }\n",
+            "invalid return code \"1000\" in @:2",
+        ),
+        ("http {}\n", "no \"events\" section in configuration"),
+    ];
+    for (conf, want) in cases {
+        let p = Prefix::new();
+        let f = p.write("conf/nginx.conf", conf);
+        let want = format!("[emerg] {}", want.replace('@', &f.display().to_string()));
+        let o = p.run(&["-c", f.to_str().unwrap(), "-t"]);
+        assert_eq!(o.status.code(), Some(1), "{conf}");
+        let err = stderr(&o);
+        assert!(err.contains(&format!("tern: {want}\n")), "{conf}: {err}");
+        assert!(
+            err.contains(&format!(
+                "tern: configuration file {} test failed\n",
+                f.display()
+            )),
+            "{err}"
+        );
+        let msg = want.trim_start_matches("[emerg] ");
+        let log = p.read("logs/error.log");
+        assert!(
+            log.contains("[emerg] ") && log.contains(msg),
+            "{conf}: log {log}"
+        );
+        // Starting (not testing) fails the same way.
+        let o = p.run(&["-c", f.to_str().unwrap(), "-g", "daemon off;"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn command_line_g_errors() {
+    let p = Prefix::new();
+    let f = p.write("conf/nginx.conf", "events {}\npid x;\n");
+    let f = f.to_str().unwrap();
+    for (g, want) in [
+        (
+            "foo;",
+            "tern: [emerg] unknown directive \"foo\" in command line\n".to_string(),
+        ),
+        (
+            "pid y",
+            "tern: [emerg] unexpected end of parameter, expecting \";\" in command line\n"
+                .to_string(),
+        ),
+        (
+            "events {}",
+            "tern: [emerg] block directives are not supported in -g option in command line\n"
+                .to_string(),
+        ),
+        // -g comes first, so the file's line is the duplicate, as in nginx.
+        (
+            "pid y;",
+            format!("tern: [emerg] \"pid\" directive is duplicate in {f}:2\n"),
+        ),
+    ] {
+        let o = p.run(&["-c", f, "-t", "-g", g]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).starts_with(&want), "{g}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn test_dump_quiet_version_help() {
+    let p = Prefix::new();
+    p.write("conf/m.conf", "worker_processes 1;\n");
+    let f = p.write("conf/nginx.conf", "events {}\ninclude m.conf;\n");
+    let fs = f.display().to_string();
+    let o = p.run(&["-c", &fs, "-t"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stderr(&o), format!("tern: the configuration file {fs} syntax is ok\ntern: configuration file {fs} test is successful\n"));
+    let o = p.run(&["-c", &fs, "-t", "-q"]);
+    assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()));
+    let o = p.run(&["-c", &fs, "-T"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("# configuration file {fs}:\nevents {{}}\ninclude m.conf;\n\n# configuration file {}:\nworker_processes 1;\n\n", p.path("conf/m.conf").display())
+    );
+    let o = p.run(&["-v"]);
+    assert_eq!(
+        stderr(&o),
+        "tern version: tern/0.1.0 (nginx/1.22.1 compatible)\n"
+    );
+    let o = p.run(&["-V"]);
+    let e = stderr(&o);
+    assert!(
+        e.contains("\nconfigure arguments: ") && e.contains("--without-http_proxy_module"),
+        "{e}"
+    );
+    let o = p.run(&["-h"]);
+    assert!(
+        stderr(&o).starts_with("Usage: tern [-?hvVtTq] [-s signal]"),
+        "{}",
+        stderr(&o)
+    );
+    let o = p.run(&["-x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o), "tern: invalid option: \"x\"\n");
+}
+
+#[test]
+fn seed_check_missing_semicolon() {
+    let o = Command::new("python3")
+        .args([
+            "/work/shared/seed-configs/check.py",
+            BIN,
+            "broken-003-missing-semicolon.conf",
+        ])
+        .output();
+    let Ok(o) = o else {
+        eprintln!("skipped: python3 not available");
+        return;
+    };
+    if !std::path::Path::new("/work/shared/seed-configs/check.py").exists() {
+        eprintln!("skipped: seed configs not present");
+        return;
+    }
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
+}
+
+#[test]
+fn port_in_use_is_a_clear_startup_error() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let p = Prefix::new();
+    let f = p.write(
+        "conf/nginx.conf",
+        conf_text("http { server { listen 127.0.0.1:@PORT@; } }", port),
+    );
+    let o = p.run(&["-c", f.to_str().unwrap(), "-g", "daemon off;"]);
+    assert_eq!(o.status.code(), Some(1));
+    let want = format!("bind() to 127.0.0.1:{port} failed (98: Address already in use)");
+    assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+    assert!(p.read("logs/error.log").contains(&want));
+}
+
+fn get_on(port: u16, path: &str, host: &str) -> Resp {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    Resp::parse(&raw(port, req.as_bytes())).expect("response")
+}
+
+#[test]
+fn pid_file_signals_and_reload() {
+    let p = Prefix::new();
+    let extra = free_port();
+    let mut s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@; location / { return 200 one; } } }",
+    );
+    let pid_file = s.prefix.path("logs/nginx.pid");
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap(),
+        format!("{}\n", s.pid())
+    );
+    // A kept-alive connection from before the reload...
+    let mut ka = s.connect();
+    ka.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(read_response(&mut ka).unwrap().body, b"one");
+
+    // A broken config: the old one keeps serving and the error is logged.
+    std::fs::write(
+        &s.conf,
+        "events {}\nhttp { server { listen 127.0.0.1:1; foo; } }\n",
+    )
+    .unwrap();
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "reload"]);
+    // `-s` needs a valid config to find the pid file, as nginx does.
+    assert_eq!(o.status.code(), Some(1));
+    s.signal(SIGHUP);
+    eventually(5, "reload failure logged", || {
+        s.error_log().contains("unknown directive \"foo\"")
+    });
+    assert_eq!(s.get("/").body, b"one");
+
+    // A good config adding a port, via `-s reload`.
+    let two = format!("http {{ server {{ listen 127.0.0.1:@PORT@; listen 127.0.0.1:{extra}; location / {{ return 200 two; }} }} }}");
+    s.rewrite_conf(&two, s.port);
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "reload"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    eventually(5, "new config serves", || s.get("/").body == b"two");
+    eventually(5, "new port listens", || {
+        TcpStream::connect(("127.0.0.1", extra)).is_ok()
+    });
+    assert_eq!(get_on(extra, "/", "a").body, b"two");
+    // The old kept-alive connection survived and uses the new config.
+    ka.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(
+        read_response(&mut ka)
+            .expect("kept-alive connection survived reload")
+            .body,
+        b"two"
+    );
+
+    // Remove the port again.
+    s.rewrite_conf(
+        "http { server { listen 127.0.0.1:@PORT@; location / { return 200 three; } } }",
+        s.port,
+    );
+    s.signal(SIGHUP);
+    eventually(5, "port removed", || {
+        TcpStream::connect(("127.0.0.1", extra)).is_err()
+    });
+    assert_eq!(s.get("/").body, b"three");
+
+    // USR1 via -s reopen: a renamed log is recreated.
+    std::fs::rename(
+        s.prefix.path("logs/error.log"),
+        s.prefix.path("logs/error.log.1"),
+    )
+    .unwrap();
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "reopen"]);
+    assert_eq!(o.status.code(), Some(0));
+    eventually(5, "error.log reopened", || {
+        s.prefix.path("logs/error.log").exists()
+    });
+
+    // QUIT via -s quit: idle keepalive closed, process exits, pid file gone.
+    let o = s
+        .prefix
+        .run(&["-c", s.conf.to_str().unwrap(), "-s", "quit"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
+    assert_eq!(read_to_close(&mut ka), b"");
+    assert!(!pid_file.exists());
+}
+
+#[test]
+fn quit_finishes_in_flight_requests_and_term_is_fast() {
+    let p = Prefix::new();
+    let big = vec![b'x'; 8 << 20];
+    p.write("html/big", &big);
+    let mut s = Server::start_in(p, "http { server { listen 127.0.0.1:@PORT@; root html; } }");
+    let mut c = s.connect();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 16];
+    c.read_exact(&mut first).unwrap();
+    s.signal(SIGQUIT);
+    std::thread::sleep(Duration::from_millis(100));
+    // The response being written completes, then the connection closes.
+    let mut rest = first.to_vec();
+    rest.extend(read_to_close(&mut c));
+    let r = Resp::parse(&rest).unwrap();
+    assert_eq!(r.body.len(), big.len());
+    assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
+
+    let mut s = Server::start_in(
+        Prefix::new(),
+        "http { server { listen 127.0.0.1:@PORT@; } }",
+    );
+    let _idle = s.connect();
+    let t = Instant::now();
+    s.signal(SIGTERM);
+    assert!(s.wait_exit(Duration::from_secs(3)).is_some());
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn timeouts() {
+    let p = Prefix::new();
+    p.write("html/a", "A");
+    let s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@; root html;
+            client_header_timeout 300ms; client_body_timeout 300ms;
+            keepalive_timeout 500ms 7; keepalive_requests 2;
+            location /r { return 200 ok; }
+            location /rst { reset_timedout_connection on; return 200 ok; }
+        } }",
+    );
+    // client_header_timeout: closed without an answer.
+    let mut c = s.connect();
+    c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    let t = Instant::now();
+    assert_eq!(read_to_close(&mut c), b"");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // keepalive_timeout with the header value; keepalive_requests.
+    let mut c = s.connect();
+    c.write_all(b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let r = read_response(&mut c).unwrap();
+    assert_eq!(r.header("Keep-Alive"), Some("timeout=7"));
+    assert_eq!(r.header("Connection"), Some("keep-alive"));
+    c.write_all(b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let r = read_response(&mut c).unwrap();
+    assert_eq!(
+        r.header("Connection"),
+        Some("close"),
+        "keepalive_requests 2"
+    );
+    assert_eq!(read_to_close(&mut c), b"");
+    let mut c = s.connect();
+    c.write_all(b"GET /r HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    read_response(&mut c).unwrap();
+    let t = Instant::now();
+    assert_eq!(read_to_close(&mut c), b"");
+    let e = t.elapsed();
+    assert!(
+        e > Duration::from_millis(300) && e < Duration::from_secs(2),
+        "{e:?}"
+    );
+    // client_body_timeout: the answer goes out, the unfinished body
+    // keeps the connection only until the timeout.
+    let mut c = s.connect();
+    c.write_all(b"POST /r HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+        .unwrap();
+    assert_eq!(read_response(&mut c).unwrap().body, b"ok");
+    let t = Instant::now();
+    assert_eq!(read_to_close(&mut c), b"");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // reset_timedout_connection: a timed-out keepalive... nginx resets
+    // connections that time out; here the header timeout of a new one.
+    let s2 = Server::start_in(Prefix::new(), "http { reset_timedout_connection on; client_header_timeout 200ms; server { listen 127.0.0.1:@PORT@; } }");
+    let mut c = s2.connect();
+    c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    let mut b = [0u8; 16];
+    let r = c.read(&mut b);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn send_timeout_closes_a_stalled_client() {
+    let p = Prefix::new();
+    p.write("html/big", vec![b'x'; 32 << 20]);
+    let s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@; root html; send_timeout 300ms; } }",
+    );
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into())
+        .unwrap();
+    let mut c: TcpStream = sock.into();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let got = read_to_close(&mut c);
+    assert!(
+        got.len() < 32 << 20,
+        "the whole body arrived: send_timeout not applied"
+    );
+}
+
+#[test]
+fn server_selection_by_host_and_address() {
+    let p = Prefix::new();
+    let s = Server::start_in(
+        p,
+        "http {
+          server { listen 127.0.0.1:@PORT@; server_name first; return 200 first; }
+          server { listen 127.0.0.1:@PORT@ default_server; server_name dflt; return 200 default; }
+          server { listen 127.0.0.1:@PORT@; server_name exact.com *.wild.com; return 200 exact-or-wild; }
+          server { listen 127.0.0.1:@PORT@; server_name tail.*; return 200 tail; }
+          server { listen 127.0.0.1:@PORT@; server_name ~^re(\\d+)\\.org$; return 200 regex; }
+          server { listen 127.0.0.1:@PORT@; server_name \"\"; return 200 empty; }
+          server { listen 127.0.0.1:@PORT@; server_name _; return 200 underscore; }
+        }",
+    );
+    for (host, want) in [
+        ("first", "first"),
+        ("EXACT.com", "exact-or-wild"),
+        ("a.b.wild.com", "exact-or-wild"),
+        ("tail.net", "tail"),
+        ("re42.org", "regex"),
+        ("unknown", "default"),
+        ("_", "underscore"),
+        ("exact.com.", "exact-or-wild"),
+    ] {
+        assert_eq!(get_on(s.port, "/", host).body_str(), want, "Host: {host}");
+    }
+    // No Host at all (HTTP/1.0): the "" name matches.
+    let r = Resp::parse(&s.raw(b"GET / HTTP/1.0\r\n\r\n")).unwrap();
+    assert_eq!(r.body_str(), "empty");
+}
+
+#[test]
+fn worker_connections_excess_waits_and_alerts() {
+    let p = Prefix::new();
+    let s = Server::start_in(p, "worker_processes 1; events { worker_connections 2; } http { server { listen 127.0.0.1:@PORT@; return 200 ok; } }");
+    // The harness probe may hold a slot briefly; let it go.
+    std::thread::sleep(Duration::from_millis(100));
+    let a = s.connect();
+    let b = s.connect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut c = s.connect();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert!(
+        c.read(&mut buf).is_err(),
+        "served beyond worker_connections"
+    );
+    eventually(3, "alert logged", || {
+        s.error_log().contains("[alert]")
+            && s.error_log()
+                .contains("2 worker_connections are not enough")
+    });
+    drop(a);
+    c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let r = Resp::parse(&read_to_close(&mut c)).expect("served once a slot freed");
+    assert_eq!(r.body, b"ok");
+    drop(b);
+}
+
+#[test]
+fn listen_unix_ipv6_reuseport_backlog() {
+    let p = Prefix::new();
+    let sock = p.path("logs/t.sock");
+    let v6 = std::net::TcpListener::bind("[::1]:0")
+        .ok()
+        .map(|l| l.local_addr().unwrap().port());
+    let v6_listen = v6
+        .map(|port| format!("listen [::1]:{port};"))
+        .unwrap_or_default();
+    let s = Server::start_in(
+        p,
+        &format!("worker_processes 2; http {{ server {{ listen 127.0.0.1:@PORT@ reuseport backlog=16; listen unix:{}; {v6_listen} return 200 ok; }} }}", sock.display()),
+    );
+    assert_eq!(s.get("/").body, b"ok");
+    let mut u = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    u.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = Vec::new();
+    u.read_to_end(&mut out).unwrap();
+    assert!(
+        out.ends_with(b"\r\n\r\nok"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    if let Some(port) = v6 {
+        let mut c = TcpStream::connect(("::1", port)).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        assert!(read_to_close(&mut c).ends_with(b"ok"));
+    }
+    // reuseport: one socket per worker, so two listening sockets on the port.
+    let ss = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{}", s.port)])
+        .output();
+    if let Ok(o) = ss {
+        let n = String::from_utf8_lossy(&o.stdout).lines().count();
+        assert_eq!(n, 2, "{}", String::from_utf8_lossy(&o.stdout));
+    }
+}
+
+#[test]
+fn user_nobody_serves_world_readable_only() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to test the user switch");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let p = Prefix::new();
+    p.write("html/open", "open");
+    let secret = p.write("html/secret", "secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for d in ["", "html"] {
+        std::fs::set_permissions(p.path(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut s = Server::start_in(
+        p,
+        "user nobody; http { server { listen 127.0.0.1:@PORT@; root html; } }",
+    );
+    assert_eq!(s.get("/open").body, b"open");
+    assert_eq!(s.get("/secret").status, 403);
+    // Reload and log reopening still work (the master kept its rights).
+    s.rewrite_conf("user nobody; http { server { listen 127.0.0.1:@PORT@; root html; location /x { return 200 reloaded; } } }", s.port);
+    s.signal(SIGHUP);
+    eventually(5, "reload as root master", || {
+        s.get("/x").body == b"reloaded"
+    });
+    std::fs::rename(
+        s.prefix.path("logs/error.log"),
+        s.prefix.path("logs/old.log"),
+    )
+    .unwrap();
+    s.signal(SIGUSR1);
+    eventually(5, "log reopened", || {
+        s.prefix.path("logs/error.log").exists()
+    });
+    s.signal(SIGQUIT);
+    assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
+}
+
+#[test]
+fn curl_against_the_embedded_default() {
+    if TcpStream::connect(("127.0.0.1", 8080)).is_ok()
+        || std::net::TcpListener::bind("127.0.0.1:8080").is_err()
+    {
+        eprintln!("skipped: 127.0.0.1:8080 is busy, the embedded default needs it");
+        return;
+    }
+    let p = Prefix::new();
+    p.write("html/index.html", "<h1>tern</h1>\n");
+    let mut child = Command::new(BIN)
+        .current_dir(&p.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", 8080)).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = Command::new("curl")
+        .args(["-s", "-i", "--max-time", "5", "http://127.0.0.1:8080/"])
+        .output();
+    let _ = child.kill();
+    let _ = child.wait();
+    let Ok(o) = o else {
+        eprintln!("skipped: curl not installed");
+        return;
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("HTTP/1.1 200 OK\r\nServer: tern/0.1.0\r\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\r\nContent-Length: 14\r\n") && out.ends_with("\r\n\r\n<h1>tern</h1>\n"),
+        "{out}"
+    );
+}
