@@ -250,7 +250,11 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         )
         .await;
         cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
         crate::http::modules::log_phase(&cx);
+        // Module state tied to the request (a limit_conn slot) lives until
+        // the unread body is drained, as the request does in nginx.
+        let request_guards = std::mem::take(&mut cx.guards);
         drop(cx);
         if result.is_err() {
             if loc.core.reset_timedout_connection.unwrap_or(false) {
@@ -271,6 +275,7 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             }
             return;
         }
+        drop(request_guards);
         if buf.is_empty() {
             buf = Vec::new();
         }
@@ -430,7 +435,9 @@ async fn reject_and_close<S: Stream>(stream: &S, addr: &AddrConf, info: &ConnInf
     log_conn(loc, level, info, r.log);
     let mut resp = Response::status(r.status);
     response::special_response(&mut resp, loc);
-    let _ = write_response_raw(stream, &resp, loc, 1, false, false).await;
+    // Once the request line is known, a HEAD gets no body even here.
+    let head_only = r.line.as_ref().is_some_and(|l| l.starts_with(b"HEAD "));
+    let _ = write_response_raw(stream, &resp, loc, 1, false, head_only).await;
     linger(stream, loc).await;
 }
 
@@ -598,12 +605,12 @@ async fn write_response_raw<S: Stream>(
     loc: &LocConf,
     minor: u8,
     keepalive: bool,
-    _head_only: bool,
+    head_only: bool,
 ) -> io::Result<()> {
     let mut head = Vec::with_capacity(256);
     response::write_head(&mut head, resp, loc, minor, keepalive);
     match &resp.body {
-        Body::Bytes(b) => write_all(stream, &[&head, b], loc).await,
+        Body::Bytes(b) if !head_only => write_all(stream, &[&head, b], loc).await,
         _ => write_all(stream, &[&head], loc).await,
     }
 }

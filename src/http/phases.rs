@@ -84,6 +84,9 @@ pub enum Step {
     Redirect(Vec<u8>),
     /// Continue in a named location (`@name`).
     Named(String),
+    /// Access phase only: wait this long on a timer (limit_req's delay),
+    /// then go on with the next access handler.
+    Delay(std::time::Duration),
 }
 
 impl Step {
@@ -243,7 +246,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
                 Step::Done(r) => return *r,
                 Step::Redirect(u) => cx.uri = u,
                 Step::Named(n) => named = Some(n),
-                Step::Next => {}
+                Step::Next | Step::Delay(_) => {}
             }
         }
         Entry::Find => {}
@@ -261,6 +264,18 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
         } else {
             find_location(cx);
         }
+        // nginx checks the body size when it picks the location, before
+        // the location's rewrite phase.
+        if let Some(cl) = cx.req.content_length {
+            let max = cx.loc.core.client_max_body_size.unwrap_or(1 << 20);
+            if max != 0 && cl > max {
+                cx.log(
+                    Level::Error,
+                    &format!("client intended to send too large body: {} bytes", cl),
+                );
+                return Response::status(413);
+            }
+        }
         let loc = cx.loc.clone();
         match rewrite::run(cx, &loc.modules.rewrite.ops).await {
             Step::Done(r) => return *r,
@@ -274,25 +289,16 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
                 named = Some(n);
                 continue;
             }
-            Step::Next => {}
+            Step::Next | Step::Delay(_) => {}
         }
         if cx.loc.core.internal && !cx.internal {
             return Response::status(404);
-        }
-        if let Some(cl) = cx.req.content_length {
-            let max = cx.loc.core.client_max_body_size.unwrap_or(1 << 20);
-            if max != 0 && cl > max {
-                cx.log(
-                    Level::Error,
-                    &format!("client intended to send too large body: {} bytes", cl),
-                );
-                return Response::status(413);
-            }
         }
         let mut again = false;
         for a in ACCESS {
             match a(cx) {
                 Step::Next => {}
+                Step::Delay(d) => tokio::time::sleep(d).await,
                 Step::Done(r) => return *r,
                 Step::Redirect(u) => {
                     if let Some(r) = cx.internal_redirect(u) {
@@ -325,7 +331,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
                 }
                 named = Some(n);
             }
-            Step::Next => return Response::status(404),
+            Step::Next | Step::Delay(_) => return Response::status(404),
         }
     }
 }
@@ -502,8 +508,8 @@ impl VarCtx for Ctx<'_> {
             Var::Uri => out.extend_from_slice(&self.uri),
             Var::RequestUri => out.extend_from_slice(&r.raw_uri),
             Var::Args => match &self.args {
-                Some(a) => out.extend_from_slice(a),
-                None => return false,
+                Some(a) if !a.is_empty() => out.extend_from_slice(a),
+                _ => return false,
             },
             Var::IsArgs => {
                 if self.args.is_some() {

@@ -143,6 +143,10 @@ pub fn special_response(resp: &mut Response, loc: &LocConf) {
         resp.content_type = Some("text/html".into());
         resp.content_length = Some(page.len() as u64);
         resp.body = Body::Bytes(page);
+    } else {
+        // A status without a built-in page (e.g. `return 418;`) goes out
+        // with an explicit empty body, as nginx frames it.
+        resp.content_length = Some(0);
     }
     // nginx stops keep-alive after these errors.
     if matches!(

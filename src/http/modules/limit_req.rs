@@ -622,8 +622,8 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
 /// `d` before the next access handler (see the report for the `Step`
 /// variant this needs); until it can, the request goes on at once and the
 /// delay is readable with [`delay_of`].
-fn delay_step(_d: Duration) -> Step {
-    Step::Next
+fn delay_step(d: Duration) -> Step {
+    Step::Delay(d)
 }
 
 fn reject(cx: &mut Ctx<'_>, zone: &ReqZone, dry_run: bool, status: Option<u16>) -> Step {
