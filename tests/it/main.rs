@@ -5,3 +5,6 @@
 mod harness;
 
 mod smoke;
+
+mod autoindex;
+mod map;

@@ -333,10 +333,8 @@ fn set_map(_hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<(
             }
             HostKey::Head(suffix, also_bare) => {
                 let low = suffix.as_bytes().to_ascii_lowercase();
-                if also_bare {
-                    if m.exact.contains_key(&low) || !bare.insert(low.clone()) {
-                        return Err(conflict());
-                    }
+                if also_bare && (m.exact.contains_key(&low) || !bare.insert(low.clone())) {
+                    return Err(conflict());
                 }
                 if m.head.contains_key(&low) {
                     return Err(conflict());
