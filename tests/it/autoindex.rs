@@ -240,3 +240,16 @@ fn autoindex_config_errors() {
         err
     );
 }
+
+#[test]
+fn http10_listing_ends_the_connection() {
+    let s = Server::start_in(fixture(), CONF);
+    // Read to close: the server must close after the unframed body
+    // (a kept-alive connection would only end at the 5 s read timeout).
+    let t = std::time::Instant::now();
+    let raw = s.raw(b"GET /empty/ HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n");
+    assert!(t.elapsed() < Duration::from_secs(3), "connection kept open");
+    let r = Resp::parse(&raw).expect("response");
+    assert_ne!(r.header("Connection"), Some("keep-alive"));
+    assert!(r.body_str().ends_with("</html>\r\n"), "{}", r.body_str());
+}

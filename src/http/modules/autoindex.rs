@@ -281,6 +281,11 @@ pub async fn handle(cx: &mut Ctx<'_>, dir: &[u8]) -> Option<Response> {
     }
     r.body = Body::Bytes(body);
     r.filters.push(Box::new(Stream));
+    // An HTTP/1.0 client gets no chunking, so the end of the body is the
+    // end of the connection.
+    if cx.req.minor == 0 {
+        r.force_close = true;
+    }
     Some(r)
 }
 
