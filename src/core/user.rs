@@ -72,6 +72,12 @@ pub fn resolve(m: &MainConf) -> Result<Option<Creds>, String> {
 
 /// Switches the calling thread (only) to `c`.
 pub fn drop_thread_privileges(c: &Creds) -> std::io::Result<()> {
+    // A thread started by an already unprivileged thread (a pool started
+    // lazily by a worker) inherits its credentials: nothing to drop.
+    // SAFETY: geteuid has no preconditions; it reports this thread's euid.
+    if unsafe { libc::geteuid() } == c.uid && c.uid != 0 {
+        return Ok(());
+    }
     let check = |r: libc::c_long| {
         if r == 0 {
             Ok(())

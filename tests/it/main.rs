@@ -5,10 +5,12 @@
 mod harness;
 
 mod access_log;
+mod autoindex;
 mod differential;
 mod engine;
 mod gzip;
 mod limits;
+mod map;
 mod runtime;
 mod smoke;
 mod static_headers;
