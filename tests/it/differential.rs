@@ -20,6 +20,9 @@ events {}
 http {
     types { text/html html; text/plain txt; text/css css; image/png png; application/json json; }
     default_type application/octet-stream;
+    access_log off;
+    map $arg_m $mapped { default dflt; ~^a(?<rest>.*)$ "a:$rest"; b bee; }
+    split_clients "$arg_k" $bucket { 10% one; 50% two; * three; }
     server {
         listen 127.0.0.1:@PORT@;
         server_name main.test;
@@ -94,6 +97,13 @@ http {
         location /allow/ { allow 10.0.0.0/8; allow 127.0.0.0/8; deny all; }
         location /sym/ { disable_symlinks on; }
         location /nolog/ { log_not_found off; }
+        location /hdr/ { add_header X-A "1"; add_header X-B "$uri" always; expires 1h; }
+        location /exp/ { expires epoch; add_header X-C c; }
+        location /cs/ { charset utf-8; }
+        location /ai/ { autoindex on; }
+        location /aij/ { autoindex on; autoindex_format json; alias html/ai/; }
+        location /mapv { return 200 "$mapped $bucket\n"; }
+        location /nr/ { max_ranges 1; }
     }
     server {
         listen 127.0.0.1:@PORT@;
@@ -148,6 +158,39 @@ fn files(p: &Prefix) {
     let _ = std::os::unix::fs::symlink("../a.txt", p.path("html/sym/link.txt"));
     let _ = std::fs::create_dir_all(p.path("html/symdir"));
     let _ = std::os::unix::fs::symlink("../sym", p.path("html/sym/dirlink"));
+    p.write("html/hdr/f.txt", "hdr\n");
+    p.write("html/exp/f.txt", "exp\n");
+    p.write("html/cs/f.html", "<p>cs</p>\n");
+    p.write("html/cs/f.bin", "bin\n");
+    p.write("html/ai/one.txt", "1\n");
+    p.write(
+        "html/ai/a long name that goes on and on and on past fifty characters.txt",
+        "x\n",
+    );
+    p.write("html/ai/sub/x", "x\n");
+    p.write("html/ai/<esc>&.txt", "e\n");
+    p.write("html/nr/f.txt", "0123456789\n");
+    p.write("html/big.txt", "abcdefghijklmnopqrstuvwxyz".repeat(40));
+    fix_times(&p.path("html"));
+}
+
+/// Both trees get the same timestamps, so Last-Modified, ETag and listings agree.
+fn fix_times(dir: &std::path::Path) {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                fix_times(&p);
+            }
+            if let Ok(f) = std::fs::File::open(&p) {
+                let _ = f.set_modified(t);
+            }
+        }
+    }
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.set_modified(t);
+    }
 }
 
 fn corpus() -> Vec<String> {
@@ -299,6 +342,34 @@ fn corpus() -> Vec<String> {
     reqs.push("GET /a.txt HTTP/1.1\r\nHost: main.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n".into());
     reqs.push("GET /a.txt HTTP/1.1\r\nHost: main.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n".into());
     reqs.push("GARBAGE\r\n\r\n".into());
+    for (path, hdr) in [
+        ("/a.txt", "Range: bytes=0-3"),
+        ("/a.txt", "Range: bytes=-4"),
+        ("/a.txt", "Range: bytes=5-"),
+        ("/a.txt", "Range: bytes=0-1,3-4"),
+        ("/a.txt", "Range: bytes=100-200"),
+        ("/a.txt", "Range: bytes=x"),
+        ("/big.txt", "Range: bytes=10-20,30-40,1000-1100"),
+        ("/nr/f.txt", "Range: bytes=0-1,3-4"),
+        ("/a.txt", "If-None-Match: \"6553f100-b\""),
+        ("/a.txt", "If-None-Match: W/\"6553f100-b\", \"zz\""),
+        ("/a.txt", "If-None-Match: *"),
+        ("/a.txt", "If-Match: \"nope\""),
+        ("/a.txt", "If-Modified-Since: Tue, 14 Nov 2023 22:13:20 GMT"),
+        ("/a.txt", "If-Modified-Since: Mon, 13 Nov 2023 22:13:20 GMT"),
+        (
+            "/a.txt",
+            "If-Unmodified-Since: Mon, 13 Nov 2023 22:13:20 GMT",
+        ),
+        ("/a.txt", "If-Range: \"6553f100-b\"\r\nRange: bytes=0-2"),
+        ("/a.txt", "If-Range: \"other\"\r\nRange: bytes=0-2"),
+        ("/hdr/f.txt", "Range: bytes=0-1"),
+    ] {
+        reqs.push(format!(
+            "GET {} HTTP/1.1\r\nHost: main.test\r\n{}\r\nConnection: close\r\n\r\n",
+            path, hdr
+        ));
+    }
     reqs.push("GET / HTTP/2.0\r\nHost: main.test\r\n\r\n".into());
     reqs.push("GET /a.txt HTTP/1.1\r\nHost: bad/host\r\nConnection: close\r\n\r\n".into());
     reqs.push("get / HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".into());
