@@ -203,10 +203,13 @@ impl ThreadPool {
             st.overflows += 1;
             drop(st);
             bump(&STATS.overflows);
-            return Err(IoError::Overflow {
+            let e = IoError::Overflow {
                 pool: self.name().to_string(),
                 waiting,
-            });
+            };
+            // nginx logs this in the task poster, on the cycle's log.
+            crate::elog!(Error, "{}", e);
+            return Err(e);
         }
         st.queue.push_back(job);
         st.max_queued = st.max_queued.max(st.queue.len());
