@@ -184,7 +184,7 @@ impl Policy {
     pub fn describe(&self) -> String {
         match &self.aio {
             Aio::Threads(p) => format!("tern io: {} pool \"{}\"", self.decision(), p.name()),
-            Aio::Uring => format!("tern io: {} io_uring", self.decision()),
+            Aio::Uring => format!("tern io: {} (aio on)", self.decision()),
             Aio::Off => format!("tern io: {}", self.decision()),
         }
     }

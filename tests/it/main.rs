@@ -4,4 +4,5 @@
 
 mod harness;
 
+mod io;
 mod smoke;
