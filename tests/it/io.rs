@@ -118,7 +118,11 @@ fn aio_threads_pool_name_from_a_variable() {
     );
     let pid = s.pid();
     eventually(5, "pool threads started", || {
-        thread_names(pid).iter().filter(|n| n.starts_with("tern-pool-p_")).count() == 3
+        thread_names(pid)
+            .iter()
+            .filter(|n| n.starts_with("tern-pool-p_"))
+            .count()
+            == 3
     });
     let names = thread_names(pid);
     assert_eq!(
@@ -140,11 +144,7 @@ fn aio_threads_pool_name_from_a_variable() {
     eventually(5, "offload line for p_b", || {
         s.error_log().contains("tern io: offload pool \"p_b\"")
     });
-    assert!(
-        !s.error_log().contains("pool \"p_a\""),
-        "{}",
-        s.error_log()
-    );
+    assert!(!s.error_log().contains("pool \"p_a\""), "{}", s.error_log());
 
     // Warm now: served inline, still attributed to the chosen pool.
     let r = s.get("/big?p=a");
@@ -238,7 +238,11 @@ fn reload_removing_a_pool_stops_its_threads() {
     );
     let pid = s.pid();
     eventually(5, "pool threads started", || {
-        thread_names(pid).iter().filter(|n| *n == "tern-pool-gone").count() == 3
+        thread_names(pid)
+            .iter()
+            .filter(|n| *n == "tern-pool-gone")
+            .count()
+            == 3
     });
     let names = thread_names(pid);
     assert_eq!(
@@ -263,5 +267,28 @@ fn reload_removing_a_pool_stops_its_threads() {
     assert!(
         s.wait_exit(Duration::from_millis(1)).is_none(),
         "server died"
+    );
+}
+
+#[test]
+fn lazily_started_default_pool_serves_when_started_as_root() {
+    // `aio threads;` without `thread_pool default`: the pool starts on the
+    // first request, from a worker that already dropped privileges (when
+    // run as root); its threads must not try (and fail) to drop them again.
+    let p = Prefix::new();
+    let data = content(70_000, 3);
+    let path = p.write("html/x", &data);
+    let s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@; root html; location / { aio threads; } } }",
+    );
+    evict(&path);
+    let r = s.get("/x");
+    assert!(r.status == 200 && r.body == data, "status {}", r.status);
+    assert!(thread_names(s.pid()).iter().any(|n| n == "tern-pool-defau"));
+    assert!(
+        !s.error_log().contains("could not drop privileges"),
+        "{}",
+        s.error_log()
     );
 }
