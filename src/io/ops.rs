@@ -675,6 +675,33 @@ fn warm(file: &File, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+thread_local! {
+    static PROBE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// True if `[off, off+len)` is resident, asked with `preadv2(RWF_NOWAIT)`
+/// into a per-thread scratch buffer (the fallback where `cachestat` is
+/// refused). Accurate, at the cost of one memcpy of the range.
+fn nowait_probe(file: &File, off: u64, len: u64, size: u64) -> bool {
+    const PIECE: usize = 512 * 1024;
+    let end = off.saturating_add(len).min(size);
+    PROBE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < PIECE {
+            b.resize(PIECE, 0);
+        }
+        let mut at = off;
+        while at < end {
+            let n = usize::try_from(end - at).map_or(PIECE, |r| r.min(PIECE));
+            match sys::pread_nowait(file, &mut b[..n], at) {
+                Ok(Nowait::Done(k)) if k == n => at += n as u64,
+                _ => return false,
+            }
+        }
+        true
+    })
+}
+
 /// [`warm`] through the ring: reads the range into a scratch buffer (at
 /// most 1 MiB at a time) so the loop's `sendfile` finds it resident.
 async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<()> {
@@ -727,6 +754,13 @@ pub async fn send_file<S: SendSock>(
                         sys::Probe::Mincore => bump(&STATS.cachestat_fallbacks),
                     }
                     r == Residency::Cold
+                }
+                // cachestat is refused for files the worker may not write
+                // and does not own (Linux 6.x; mincore then lies "resident"):
+                // ask RWF_NOWAIT instead.
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    bump(&STATS.cachestat_fallbacks);
+                    !nowait_probe(&file.file, off, n, file.size)
                 }
                 // Cannot tell: assume the worst, the pool is cheap next to a stall.
                 Err(_) => true,
