@@ -22,8 +22,11 @@
 //! - temp-file writes go to the pool with `aio_write on`.
 //!
 //! With `aio off` everything runs inline, exactly like nginx's default.
-//! `aio on` is meant for io_uring; for now it uses the `default` pool with
-//! the same inline-when-resident rule (see [`take_uring_notice`]).
+//! `aio on` uses io_uring (one ring and one completion thread per worker
+//! thread, see `uring.rs`) with the same inline-when-resident rule:
+//! buffered reads keep the page cache; with `directio` the aligned middle
+//! is read with O_DIRECT through the ring. Without io_uring in the kernel
+//! it falls back to the `default` pool with a notice ([`take_uring_notice`]).
 //!
 //! # Data flow
 //!
@@ -34,7 +37,11 @@
 //! [`send_file`], [`write_at`]. Each call bumps a counter in [`STATS`] and
 //! records its [`Decision`] in the policy (for `$tern_io`). Pool errors
 //! (queue overflow, pool not found) come back as `io::Error` wrapping an
-//! [`IoError`] whose text is nginx's; the caller logs it at `error` level.
+//! [`IoError`] whose text is nginx's; an overflow is logged here at
+//! `error` level (as nginx does), the request then fails like nginx's: the
+//! connection is closed (no 500: the status line may already be out).
+//! With `error_log ... info`, each request's decision is logged when its
+//! [`Policy`] is dropped: `tern io: inline|offload|uring [pool "NAME"]`.
 
 mod conf;
 pub mod directives;
@@ -42,6 +49,7 @@ mod ops;
 mod pool;
 mod stats;
 mod sys;
+mod uring;
 
 pub use conf::{
     AioConf, IoLoc, IoMain, PoolConf, DEFAULT_DIRECTIO_ALIGNMENT, DEFAULT_MAX_QUEUE,
@@ -54,3 +62,4 @@ pub use ops::{
 };
 pub use pool::{set_thread_init, IoError, Pools, ThreadPool};
 pub use stats::{Decision, IoStats, IoStatsSnapshot, PoolStats, STATS};
+pub use uring::available as uring_available;

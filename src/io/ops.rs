@@ -1,13 +1,17 @@
 //! The file operations the HTTP engine calls, each deciding per call
 //! whether to run inline on the event loop or in a thread pool.
 //!
-//! | op | `aio off` | `aio threads` / `aio on` (pool fallback) |
-//! |----|-----------|------------------------------------------|
-//! | [`open`], [`stat`], [`lstat`] | inline | `openat2(RESOLVE_CACHED)` inline; EAGAIN (path not in the dentry cache) -> pool |
-//! | [`read`] | inline `pread` | `preadv2(RWF_NOWAIT)` inline; EAGAIN or short -> the rest in the pool |
-//! | [`read`] with `directio` | inline (blocking, as configured) | pool |
-//! | [`send_file`] | inline `sendfile` | per chunk: `cachestat` resident -> inline; cold -> pool warms the range, then inline |
-//! | [`write_at`] | inline | pool if `aio_write on`, else inline |
+//! | op | `aio off` | `aio threads` | `aio on` (io_uring) |
+//! |----|-----------|---------------|---------------------|
+//! | [`open`] | inline | `openat2(RESOLVE_CACHED)` inline; EAGAIN (path not in the dentry cache) -> pool | same, EAGAIN -> `IORING_OP_OPENAT` |
+//! | [`stat`], [`lstat`] | inline | as [`open`] | `RESOLVE_CACHED` inline; EAGAIN -> inline (rare: the open-file cache is in front) |
+//! | [`read`] | inline `pread` | `preadv2(RWF_NOWAIT)` inline; EAGAIN or short -> the rest in the pool | same, the rest with `IORING_OP_READ` (buffered) |
+//! | [`read`] with `directio` | inline (blocking, as configured) | pool | aligned middle `IORING_OP_READ` on the O_DIRECT fd; head/tail buffered (inline when resident) |
+//! | [`send_file`] | inline `sendfile` | per chunk: `cachestat` resident -> inline; cold -> pool warms the range, then inline | cold -> the ring warms the range, then inline |
+//! | [`write_at`] | inline | pool if `aio_write on`, else inline | `IORING_OP_WRITE` if `aio_write on` |
+//!
+//! When the kernel has no io_uring, `aio on` is `aio threads` on the
+//! `default` pool, with a notice in the error log (once).
 
 use std::fs::File;
 use std::future::Future;
@@ -24,6 +28,7 @@ use super::conf::{AioConf, IoLoc, DEFAULT_POOL};
 use super::pool::{IoError, Pools, ThreadPool};
 use super::stats::{bump, Decision, DecisionCell, STATS};
 use super::sys::{self, Nowait, Residency};
+use super::uring;
 
 /// The resolved `aio` mode of one request.
 #[derive(Debug, Clone)]
@@ -32,9 +37,9 @@ pub enum Aio {
     Off,
     /// `aio threads[=NAME]`: inline when the data is resident, this pool otherwise.
     Threads(Arc<ThreadPool>),
-    /// `aio on`: io_uring; until tern drives a ring, the given pool
-    /// (normally `default`) is used, with a one-time notice.
-    Uring(Arc<ThreadPool>),
+    /// `aio on`: inline when the data is resident, io_uring otherwise
+    /// (only built when [`uring::available`]; else `Threads(default)`).
+    Uring,
 }
 
 /// What the HTTP side passes to every call: the location's I/O settings,
@@ -80,9 +85,9 @@ impl Default for Policy {
     }
 }
 
-/// Printed once when `aio on` first falls back to a pool.
+/// Logged once (notice) when `aio on` first falls back to a pool.
 pub const URING_FALLBACK_NOTICE: &str =
-    "\"aio on\" is served by thread pool \"default\": io_uring is not used by this build";
+    "io_uring is not available, \"aio on\" uses thread pool \"default\"";
 static URING_NOTICE_PENDING: AtomicBool = AtomicBool::new(true);
 
 /// The notice to log (once per process) when `aio on` falls back to a pool.
@@ -117,7 +122,14 @@ impl Policy {
     ) -> Result<Policy, IoError> {
         let aio = match loc.aio() {
             AioConf::Off => Aio::Off,
-            AioConf::On => Aio::Uring(pools.resolve(DEFAULT_POOL)?),
+            AioConf::On if uring::available() => Aio::Uring,
+            AioConf::On => {
+                bump(&STATS.uring_fallbacks);
+                if let Some(n) = take_uring_notice() {
+                    crate::elog!(Notice, "{}", n);
+                }
+                Aio::Threads(pools.resolve(DEFAULT_POOL)?)
+            }
             AioConf::Threads { pool, .. } => {
                 let name = pool_name.or(pool.as_deref()).unwrap_or(DEFAULT_POOL);
                 Aio::Threads(pools.resolve(name)?)
@@ -146,10 +158,13 @@ impl Policy {
     /// The pool to offload to, if any.
     fn pool(&self) -> Option<&Arc<ThreadPool>> {
         match &self.aio {
-            Aio::Off => None,
             Aio::Threads(p) => Some(p),
-            Aio::Uring(p) => Some(p),
+            Aio::Off | Aio::Uring => None,
         }
+    }
+
+    fn uring(&self) -> bool {
+        matches!(self.aio, Aio::Uring)
     }
 
     fn inline(&self) {
@@ -157,10 +172,36 @@ impl Policy {
     }
 
     fn offload(&self) {
-        if let Aio::Uring(_) = self.aio {
-            bump(&STATS.uring_fallbacks);
-        }
         self.decision.record(Decision::Offload);
+    }
+
+    fn submitted(&self) {
+        self.decision.record(Decision::Uring);
+    }
+
+    /// The per-request line logged at `info` level when the policy is
+    /// dropped: `tern io: inline|offload|uring [pool "NAME"]`.
+    pub fn describe(&self) -> String {
+        match &self.aio {
+            Aio::Threads(p) => format!("tern io: {} pool \"{}\"", self.decision(), p.name()),
+            Aio::Uring => format!("tern io: {} (aio on)", self.decision()),
+            Aio::Off => format!("tern io: {}", self.decision()),
+        }
+    }
+}
+
+impl Drop for Policy {
+    fn drop(&mut self) {
+        if self.decision() != Decision::None {
+            let log = crate::core::log::main_logger();
+            if log.enabled(crate::core::log::Level::Info) {
+                log.log(
+                    crate::core::log::Level::Info,
+                    None,
+                    format_args!("{}", self.describe()),
+                );
+            }
+        }
     }
 }
 
@@ -249,6 +290,22 @@ where
 /// Opens `path` read-only (`O_NONBLOCK|O_CLOEXEC`) and `fstat`s it.
 /// Directories open fine (`is_dir`).
 pub async fn open(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
+    if policy.uring() && policy.offload_cold_open {
+        match sys::open_cached(path, OPEN_FLAGS)? {
+            Nowait::Done(f) => {
+                bump(&STATS.opens_inline);
+                policy.inline();
+                return Ok(Arc::new(OpenFile::new(f)?));
+            }
+            Nowait::WouldBlock => {
+                bump(&STATS.opens_offloaded);
+                policy.submitted();
+                let f = uring::open(sys::cpath(path)?, OPEN_FLAGS).await?;
+                return Ok(Arc::new(OpenFile::new(f)?));
+            }
+            Nowait::Unsupported => {}
+        }
+    }
     if let Some(pool) = policy.pool().filter(|_| policy.offload_cold_open) {
         match sys::open_cached(path, OPEN_FLAGS)? {
             Nowait::Done(f) => {
@@ -352,6 +409,9 @@ pub async fn read(
     let align = policy.directio_alignment;
     if policy.directio.is_some_and(|t| file.size >= t) && align.is_power_of_two() {
         bump(&STATS.reads_direct);
+        if policy.uring() {
+            return read_direct_uring(file, offset, len, align, policy).await;
+        }
         return match policy.pool() {
             None => {
                 policy.inline();
@@ -365,6 +425,32 @@ pub async fn read(
         };
     }
     let mut buf = vec![0u8; len];
+    if policy.uring() {
+        let got = match sys::pread_nowait(&file.file, &mut buf, offset)? {
+            Nowait::Done(n) => n,
+            Nowait::WouldBlock | Nowait::Unsupported => 0,
+        };
+        if got == len || (got > 0 && offset + got as u64 >= file.size) {
+            bump(&STATS.reads_inline);
+            policy.inline();
+            buf.truncate(got);
+            return Ok(Bytes::from(buf));
+        }
+        bump(&STATS.reads_uring);
+        policy.submitted();
+        let fd = file.file.as_raw_fd();
+        let (mut buf, r) = uring::read_full(
+            Arc::clone(file),
+            fd,
+            buf,
+            got,
+            len - got,
+            offset + got as u64,
+        )
+        .await;
+        buf.truncate(got + r?);
+        return Ok(Bytes::from(buf));
+    }
     let Some(pool) = policy.pool() else {
         bump(&STATS.reads_inline);
         policy.inline();
@@ -453,6 +539,98 @@ fn read_direct(file: &OpenFile, offset: u64, len: usize, align: u64) -> io::Resu
     Ok(Bytes::from(buf).slice(pad..pad + total))
 }
 
+/// [`read_direct`] with io_uring: the aligned middle is one (or a few)
+/// `IORING_OP_READ` on the O_DIRECT descriptor; the unaligned head and
+/// tail are read inline when resident (`RWF_NOWAIT`), else through the
+/// ring with a buffered read. Nothing blocks the calling thread.
+async fn read_direct_uring(
+    file: &Arc<OpenFile>,
+    offset: u64,
+    len: usize,
+    align: u64,
+    policy: &Policy,
+) -> io::Result<Bytes> {
+    policy.submitted();
+    let end = offset + len as u64;
+    let a_start = offset.div_ceil(align) * align;
+    let a_end = end / align * align;
+    let fd = file.file.as_raw_fd();
+    let direct_fd = file.direct().map(|d| d.as_raw_fd());
+    let (Some(direct_fd), true) = (direct_fd, a_start < a_end) else {
+        bump(&STATS.reads_uring);
+        let (mut buf, r) =
+            uring::read_full(Arc::clone(file), fd, vec![0u8; len], 0, len, offset).await;
+        buf.truncate(r?);
+        return Ok(Bytes::from(buf));
+    };
+    let a = align as usize;
+    let head = (a_start - offset) as usize;
+    let mid = (a_end - a_start) as usize;
+    let mut buf = vec![0u8; len + a];
+    let pad = (a - (buf.as_ptr() as usize + head) % a) % a;
+    // Buffered part: inline when resident, else through the ring.
+    async fn buffered(
+        file: &Arc<OpenFile>,
+        fd: RawFd,
+        mut buf: Vec<u8>,
+        at: usize,
+        n: usize,
+        off: u64,
+    ) -> (Vec<u8>, io::Result<usize>) {
+        if n == 0 {
+            return (buf, Ok(0));
+        }
+        if let Ok(Nowait::Done(k)) = sys::pread_nowait(&file.file, &mut buf[at..at + n], off) {
+            if k == n {
+                return (buf, Ok(k));
+            }
+        }
+        bump(&STATS.reads_uring);
+        uring::read_full(Arc::clone(file), fd, buf, at, n, off).await
+    }
+    let (b, r) = buffered(file, fd, buf, pad, head, offset).await;
+    buf = b;
+    let mut total = r?;
+    if total == head {
+        let mut got = 0;
+        let mut dfd = Some(direct_fd);
+        while got < mid {
+            bump(&STATS.reads_uring);
+            let (b, r) = uring::read(
+                Arc::clone(file),
+                dfd.unwrap_or(fd),
+                buf,
+                pad + head + got,
+                mid - got,
+                a_start + got as u64,
+            )
+            .await;
+            buf = b;
+            match r {
+                Ok(0) => break,
+                Ok(n) => {
+                    got += n;
+                    // A partial block is EOF for O_DIRECT; finish buffered.
+                    if n % a != 0 {
+                        dfd = None;
+                    }
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) => {}
+                Err(e) if dfd.is_some() && e.raw_os_error() == Some(libc::EINVAL) => dfd = None,
+                Err(e) => return Err(e),
+            }
+        }
+        total += got;
+        if got == mid {
+            let tail_at = pad + head + mid;
+            let (b, r) = buffered(file, fd, buf, tail_at, len - head - mid, a_end).await;
+            buf = b;
+            total += r?;
+        }
+    }
+    Ok(Bytes::from(buf).slice(pad..pad + total))
+}
+
 /// A socket `send_file` can write to: non-blocking, registered with the
 /// runtime. Implemented for tokio's `TcpStream` and `UnixStream`.
 pub trait SendSock: AsRawFd {
@@ -497,6 +675,54 @@ fn warm(file: &File, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+thread_local! {
+    static PROBE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// True if `[off, off+len)` is resident, asked with `preadv2(RWF_NOWAIT)`
+/// into a per-thread scratch buffer (the fallback where `cachestat` is
+/// refused). Accurate, at the cost of one memcpy of the range.
+fn nowait_probe(file: &File, off: u64, len: u64, size: u64) -> bool {
+    const PIECE: usize = 512 * 1024;
+    let end = off.saturating_add(len).min(size);
+    PROBE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < PIECE {
+            b.resize(PIECE, 0);
+        }
+        let mut at = off;
+        while at < end {
+            let n = usize::try_from(end - at).map_or(PIECE, |r| r.min(PIECE));
+            match sys::pread_nowait(file, &mut b[..n], at) {
+                Ok(Nowait::Done(k)) if k == n => at += n as u64,
+                _ => return false,
+            }
+        }
+        true
+    })
+}
+
+/// [`warm`] through the ring: reads the range into a scratch buffer (at
+/// most 1 MiB at a time) so the loop's `sendfile` finds it resident.
+async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<()> {
+    let fd = file.file.as_raw_fd();
+    let size = usize::try_from(len).map_or(1 << 20, |l| l.min(1 << 20));
+    let mut scratch = vec![0u8; size];
+    let mut done = 0u64;
+    while done < len {
+        let n = usize::try_from(len - done).map_or(size, |r| r.min(size));
+        bump(&STATS.reads_uring);
+        let (b, r) = uring::read_full(Arc::clone(file), fd, scratch, 0, n, offset + done).await;
+        scratch = b;
+        let got = r?;
+        if got == 0 {
+            break;
+        }
+        done += got as u64;
+    }
+    Ok(())
+}
+
 /// Sends `[offset, offset+len)` of `file` to `sock` with `sendfile(2)`, in
 /// chunks of at most `sendfile_max_chunk`, yielding to the runtime between
 /// chunks. With a pool, each chunk's residency is checked first
@@ -520,7 +746,7 @@ pub async fn send_file<S: SendSock>(
     while sent < len {
         let off = offset + sent;
         let n = (len - sent).min(max_chunk);
-        if let Some(pool) = policy.pool() {
+        if policy.pool().is_some() || policy.uring() {
             let cold = match sys::residency(&file.file, off, n, file.size) {
                 Ok((r, probe)) => {
                     match probe {
@@ -529,14 +755,26 @@ pub async fn send_file<S: SendSock>(
                     }
                     r == Residency::Cold
                 }
+                // cachestat is refused for files the worker may not write
+                // and does not own (Linux 6.x; mincore then lies "resident"):
+                // ask RWF_NOWAIT instead.
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    bump(&STATS.cachestat_fallbacks);
+                    !nowait_probe(&file.file, off, n, file.size)
+                }
                 // Cannot tell: assume the worst, the pool is cheap next to a stall.
                 Err(_) => true,
             };
             if cold {
                 bump(&STATS.sends_warmed);
-                policy.offload();
-                let f = Arc::clone(file);
-                offload(pool, move || warm(&f.file, off, n)).await?;
+                if let Some(pool) = policy.pool() {
+                    policy.offload();
+                    let f = Arc::clone(file);
+                    offload(pool, move || warm(&f.file, off, n)).await?;
+                } else {
+                    policy.submitted();
+                    warm_uring(file, off, n).await?;
+                }
             } else {
                 bump(&STATS.sends_inline);
                 policy.inline();
@@ -584,6 +822,11 @@ pub async fn write_at(
     data: Bytes,
     policy: &Policy,
 ) -> io::Result<()> {
+    if policy.uring() && policy.aio_write {
+        bump(&STATS.writes_offloaded);
+        policy.submitted();
+        return uring::write_all(Arc::clone(file), data, offset).await;
+    }
     match policy.pool().filter(|_| policy.aio_write) {
         Some(pool) => {
             bump(&STATS.writes_offloaded);
@@ -694,6 +937,84 @@ mod tests {
                 .expect("eof")
                 .is_empty());
         });
+    }
+
+    #[test]
+    fn uring_cold_read_submits_warm_read_is_inline() {
+        if !uring::available() {
+            eprintln!("io_uring not available here; skipping");
+            return;
+        }
+        let (tf, data) = make_file("uread", 300_000);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let policy = Policy::new(Aio::Uring);
+        rt().block_on(async {
+            let f = open(&tf.0, &policy).await.expect("open");
+            policy.reset_decision();
+            let before = STATS.snapshot();
+            let got = read(&f, 777, 100_000, &policy).await.expect("cold read");
+            assert!(got[..] == data[777..100_777]);
+            assert_eq!(policy.decision(), Decision::Uring);
+            let after = STATS.snapshot();
+            assert!(after.reads_uring > before.reads_uring);
+            assert!(after.uring_submissions > before.uring_submissions);
+            // Buffered: the ring filled the page cache, so now it is inline.
+            policy.reset_decision();
+            let got = read(&f, 777, 100_000, &policy).await.expect("warm read");
+            assert!(got[..] == data[777..100_777]);
+            assert_eq!(policy.decision(), Decision::Inline);
+        });
+        // Sends of a cold file are warmed by the ring, then inline.
+        assert!(evict(&tf.0));
+        let policy = Policy::new(Aio::Uring);
+        let before = STATS.snapshot();
+        let (sent, got) = rt().block_on(send_and_receive(&tf.0, 5, 299_990, &policy));
+        assert_eq!(sent, 299_990);
+        assert!(got[..] == data[5..299_995]);
+        assert_eq!(policy.decision(), Decision::Uring);
+        assert!(STATS.snapshot().sends_warmed > before.sends_warmed);
+    }
+
+    #[test]
+    fn uring_directio_is_byte_exact() {
+        if !uring::available() {
+            return;
+        }
+        for (si, size) in [20_000usize, 4096 * 5 + 1, 513, 1_000_003]
+            .into_iter()
+            .enumerate()
+        {
+            let (tf, data) = make_file(&format!("udio{si}"), size);
+            for align in [512u64, 4096] {
+                let mut policy = Policy::new(Aio::Uring);
+                policy.directio = Some(1);
+                policy.directio_alignment = align;
+                rt().block_on(async {
+                    let f = open(&tf.0, &policy).await.expect("open");
+                    for (off, len) in [
+                        (0usize, size),
+                        (1, size - 2),
+                        (511, 1025),
+                        (4095, 4098),
+                        (size - 1, 1),
+                    ] {
+                        let off = off.min(size);
+                        let len = len.min(size - off);
+                        let got = read(&f, off as u64, len, &policy)
+                            .await
+                            .expect("direct read");
+                        assert!(
+                            got[..] == data[off..off + len],
+                            "size {size} align {align} range {off}+{len}"
+                        );
+                    }
+                    assert_eq!(policy.decision(), Decision::Uring);
+                });
+            }
+        }
     }
 
     #[test]
@@ -988,7 +1309,7 @@ mod tests {
         assert_eq!(e, Err("thread pool \"disk9\" not found".to_string()));
         loc.aio = Some(AioConf::Off);
         assert!(matches!(
-            Policy::from_loc(&loc, &pools, None).map(|p| p.aio),
+            Policy::from_loc(&loc, &pools, None).map(|p| p.aio.clone()),
             Ok(Aio::Off)
         ));
         assert_eq!(Policy::default().sendfile_max_chunk, 2 * 1024 * 1024);

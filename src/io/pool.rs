@@ -136,11 +136,17 @@ impl ThreadPool {
             inner,
             handles: Mutex::new(Vec::with_capacity(threads)),
         };
+        // Only a privileged spawner (the master) needs the init hook: a
+        // thread spawned by a worker (the lazily started `default` pool)
+        // inherits the worker's already dropped credentials, and dropping
+        // them again would fail with EPERM.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let privileged = unsafe { libc::geteuid() } == 0;
         for i in 0..threads {
             let inner = Arc::clone(&pool.inner);
             let spawned = std::thread::Builder::new()
                 .name(format!("tern-pool-{}", pool.inner.conf.name))
-                .spawn(move || worker(inner));
+                .spawn(move || worker(inner, privileged));
             match spawned {
                 Ok(h) => pool.lock_handles().push(h),
                 Err(e) => {
@@ -203,10 +209,13 @@ impl ThreadPool {
             st.overflows += 1;
             drop(st);
             bump(&STATS.overflows);
-            return Err(IoError::Overflow {
+            let e = IoError::Overflow {
                 pool: self.name().to_string(),
                 waiting,
-            });
+            };
+            // nginx logs this in the task poster, on the cycle's log.
+            crate::elog!(Error, "{}", e);
+            return Err(e);
         }
         st.queue.push_back(job);
         st.max_queued = st.max_queued.max(st.queue.len());
@@ -261,9 +270,11 @@ pub fn set_thread_init(f: Box<dyn Fn() + Send + Sync>) {
     let _ = THREAD_INIT.set(f);
 }
 
-fn worker(inner: Arc<Inner>) {
-    if let Some(init) = THREAD_INIT.get() {
-        init();
+fn worker(inner: Arc<Inner>, privileged: bool) {
+    if privileged {
+        if let Some(init) = THREAD_INIT.get() {
+            init();
+        }
     }
     let mut st = inner.lock();
     loop {

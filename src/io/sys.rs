@@ -39,7 +39,7 @@ fn cvt(r: libc::ssize_t) -> io::Result<usize> {
     }
 }
 
-fn cpath(path: &Path) -> io::Result<CString> {
+pub fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }

@@ -9,6 +9,7 @@ mod autoindex;
 mod differential;
 mod engine;
 mod gzip;
+mod io;
 mod limits;
 mod map;
 mod runtime;

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Runs ../shared/bench/bench.py with extra nginx.conf directives, for the
+variants the shared harness does not have (the generated config stays
+byte-identical for both servers).
+
+    python3 bench/variants.py [--loc 'DIRECTIVE;']... [--http 'DIRECTIVE;']...
+                              [--threads-as 'DIRECTIVE;'] SCENARIO [bench.py options]
+
+--loc / --http   added to `location /` / `http` of every generated config
+                 (e.g. `small` with `--loc 'aio threads;'`);
+--threads-as     replaces `aio threads;` of blocking-mix's `threads` variant
+                 (e.g. `--threads-as 'aio on;'` for io_uring).
+
+Everything else is passed to bench.py unchanged; see BENCHMARKS.md for the
+exact commands used.
+"""
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.environ.get("TERN_SHARED_BENCH",
+                        os.path.join(HERE, "..", "..", "shared", "bench"))
+
+
+def main():
+    argv = sys.argv[1:]
+    loc, http, threads_as = [], [], None
+    while argv and argv[0] in ("--loc", "--http", "--threads-as"):
+        flag, val, argv = argv[0], argv[1], argv[2:]
+        if flag == "--loc":
+            loc.append(val)
+        elif flag == "--http":
+            http.append(val)
+        else:
+            threads_as = val
+    spec = importlib.util.spec_from_file_location("bench", os.path.join(SHARED, "bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = bench
+    spec.loader.exec_module(bench)
+    orig = bench.make_conf
+
+    def make_conf(port, root, worker_connections=1024, http_extra=(), location_extra=()):
+        le = list(location_extra)
+        if threads_as is not None:
+            le = [threads_as if l == "aio threads;" else l for l in le]
+        return orig(port, root, worker_connections, list(http_extra) + http,
+                    le + loc)
+
+    bench.make_conf = make_conf
+    sys.argv = [os.path.join(SHARED, "bench.py")] + argv
+    bench.main()
+
+
+if __name__ == "__main__":
+    main()
