@@ -261,8 +261,8 @@ fn limit_req_burst_nodelay_accepts_one_plus_burst() {
     let rejected = res.iter().filter(|r| r.0 == 503).count();
     assert_eq!(ok + rejected, 10, "{:?}", res);
     assert!((4..=5).contains(&ok), "{:?}", res);
-    // nodelay: nothing waited.
-    assert!(res.iter().all(|r| r.1 < 90), "{:?}", res);
+    // nodelay: nothing waited (asserted through the DELAYED counter below;
+    // wall-clock bounds would make the test depend on machine load).
     let [passed, delayed, rej] = req_counts(&s, "nd");
     assert_eq!(
         (passed, delayed, rej),

@@ -231,9 +231,9 @@ pub async fn handle(cx: &mut Ctx<'_>, dir: &[u8]) -> Option<Response> {
     }
 
     let pool = match cx.io_policy() {
-        Ok(p) => match p.aio {
-            crate::io::Aio::Threads(pool) | crate::io::Aio::Uring(pool) => Some(pool),
-            crate::io::Aio::Off => None,
+        Ok(p) => match &p.aio {
+            crate::io::Aio::Threads(pool) => Some(pool.clone()),
+            crate::io::Aio::Uring | crate::io::Aio::Off => None,
         },
         Err(r) => return Some(*r),
     }
