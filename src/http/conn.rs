@@ -150,6 +150,8 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         };
         let dsrv = &addr.default.srv;
         let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
+        // nginx counts a request once its first bytes arrived.
+        shared.stats.request();
         let head = read_head(&stream, &mut buf, &addr, first).await;
         drop(reading);
         let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
@@ -171,13 +173,11 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             }
             HeadResult::Reject(r) => {
                 info.requests += 1;
-                shared.stats.request();
                 reject_and_close(&stream, &addr, &info, r).await;
                 return;
             }
         };
         info.requests += 1;
-        shared.stats.request();
         let req = match request::parse_head(&buf[..end], dsrv) {
             Ok(r) => r,
             Err(r) => {

@@ -258,10 +258,8 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
 
 /// nginx 1.22.1, measured: an idle kept-alive connection and a fresh one
 /// that sent nothing are "Waiting"; one with half a head is "Reading" and
-/// its request is already counted. Needs the engine fix described in the
-/// report (the idle wait must not count as reading).
+/// its request is already counted.
 #[test]
-#[ignore = "engine: idle connections are counted as Reading (conn.rs)"]
 fn stub_status_states_match_nginx() {
     let p = Prefix::new();
     p.write("html/a", "A");
