@@ -238,11 +238,19 @@ async fn accept_loop(
     loop {
         loop {
             let limit = shared.config.load().main.connections();
+            // A stream session needs a second slot for its upstream side;
+            // waiting for both here keeps a client in the backlog instead
+            // of accepting it only to close it for want of that slot.
+            let need = if proto == Proto::Stream {
+                limit.min(2)
+            } else {
+                1
+            };
             // Registered before the check, for the same reason as in `run`.
             let freed = shared.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if shared.active.load(Ordering::Acquire) < limit {
+            if shared.active.load(Ordering::Acquire) + need <= limit {
                 // Alert again the next time the limit is hit, as nginx does.
                 warned = false;
                 break;
@@ -336,16 +344,18 @@ fn serve_stream(
     // None: a reload removed this listener and its Unlisten has not
     // reached us yet; dropping the socket closes the connection.
     let Some(srv) = srv else { return };
+    shared.active.fetch_add(1, Ordering::AcqRel);
+    shared.stats.active.fetch_add(1, Ordering::Relaxed);
+    // Taken now, while the accept loop's check still holds.
+    let slot = shared.take_slot();
     let sock = match s {
         Either::Tcp(t) => crate::stream::proxy::Sock::Tcp(t),
         Either::Unix(u) => crate::stream::proxy::Sock::Unix(u),
     };
-    shared.active.fetch_add(1, Ordering::AcqRel);
-    shared.stats.active.fetch_add(1, Ordering::Relaxed);
     let sh = shared.clone();
     let addr = addr.clone();
     tokio::task::spawn_local(async move {
-        crate::stream::proxy::serve(sock, peer, addr, srv, sh.clone(), id).await;
+        crate::stream::proxy::serve(sock, peer, addr, srv, slot, sh.clone(), id).await;
         sh.active.fetch_sub(1, Ordering::AcqRel);
         sh.stats.active.fetch_sub(1, Ordering::Relaxed);
         sh.freed.notify_waiters();

@@ -252,10 +252,20 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     ),
     // Peer state is ordinary shared memory of the one tern process, so a
     // zone is always there; the name and size have nothing to size.
-    row!("zone", ctx::STREAM_UPS, Args::take12(), StreamSetter::Ignored),
+    row!(
+        "zone",
+        ctx::STREAM_UPS,
+        Args::take12(),
+        StreamSetter::Ignored
+    ),
     // tern proxies without reading ahead (no preread-phase module), so
     // these bound nothing; accepted so that existing configs load.
-    row!("preread_buffer_size", SS, Args::take(1), StreamSetter::Ignored),
+    row!(
+        "preread_buffer_size",
+        SS,
+        Args::take(1),
+        StreamSetter::Ignored
+    ),
     row!("preread_timeout", SS, Args::take(1), StreamSetter::Ignored),
     row!(
         "variables_hash_max_size",
@@ -269,38 +279,93 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(1),
         StreamSetter::Ignored
     ),
-    row!("hash", ctx::STREAM_UPS, Args::take12(), StreamSetter::Unsupported),
+    row!(
+        "hash",
+        ctx::STREAM_UPS,
+        Args::take12(),
+        StreamSetter::Unsupported
+    ),
     row!(
         "least_conn",
         ctx::STREAM_UPS,
         Args::take(0),
         StreamSetter::Unsupported
     ),
-    row!("random", ctx::STREAM_UPS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "random",
+        ctx::STREAM_UPS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("access_log", SS, Args::Any, StreamSetter::Unsupported),
-    row!("log_format", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
-    row!("open_log_file_cache", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "log_format",
+        ctx::STREAM,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "open_log_file_cache",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("map", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
     row!("geo", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
-    row!("split_clients", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "split_clients",
+        ctx::STREAM,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("limit_conn", SS, Args::Any, StreamSetter::Unsupported),
-    row!("limit_conn_zone", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
-    row!("limit_conn_log_level", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "limit_conn_zone",
+        ctx::STREAM,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "limit_conn_log_level",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("allow", SS, Args::Any, StreamSetter::Unsupported),
     row!("deny", SS, Args::Any, StreamSetter::Unsupported),
-    row!("return", ctx::STREAM_SRV, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "return",
+        ctx::STREAM_SRV,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("set", ctx::STREAM_SRV, Args::Any, StreamSetter::Unsupported),
     row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
     row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_bind", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_protocol", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_download_rate", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_upload_rate", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_download_rate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "proxy_upload_rate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_ssl", SS, Args::Any, StreamSetter::Unsupported),
     row!("ssl_certificate", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_certificate_key", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_certificate_key",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("ssl_preread", SS, Args::Any, StreamSetter::Unsupported),
     row!("set_real_ip_from", SS, Args::Any, StreamSetter::Unsupported),
 ];
@@ -507,7 +572,10 @@ fn resolve(target: &str, d: &Directive, what: &str) -> ConfResult<Vec<PeerAddr>>
     if let Some(p) = target.strip_prefix("unix:") {
         if p.is_empty() {
             return Err(ConfError::at(
-                format!("no path in the unix domain socket in {} \"{}\"", what, target),
+                format!(
+                    "no path in the unix domain socket in {} \"{}\"",
+                    what, target
+                ),
                 d,
             ));
         }
@@ -522,9 +590,8 @@ fn resolve(target: &str, d: &Directive, what: &str) -> ConfResult<Vec<PeerAddr>>
             d,
         ));
     }
-    let (host, port) = split_host_port(target).ok_or_else(|| {
-        ConfError::at(format!("no port in {} \"{}\"", what, target), d)
-    })?;
+    let (host, port) = split_host_port(target)
+        .ok_or_else(|| ConfError::at(format!("no port in {} \"{}\"", what, target), d))?;
     let port = port
         .parse::<u16>()
         .ok()
@@ -642,11 +709,7 @@ fn set_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult
     set_once(&mut p.timeout, v, d)
 }
 
-fn set_next_upstream_timeout(
-    p: &mut ProxyConf,
-    d: &Directive,
-    _: &mut Compiler,
-) -> ConfResult<()> {
+fn set_next_upstream_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = msecs(d)?;
     set_once(&mut p.next_upstream_timeout, v, d)
 }

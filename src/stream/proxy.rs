@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::core::log::{Level, Logger};
-use crate::core::worker::WorkerShared;
+use crate::core::worker::{Slot, WorkerShared};
 use crate::http::conf::ListenAddr;
 use crate::stream::conf::StreamServer;
 use crate::stream::upstream::{PeerAddr, Picked};
@@ -84,11 +84,14 @@ impl Ctx<'_> {
 }
 
 /// Serves one accepted stream connection with the server it arrived on.
+/// `slot` is the `worker_connections` slot for the upstream side (None:
+/// none was free).
 pub async fn serve(
     client: Sock,
     remote: Option<SocketAddr>,
     listen: ListenAddr,
     srv: Arc<StreamServer>,
+    slot: Option<Slot>,
     shared: Arc<WorkerShared>,
     id: u64,
 ) {
@@ -107,13 +110,15 @@ pub async fn serve(
         Level::Info,
         format_args!(
             "client {} connected to {}",
-            remote.map(|a| a.to_string()).unwrap_or_else(|| "unix:".into()),
+            remote
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "unix:".into()),
             listen
         ),
     );
     // The upstream connection is a connection of this worker too: nginx's
     // worker_connections counts both sides of a proxied session.
-    let Some(_slot) = shared.take_slot() else {
+    let Some(_slot) = slot else {
         cx.log(
             Level::Alert,
             format_args!(
@@ -146,7 +151,15 @@ pub async fn serve(
     match end {
         End::Closed(who) => cx.log(
             Level::Info,
-            format_args!("{} disconnected, {}", who, tail),
+            format_args!(
+                "{} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{} while proxying connection, {}",
+                who,
+                bytes.from_client,
+                bytes.to_client,
+                bytes.from_upstream,
+                bytes.to_upstream,
+                tail
+            ),
         ),
         End::TimedOut => cx.log(
             Level::Info,
@@ -196,10 +209,8 @@ async fn connect(srv: &StreamServer, cx: &Ctx<'_>) -> Option<(Sock, Picked)> {
                 "connect() failed {} while connecting to upstream",
                 crate::core::errno_text(&e)
             ),
-            Err(_) => {
-                "upstream timed out (110: Connection timed out) while connecting to upstream"
-                    .to_string()
-            }
+            Err(_) => "upstream timed out (110: Connection timed out) while connecting to upstream"
+                .to_string(),
         };
         cx.log(
             Level::Error,

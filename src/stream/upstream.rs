@@ -114,7 +114,8 @@ impl PeerSet {
             if !single
                 && p.max_fails > 0
                 && s.fails >= p.max_fails
-                && s.checked.is_some_and(|c| now.duration_since(c) <= p.fail_timeout)
+                && s.checked
+                    .is_some_and(|c| now.duration_since(c) <= p.fail_timeout)
             {
                 continue;
             }
@@ -134,7 +135,9 @@ impl PeerSet {
         let p = &self.peers[b];
         let s = &mut st[b];
         s.current -= total;
-        if s.checked.map_or(true, |c| now.duration_since(c) > p.fail_timeout) {
+        if s.checked
+            .map_or(true, |c| now.duration_since(c) > p.fail_timeout)
+        {
             s.checked = Some(now);
         }
         s.conns += 1;

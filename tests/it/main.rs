@@ -15,3 +15,4 @@ mod runtime;
 mod smoke;
 mod static_headers;
 mod status;
+mod stream;
