@@ -127,7 +127,7 @@ impl PeerSet {
             if s.effective < i64::from(p.weight) {
                 s.effective += 1;
             }
-            if best.map_or(true, |(_, c)| s.current > c) {
+            if best.is_none_or(|(_, c)| s.current > c) {
                 best = Some((i, s.current));
             }
         }
@@ -136,7 +136,7 @@ impl PeerSet {
         let s = &mut st[b];
         s.current -= total;
         if s.checked
-            .map_or(true, |c| now.duration_since(c) > p.fail_timeout)
+            .is_none_or(|c| now.duration_since(c) > p.fail_timeout)
         {
             s.checked = Some(now);
         }
@@ -162,11 +162,10 @@ impl PeerSet {
                 s.fails += 1;
                 s.accessed = Some(now);
                 s.checked = Some(now);
-                if p.max_fails > 0 {
-                    s.effective -= i64::from(p.weight / p.max_fails);
-                    if s.effective < 0 {
-                        s.effective = 0;
-                    }
+                // Lower its share until it proves itself again (pick()
+                // raises it back by one per round).
+                if let Some(step) = p.weight.checked_div(p.max_fails) {
+                    s.effective = (s.effective - i64::from(step)).max(0);
                 }
             }
             Outcome::Connected => {
