@@ -147,6 +147,12 @@ impl PeerSet {
         Some(b)
     }
 
+    fn forgive(&self) {
+        for s in self.lock().iter_mut() {
+            s.fails = 0;
+        }
+    }
+
     fn finish(&self, i: usize, outcome: Outcome, single: bool, now: Instant) {
         let mut st = self.lock();
         let (Some(p), Some(s)) = (self.peers.get(i), st.get_mut(i)) else {
@@ -221,8 +227,15 @@ impl Upstream {
         if let Some(i) = self.primary.pick(&mut tried.primary, self.single, now) {
             return Some(Picked::new(self.clone(), false, i, &self.primary.peers[i]));
         }
-        let i = self.backup.pick(&mut tried.backup, false, now)?;
-        Some(Picked::new(self.clone(), true, i, &self.backup.peers[i]))
+        if let Some(i) = self.backup.pick(&mut tried.backup, false, now) {
+            return Some(Picked::new(self.clone(), true, i, &self.backup.peers[i]));
+        }
+        // Nothing left for this session. As nginx does, forget all failures
+        // so that the next session tries every peer again at once rather
+        // than refusing clients for a whole fail_timeout.
+        self.primary.forgive();
+        self.backup.forgive();
+        None
     }
 
     fn set(&self, backup: bool) -> &PeerSet {
@@ -348,9 +361,26 @@ mod tests {
         assert_eq!(port(&c), 9);
         c.failed();
         assert!(u.pick(&mut t).is_none());
-        // A new session: both primaries are within fail_timeout, so backup.
+        // Everything failed: all are live again for the next session.
         let mut t = u.tried();
-        assert_eq!(port(&u.pick(&mut t).expect("backup again")), 9);
+        assert_ne!(port(&u.pick(&mut t).expect("primary again")), 9);
+    }
+
+    #[test]
+    fn failed_primary_skipped_by_next_session() {
+        let u = Arc::new(Upstream::new(
+            "u".into(),
+            vec![peer(1, 1), peer(2, 1)],
+            vec![],
+        ));
+        let a = u.pick(&mut u.tried()).expect("first");
+        assert_eq!(port(&a), 1);
+        a.failed();
+        for _ in 0..3 {
+            let p = u.pick(&mut u.tried()).expect("live peer");
+            assert_eq!(port(&p), 2, "failed peer within fail_timeout");
+            p.connected();
+        }
     }
 
     #[test]
