@@ -436,3 +436,22 @@ fn config_errors_worded_as_nginx() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn reload_moves_a_port_from_http_to_stream() {
+    let be = echo_backend();
+    let srv = start(HTTP, 0, 0);
+    assert!(srv.get("/").status > 0, "http answers first");
+    srv.rewrite_conf(
+        &format!("stream {{ server {{ listen 127.0.0.1:@PORT@; proxy_pass 127.0.0.1:{be}; }} }}"),
+        srv.port,
+    );
+    srv.signal(SIGHUP);
+    // The same socket now proxies: no rebind, no refused connection.
+    eventually(5, "port serves stream", || {
+        let mut c = connect(srv.port);
+        c.set_read_timeout(Some(Duration::from_millis(500))).ok();
+        let mut b = [0u8; 4];
+        c.write_all(b"ping").is_ok() && c.read_exact(&mut b).is_ok() && &b == b"ping"
+    });
+}
