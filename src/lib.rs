@@ -5,8 +5,10 @@
 //! - [`core`]: compiled main configuration, master, workers, listeners, signals, logs.
 //! - [`http`]: HTTP/1.1 engine, phases, modules (static, return, ...).
 //! - [`io`]: the file-I/O layer; the only place that may block on a disk.
+//! - [`stream`]: the `stream {}` TCP proxy.
 
 pub mod config;
 pub mod core;
 pub mod http;
 pub mod io;
+pub mod stream;

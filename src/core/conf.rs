@@ -5,8 +5,9 @@
 //! [`Compiler::block`] visits each directive: it finds the registry row
 //! whose name matches and whose contexts include the current one, checks
 //! the argument count and block shape, and calls the row's setter. Block
-//! directives of the core (`events`, `http`) recurse here; `http` hands
-//! over to [`crate::http::conf`]. Errors carry `file:line` in nginx wording.
+//! directives of the core (`events`, `http`, `stream`) recurse here; `http`
+//! hands over to [`crate::http::conf`], `stream` to [`crate::stream::conf`],
+//! which keeps its own directive table. Errors carry `file:line` in nginx wording.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ impl MainConf {
 pub struct Config {
     pub main: MainConf,
     pub http: Option<Arc<crate::http::conf::HttpConf>>,
+    pub stream: Option<Arc<crate::stream::conf::StreamConf>>,
     pub tree: Tree,
     pub prefix: PathBuf,
     pub conf_file: PathBuf,
@@ -142,12 +144,19 @@ fn index() -> &'static HashMap<&'static str, Vec<Spec>> {
 
 /// Every directive name tern recognises (for `-V`-style listings and tests).
 pub fn known_directive(name: &str) -> bool {
-    index().contains_key(name)
+    index().contains_key(name) || crate::stream::conf::known(name)
 }
 
 /// Finds the registry row for `d` in context `here`, with nginx's checks.
 pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
     let Some(rows) = index().get(d.name.as_str()) else {
+        // A stream-only directive outside `stream {}`.
+        if crate::stream::conf::known(&d.name) {
+            return Err(ConfError::at(
+                format!("\"{}\" directive is not allowed here", d.name),
+                d,
+            ));
+        }
         return Err(ConfError::at(
             format!("unknown directive \"{}\"", d.name),
             d,
@@ -241,6 +250,7 @@ pub fn compile(
     let mut http: Option<Arc<crate::http::conf::HttpConf>> = None;
     let dirs = tree.directives.clone();
     let mut http_dir: Option<Directive> = None;
+    let mut stream_dir: Option<Directive> = None;
     cx.block(
         &dirs,
         ctx::MAIN,
@@ -274,6 +284,13 @@ pub fn compile(
                     http_dir = Some(d.clone());
                     Ok(())
                 }
+                "stream" => {
+                    if stream_dir.is_some() {
+                        return Err(registry::duplicate(d));
+                    }
+                    stream_dir = Some(d.clone());
+                    Ok(())
+                }
                 _ => Err(ConfError::at(
                     format!("\"{}\" directive is not allowed here", d.name),
                     d,
@@ -299,9 +316,14 @@ pub fn compile(
             &d, &mut cx, &main,
         )?));
     }
+    let stream = match stream_dir {
+        Some(d) => Some(Arc::new(crate::stream::conf::compile_stream(&d, &mut cx)?)),
+        None => None,
+    };
     Ok(Config {
         main,
         http,
+        stream,
         tree,
         prefix: prefix.to_path_buf(),
         conf_file: conf_file.to_path_buf(),
@@ -458,6 +480,12 @@ const MAIN_DIRECTIVES: &[Spec] = &[
         set: Setter::Block,
     },
     Spec {
+        name: "stream",
+        ctx: ctx::MAIN,
+        args: Args::take(0),
+        set: Setter::Block,
+    },
+    Spec {
         name: "worker_connections",
         ctx: ctx::EVENTS,
         args: Args::take(1),
@@ -494,12 +522,6 @@ const MAIN_DIRECTIVES: &[Spec] = &[
 /// Directives nginx has that tern recognises but does not implement yet:
 /// a config that uses one is refused at startup, naming it.
 const UNSUPPORTED: &[Spec] = &[
-    Spec {
-        name: "stream",
-        ctx: ctx::MAIN,
-        args: Args::Any,
-        set: Setter::Unsupported,
-    },
     Spec {
         name: "mail",
         ctx: ctx::MAIN,

@@ -6,6 +6,8 @@
 //! - HUP: parse and compile the file again; on failure log and keep serving
 //!   the old configuration; on success swap it in (requests already running
 //!   keep theirs), open new listeners, close removed ones, update pools.
+//!   http and stream listeners are reconciled alike; a listener kept
+//!   across a reload keeps its socket (no connection is refused or closed).
 //! - QUIT: workers stop accepting, finish what they are doing, exit.
 //! - TERM/INT: exit now. USR1: reopen log files.
 
@@ -19,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::core::conf::{self, Config};
 use crate::core::log::{self, Level, Logger};
-use crate::core::worker::{self, Ctrl, ListenSock, Stats};
+use crate::core::worker::{self, Ctrl, ListenSock, Proto, Stats};
 use crate::http::conf::{Listen, ListenAddr};
 
 /// How the configuration is (re)loaded.
@@ -44,25 +46,57 @@ impl Source {
 /// Sockets bound for one listen address: one, or one per worker with reuseport.
 struct Bound {
     listen: Listen,
+    proto: Proto,
     socks: Vec<socket2::Socket>,
 }
 
-fn listens(cfg: &Config) -> Vec<Listen> {
-    cfg.http
+/// Every address the configuration listens on, and what it serves. The
+/// same address in `http` and in `stream` is the error nginx would get
+/// binding it twice.
+fn listens(cfg: &Config) -> Result<Vec<(Listen, Proto)>, String> {
+    let mut out: Vec<(Listen, Proto)> = cfg
+        .http
         .as_ref()
-        .map(|h| h.addrs.iter().map(|a| a.listen.clone()).collect())
-        .unwrap_or_default()
+        .map(|h| {
+            h.addrs
+                .iter()
+                .map(|a| (a.listen.clone(), Proto::Http))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(st) = &cfg.stream {
+        for l in &st.listens {
+            if out.iter().any(|(h, _)| h.addr == l.addr) {
+                return Err(format!(
+                    "bind() to {} failed {}",
+                    l.addr,
+                    crate::core::errno_text(&std::io::Error::from_raw_os_error(libc::EADDRINUSE))
+                ));
+            }
+            out.push((l.clone(), Proto::Stream));
+        }
+    }
+    Ok(out)
 }
 
+/// Binds what `want` has and `have` lacks (or has with other socket
+/// options). All or nothing: on an error `have` is left as it was, so a
+/// failed reload leaves no half-bound listener that the workers never got.
 fn bind_all(
-    want: &[Listen],
+    want: &[(Listen, Proto)],
     workers: usize,
     have: &mut HashMap<ListenAddr, Bound>,
 ) -> Result<Vec<ListenAddr>, String> {
-    let mut added = Vec::new();
-    for l in want {
+    let mut fresh: Vec<Bound> = Vec::new();
+    let mut retag: Vec<(ListenAddr, Proto)> = Vec::new();
+    for (l, proto) in want {
         if let Some(b) = have.get(&l.addr) {
             if b.listen.reuseport == l.reuseport && (!l.reuseport || b.socks.len() == workers) {
+                if b.proto != *proto {
+                    // Same socket, other protocol: hand it to the workers
+                    // again with the new kind; nothing to bind.
+                    retag.push((l.addr.clone(), *proto));
+                }
                 continue;
             }
         }
@@ -71,14 +105,22 @@ fn bind_all(
         for _ in 0..n {
             socks.push(crate::core::listen::bind(l)?);
         }
-        have.insert(
-            l.addr.clone(),
-            Bound {
-                listen: l.clone(),
-                socks,
-            },
-        );
-        added.push(l.addr.clone());
+        fresh.push(Bound {
+            listen: l.clone(),
+            proto: *proto,
+            socks,
+        });
+    }
+    let mut added = Vec::new();
+    for (a, proto) in retag {
+        if let Some(b) = have.get_mut(&a) {
+            b.proto = proto;
+            added.push(a);
+        }
+    }
+    for b in fresh {
+        added.push(b.listen.addr.clone());
+        have.insert(b.listen.addr.clone(), b);
     }
     Ok(added)
 }
@@ -100,7 +142,7 @@ fn send_listener(workers: &[mpsc::UnboundedSender<Ctrl>], b: &Bound) {
         };
         match to_worker_sock(s, &b.listen.addr) {
             Ok(ls) => {
-                let _ = w.send(Ctrl::Listen(b.listen.addr.clone(), ls));
+                let _ = w.send(Ctrl::Listen(b.listen.addr.clone(), ls, b.proto));
             }
             Err(e) => crate::elog!(
                 Alert,
@@ -169,7 +211,7 @@ pub fn run(src: Source, cfg: Config) -> i32 {
     }
     let workers_n = cfg.main.workers();
     let mut bound: HashMap<ListenAddr, Bound> = HashMap::new();
-    if let Err(msg) = bind_all(&listens(&cfg), workers_n, &mut bound) {
+    if let Err(msg) = listens(&cfg).and_then(|want| bind_all(&want, workers_n, &mut bound)) {
         eprintln!("tern: [emerg] {}", msg);
         crate::elog!(Emerg, "{}", msg);
         return 1;
@@ -384,8 +426,10 @@ fn reload(
             return;
         }
     };
-    let want = listens(&new);
-    let added = match bind_all(&want, workers.len(), bound) {
+    let (want, added) = match listens(&new).and_then(|want| {
+        let added = bind_all(&want, workers.len(), bound)?;
+        Ok((want, added))
+    }) {
         Ok(a) => a,
         Err(msg) => {
             crate::elog!(Emerg, "{}", msg);
@@ -420,7 +464,7 @@ fn reload(
     log::set_main_logger(logger);
     let removed: Vec<ListenAddr> = bound
         .keys()
-        .filter(|a| !want.iter().any(|l| &l.addr == *a))
+        .filter(|a| !want.iter().any(|(l, _)| &l.addr == *a))
         .cloned()
         .collect();
     for a in &removed {

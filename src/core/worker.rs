@@ -4,6 +4,9 @@
 //!
 //! Control flows one way, master -> worker, over a channel of [`Ctrl`]
 //! messages: add or remove a listener (reload), quit gracefully, stop now.
+//! A listener is either http or stream ([`Proto`]); both kinds share the
+//! accept loop and the `worker_connections` budget, and differ only in
+//! the function a connection is handed to.
 //! The configuration is read per request from the shared [`ArcSwap`], so
 //! a reload needs no message at all.
 
@@ -75,6 +78,45 @@ pub struct WorkerShared {
     pub freed: Notify,
 }
 
+impl WorkerShared {
+    /// Takes one `worker_connections` slot for an outgoing connection (the
+    /// upstream side of a stream session), or None when all are in use.
+    pub fn take_slot(self: &Arc<Self>) -> Option<Slot> {
+        let limit = self.config.load().main.connections();
+        let mut cur = self.active.load(Ordering::Acquire);
+        loop {
+            if cur >= limit {
+                return None;
+            }
+            match self
+                .active
+                .compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(Slot(self.clone())),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// A `worker_connections` slot held by an outgoing connection; given back
+/// (and the accept loop woken) on drop.
+pub struct Slot(Arc<WorkerShared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_waiters();
+    }
+}
+
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Http,
+    Stream,
+}
+
 /// A listening socket handed to a worker.
 pub enum ListenSock {
     Tcp(std::net::TcpListener),
@@ -82,7 +124,7 @@ pub enum ListenSock {
 }
 
 pub enum Ctrl {
-    Listen(ListenAddr, ListenSock),
+    Listen(ListenAddr, ListenSock, Proto),
     Unlisten(ListenAddr),
     /// Graceful stop: close listeners, finish requests, close idle keepalives.
     Quit,
@@ -128,10 +170,10 @@ pub fn run(
         let mut stops: HashMap<ListenAddr, watch::Sender<bool>> = HashMap::new();
         loop {
             match ctrl.recv().await {
-                Some(Ctrl::Listen(addr, sock)) => {
+                Some(Ctrl::Listen(addr, sock, proto)) => {
                     let (tx, rx) = watch::channel(false);
                     stops.insert(addr.clone(), tx);
-                    tokio::task::spawn_local(accept_loop(addr, sock, shared.clone(), rx));
+                    tokio::task::spawn_local(accept_loop(addr, sock, proto, shared.clone(), rx));
                 }
                 Some(Ctrl::Unlisten(addr)) => {
                     if let Some(tx) = stops.remove(&addr) {
@@ -173,6 +215,7 @@ pub fn run(
 async fn accept_loop(
     addr: ListenAddr,
     sock: ListenSock,
+    proto: Proto,
     shared: Arc<WorkerShared>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -195,11 +238,19 @@ async fn accept_loop(
     loop {
         loop {
             let limit = shared.config.load().main.connections();
+            // A stream session needs a second slot for its upstream side;
+            // waiting for both here keeps a client in the backlog instead
+            // of accepting it only to close it for want of that slot.
+            let need = if proto == Proto::Stream {
+                limit.min(2)
+            } else {
+                1
+            };
             // Registered before the check, for the same reason as in `run`.
             let freed = shared.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if shared.active.load(Ordering::Acquire) < limit {
+            if shared.active.load(Ordering::Acquire) + need <= limit {
                 // Alert again the next time the limit is hit, as nginx does.
                 warned = false;
                 break;
@@ -228,6 +279,10 @@ async fn accept_loop(
                 shared.stats.accepts.fetch_add(1, Ordering::Relaxed);
                 shared.stats.handled.fetch_add(1, Ordering::Relaxed);
                 let id = CONN_ID.fetch_add(1, Ordering::Relaxed) + 1;
+                if proto == Proto::Stream {
+                    serve_stream(s, peer, &addr, &shared, id);
+                    continue;
+                }
                 let local = match &s {
                     Either::Tcp(t) => t.local_addr().ok(),
                     Either::Unix(_) => None,
@@ -269,6 +324,42 @@ async fn accept_loop(
             }
         }
     }
+}
+
+/// Hands an accepted connection to the stream proxy, with the server the
+/// current configuration has for its listener.
+fn serve_stream(
+    s: Either,
+    peer: Option<std::net::SocketAddr>,
+    addr: &ListenAddr,
+    shared: &Arc<WorkerShared>,
+    id: u64,
+) {
+    let srv = shared
+        .config
+        .load()
+        .stream
+        .as_ref()
+        .and_then(|c| c.server_for(addr));
+    // None: a reload removed this listener and its Unlisten has not
+    // reached us yet; dropping the socket closes the connection.
+    let Some(srv) = srv else { return };
+    shared.active.fetch_add(1, Ordering::AcqRel);
+    shared.stats.active.fetch_add(1, Ordering::Relaxed);
+    // Taken now, while the accept loop's check still holds.
+    let slot = shared.take_slot();
+    let sock = match s {
+        Either::Tcp(t) => crate::stream::proxy::Sock::Tcp(t),
+        Either::Unix(u) => crate::stream::proxy::Sock::Unix(u),
+    };
+    let sh = shared.clone();
+    let addr = addr.clone();
+    tokio::task::spawn_local(async move {
+        crate::stream::proxy::serve(sock, peer, addr, srv, slot, sh.clone(), id).await;
+        sh.active.fetch_sub(1, Ordering::AcqRel);
+        sh.stats.active.fetch_sub(1, Ordering::Relaxed);
+        sh.freed.notify_waiters();
+    });
 }
 
 enum Either {

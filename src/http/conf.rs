@@ -869,7 +869,9 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<Grouped> {
 
 // ---- directives -----------------------------------------------------------
 
-fn parse_listen(d: &Directive) -> ConfResult<Listen> {
+/// Parses a `listen` directive (also used by the stream module, which
+/// rejects the http-only parameters itself).
+pub fn parse_listen(d: &Directive) -> ConfResult<Listen> {
     let a = arg(d, 0);
     let addr = if let Some(p) = a.strip_prefix("unix:") {
         ListenAddr::Unix(PathBuf::from(p))

@@ -16,3 +16,4 @@ mod runtime;
 mod smoke;
 mod static_headers;
 mod status;
+mod stream;

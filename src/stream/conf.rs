@@ -1,0 +1,826 @@
+//! The `stream {}` block: its directive table, the compiler that walks the
+//! block, and the compiled, immutable [`StreamConf`].
+//!
+//! The stream module keeps its own table ([`DIRECTIVES`]) instead of
+//! adding rows to the http-shaped [`crate::config::registry::Setter`]: a
+//! stream directive fills stream structs only, so the table, its setters
+//! and its lookup live here, and the core compiler only hands over the
+//! `stream` block (see [`compile_stream`]). The checks and their wording
+//! are the registry's (context, argument count, block shape).
+//!
+//! Inheritance is nginx's: `proxy_*` and `error_log` set in `stream {}` are
+//! the defaults of every `server {}` that does not set them itself.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
+use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::core::conf::{Compiler, ErrorLogSpec};
+use crate::core::log::Logger;
+use crate::http::conf::{Listen, ListenAddr};
+use crate::stream::upstream::{Peer, PeerAddr, Upstream};
+
+/// nginx's defaults for the stream proxy.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+const DEFAULT_BUFFER_SIZE: usize = 16 * 1024;
+
+/// The compiled `stream {}` block; part of [`crate::core::conf::Config`],
+/// so it is swapped whole on reload and a session keeps the `Arc` of the
+/// server it started on.
+#[derive(Debug, Default)]
+pub struct StreamConf {
+    pub servers: Vec<Arc<StreamServer>>,
+    /// Which server a listening address belongs to.
+    pub by_addr: HashMap<ListenAddr, Arc<StreamServer>>,
+    /// Every listening address, in file order, for the master to bind.
+    pub listens: Vec<Listen>,
+}
+
+impl StreamConf {
+    /// The server that owns a listening address (None once a reload removed it).
+    pub fn server_for(&self, addr: &ListenAddr) -> Option<Arc<StreamServer>> {
+        self.by_addr.get(addr).cloned()
+    }
+}
+
+/// One compiled `server {}` of the stream block.
+#[derive(Debug)]
+pub struct StreamServer {
+    pub listen: Vec<Listen>,
+    pub upstream: Arc<Upstream>,
+    pub connect_timeout: Duration,
+    /// Idle timeout between two successive reads or writes (`proxy_timeout`).
+    pub timeout: Duration,
+    pub buffer_size: usize,
+    pub next_upstream: bool,
+    /// 0 = no limit.
+    pub next_upstream_tries: usize,
+    /// None = no limit.
+    pub next_upstream_timeout: Option<Duration>,
+    pub half_close: bool,
+    pub socket_keepalive: bool,
+    pub tcp_nodelay: bool,
+    /// `error_log` of this server (or inherited from `stream`); None = main log.
+    pub logger: Option<Arc<Logger>>,
+}
+
+/// Directives that inherit from `stream` into `server` (nginx's srv conf
+/// merged with its main conf); unset fields take the defaults at the end.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyConf {
+    pub connect_timeout: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub buffer_size: Option<usize>,
+    pub next_upstream: Option<bool>,
+    pub next_upstream_tries: Option<usize>,
+    pub next_upstream_timeout: Option<Duration>,
+    pub half_close: Option<bool>,
+    pub socket_keepalive: Option<bool>,
+    pub tcp_nodelay: Option<bool>,
+    pub error_log: Option<Vec<ErrorLogSpec>>,
+}
+
+impl ProxyConf {
+    fn merge(&mut self, p: &ProxyConf) {
+        macro_rules! inherit {
+            ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = p.$f.clone(); } )* };
+        }
+        inherit!(
+            connect_timeout,
+            timeout,
+            buffer_size,
+            next_upstream,
+            next_upstream_tries,
+            next_upstream_timeout,
+            half_close,
+            socket_keepalive,
+            tcp_nodelay,
+            error_log
+        );
+    }
+}
+
+/// A `server {}` while its block is being read.
+#[derive(Debug, Default)]
+pub struct SrvBuild {
+    pub listen: Vec<Listen>,
+    /// `proxy_pass` target as written, with its directive for error locations.
+    pub pass: Option<(String, Directive)>,
+    pub proxy: ProxyConf,
+}
+
+/// An `upstream {}` while its block is being read.
+#[derive(Debug, Default)]
+pub struct UpsBuild {
+    pub peers: Vec<Peer>,
+    pub backup: Vec<Peer>,
+}
+
+/// The `stream {}` block while it is being read.
+#[derive(Debug, Default)]
+pub struct MainBuild {
+    pub proxy: ProxyConf,
+    pub servers: Vec<(SrvBuild, Directive)>,
+    pub upstreams: HashMap<String, Arc<Upstream>>,
+}
+
+/// Which struct a stream directive's setter fills.
+#[derive(Clone, Copy)]
+pub enum StreamSetter {
+    /// `proxy_*`/`error_log`: allowed in `stream` and `server`, inherited.
+    Proxy(fn(&mut ProxyConf, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Server-only (`listen`, `proxy_pass`).
+    Srv(fn(&mut SrvBuild, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Inside `upstream {}`.
+    Ups(fn(&mut UpsBuild, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// `server` and `upstream` blocks, handled by the walker itself.
+    Block,
+    /// Accepted for compatibility; has no effect in tern (the reason is at the row).
+    Ignored,
+    /// nginx has it, tern does not yet: a startup error naming it.
+    Unsupported,
+}
+
+/// One row of the stream directive table.
+#[derive(Clone, Copy)]
+pub struct StreamSpec {
+    pub name: &'static str,
+    pub ctx: u32,
+    pub args: Args,
+    pub set: StreamSetter,
+}
+
+const SS: u32 = ctx::STREAM | ctx::STREAM_SRV;
+
+macro_rules! row {
+    ($name:expr, $ctx:expr, $args:expr, $set:expr) => {
+        StreamSpec {
+            name: $name,
+            ctx: $ctx,
+            args: $args,
+            set: $set,
+        }
+    };
+}
+
+/// The stream module's directives.
+pub const DIRECTIVES: &[StreamSpec] = &[
+    row!("server", ctx::STREAM, Args::take(0), StreamSetter::Block),
+    row!("upstream", ctx::STREAM, Args::take(1), StreamSetter::Block),
+    row!(
+        "listen",
+        ctx::STREAM_SRV,
+        Args::AtLeast(1),
+        StreamSetter::Srv(set_listen)
+    ),
+    row!(
+        "proxy_pass",
+        ctx::STREAM_SRV,
+        Args::take(1),
+        StreamSetter::Srv(set_proxy_pass)
+    ),
+    row!(
+        "error_log",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_error_log)
+    ),
+    row!(
+        "proxy_connect_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_connect_timeout)
+    ),
+    row!(
+        "proxy_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_timeout)
+    ),
+    row!(
+        "proxy_buffer_size",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_buffer_size)
+    ),
+    row!(
+        "proxy_next_upstream",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_next_upstream)
+    ),
+    row!(
+        "proxy_next_upstream_tries",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_next_upstream_tries)
+    ),
+    row!(
+        "proxy_next_upstream_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_next_upstream_timeout)
+    ),
+    row!(
+        "proxy_half_close",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_half_close)
+    ),
+    row!(
+        "proxy_socket_keepalive",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_socket_keepalive)
+    ),
+    row!(
+        "tcp_nodelay",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_tcp_nodelay)
+    ),
+    row!(
+        "server",
+        ctx::STREAM_UPS,
+        Args::AtLeast(1),
+        StreamSetter::Ups(set_ups_server)
+    ),
+    // Peer state is ordinary shared memory of the one tern process, so a
+    // zone is always there; the name and size have nothing to size.
+    row!(
+        "zone",
+        ctx::STREAM_UPS,
+        Args::take12(),
+        StreamSetter::Ignored
+    ),
+    // tern proxies without reading ahead (no preread-phase module), so
+    // these bound nothing; accepted so that existing configs load.
+    row!(
+        "preread_buffer_size",
+        SS,
+        Args::take(1),
+        StreamSetter::Ignored
+    ),
+    row!("preread_timeout", SS, Args::take(1), StreamSetter::Ignored),
+    row!(
+        "variables_hash_max_size",
+        ctx::STREAM,
+        Args::take(1),
+        StreamSetter::Ignored
+    ),
+    row!(
+        "variables_hash_bucket_size",
+        ctx::STREAM,
+        Args::take(1),
+        StreamSetter::Ignored
+    ),
+    row!(
+        "hash",
+        ctx::STREAM_UPS,
+        Args::take12(),
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "least_conn",
+        ctx::STREAM_UPS,
+        Args::take(0),
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "random",
+        ctx::STREAM_UPS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("access_log", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "log_format",
+        ctx::STREAM,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "open_log_file_cache",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("map", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
+    row!("geo", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "split_clients",
+        ctx::STREAM,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("limit_conn", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "limit_conn_zone",
+        ctx::STREAM,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "limit_conn_log_level",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("allow", SS, Args::Any, StreamSetter::Unsupported),
+    row!("deny", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "return",
+        ctx::STREAM_SRV,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("set", ctx::STREAM_SRV, Args::Any, StreamSetter::Unsupported),
+    row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
+    row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_bind", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_protocol", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_download_rate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "proxy_upload_rate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_ssl", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_certificate", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_certificate_key",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("ssl_preread", SS, Args::Any, StreamSetter::Unsupported),
+    row!("set_real_ip_from", SS, Args::Any, StreamSetter::Unsupported),
+];
+
+/// Whether `name` is a stream directive (the core compiler uses this to
+/// say "not allowed here" rather than "unknown" outside `stream {}`).
+pub fn known(name: &str) -> bool {
+    DIRECTIVES.iter().any(|s| s.name == name)
+}
+
+/// Finds the row for `d` in context `here`, with the registry's checks and wording.
+fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
+    let mut rows = DIRECTIVES.iter().filter(|s| s.name == d.name).peekable();
+    if rows.peek().is_none() {
+        if crate::core::conf::known_directive(&d.name) {
+            return Err(ConfError::at(
+                format!("\"{}\" directive is not allowed here", d.name),
+                d,
+            ));
+        }
+        return Err(ConfError::at(
+            format!("unknown directive \"{}\"", d.name),
+            d,
+        ));
+    }
+    let Some(spec) = rows.find(|s| s.ctx & here != 0) else {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not allowed here", d.name),
+            d,
+        ));
+    };
+    if let StreamSetter::Unsupported = spec.set {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        ));
+    }
+    let block = matches!(spec.set, StreamSetter::Block);
+    if !block && d.block.is_some() {
+        return Err(ConfError::at(
+            format!("directive \"{}\" is not terminated by \";\"", d.name),
+            d,
+        ));
+    }
+    if block && d.block.is_none() {
+        return Err(ConfError::at(
+            format!("directive \"{}\" has no opening \"{{\"", d.name),
+            d,
+        ));
+    }
+    if !spec.args.accepts(d.args.len()) {
+        return Err(registry::invalid_args(d));
+    }
+    Ok(*spec)
+}
+
+/// Compiles a `stream {}` directive.
+pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf> {
+    let mut m = MainBuild::default();
+    let kids = d.block.as_deref().unwrap_or(&[]);
+    // Servers are only collected here; their `proxy_pass` is resolved once
+    // the whole block is read, because it may name an upstream defined
+    // further down, as nginx allows.
+    for k in kids {
+        let spec = lookup(k, ctx::STREAM)?;
+        match spec.set {
+            StreamSetter::Proxy(f) => f(&mut m.proxy, k, cx)?,
+            StreamSetter::Block if k.name == "upstream" => upstream_block(&mut m, k, cx)?,
+            StreamSetter::Block => m.servers.push((server_block(k, cx)?, k.clone())),
+            StreamSetter::Ignored => {}
+            // lookup() only returns these in other contexts.
+            StreamSetter::Srv(_) | StreamSetter::Ups(_) | StreamSetter::Unsupported => {
+                return Err(ConfError::at(
+                    format!("\"{}\" directive is not allowed here", k.name),
+                    k,
+                ))
+            }
+        }
+    }
+    let mut out = StreamConf::default();
+    let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
+    let builds = std::mem::take(&mut m.servers);
+    for (mut sb, sd) in builds {
+        sb.proxy.merge(&m.proxy);
+        let Some((target, pd)) = sb.pass.take() else {
+            return Err(ConfError::at("no handler for server", &sd));
+        };
+        let upstream = match m.upstreams.get(&target) {
+            Some(u) => u.clone(),
+            None => match implicit.get(&target) {
+                Some(u) => u.clone(),
+                None => {
+                    // nginx's implicit upstream: every address of the
+                    // name, default weight and failure accounting.
+                    let peers = resolve(&target, &pd, "upstream")?
+                        .into_iter()
+                        .map(|addr| Peer {
+                            name: addr.to_string(),
+                            addr,
+                            weight: 1,
+                            max_fails: 1,
+                            fail_timeout: Duration::from_secs(10),
+                            max_conns: 0,
+                            down: false,
+                        })
+                        .collect();
+                    let u = Arc::new(Upstream::new(target.clone(), peers, Vec::new()));
+                    implicit.insert(target.clone(), u.clone());
+                    u
+                }
+            },
+        };
+        let p = &sb.proxy;
+        let logger = match &p.error_log {
+            Some(specs) => Some(Arc::new(Logger::from_specs(specs).map_err(|e| {
+                ConfError::at(
+                    format!("open() error log failed {}", crate::core::errno_text(&e)),
+                    &sd,
+                )
+            })?)),
+            None => None,
+        };
+        let srv = Arc::new(StreamServer {
+            listen: sb.listen.clone(),
+            upstream,
+            connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
+            next_upstream: p.next_upstream.unwrap_or(true),
+            next_upstream_tries: p.next_upstream_tries.unwrap_or(0),
+            next_upstream_timeout: p.next_upstream_timeout.filter(|t| !t.is_zero()),
+            half_close: p.half_close.unwrap_or(false),
+            socket_keepalive: p.socket_keepalive.unwrap_or(false),
+            tcp_nodelay: p.tcp_nodelay.unwrap_or(true),
+            logger,
+        });
+        for l in &sb.listen {
+            if out.by_addr.contains_key(&l.addr) {
+                return Err(ConfError::at(
+                    format!("duplicate \"{}\" address and port pair", l.addr),
+                    &sd,
+                ));
+            }
+            out.by_addr.insert(l.addr.clone(), srv.clone());
+            out.listens.push(l.clone());
+        }
+        out.servers.push(srv);
+    }
+    Ok(out)
+}
+
+fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
+    let mut sb = SrvBuild::default();
+    for k in d.block.as_deref().unwrap_or(&[]) {
+        let spec = lookup(k, ctx::STREAM_SRV)?;
+        match spec.set {
+            StreamSetter::Srv(f) => f(&mut sb, k, cx)?,
+            StreamSetter::Proxy(f) => f(&mut sb.proxy, k, cx)?,
+            StreamSetter::Ignored => {}
+            _ => {
+                return Err(ConfError::at(
+                    format!("\"{}\" directive is not allowed here", k.name),
+                    k,
+                ))
+            }
+        }
+    }
+    Ok(sb)
+}
+
+fn upstream_block(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let name = arg(d, 0).to_string();
+    if m.upstreams.contains_key(&name) {
+        return Err(ConfError::at(format!("duplicate upstream \"{}\"", name), d));
+    }
+    let mut ub = UpsBuild::default();
+    for k in d.block.as_deref().unwrap_or(&[]) {
+        let spec = lookup(k, ctx::STREAM_UPS)?;
+        match spec.set {
+            StreamSetter::Ups(f) => f(&mut ub, k, cx)?,
+            StreamSetter::Ignored => {}
+            _ => {
+                return Err(ConfError::at(
+                    format!("\"{}\" directive is not allowed here", k.name),
+                    k,
+                ))
+            }
+        }
+    }
+    if ub.peers.is_empty() {
+        return Err(ConfError::at("no servers are inside upstream", d));
+    }
+    let u = Upstream::new(name.clone(), ub.peers, ub.backup);
+    m.upstreams.insert(name, Arc::new(u));
+    Ok(())
+}
+
+// ---- address parsing --------------------------------------------------------
+
+/// `unix:PATH`, `host:port` or `[v6]:port` (a port is required, as in
+/// nginx's stream module), resolved now, as nginx resolves at startup.
+/// `what` is the noun nginx puts in the error ("upstream").
+fn resolve(target: &str, d: &Directive, what: &str) -> ConfResult<Vec<PeerAddr>> {
+    if let Some(p) = target.strip_prefix("unix:") {
+        if p.is_empty() {
+            return Err(ConfError::at(
+                format!(
+                    "no path in the unix domain socket in {} \"{}\"",
+                    what, target
+                ),
+                d,
+            ));
+        }
+        return Ok(vec![PeerAddr::Unix(PathBuf::from(p))]);
+    }
+    if target.contains('$') {
+        return Err(ConfError::at(
+            format!(
+                "variables in \"{}\" of the \"{}\" directive are not supported by tern yet",
+                target, d.name
+            ),
+            d,
+        ));
+    }
+    let (host, port) = split_host_port(target)
+        .ok_or_else(|| ConfError::at(format!("no port in {} \"{}\"", what, target), d))?;
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| ConfError::at(format!("invalid port in {} \"{}\"", what, target), d))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![PeerAddr::Inet(SocketAddr::new(ip, port))]);
+    }
+    let not_found = || ConfError::at(format!("host not found in {} \"{}\"", what, target), d);
+    if host.is_empty() {
+        return Err(not_found());
+    }
+    let mut addrs: Vec<PeerAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|_| not_found())?
+        .map(PeerAddr::Inet)
+        .collect();
+    // getaddrinfo lists an address once per socket type on some systems.
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(not_found());
+    }
+    Ok(addrs)
+}
+
+/// Splits `host:port` / `[v6]:port`; None when there is no port.
+fn split_host_port(s: &str) -> Option<(&str, &str)> {
+    if s.starts_with('[') {
+        let end = s.find(']')?;
+        let rest = s[end + 1..].strip_prefix(':')?;
+        return Some((&s[..=end], rest));
+    }
+    let (h, p) = s.rsplit_once(':')?;
+    // A bare IPv6 address without brackets has no port part.
+    if h.contains(':') {
+        return None;
+    }
+    Some((h, p))
+}
+
+// ---- setters ----------------------------------------------------------------
+
+fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
+        match p {
+            "udp" | "ssl" | "proxy_protocol" => {
+                return Err(ConfError::at(
+                    format!(
+                        "the \"{}\" parameter of \"listen\" is not supported by tern yet",
+                        p
+                    ),
+                    d,
+                ))
+            }
+            _ if p.starts_with("fastopen=") => {
+                return Err(ConfError::at(
+                    "the \"fastopen\" parameter of \"listen\" is not supported by tern yet",
+                    d,
+                ))
+            }
+            // http-only parameters that the shared parser knows.
+            "default_server" | "default" | "deferred" | "http2" | "quic" => {
+                return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d))
+            }
+            _ => {}
+        }
+    }
+    let a = arg(d, 0);
+    // The http parser defaults the port to 80; a stream listen has no default.
+    if !a.starts_with("unix:") && a.parse::<u16>().is_err() && split_host_port(a).is_none() {
+        return Err(ConfError::at(
+            format!("no port in \"{}\" of the \"listen\" directive", a),
+            d,
+        ));
+    }
+    let l = crate::http::conf::parse_listen(d)?;
+    if sb.listen.iter().any(|x| x.addr == l.addr) {
+        return Err(ConfError::at(
+            format!("duplicate \"{}\" address and port pair", l.addr),
+            d,
+        ));
+    }
+    sb.listen.push(l);
+    Ok(())
+}
+
+fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if sb.pass.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    sb.pass = Some((arg(d, 0).to_string(), d.clone()));
+    Ok(())
+}
+
+fn msecs(d: &Directive) -> ConfResult<Duration> {
+    value::time_ms(arg(d, 0))
+        .map(Duration::from_millis)
+        .ok_or_else(|| registry::slot_invalid(d))
+}
+
+fn set_error_log(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let s = crate::core::log::parse_error_log(d, cx)?;
+    p.error_log.get_or_insert_with(Vec::new).push(s);
+    Ok(())
+}
+
+fn set_connect_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.connect_timeout, v, d)
+}
+
+fn set_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.timeout, v, d)
+}
+
+fn set_next_upstream_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.next_upstream_timeout, v, d)
+}
+
+fn set_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::size(arg(d, 0))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| registry::slot_invalid(d))? as usize;
+    set_once(&mut p.buffer_size, v, d)
+}
+
+fn set_next_upstream_tries(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))? as usize;
+    set_once(&mut p.next_upstream_tries, v, d)
+}
+
+fn set_next_upstream(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.next_upstream, v, d)
+}
+
+fn set_half_close(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.half_close, v, d)
+}
+
+fn set_socket_keepalive(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.socket_keepalive, v, d)
+}
+
+fn set_tcp_nodelay(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.tcp_nodelay, v, d)
+}
+
+/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [max_conns=N] [backup] [down]`.
+fn set_ups_server(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let mut weight = 1u32;
+    let mut max_fails = 1u32;
+    let mut fail_timeout = Duration::from_secs(10);
+    let mut max_conns = 0usize;
+    let mut backup = false;
+    let mut down = false;
+    let invalid = |p: &str| ConfError::at(format!("invalid parameter \"{}\"", p), d);
+    for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
+        if let Some(v) = p.strip_prefix("weight=") {
+            weight = v
+                .parse::<u32>()
+                .ok()
+                .filter(|w| *w > 0)
+                .ok_or_else(|| invalid(p))?;
+        } else if let Some(v) = p.strip_prefix("max_fails=") {
+            max_fails = v.parse::<u32>().map_err(|_| invalid(p))?;
+        } else if let Some(v) = p.strip_prefix("fail_timeout=") {
+            fail_timeout = value::time_secs(v)
+                .map(Duration::from_secs)
+                .ok_or_else(|| invalid(p))?;
+        } else if let Some(v) = p.strip_prefix("max_conns=") {
+            max_conns = v.parse::<usize>().map_err(|_| invalid(p))?;
+        } else if p == "backup" {
+            backup = true;
+        } else if p == "down" {
+            down = true;
+        } else {
+            return Err(invalid(p));
+        }
+    }
+    let target = arg(d, 0);
+    for addr in resolve(target, d, "upstream")? {
+        let peer = Peer {
+            name: addr.to_string(),
+            addr,
+            weight,
+            max_fails,
+            fail_timeout,
+            max_conns,
+            down,
+        };
+        if backup {
+            ub.backup.push(peer);
+        } else {
+            ub.peers.push(peer);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_split() {
+        assert_eq!(split_host_port("a:1"), Some(("a", "1")));
+        assert_eq!(split_host_port("[::1]:5"), Some(("[::1]", "5")));
+        assert_eq!(split_host_port("[::1]"), None);
+        assert_eq!(split_host_port("::1"), None);
+        assert_eq!(split_host_port("name"), None);
+    }
+
+    #[test]
+    fn table_names_unique_per_context() {
+        for (i, a) in DIRECTIVES.iter().enumerate() {
+            for b in &DIRECTIVES[i + 1..] {
+                assert!(
+                    a.name != b.name || a.ctx & b.ctx == 0,
+                    "{} twice in one context",
+                    a.name
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! The `stream` module: a TCP (and unix-socket) proxy configured by
+//! nginx's `stream {}` block.
+//!
+//! - [`conf`]: the directive table and the compiled [`conf::StreamConf`].
+//! - [`upstream`]: `upstream {}` groups, weighted round-robin, passive
+//!   health checks.
+//! - [`proxy`]: one session: connect, then copy both ways.
+//!
+//! Listening sockets of stream servers go through the same machinery as
+//! http ones: the master binds them (one `SO_REUSEPORT` socket per worker
+//! with `listen ... reuseport`), reconciles them on reload and hands them
+//! to the workers, whose accept loop counts connections against
+//! `worker_connections` and spawns [`proxy::serve`] for a stream listener.
+//! The server for a connection is looked up in the configuration current
+//! at accept time; a session keeps that server (an `Arc`) to its end, so a
+//! reload closes no session.
+//!
+//! # Session states
+//!
+//! ```text
+//!  accepted ──no worker_connections slot for the upstream side──▶ closed
+//!     │
+//!     ▼ pick a peer (round-robin, skipping tried/down/failed peers)
+//!  connecting ──refused / proxy_connect_timeout──▶ next peer, while
+//!     │           proxy_next_upstream on and tries/timeout allow;
+//!     │           "no live upstreams" ──────────────────────────▶ closed
+//!     ▼ connected
+//!  proxying (both directions copy; any byte moved restarts proxy_timeout)
+//!     │── one side sent FIN, its data delivered, proxy_half_close off ──▶ closed
+//!     │── proxy_half_close on: FIN passed on (shutdown(SHUT_WR));
+//!     │      the other direction goes on ─── its FIN too ──────────────▶ closed
+//!     │── a read or write error (reset) ──────────────────────────────▶ closed
+//!     └── proxy_timeout without any byte moving ──────────────────────▶ closed
+//! ```
+//!
+//! Invariants: a direction reads only into an empty buffer (memory per
+//! session is two `proxy_buffer_size` buffers); a peer chosen for a session
+//! counts toward its `max_conns` until the session ends; nothing a peer
+//! sends can panic the worker.
+
+pub mod conf;
+pub mod proxy;
+pub mod upstream;
