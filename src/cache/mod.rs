@@ -359,6 +359,9 @@ pub fn zone(conf: PathConf) -> Arc<Zone> {
 /// and hand to the workers' user.
 pub fn allow_dir(p: &Path) {
     allowed_dirs().insert(p.to_path_buf());
+    // Called while compiling the configuration: start the keeper now, on
+    // the master thread, so that it has the master's credentials.
+    sender();
 }
 
 fn allowed_dirs() -> MutexGuard<'static, HashSet<PathBuf>> {
@@ -381,6 +384,10 @@ enum Msg {
 }
 
 fn send(m: Msg) {
+    let _ = sender().lock().unwrap_or_else(|e| e.into_inner()).send(m);
+}
+
+fn sender() -> &'static Mutex<mpsc::Sender<Msg>> {
     static TX: OnceLock<Mutex<mpsc::Sender<Msg>>> = OnceLock::new();
     let tx = TX.get_or_init(|| {
         let (tx, rx) = mpsc::channel();
@@ -395,7 +402,7 @@ fn send(m: Msg) {
         }
         Mutex::new(tx)
     });
-    let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(m);
+    tx
 }
 
 fn keeper(rx: mpsc::Receiver<Msg>) {

@@ -11,6 +11,7 @@ mod engine;
 mod gzip;
 mod limits;
 mod map;
+mod proxy;
 mod runtime;
 mod smoke;
 mod static_headers;

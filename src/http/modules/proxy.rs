@@ -734,10 +734,11 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         if conf.cache_methods.unwrap_or(M_GET | M_HEAD) & m != 0 {
             let key = match &conf.cache_key {
                 Some(t) => t.render_vec(&*cx),
+                // nginx's built-in key: the proxy_pass URL's scheme and
+                // host, then the URI as sent upstream.
                 None => {
-                    let mut k = b"http".to_vec();
-                    k.extend_from_slice(&pass.host);
-                    k.extend_from_slice(&cx.req.raw_uri);
+                    let mut k = pass.url.as_bytes().to_vec();
+                    k.extend_from_slice(&upstream_uri(cx, pass));
                     k
                 }
             };
@@ -1150,7 +1151,7 @@ fn request_head(cx: &Ctx<'_>, conf: &ProxyLoc, uri: &[u8], caching: bool) -> Vec
     }
     if conf.pass_request_headers.unwrap_or(true) {
         for hd in &cx.req.headers {
-            if set_names.iter().any(|n| *n == hd.lname) {
+            if set_names.contains(&hd.lname) {
                 continue;
             }
             push_header(&mut h, hd.name.as_bytes(), &hd.value);
