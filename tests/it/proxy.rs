@@ -390,3 +390,63 @@ fn upstream_cache_control_wins_over_proxy_cache_valid() {
     }
     assert_eq!(o.count(), 6);
 }
+
+#[test]
+fn http11_keepalive_connections_and_chunked_responses() {
+    // An origin that serves many requests per connection, chunked.
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().unwrap().port();
+    let conns = Arc::new(Mutex::new(0usize));
+    let reqs = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (c2, r2) = (conns.clone(), reqs.clone());
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            *c2.lock().unwrap() += 1;
+            let r2 = r2.clone();
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                loop {
+                    while let Some(end) = find(&buf, b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        r2.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&head).into());
+                        let resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n";
+                        if c.write_all(resp).is_err() {
+                            return;
+                        }
+                    }
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let conf = format!(
+        "http {{ upstream ka {{ server 127.0.0.1:{}; keepalive 4; }}
+            server {{ listen 127.0.0.1:@PORT@;
+                location / {{ proxy_pass http://ka; proxy_http_version 1.1;
+                    proxy_set_header Connection \"\"; }} }} }}",
+        port
+    );
+    let s = Server::start(&conf);
+    for _ in 0..3 {
+        let r = s.get("/k");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+        assert_eq!(r.header("Content-Length"), Some("5"));
+        assert!(r.header("Transfer-Encoding").is_none());
+    }
+    let seen = reqs.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen[0].starts_with("GET /k HTTP/1.1\r\nHost: ka\r\n"),
+        "{}",
+        seen[0]
+    );
+    assert!(!seen[0].contains("Connection:"), "{}", seen[0]);
+    assert_eq!(*conns.lock().unwrap(), 1, "upstream connection not reused");
+}
