@@ -12,6 +12,7 @@ mod gzip;
 mod io;
 mod limits;
 mod map;
+mod proxy;
 mod runtime;
 mod smoke;
 mod static_headers;

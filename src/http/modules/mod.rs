@@ -19,11 +19,13 @@ pub mod limit_req;
 pub mod map;
 pub mod not_modified;
 pub mod open_file_cache;
+pub mod proxy;
 pub mod range;
 pub mod rewrite;
 pub mod static_file;
 pub mod stub_status;
 pub mod try_files;
+pub mod upstream;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -53,6 +55,8 @@ pub const TABLES: &[&[Spec]] = &[
     stub_status::DIRECTIVES,
     try_files::DIRECTIVES,
     error_page::DIRECTIVES,
+    proxy::DIRECTIVES,
+    upstream::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -70,6 +74,9 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
 
 /// The content phase: special handlers first, then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
+    if let Some(step) = proxy::content(cx).await {
+        return step;
+    }
     match try_files::run(cx).await {
         Step::Next => {}
         other => return other,
@@ -93,6 +100,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (limit_req::VARS, limit_req::var),
     (gzip::VARS, gzip::var),
     (stub_status::VARS, stub_status::var),
+    (proxy::VARS, proxy::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -133,6 +141,7 @@ pub struct ModLoc {
     pub access: access::AccessLoc,
     pub static_file: static_file::StaticLoc,
     pub error_page: error_page::ErrorPageLoc,
+    pub proxy: proxy::ProxyLoc,
 }
 
 impl ModLoc {
@@ -155,6 +164,7 @@ impl ModLoc {
         self.access.merge(&p.access);
         self.static_file.merge(&p.static_file);
         self.error_page.merge(&p.error_page);
+        self.proxy.merge(&p.proxy);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
@@ -167,6 +177,8 @@ pub struct ModMain {
     pub access_log: access_log::AccessLogMain,
     pub limit_conn: limit_conn::LimitConnMain,
     pub limit_req: limit_req::LimitReqMain,
+    pub proxy: proxy::ProxyMain,
+    pub upstream: upstream::UpstreamMain,
 }
 
 /// A block directive inside `server` that a module owns (`if`).
@@ -224,10 +236,7 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "open_file_cache": ctx::HSL, "open_file_cache_valid": ctx::HSL, "open_file_cache_min_uses": ctx::HSL,
     "open_file_cache_errors": ctx::HSL, "open_file_cache_events": ctx::HSL,
     "charset": HSL, "charset_types": ctx::HSL, "source_charset": ctx::HSL, "override_charset": HSL, "charset_map": H,
-    "map": H, "split_clients": H, "upstream": H, "geo": H,
-    "proxy_pass": ctx::LOC | ctx::LIF | ctx::LMT, "proxy_cache": ctx::HSL, "proxy_cache_path": H, "proxy_cache_key": ctx::HSL,
-    "proxy_cache_valid": ctx::HSL, "proxy_set_header": ctx::HSL, "proxy_buffering": ctx::HSL, "proxy_http_version": ctx::HSL,
-    "proxy_temp_path": ctx::HSL, "proxy_connect_timeout": ctx::HSL, "proxy_read_timeout": ctx::HSL, "proxy_send_timeout": ctx::HSL,
+    "map": H, "split_clients": H, "geo": H,
     "fastcgi_pass": ctx::LOC | ctx::LIF, "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
 
     "autoindex": ctx::HSL,

@@ -1,0 +1,590 @@
+//! The on-disk HTTP cache: keys zones, cache files, the loader and the
+//! manager (`proxy_cache_path`).
+//!
+//! # Layout on disk (nginx's)
+//!
+//! The key (`proxy_cache_key`) is hashed with MD5; the file is named by
+//! the 32 hex digits and sits under `levels` directories taken from the
+//! *end* of the name: with `levels=1:2`, key md5 `…c244` lives at
+//! `PATH/4/24/…c244`. So an operator's tooling (and `find -name`) works the
+//! same on tern's cache as on nginx's. The *contents* of a cache file are
+//! tern-specific ([`file`]): nginx's binary header is not reproduced, and
+//! a cache directory is not meant to be shared between the two servers.
+//!
+//! # Cache entry states
+//!
+//! ```text
+//!               MISS/EXPIRED: fetch from upstream
+//!   absent ───────────────────────────────────────▶ temp
+//!     ▲          (PATH/<levels>/<md5>.tern-tmp-PID-N, written through the
+//!     │           file-I/O layer, invisible to lookups)
+//!     │                                               │ body complete, header
+//!     │   upstream error / not cacheable              │ written: rename(2)
+//!     │◀────────────── temp unlinked ─────────────────┤
+//!     │                                               ▼
+//!     │   evicted (LRU over max_size,           complete = on disk under its
+//!     │   inactive, keys zone full)              final name, node in the zone
+//!     │◀─────────────────────────────────────────────┤
+//!     │                                     ┌────────┴────────┐
+//!     │                                     ▼                 ▼
+//!     │                                   valid ──time──▶ expired
+//!     │                                  (HIT)             (EXPIRED: refetch,
+//!     │                                                     back to temp; the
+//!     └─────────────────────────────────────────────────── old file serves
+//!                                                           until the rename)
+//! ```
+//!
+//! Invariants:
+//!
+//! - a file under a final (32-hex) name is always complete: it only gets
+//!   there by `rename` after its last byte was written, and rename is
+//!   atomic within a directory (the temp file is in the same directory, so
+//!   `use_temp_path` is always effectively `off`);
+//! - a temp file is never served: lookups only ever open final names;
+//! - a final file is served only if its header parses, names the same key,
+//!   and its size is exactly header + body length (a file truncated by a
+//!   full disk or a crash of the machine, not of tern, is deleted instead);
+//! - the keys zone may lag the disk, never lead it in a harmful way: a
+//!   node whose file vanished is a MISS (and the node is dropped), a file
+//!   without a node (previous run, loader not there yet) is adopted on
+//!   lookup, as nginx does.
+//!
+//! # Who does what
+//!
+//! - Workers look entries up, write temp files, rename, insert nodes.
+//! - One *keeper* thread per process (started by the master thread while
+//!   compiling the configuration, so it keeps the master's credentials)
+//!   runs each new zone's **loader** (scan the tree, adopt complete entries,
+//!   delete leftovers of a crashed run), then every second the **manager**
+//!   (forget entries unused for `inactive`, evict LRU above `max_size`,
+//!   unlink the files). It also creates the cache directory and hands it to
+//!   the user workers run as, like nginx's master does for its paths:
+//!   workers cannot create directories in a root-owned prefix.
+//!
+//! Zones are process-wide shared state: a reload that keeps a zone's name,
+//! size, path and levels keeps the zone (and its nodes).
+
+pub mod file;
+pub mod md5;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use crate::io::{Aio, Policy};
+
+/// Seconds since the epoch (cache validity is persisted, so wall clock).
+pub fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A `proxy_cache_path` as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathConf {
+    pub path: PathBuf,
+    /// Directory name lengths, outermost first (`levels=1:2` = `[1, 2]`).
+    pub levels: Vec<usize>,
+    pub name: String,
+    pub size: usize,
+    pub max_size: Option<u64>,
+    pub inactive_secs: u64,
+}
+
+impl PathConf {
+    /// What identifies a zone across reloads (limits may change).
+    fn same_zone(&self, o: &PathConf) -> bool {
+        self.name == o.name && self.size == o.size && self.path == o.path && self.levels == o.levels
+    }
+}
+
+/// What the zone knows of one entry.
+#[derive(Debug, Clone, Copy)]
+pub struct Node {
+    pub valid_until: i64,
+    /// Bytes the file takes (what `max_size` counts).
+    pub disk: u64,
+    last_access: i64,
+    lru: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    nodes: HashMap<[u8; 16], Node>,
+    /// LRU order: sequence number of the last use -> key.
+    lru: BTreeMap<u64, [u8; 16]>,
+    seq: u64,
+    disk: u64,
+    /// Evicted entries whose files the keeper must unlink.
+    doomed: Vec<[u8; 16]>,
+}
+
+/// A keys zone: the in-memory index of one cache directory.
+#[derive(Debug)]
+pub struct Zone {
+    /// As first configured; `max_size` and `inactive` live in the atomics
+    /// below so that a reload can change them on a kept zone.
+    pub conf: PathConf,
+    /// `max_size` in bytes (`u64::MAX` = unlimited).
+    max_size: AtomicU64,
+    inactive_secs: AtomicU64,
+    inner: Mutex<Inner>,
+    /// Nodes the zone may hold (nginx: about 8000 per megabyte).
+    max_nodes: usize,
+    /// The directory exists and belongs to the workers' user.
+    ready: AtomicBool,
+    /// Loader finished (for tests and the status page).
+    pub loaded: AtomicBool,
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Suffix of temp files: `<md5>.tern-tmp-<pid>-<n>`.
+pub const TEMP_MARK: &str = ".tern-tmp-";
+
+impl Zone {
+    fn new(conf: PathConf) -> Zone {
+        let z = Zone {
+            max_nodes: (conf.size / 128).max(8),
+            inner: Mutex::new(Inner::default()),
+            ready: AtomicBool::new(false),
+            loaded: AtomicBool::new(false),
+            max_size: AtomicU64::new(u64::MAX),
+            inactive_secs: AtomicU64::new(600),
+            conf,
+        };
+        z.set_limits(&z.conf.clone());
+        z
+    }
+
+    fn set_limits(&self, c: &PathConf) {
+        self.max_size
+            .store(c.max_size.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.inactive_secs.store(c.inactive_secs, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The final path of the entry with this key hash.
+    pub fn file_path(&self, md5: &[u8; 16]) -> PathBuf {
+        entry_path(&self.conf.path, &self.conf.levels, md5)
+    }
+
+    /// A fresh temp path in the entry's own directory (same filesystem, so
+    /// the final rename is atomic).
+    pub fn temp_path(&self, md5: &[u8; 16]) -> PathBuf {
+        let mut p = self.file_path(md5).into_os_string();
+        p.push(format!(
+            "{}{}-{}",
+            TEMP_MARK,
+            std::process::id(),
+            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        PathBuf::from(p)
+    }
+
+    /// Looks a key up, marking it used. None when the zone has no node.
+    pub fn touch(&self, md5: &[u8; 16]) -> Option<Node> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        inner.seq += 1;
+        let seq = inner.seq;
+        let n = inner.nodes.get_mut(md5)?;
+        inner.lru.remove(&n.lru);
+        n.lru = seq;
+        n.last_access = now_secs();
+        inner.lru.insert(seq, *md5);
+        Some(*n)
+    }
+
+    /// Records a complete entry (after its rename, or adopted from disk).
+    /// Evicts LRU entries when the zone is full.
+    pub fn insert(&self, md5: [u8; 16], valid_until: i64, disk: u64) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        inner.seq += 1;
+        let seq = inner.seq;
+        if let Some(old) = inner.nodes.remove(&md5) {
+            inner.lru.remove(&old.lru);
+            inner.disk = inner.disk.saturating_sub(old.disk);
+        }
+        inner.nodes.insert(
+            md5,
+            Node {
+                valid_until,
+                disk,
+                last_access: now_secs(),
+                lru: seq,
+            },
+        );
+        inner.lru.insert(seq, md5);
+        inner.disk += disk;
+        // Re-inserted: whatever eviction was pending for this key is void.
+        inner.doomed.retain(|d| *d != md5);
+        while inner.nodes.len() > self.max_nodes {
+            let Some((_, k)) = inner.lru.pop_first() else {
+                break;
+            };
+            if let Some(n) = inner.nodes.remove(&k) {
+                inner.disk = inner.disk.saturating_sub(n.disk);
+                inner.doomed.push(k);
+            }
+        }
+    }
+
+    /// Forgets a node (its file vanished or is invalid).
+    pub fn remove(&self, md5: &[u8; 16]) {
+        let mut g = self.lock();
+        if let Some(n) = g.nodes.remove(md5) {
+            g.lru.remove(&n.lru);
+            g.disk = g.disk.saturating_sub(n.disk);
+        }
+    }
+
+    /// Total bytes of the entries the zone knows.
+    pub fn disk_size(&self) -> u64 {
+        self.lock().disk
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Makes sure the cache directory exists and is writable by the calling
+    /// (worker) thread's user: asks the keeper once, then remembers.
+    pub async fn ensure_ready(&self) -> io::Result<()> {
+        if self.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        prepare_dir(&self.conf.path).await?;
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// One manager pass: forget inactive entries, evict LRU over max_size.
+    /// Returns the files to unlink.
+    fn manage(&self) -> Vec<[u8; 16]> {
+        let now = now_secs();
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let mut out = std::mem::take(&mut inner.doomed);
+        let inactive = self.inactive_secs.load(Ordering::Relaxed) as i64;
+        let stale: Vec<[u8; 16]> = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| now - n.last_access > inactive)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            if let Some(n) = inner.nodes.remove(&k) {
+                inner.lru.remove(&n.lru);
+                inner.disk = inner.disk.saturating_sub(n.disk);
+                out.push(k);
+            }
+        }
+        let max = self.max_size.load(Ordering::Relaxed);
+        {
+            while inner.disk > max {
+                let Some((_, k)) = inner.lru.pop_first() else {
+                    break;
+                };
+                if let Some(n) = inner.nodes.remove(&k) {
+                    inner.disk = inner.disk.saturating_sub(n.disk);
+                    out.push(k);
+                }
+            }
+        }
+        out
+    }
+
+    fn still_absent(&self, md5: &[u8; 16]) -> bool {
+        !self.lock().nodes.contains_key(md5)
+    }
+}
+
+/// `PATH/<levels>/<md5 hex>`: each level takes the next characters from
+/// the end of the hex name (nginx's layout).
+pub fn entry_path(root: &Path, levels: &[usize], md5: &[u8; 16]) -> PathBuf {
+    let name = md5::hex(md5);
+    let mut p = root.to_path_buf();
+    let mut end = name.len();
+    for &l in levels {
+        let start = end.saturating_sub(l);
+        p.push(&name[start..end]);
+        end = start;
+    }
+    p.push(&name);
+    p
+}
+
+// ---- zone registry (kept across reloads) -----------------------------------
+
+fn registry() -> MutexGuard<'static, Vec<Weak<Zone>>> {
+    static REG: Mutex<Vec<Weak<Zone>>> = Mutex::new(Vec::new());
+    REG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The zone for `conf`: the live one with the same name, size, path and
+/// levels (a reload keeps its nodes), else a new one, whose loader is
+/// queued on the keeper.
+pub fn zone(conf: PathConf) -> Arc<Zone> {
+    let mut reg = registry();
+    reg.retain(|w| w.strong_count() > 0);
+    for w in reg.iter() {
+        let Some(z) = w.upgrade() else { continue };
+        if z.conf.same_zone(&conf) {
+            z.set_limits(&conf);
+            return z;
+        }
+    }
+    let z = Arc::new(Zone::new(conf));
+    reg.push(Arc::downgrade(&z));
+    allowed_dirs().insert(z.conf.path.clone());
+    send(Msg::Load(Arc::downgrade(&z)));
+    z
+}
+
+/// Registers a temp directory (`proxy_temp_path`) the keeper may create
+/// and hand to the workers' user.
+pub fn allow_dir(p: &Path) {
+    allowed_dirs().insert(p.to_path_buf());
+    // Called while compiling the configuration: start the keeper now, on
+    // the master thread, so that it has the master's credentials.
+    sender();
+}
+
+fn allowed_dirs() -> MutexGuard<'static, HashSet<PathBuf>> {
+    static DIRS: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    DIRS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- the keeper thread ------------------------------------------------------
+
+enum Msg {
+    Load(Weak<Zone>),
+    Prepare {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        reply: tokio::sync::oneshot::Sender<io::Result<()>>,
+    },
+}
+
+fn send(m: Msg) {
+    let _ = sender().lock().unwrap_or_else(|e| e.into_inner()).send(m);
+}
+
+fn sender() -> &'static Mutex<mpsc::Sender<Msg>> {
+    static TX: OnceLock<Mutex<mpsc::Sender<Msg>>> = OnceLock::new();
+    let tx = TX.get_or_init(|| {
+        let (tx, rx) = mpsc::channel();
+        // Started from the thread that compiles the configuration (the
+        // master), so it keeps the master's credentials. If the spawn
+        // fails the cache still serves; only loading and eviction stop.
+        let spawned = std::thread::Builder::new()
+            .name("tern-cache".into())
+            .spawn(move || keeper(rx));
+        if let Err(e) = spawned {
+            crate::elog!(Alert, "could not start the cache manager thread: {}", e);
+        }
+        Mutex::new(tx)
+    });
+    tx
+}
+
+fn keeper(rx: mpsc::Receiver<Msg>) {
+    let mut zones: Vec<Weak<Zone>> = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(Msg::Load(w)) => {
+                if let Some(z) = w.upgrade() {
+                    load(&z);
+                    z.loaded.store(true, Ordering::Release);
+                }
+                zones.push(w);
+            }
+            Ok(Msg::Prepare {
+                path,
+                uid,
+                gid,
+                reply,
+            }) => {
+                let _ = reply.send(prepare(&path, uid, gid));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        zones.retain(|w| w.strong_count() > 0);
+        for w in &zones {
+            if let Some(z) = w.upgrade() {
+                for k in z.manage() {
+                    // Skip a key that came back since it was evicted: its
+                    // path now holds a fresh entry.
+                    if z.still_absent(&k) {
+                        let _ = std::fs::remove_file(z.file_path(&k));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Creates `path` and gives it to the workers' user (only for directories
+/// the configuration named).
+fn prepare(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    if !allowed_dirs().contains(path) {
+        return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+    }
+    std::fs::create_dir_all(path)?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
+/// Asks the keeper to create `path` for the calling thread's user.
+pub async fn prepare_dir(path: &Path) -> io::Result<()> {
+    // SAFETY: geteuid/getegid have no preconditions; on Linux they report
+    // the calling thread's credentials (the worker's, after its drop).
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    send(Msg::Prepare {
+        path: path.to_path_buf(),
+        uid,
+        gid,
+        reply,
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(io::Error::other("cache manager is not running")))
+}
+
+/// The loader: adopts complete entries, deletes temp files of dead runs
+/// and files that are not valid entries (partial, foreign, misnamed).
+fn load(z: &Zone) {
+    let pid_mark = format!("{}{}-", TEMP_MARK, std::process::id());
+    let mut stack = vec![(z.conf.path.clone(), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(ft) = e.file_type() else { continue };
+            let name = e.file_name().to_string_lossy().into_owned();
+            if ft.is_dir() {
+                if depth < z.conf.levels.len() {
+                    stack.push((p, depth + 1));
+                }
+                continue;
+            }
+            if !ft.is_file() {
+                continue;
+            }
+            if name.contains(&pid_mark) {
+                // In flight in this very process (a reload made a new zone).
+                continue;
+            }
+            let adopt = md5::unhex(&name)
+                .filter(|_| depth == z.conf.levels.len())
+                .filter(|k| z.file_path(k) == p)
+                .and_then(|k| file::check_file(&p, &k).map(|h| (k, h)));
+            match adopt {
+                Some((k, (valid_until, disk))) => {
+                    if z.still_absent(&k) {
+                        z.insert(k, valid_until, disk);
+                    }
+                }
+                None => {
+                    crate::elog!(Notice, "cache loader removes \"{}\"", p.display());
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+    }
+}
+
+/// Runs a blocking file-system call (mkdir, create, rename, unlink) in the
+/// location's pool when it has one, inline otherwise (as nginx, which does
+/// these inline, and `aio off` promises).
+pub async fn blocking<F, R>(policy: &Policy, f: F) -> io::Result<R>
+where
+    F: FnOnce() -> io::Result<R> + Send + 'static,
+    R: Send + 'static,
+{
+    match &policy.aio {
+        Aio::Threads(p) | Aio::Uring(p) => p.run(f).await?,
+        Aio::Off => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_levels_layout() {
+        let k = md5::digest(b"http://backend/c/k?1");
+        assert_eq!(
+            entry_path(Path::new("/c"), &[1, 2], &k),
+            PathBuf::from("/c/4/24/3fda2c167f54ceac7fefa9687230c244")
+        );
+        assert_eq!(
+            entry_path(Path::new("/c"), &[2], &k),
+            PathBuf::from("/c/44/3fda2c167f54ceac7fefa9687230c244")
+        );
+        assert_eq!(
+            entry_path(Path::new("/c"), &[], &k),
+            PathBuf::from("/c/3fda2c167f54ceac7fefa9687230c244")
+        );
+    }
+
+    fn test_zone(max_size: Option<u64>, size: usize) -> Zone {
+        Zone::new(PathConf {
+            path: "/nonexistent".into(),
+            levels: vec![1, 2],
+            name: "t".into(),
+            size,
+            max_size,
+            inactive_secs: 600,
+        })
+    }
+
+    #[test]
+    fn lru_eviction_over_max_size() {
+        let z = test_zone(Some(250), 1 << 20);
+        let k = |i: u8| [i; 16];
+        z.insert(k(1), 0, 100);
+        z.insert(k(2), 0, 100);
+        assert!(z.touch(&k(1)).is_some());
+        z.insert(k(3), 0, 100);
+        // 300 > 250: the least recently used (2) goes.
+        assert_eq!(z.manage(), vec![k(2)]);
+        assert!(z.touch(&k(2)).is_none());
+        assert_eq!(z.disk_size(), 200);
+    }
+
+    #[test]
+    fn full_keys_zone_evicts_lru() {
+        let z = test_zone(None, 1024);
+        for i in 0..9u8 {
+            z.insert([i; 16], 0, 1);
+        }
+        assert_eq!(z.len(), 8);
+        assert!(z.touch(&[0; 16]).is_none());
+        assert_eq!(z.manage(), vec![[0; 16]]);
+    }
+}

@@ -1,0 +1,2023 @@
+//! `proxy_pass` and the `proxy_*` directives: the reverse proxy and its
+//! HTTP cache front end (the cache itself is [`crate::cache`]).
+//!
+//! # A proxied request
+//!
+//! ```text
+//! content phase
+//!   ├─ proxy_cache? ── key -> md5 -> zone lookup ── HIT ──▶ cache file as Body::File
+//!   │                                           └─ MISS / EXPIRED / BYPASS
+//!   ├─ pick a peer (round robin) ── connect ── send head ── read head ──┐
+//!   │        ▲ error/timeout before a response head: next peer          │
+//!   │        └──────────────────────────────────────────────────────────┘
+//!   ├─ read the body: memory up to proxy_buffers, beyond that a temp file
+//!   │   (a cache temp file when the response is cacheable), written
+//!   │   through the file-I/O layer
+//!   └─ cacheable: header written, rename into place, node inserted
+//!       response: Body::Bytes from memory or Body::File from the temp file
+//! ```
+//!
+//! The engine sends bodies that are complete, so the upstream response is
+//! always fully buffered before the client gets its head (tern's
+//! `proxy_buffering off` behaves like `on`). That is also why an upstream
+//! failure half-way through a body becomes a 502/504 here, where nginx,
+//! having already sent the head, would cut the client connection.
+//!
+//! # Headers sent upstream (as nginx 1.22)
+//!
+//! Request line with the (replaced) URI and `HTTP/1.0` (or
+//! `proxy_http_version`), then `proxy_set_header` entries in order, then
+//! the defaults not overridden (`Host: $proxy_host`, `Connection: close`),
+//! then the client's headers except those named by any of the above and
+//! the hop-by-hop ones nginx clears (`TE`, `Keep-Alive`, `Expect`,
+//! `Upgrade`, plus the conditional and `Range` headers when caching). An
+//! entry whose value renders empty is not sent.
+//!
+//! # Headers relayed back
+//!
+//! All but the framing and hop-by-hop ones (`Content-Length`,
+//! `Transfer-Encoding`, `Connection`, `Keep-Alive`, ...) and nginx's hidden
+//! set (`Date`, `Server`, `X-Pad`, `X-Accel-Expires`, `X-Accel-Redirect`,
+//! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `X-Accel-Charset`); tern
+//! writes its own `Date` and `Server`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::upstream::{self, Upstream};
+use crate::cache::{self, file::EntryHead, md5, Zone};
+use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::core::log::Level;
+use crate::http::conf::{merge_opts, HttpMain, LocConf};
+use crate::http::phases::{Ctx, Step};
+use crate::http::request::Method;
+use crate::http::response::{Body, Response};
+use crate::http::vars::Template;
+use crate::io::{OpenFile, Policy};
+
+const LOC: u32 = ctx::LOC | ctx::LIF | ctx::LMT;
+const HSL: u32 = ctx::HSL;
+
+pub const DIRECTIVES: &[Spec] = &[
+    row("proxy_pass", LOC, Args::take(1), set_pass),
+    row("proxy_set_header", HSL, Args::take(2), set_header),
+    row("proxy_http_version", HSL, Args::take(1), set_http_version),
+    row("proxy_connect_timeout", HSL, Args::take(1), set_timeout),
+    row("proxy_read_timeout", HSL, Args::take(1), set_timeout),
+    row("proxy_send_timeout", HSL, Args::take(1), set_timeout),
+    row("proxy_buffering", HSL, Args::Flag, set_flag),
+    row("proxy_buffers", HSL, Args::take(2), set_buffers),
+    row("proxy_buffer_size", HSL, Args::take(1), set_size),
+    row("proxy_busy_buffers_size", HSL, Args::take(1), set_size),
+    row("proxy_max_temp_file_size", HSL, Args::take(1), set_size),
+    row("proxy_temp_file_write_size", HSL, Args::take(1), set_size),
+    row("proxy_temp_path", HSL, Args::take1234(), set_temp_path),
+    row("proxy_cache", HSL, Args::take(1), set_cache),
+    row("proxy_cache_key", HSL, Args::take(1), set_cache_key),
+    row("proxy_cache_valid", HSL, Args::AtLeast(1), set_cache_valid),
+    row(
+        "proxy_cache_methods",
+        HSL,
+        Args::AtLeast(1),
+        set_cache_methods,
+    ),
+    row("proxy_cache_bypass", HSL, Args::AtLeast(1), set_predicates),
+    row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
+    row("proxy_redirect", HSL, Args::take12(), set_redirect),
+    row("proxy_intercept_errors", HSL, Args::Flag, set_flag),
+    row("proxy_pass_request_headers", HSL, Args::Flag, set_flag),
+    row("proxy_hide_header", HSL, Args::take(1), set_hide_pass),
+    row("proxy_pass_header", HSL, Args::take(1), set_hide_pass),
+    row(
+        "proxy_ignore_headers",
+        HSL,
+        Args::AtLeast(1),
+        set_ignore_headers,
+    ),
+    Spec {
+        name: "proxy_cache_path",
+        ctx: ctx::HTTP,
+        args: Args::AtLeast(2),
+        set: Setter::HttpMain(set_cache_path),
+    },
+];
+
+const fn row(
+    name: &'static str,
+    ctx: u32,
+    args: Args,
+    f: fn(&mut LocConf, &Directive, &mut Compiler) -> ConfResult<()>,
+) -> Spec {
+    Spec {
+        name,
+        ctx,
+        args,
+        set: Setter::Loc(f),
+    }
+}
+
+/// Module variables (see `modules::VAR_MODULES`).
+pub const VARS: &[&str] = &[
+    "upstream_cache_status",
+    "upstream_addr",
+    "upstream_status",
+    "proxy_host",
+    "proxy_port",
+    "proxy_add_x_forwarded_for",
+];
+
+pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
+    if i == 5 {
+        if let Some(x) = cx.req.header("x-forwarded-for") {
+            out.extend_from_slice(x);
+            out.extend_from_slice(b", ");
+        }
+        match cx.conn.remote {
+            Some(a) => out.extend_from_slice(a.ip().to_string().as_bytes()),
+            None => out.extend_from_slice(b"unix:"),
+        }
+        return true;
+    }
+    let Some(name) = VARS.get(usize::from(i)) else {
+        return false;
+    };
+    match cx.note(name) {
+        Some(v) => {
+            out.extend_from_slice(v);
+            true
+        }
+        None => false,
+    }
+}
+
+fn set_note(cx: &mut Ctx<'_>, key: &'static str, v: Vec<u8>) {
+    match cx.notes.iter_mut().find(|(k, _)| *k == key) {
+        Some(slot) => slot.1 = v,
+        None => cx.notes.push((key, v)),
+    }
+}
+
+fn append_note(cx: &mut Ctx<'_>, key: &'static str, v: &[u8]) {
+    match cx.notes.iter_mut().find(|(k, _)| *k == key) {
+        Some(slot) => {
+            slot.1.extend_from_slice(b", ");
+            slot.1.extend_from_slice(v);
+        }
+        None => cx.notes.push((key, v.to_vec())),
+    }
+}
+
+// ---- configuration ----------------------------------------------------------
+
+/// http-level state: the cache zones by name.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyMain {
+    pub zones: HashMap<String, Arc<Zone>>,
+}
+
+/// Where `proxy_pass` goes.
+#[derive(Debug)]
+pub enum Target {
+    /// An IP literal: one implicit upstream, built at configuration time.
+    Fixed(Arc<Upstream>),
+    /// A name: an `upstream` block of that name if there is one (looked up
+    /// per request in the request's configuration: a location is compiled
+    /// without access to the http-level state), else the host resolved on
+    /// first use.
+    Named {
+        name: String,
+        port: u16,
+        resolved: OnceLock<Option<Arc<Upstream>>>,
+    },
+}
+
+/// A compiled `proxy_pass http://HOST[:PORT][/URI]`.
+#[derive(Debug)]
+pub struct Pass {
+    /// `http://HOST[:PORT]` as written (for messages).
+    pub url: String,
+    /// `$proxy_host`: the Host header sent by default.
+    pub host: Vec<u8>,
+    pub port: u16,
+    /// The URI part, if any: it replaces the matched location prefix.
+    pub uri: Option<Vec<u8>>,
+    pub target: Target,
+    /// `<prefix>/proxy_temp`, used without `proxy_temp_path`.
+    pub temp_default: PathBuf,
+}
+
+/// `proxy_cache`.
+#[derive(Debug, Clone)]
+pub enum CacheSel {
+    Off,
+    Zone(String),
+    Var(Template),
+}
+
+/// `proxy_cache_valid` entry: status (None = any) and seconds.
+pub type Valid = (Option<u16>, u64);
+
+const M_GET: u8 = 1;
+const M_HEAD: u8 = 2;
+const M_POST: u8 = 4;
+
+const IGN_X_ACCEL_EXPIRES: u8 = 1;
+const IGN_EXPIRES: u8 = 2;
+const IGN_CACHE_CONTROL: u8 = 4;
+const IGN_SET_COOKIE: u8 = 8;
+const IGN_VARY: u8 = 16;
+
+/// Location-level settings.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyLoc {
+    pub pass: Option<Arc<Pass>>,
+    pub headers: Option<Arc<Vec<(String, Template)>>>,
+    /// Minor version of HTTP/1.x to upstream.
+    pub http_version: Option<u8>,
+    pub connect_timeout: Option<u64>,
+    pub read_timeout: Option<u64>,
+    pub send_timeout: Option<u64>,
+    pub buffering: Option<bool>,
+    pub buffers: Option<(usize, usize)>,
+    pub buffer_size: Option<usize>,
+    pub temp_path: Option<PathBuf>,
+    pub cache: Option<CacheSel>,
+    pub cache_key: Option<Template>,
+    pub cache_valid: Option<Arc<Vec<Valid>>>,
+    pub cache_methods: Option<u8>,
+    pub cache_bypass: Option<Arc<Vec<Template>>>,
+    pub no_cache: Option<Arc<Vec<Template>>>,
+    pub redirect: Option<bool>,
+    pub intercept_errors: Option<bool>,
+    pub pass_request_headers: Option<bool>,
+    pub hide: Option<Arc<Vec<String>>>,
+    pub pass_headers: Option<Arc<Vec<String>>>,
+    pub ignore_headers: Option<u8>,
+}
+
+impl ProxyLoc {
+    pub fn merge(&mut self, p: &ProxyLoc) {
+        // `pass` is inherited too, so that an `if` block inside a proxied
+        // location still proxies (nginx keeps the location's handler there).
+        merge_opts!(self, p; pass, headers, http_version, connect_timeout, read_timeout,
+            send_timeout, buffering, buffers, buffer_size, temp_path, cache, cache_key,
+            cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
+            pass_request_headers, hide, pass_headers, ignore_headers);
+    }
+}
+
+fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if l.modules.proxy.pass.is_some() {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    let url = arg(d, 0);
+    if url.contains('$') {
+        return Err(ConfError::at(
+            "proxy_pass with variables is not supported by tern yet",
+            d,
+        ));
+    }
+    let lower = url.to_ascii_lowercase();
+    let rest = if lower.starts_with("http://") {
+        &url[7..]
+    } else if lower.starts_with("https://") {
+        return Err(ConfError::at(
+            "https upstreams are not supported by tern yet",
+            d,
+        ));
+    } else {
+        return Err(ConfError::at(
+            format!("invalid URL prefix in \"{}\"", url),
+            d,
+        ));
+    };
+    let (hostport, uri) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(rest.as_bytes()[i..].to_vec())),
+        None => (rest, None),
+    };
+    if hostport.is_empty() {
+        return Err(ConfError::at(format!("no host in \"{}\"", url), d));
+    }
+    let (host, port) = split_port(hostport)
+        .ok_or_else(|| ConfError::at(format!("invalid port in \"{}\"", url), d))?;
+    let explicit_port = port.is_some();
+    let port = port.unwrap_or(80);
+    let proxy_host = if port == 80 {
+        host.to_string()
+    } else {
+        format!("{}:{}", host, port)
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let target = if bare.parse::<std::net::IpAddr>().is_ok() {
+        let addrs = upstream::resolve(&format!("{}:{}", host, port), d, "upstream")?;
+        Target::Fixed(Arc::new(Upstream::implicit(&proxy_host, addrs)))
+    } else if explicit_port {
+        // A name with a port is never an upstream block: resolve now.
+        let addrs = upstream::resolve(&format!("{}:{}", host, port), d, "upstream")?;
+        Target::Fixed(Arc::new(Upstream::implicit(&proxy_host, addrs)))
+    } else {
+        Target::Named {
+            name: host.to_string(),
+            port,
+            resolved: OnceLock::new(),
+        }
+    };
+    // Temp files of unbuffered-in-memory responses go under the prefix
+    // unless proxy_temp_path says otherwise; the keeper may create it.
+    let temp_default = cx.path("proxy_temp");
+    cache::allow_dir(&temp_default);
+    l.modules.proxy.pass = Some(Arc::new(Pass {
+        url: format!("http://{}", hostport),
+        host: proxy_host.into_bytes(),
+        port,
+        uri,
+        target,
+        temp_default,
+    }));
+    Ok(())
+}
+
+/// `host`, `host:port`, `[v6]:port`; None for a bad port.
+fn split_port(hp: &str) -> Option<(&str, Option<u16>)> {
+    if hp.starts_with('[') {
+        return match hp.rsplit_once("]:") {
+            Some((h, p)) => Some((&hp[..h.len() + 1], Some(p.parse().ok().filter(|p| *p > 0)?))),
+            None => Some((hp, None)),
+        };
+    }
+    match hp.rsplit_once(':') {
+        Some((h, p)) => Some((h, Some(p.parse().ok().filter(|p| *p > 0)?))),
+        None => Some((hp, None)),
+    }
+}
+
+fn set_header(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = cx.template(arg(d, 1), d)?;
+    let list = l.modules.proxy.headers.get_or_insert_with(Default::default);
+    Arc::make_mut(list).push((arg(d, 0).to_string(), v));
+    Ok(())
+}
+
+fn set_http_version(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match arg(d, 0) {
+        "1.0" => 0,
+        "1.1" => 1,
+        v => return Err(crate::config::registry::enum_invalid(d, v)),
+    };
+    set_once(&mut l.modules.proxy.http_version, v, d)
+}
+
+fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let ms = value::time_ms(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
+    let p = &mut l.modules.proxy;
+    let slot = match d.name.as_str() {
+        "proxy_connect_timeout" => &mut p.connect_timeout,
+        "proxy_read_timeout" => &mut p.read_timeout,
+        _ => &mut p.send_timeout,
+    };
+    set_once(slot, ms, d)
+}
+
+fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    let p = &mut l.modules.proxy;
+    let slot = match d.name.as_str() {
+        "proxy_buffering" => &mut p.buffering,
+        "proxy_intercept_errors" => &mut p.intercept_errors,
+        _ => &mut p.pass_request_headers,
+    };
+    set_once(slot, v, d)
+}
+
+fn set_buffers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = value::number(arg(d, 0))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| crate::config::registry::slot_invalid(d))? as usize;
+    let s = value::size(arg(d, 1))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| crate::config::registry::slot_invalid(d))? as usize;
+    set_once(&mut l.modules.proxy.buffers, (n, s), d)
+}
+
+fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let s = value::size(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
+    if d.name == "proxy_buffer_size" {
+        return set_once(&mut l.modules.proxy.buffer_size, s as usize, d);
+    }
+    // proxy_busy_buffers_size, proxy_max_temp_file_size and
+    // proxy_temp_file_write_size tune nginx's streaming of a body to the
+    // client while it arrives; tern buffers whole responses, so they have
+    // nothing to tune. Their values are still checked.
+    Ok(())
+}
+
+fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = cx.path(arg(d, 0));
+    cache::allow_dir(&p);
+    set_once(&mut l.modules.proxy.temp_path, p, d)
+}
+
+fn set_cache(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let sel = if a == "off" {
+        CacheSel::Off
+    } else if a.contains('$') {
+        CacheSel::Var(cx.template(a, d)?)
+    } else {
+        CacheSel::Zone(a.to_string())
+    };
+    set_once(&mut l.modules.proxy.cache, sel, d)
+}
+
+fn set_cache_key(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    set_once(&mut l.modules.proxy.cache_key, t, d)
+}
+
+fn set_cache_valid(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = d.args.len();
+    let time = arg(d, n - 1);
+    let secs = value::time_secs(time)
+        .ok_or_else(|| ConfError::at(format!("invalid time value \"{}\"", time), d))?;
+    let list = l
+        .modules
+        .proxy
+        .cache_valid
+        .get_or_insert_with(Default::default);
+    let list = Arc::make_mut(list);
+    if n == 1 {
+        for c in [200, 301, 302] {
+            list.push((Some(c), secs));
+        }
+        return Ok(());
+    }
+    for a in d.args[..n - 1].iter().map(|a| a.value.as_str()) {
+        if a == "any" {
+            list.push((None, secs));
+            continue;
+        }
+        let code = a
+            .parse::<u16>()
+            .ok()
+            .filter(|c| (100..=599).contains(c))
+            .ok_or_else(|| ConfError::at(format!("invalid status \"{}\"", a), d))?;
+        list.push((Some(code), secs));
+    }
+    Ok(())
+}
+
+fn set_cache_methods(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    // GET and HEAD are always cacheable, as in nginx.
+    let mut m = M_GET | M_HEAD;
+    for a in d.args.iter().map(|a| a.value.as_str()) {
+        m |= match a {
+            "GET" => M_GET,
+            "HEAD" => M_HEAD,
+            "POST" => M_POST,
+            _ => return Err(crate::config::registry::invalid_value(d, a)),
+        };
+    }
+    set_once(&mut l.modules.proxy.cache_methods, m, d)
+}
+
+fn set_predicates(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let mut v = Vec::new();
+    for a in d.args.iter() {
+        v.push(cx.template(&a.value, d)?);
+    }
+    let p = &mut l.modules.proxy;
+    let slot = if d.name == "proxy_cache_bypass" {
+        &mut p.cache_bypass
+    } else {
+        &mut p.no_cache
+    };
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).extend(v);
+    Ok(())
+}
+
+fn set_redirect(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match (d.args.len(), arg(d, 0)) {
+        (1, "default") => true,
+        (1, "off") => false,
+        _ => {
+            return Err(ConfError::at(
+                "proxy_redirect with a replacement is not supported by tern yet",
+                d,
+            ))
+        }
+    };
+    set_once(&mut l.modules.proxy.redirect, v, d)
+}
+
+fn set_hide_pass(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let p = &mut l.modules.proxy;
+    let slot = if d.name == "proxy_hide_header" {
+        &mut p.hide
+    } else {
+        &mut p.pass_headers
+    };
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(arg(d, 0).to_ascii_lowercase());
+    Ok(())
+}
+
+fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let mut m = 0;
+    for a in d.args.iter().map(|a| a.value.as_str()) {
+        m |= match a.to_ascii_lowercase().as_str() {
+            "x-accel-expires" => IGN_X_ACCEL_EXPIRES,
+            "expires" => IGN_EXPIRES,
+            "cache-control" => IGN_CACHE_CONTROL,
+            "set-cookie" => IGN_SET_COOKIE,
+            "vary" => IGN_VARY,
+            // These steer nginx features tern does not have; ignoring
+            // them is what was asked.
+            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-buffering" | "x-accel-charset" => {
+                0
+            }
+            _ => return Err(crate::config::registry::invalid_value(d, a)),
+        };
+    }
+    set_once(&mut l.modules.proxy.ignore_headers, m, d)
+}
+
+/// `proxy_cache_path PATH [levels=] keys_zone=NAME:SIZE [inactive=]
+/// [max_size=] [use_temp_path=] [loader_*= manager_*= min_free=]`.
+fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let path = cx.path(arg(d, 0));
+    let mut levels = Vec::new();
+    let mut zone: Option<(String, usize)> = None;
+    let mut max_size = None;
+    let mut inactive = 600;
+    let bad = |a: &str| ConfError::at(format!("invalid parameter \"{}\"", a), d);
+    for a in d.args.iter().skip(1).map(|a| a.value.as_str()) {
+        if let Some(v) = a.strip_prefix("levels=") {
+            for part in v.split(':') {
+                match part {
+                    "1" => levels.push(1),
+                    "2" => levels.push(2),
+                    _ => {
+                        return Err(ConfError::at(format!("invalid \"levels\" \"{}\"", a), d));
+                    }
+                }
+            }
+            if levels.len() > 3 {
+                return Err(ConfError::at(format!("invalid \"levels\" \"{}\"", a), d));
+            }
+        } else if let Some(v) = a.strip_prefix("keys_zone=") {
+            let (name, size) = v
+                .split_once(':')
+                .ok_or_else(|| ConfError::at(format!("invalid keys zone size \"{}\"", a), d))?;
+            let size = value::size(size)
+                .filter(|s| *s >= 8192)
+                .ok_or_else(|| ConfError::at(format!("invalid keys zone size \"{}\"", a), d))?;
+            if name.is_empty() {
+                return Err(bad(a));
+            }
+            zone = Some((name.to_string(), size as usize));
+        } else if let Some(v) = a.strip_prefix("max_size=") {
+            max_size =
+                Some(value::offset(v).ok_or_else(|| {
+                    ConfError::at(format!("invalid max_size value \"{}\"", a), d)
+                })?);
+        } else if let Some(v) = a.strip_prefix("inactive=") {
+            inactive = value::time_secs(v)
+                .ok_or_else(|| ConfError::at(format!("invalid inactive value \"{}\"", a), d))?;
+        } else if let Some(v) = a.strip_prefix("use_temp_path=") {
+            // Temp files are always written next to their final name (see
+            // crate::cache): `on` and `off` both mean an atomic rename.
+            if v != "on" && v != "off" {
+                return Err(ConfError::at(
+                    format!(
+                        "invalid use_temp_path value \"{}\", it must be \"on\" or \"off\"",
+                        v
+                    ),
+                    d,
+                ));
+            }
+        } else if [
+            "min_free=",
+            "manager_files=",
+            "manager_sleep=",
+            "manager_threshold=",
+            "loader_files=",
+            "loader_sleep=",
+            "loader_threshold=",
+        ]
+        .iter()
+        .any(|p| a.starts_with(p))
+        {
+            // Pacing knobs of nginx's loader/manager processes; tern's
+            // keeper thread runs them off the event loops anyway.
+        } else {
+            return Err(bad(a));
+        }
+    }
+    let Some((name, size)) = zone else {
+        return Err(ConfError::at(
+            "\"proxy_cache_path\" must have \"keys_zone\" parameter",
+            d,
+        ));
+    };
+    if hm.modules.proxy.zones.contains_key(&name) {
+        return Err(ConfError::at(format!("duplicate zone \"{}\"", name), d));
+    }
+    if hm.modules.proxy.zones.values().any(|z| z.conf.path == path) {
+        return Err(ConfError::at(
+            format!("duplicate proxy_cache_path \"{}\"", arg(d, 0)),
+            d,
+        ));
+    }
+    let z = cache::zone(cache::PathConf {
+        path,
+        levels,
+        name: name.clone(),
+        size,
+        max_size,
+        inactive_secs: inactive,
+    });
+    hm.modules.proxy.zones.insert(name, z);
+    Ok(())
+}
+
+// ---- request handling ------------------------------------------------------
+
+/// The content handler: Some when the location proxies.
+pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
+    let loc = cx.loc.clone();
+    let pass = loc.modules.proxy.pass.clone()?;
+    Some(Step::done(handle(cx, &loc, &pass).await))
+}
+
+/// How long each phase may wait, and the buffer limits.
+struct Limits {
+    connect: Duration,
+    send: Duration,
+    read: Duration,
+    head_max: usize,
+    mem_max: usize,
+}
+
+/// The cache side of one request.
+struct CacheReq {
+    zone: Arc<Zone>,
+    key: Vec<u8>,
+    md5: [u8; 16],
+    /// `proxy_no_cache` matched: fetch, but do not store.
+    no_store: bool,
+}
+
+async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Response {
+    let conf = &loc.modules.proxy;
+    set_note(cx, "proxy_host", pass.host.clone());
+    set_note(cx, "proxy_port", pass.port.to_string().into_bytes());
+    if cx.req.content_length.is_some_and(|n| n > 0) || cx.req.chunked {
+        // The engine does not hand request bodies to handlers yet; sending
+        // the head without its body would leave the upstream waiting.
+        cx.log(
+            Level::Error,
+            "proxying a request body is not supported by tern yet",
+        );
+        return Response::status(501);
+    }
+    let Some(up) = upstream_of(cx, pass).await else {
+        return Response::status(502);
+    };
+    let policy = match cx.io_policy() {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let lim = Limits {
+        connect: Duration::from_millis(conf.connect_timeout.unwrap_or(60_000)),
+        send: Duration::from_millis(conf.send_timeout.unwrap_or(60_000)),
+        read: Duration::from_millis(conf.read_timeout.unwrap_or(60_000)),
+        head_max: conf.buffer_size.unwrap_or(4096).max(1024),
+        mem_max: conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s)),
+    };
+
+    // Cache lookup.
+    let mut creq: Option<CacheReq> = None;
+    let zone = match &conf.cache {
+        None | Some(CacheSel::Off) => None,
+        Some(CacheSel::Zone(n)) => Some(n.clone().into_bytes()),
+        Some(CacheSel::Var(t)) => Some(t.render_vec(&*cx)),
+    };
+    if let Some(zname) = zone {
+        let Some(z) = std::str::from_utf8(&zname)
+            .ok()
+            .and_then(|n| cx.http.main.modules.proxy.zones.get(n))
+            .cloned()
+        else {
+            cx.log(
+                Level::Error,
+                &format!("cache \"{}\" not found", String::from_utf8_lossy(&zname)),
+            );
+            return Response::status(500);
+        };
+        let m = match cx.method {
+            Method::Get => M_GET,
+            Method::Head => M_HEAD,
+            Method::Post => M_POST,
+            _ => 0,
+        };
+        if conf.cache_methods.unwrap_or(M_GET | M_HEAD) & m != 0 {
+            let key = match &conf.cache_key {
+                Some(t) => t.render_vec(&*cx),
+                // nginx's built-in key: the proxy_pass URL's scheme and
+                // host, then the URI as sent upstream.
+                None => {
+                    let mut k = pass.url.as_bytes().to_vec();
+                    k.extend_from_slice(&upstream_uri(cx, pass));
+                    k
+                }
+            };
+            let md5 = md5::digest(&key);
+            let bypass = any_true(cx, conf.cache_bypass.as_deref());
+            let no_store = any_true(cx, conf.no_cache.as_deref());
+            let status: &[u8] = if bypass {
+                b"BYPASS"
+            } else {
+                match lookup(cx, &z, &md5, &key, &policy).await {
+                    Lookup::Hit(r) => {
+                        set_note(cx, "upstream_cache_status", b"HIT".to_vec());
+                        return *r;
+                    }
+                    Lookup::Expired => b"EXPIRED",
+                    Lookup::Miss => b"MISS",
+                }
+            };
+            set_note(cx, "upstream_cache_status", status.to_vec());
+            creq = Some(CacheReq {
+                zone: z,
+                key,
+                md5,
+                no_store,
+            });
+        }
+    }
+
+    let req_uri = upstream_uri(cx, pass);
+    let head = request_head(cx, conf, &req_uri, creq.is_some());
+    let head_only = cx.method == Method::Head && creq.is_none();
+    let got = fetch(cx, &up, &lim, &head, &req_uri, head_only).await;
+    let mut resp = match got {
+        Ok(r) => r,
+        Err(status) => return Response::status(status),
+    };
+    set_note(cx, "upstream_status", resp.status.to_string().into_bytes());
+    let relayed = relay_headers(cx, conf, pass, &resp.headers);
+    let store = creq
+        .as_ref()
+        .filter(|c| !c.no_store)
+        .and_then(|c| cache_validity(conf, resp.status, &resp.headers).map(|v| (c, v)));
+
+    // Read the body into memory / a temp file.
+    let mut sink = Sink::new(lim.mem_max);
+    if let Some((c, valid_until)) = &store {
+        let eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+        match sink
+            .start_cache_file(cx, c, eh.header_len() as u64, &policy)
+            .await
+        {
+            Ok(()) => {}
+            Err(e) => {
+                // The response is still served; it just is not stored.
+                cx.log(
+                    Level::Crit,
+                    &format!(
+                        "cannot create cache temp file in \"{}\" {}",
+                        c.zone.conf.path.display(),
+                        crate::core::errno_text(&e)
+                    ),
+                );
+            }
+        }
+    }
+    let temp_dir = conf
+        .temp_path
+        .clone()
+        .unwrap_or_else(|| pass.temp_default.clone());
+    if let Err(f) = read_body(cx, &mut resp, &lim, &mut sink, &policy, &temp_dir).await {
+        let url = upstream_url(&resp.peer_name, &req_uri);
+        log_upstream(cx, Level::Error, &f.msg, &url);
+        sink.abandon(&policy).await;
+        return Response::status(f.status);
+    }
+    if let Some(addr) = resp.keep.take() {
+        up.put_idle(addr.0, addr.1);
+    }
+    let body_len = sink.written;
+
+    // Store: header, rename into place, node.
+    let mut from_file: Option<Arc<OpenFile>> = None;
+    let mut body_off = 0u64;
+    if let (Some((c, valid_until)), true) = (&store, sink.cache_file) {
+        let eh = entry_head(c, &resp, &relayed, *valid_until, body_len);
+        match sink.commit_cache(c, eh, &policy).await {
+            Ok((f, off)) => {
+                from_file = Some(f);
+                body_off = off;
+            }
+            Err(e) => {
+                cx.log(
+                    Level::Crit,
+                    &format!(
+                        "cache file \"{}\" could not be stored {}",
+                        c.zone.file_path(&c.md5).display(),
+                        crate::core::errno_text(&e)
+                    ),
+                );
+                sink.abandon(&policy).await;
+                if sink.mem.is_none() {
+                    return Response::status(500);
+                }
+            }
+        }
+    } else if sink.file.is_some() {
+        match sink.reopen_temp(&policy).await {
+            Ok(f) => from_file = Some(f),
+            Err(e) => {
+                cx.log(
+                    Level::Crit,
+                    &format!(
+                        "temp file could not be read {}",
+                        crate::core::errno_text(&e)
+                    ),
+                );
+                sink.abandon(&policy).await;
+                return Response::status(500);
+            }
+        }
+    }
+
+    let mut out = Response::status(resp.status);
+    apply_headers(&mut out, relayed);
+    out.content_length = Some(body_len);
+    out.body = match (sink.mem.take(), from_file) {
+        (Some(m), _) => Body::Bytes(m),
+        (None, Some(f)) if body_len > 0 => {
+            out.io = Some(policy);
+            Body::File {
+                file: f,
+                offset: body_off,
+                len: body_len,
+            }
+        }
+        _ => Body::Bytes(Vec::new()),
+    };
+    if head_only {
+        out.content_length = resp.declared_len;
+    } else if resp.no_body {
+        out.content_length = None;
+    }
+    if out.status >= 300
+        && conf.intercept_errors.unwrap_or(false)
+        && has_error_page(loc, out.status)
+    {
+        // proxy_intercept_errors: let error_page answer instead.
+        return Response::status(out.status);
+    }
+    out
+}
+
+fn has_error_page(loc: &LocConf, status: u16) -> bool {
+    loc.modules.error_page.find(status).is_some()
+}
+
+fn any_true(cx: &Ctx<'_>, list: Option<&Vec<Template>>) -> bool {
+    list.is_some_and(|l| {
+        l.iter().any(|t| {
+            let v = t.render_vec(cx);
+            !v.is_empty() && v != b"0"
+        })
+    })
+}
+
+/// The upstream for this request (`upstream` block, or the host itself).
+async fn upstream_of(cx: &Ctx<'_>, pass: &Pass) -> Option<Arc<Upstream>> {
+    match &pass.target {
+        Target::Fixed(u) => Some(u.clone()),
+        Target::Named {
+            name,
+            port,
+            resolved,
+        } => {
+            if let Some(u) = cx.http.main.modules.upstream.upstreams.get(name) {
+                return Some(u.clone());
+            }
+            if let Some(r) = resolved.get() {
+                return r.clone();
+            }
+            // getaddrinfo blocks: tokio runs it on its resolver threads.
+            let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((name.as_str(), *port)).await
+            {
+                Ok(a) => a.collect(),
+                Err(_) => Vec::new(),
+            };
+            let u = if addrs.is_empty() {
+                cx.log(
+                    Level::Error,
+                    &format!("host not found in upstream \"{}\"", name),
+                );
+                None
+            } else {
+                Some(Arc::new(Upstream::implicit(
+                    &String::from_utf8_lossy(&pass.host),
+                    addrs,
+                )))
+            };
+            let _ = resolved.set(u.clone());
+            u
+        }
+    }
+}
+
+enum Lookup {
+    Hit(Box<Response>),
+    Expired,
+    Miss,
+}
+
+/// Looks `md5` up in the zone and, when valid, opens its file.
+async fn lookup(
+    cx: &mut Ctx<'_>,
+    z: &Arc<Zone>,
+    md5: &[u8; 16],
+    key: &[u8],
+    policy: &Policy,
+) -> Lookup {
+    let now = cache::now_secs();
+    let node = z.touch(md5);
+    match node {
+        Some(n) if n.valid_until <= now => return Lookup::Expired,
+        // The loader has seen the whole tree: no node, no file.
+        None if z.loaded.load(std::sync::atomic::Ordering::Acquire) => return Lookup::Miss,
+        _ => {}
+    }
+    let path = z.file_path(md5);
+    let f = match crate::io::open(&path, policy).await {
+        Ok(f) => f,
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                cx.log(
+                    Level::Crit,
+                    &format!(
+                        "open() \"{}\" failed {}",
+                        path.display(),
+                        crate::core::errno_text(&e)
+                    ),
+                );
+            }
+            if node.is_some() {
+                z.remove(md5);
+            }
+            return Lookup::Miss;
+        }
+    };
+    let eh = match read_entry_head(&f, policy).await {
+        Some(h)
+            if h.key == key && (h.header_len() as u64).checked_add(h.body_len) == Some(f.size) =>
+        {
+            h
+        }
+        Some(h) if h.key != key => {
+            cx.log(
+                Level::Crit,
+                &format!("cache file \"{}\" has md5 collision", path.display()),
+            );
+            z.remove(md5);
+            return Lookup::Miss;
+        }
+        _ => {
+            // Never serve a file that is not a complete entry.
+            cx.log(
+                Level::Crit,
+                &format!("cache file \"{}\" is invalid", path.display()),
+            );
+            z.remove(md5);
+            return Lookup::Miss;
+        }
+    };
+    if node.is_none() {
+        z.insert(*md5, eh.valid_until, disk_bytes(f.size));
+    }
+    if eh.valid_until <= now {
+        return Lookup::Expired;
+    }
+    let off = eh.header_len() as u64;
+    let len = eh.body_len;
+    let mut r = Response::status(eh.status);
+    r.last_modified = eh.last_modified;
+    apply_headers(&mut r, eh.headers);
+    r.content_length = Some(len);
+    r.body = if len == 0 {
+        Body::Bytes(Vec::new())
+    } else {
+        r.io = Some(policy.clone());
+        Body::File {
+            file: f,
+            offset: off,
+            len,
+        }
+    };
+    Lookup::Hit(Box::new(r))
+}
+
+/// Bytes a file of `size` occupies (4k blocks), for max_size accounting.
+fn disk_bytes(size: u64) -> u64 {
+    size.div_ceil(4096) * 4096
+}
+
+async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead> {
+    let mut want = 4096usize;
+    for _ in 0..2 {
+        let b = crate::io::read(f, 0, want, policy).await.ok()?;
+        match EntryHead::parse(&b) {
+            Ok(h) => return Some(h),
+            Err(cache::file::ParseError::Need(n)) if n > want && (n as u64) <= f.size => want = n,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Moves relayed headers into a response (Content-Type to its field).
+fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
+    for (n, v) in headers {
+        if n.eq_ignore_ascii_case("content-type") {
+            r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
+        } else if n.eq_ignore_ascii_case("last-modified") {
+            match std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| httpdate::parse_http_date(s).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            {
+                Some(d) => r.last_modified = Some(d.as_secs() as i64),
+                None => r.headers.push((Cow::Owned(n), v)),
+            }
+        } else {
+            r.headers.push((Cow::Owned(n), v));
+        }
+    }
+}
+
+/// The URI sent upstream: the client's as sent when unchanged, else the
+/// current URI (escaped) with the location prefix replaced by the
+/// proxy_pass URI, plus the args.
+fn upstream_uri(cx: &Ctx<'_>, pass: &Pass) -> Vec<u8> {
+    let unchanged =
+        cx.uri == cx.req.uri && cx.args == cx.req.args && cx.req.raw_uri.starts_with(b"/");
+    let mut out = Vec::new();
+    match &pass.uri {
+        None if unchanged => return cx.req.raw_uri.clone(),
+        None => crate::http::uri::escape_uri(&cx.uri, &mut out),
+        Some(u) => {
+            out.extend_from_slice(u);
+            let rest = cx.uri.get(cx.loc_prefix_len..).unwrap_or(b"");
+            crate::http::uri::escape_uri(rest, &mut out);
+        }
+    }
+    if let Some(a) = &cx.args {
+        out.push(b'?');
+        out.extend_from_slice(a);
+    }
+    out
+}
+
+/// Names nginx always sets (or clears) itself, in its default order.
+const DEFAULT_SET: &[&str] = &["host", "connection", "content-length", "transfer-encoding"];
+const CLEARED: &[&str] = &["te", "keep-alive", "expect", "upgrade"];
+const CLEARED_WHEN_CACHING: &[&str] = &[
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-none-match",
+    "if-match",
+    "range",
+    "if-range",
+];
+
+fn request_head(cx: &Ctx<'_>, conf: &ProxyLoc, uri: &[u8], caching: bool) -> Vec<u8> {
+    let method: &[u8] = if caching && cx.method == Method::Head {
+        b"GET"
+    } else if cx.method != cx.req.method {
+        // An error_page redirect turned the request into a GET.
+        b"GET"
+    } else {
+        cx.req.method_raw.as_bytes()
+    };
+    let mut h = Vec::with_capacity(512);
+    h.extend_from_slice(method);
+    h.push(b' ');
+    h.extend_from_slice(uri);
+    h.extend_from_slice(if conf.http_version == Some(1) {
+        b" HTTP/1.1\r\n"
+    } else {
+        b" HTTP/1.0\r\n"
+    });
+    let user: &[(String, Template)] = conf.headers.as_deref().map_or(&[], |v| v.as_slice());
+    let mut set_names: Vec<String> = user.iter().map(|(n, _)| n.to_ascii_lowercase()).collect();
+    for (n, t) in user {
+        let v = t.render_vec(cx);
+        if !v.is_empty() {
+            push_header(&mut h, n.as_bytes(), &v);
+        }
+    }
+    for d in DEFAULT_SET {
+        if set_names.iter().any(|n| n == d) {
+            continue;
+        }
+        match *d {
+            "host" => push_header(&mut h, b"Host", cx.note("proxy_host").unwrap_or(b"")),
+            "connection" => push_header(&mut h, b"Connection", b"close"),
+            // No request body is forwarded (see `handle`).
+            _ => {}
+        }
+        set_names.push(d.to_string());
+    }
+    set_names.extend(CLEARED.iter().map(|s| s.to_string()));
+    if caching {
+        set_names.extend(CLEARED_WHEN_CACHING.iter().map(|s| s.to_string()));
+    }
+    if conf.pass_request_headers.unwrap_or(true) {
+        for hd in &cx.req.headers {
+            if set_names.contains(&hd.lname) {
+                continue;
+            }
+            push_header(&mut h, hd.name.as_bytes(), &hd.value);
+        }
+    }
+    h.extend_from_slice(b"\r\n");
+    h
+}
+
+fn push_header(h: &mut Vec<u8>, n: &[u8], v: &[u8]) {
+    h.extend_from_slice(n);
+    h.extend_from_slice(b": ");
+    h.extend_from_slice(v);
+    h.extend_from_slice(b"\r\n");
+}
+
+/// A failure with its status (502/504) and error-log text.
+struct Fail {
+    status: u16,
+    msg: String,
+    /// May try the next peer (nothing of a response was received).
+    next: bool,
+}
+
+fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
+    Fail {
+        status,
+        msg: msg.into(),
+        next,
+    }
+}
+
+const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
+
+/// A response head from upstream, with the connection to read the body from.
+struct UpResp {
+    status: u16,
+    minor: u8,
+    headers: Vec<(String, Vec<u8>)>,
+    stream: Option<TcpStream>,
+    /// Body bytes that came with the head.
+    early: Vec<u8>,
+    peer: SocketAddr,
+    peer_name: String,
+    /// No body follows (HEAD, 1xx, 204, 304).
+    no_body: bool,
+    /// The Content-Length upstream declared (for HEAD answers).
+    declared_len: Option<u64>,
+    /// Set when the connection can go back to the keepalive cache.
+    keep: Option<(SocketAddr, TcpStream)>,
+}
+
+/// Tries peers until one answers with a response head.
+async fn fetch(
+    cx: &mut Ctx<'_>,
+    up: &Arc<Upstream>,
+    lim: &Limits,
+    head: &[u8],
+    uri: &[u8],
+    head_only: bool,
+) -> Result<UpResp, u16> {
+    let mut at = up.attempt();
+    let mut last = 502;
+    let mut tried = false;
+    while let Some(pid) = up.next(&mut at) {
+        let Some(peer) = up.peer(pid) else { break };
+        tried = true;
+        append_note(cx, "upstream_addr", peer.name.as_bytes());
+        let url = upstream_url(&peer.name, uri);
+        match exchange(up, peer.addr, lim, head, head_only).await {
+            Ok(mut r) => {
+                up.succeeded(pid);
+                r.peer_name = peer.name.clone();
+                return Ok(r);
+            }
+            Err(f) => {
+                log_upstream(cx, Level::Error, &f.msg, &url);
+                last = f.status;
+                if up.failed(pid) {
+                    log_upstream(
+                        cx,
+                        Level::Warn,
+                        "upstream server temporarily disabled while connecting to upstream",
+                        &url,
+                    );
+                }
+                if !f.next {
+                    return Err(f.status);
+                }
+            }
+        }
+    }
+    if !tried {
+        let url = format!("http://{}{}", up.name, String::from_utf8_lossy(uri));
+        log_upstream(
+            cx,
+            Level::Error,
+            "no live upstreams while connecting to upstream",
+            &url,
+        );
+    }
+    Err(last)
+}
+
+fn upstream_url(peer: &str, uri: &[u8]) -> String {
+    format!("http://{}{}", peer, String::from_utf8_lossy(uri))
+}
+
+/// One attempt on one peer: connect (or reuse), send, read the head.
+async fn exchange(
+    up: &Upstream,
+    addr: SocketAddr,
+    lim: &Limits,
+    head: &[u8],
+    head_only: bool,
+) -> Result<UpResp, Fail> {
+    // A cached connection may have been closed by the peer meanwhile; a
+    // failure on it is retried once on a fresh connection without blaming
+    // the peer, as nginx does.
+    if let Some(s) = up.take_idle(addr) {
+        if let Ok(r) = send_and_read(s, addr, lim, head, head_only).await {
+            return Ok(r);
+        }
+    }
+    let s = match tokio::time::timeout(lim.connect, TcpStream::connect(addr)).await {
+        Err(_) => {
+            return Err(fail(
+                504,
+                format!("{} while connecting to upstream", TIMED_OUT),
+                true,
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(fail(
+                502,
+                format!(
+                    "connect() failed {} while connecting to upstream",
+                    crate::core::errno_text(&e)
+                ),
+                true,
+            ))
+        }
+        Ok(Ok(s)) => s,
+    };
+    let _ = s.set_nodelay(true);
+    send_and_read(s, addr, lim, head, head_only).await
+}
+
+async fn send_and_read(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    lim: &Limits,
+    head: &[u8],
+    head_only: bool,
+) -> Result<UpResp, Fail> {
+    match tokio::time::timeout(lim.send, s.write_all(head)).await {
+        Err(_) => {
+            return Err(fail(
+                504,
+                format!("{} while sending request to upstream", TIMED_OUT),
+                true,
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(fail(
+                502,
+                format!(
+                    "writev() failed {} while sending request to upstream",
+                    crate::core::errno_text(&e)
+                ),
+                true,
+            ))
+        }
+        Ok(Ok(())) => {}
+    }
+    let mut buf = vec![0u8; lim.head_max];
+    let mut have = 0usize;
+    loop {
+        if have == buf.len() {
+            return Err(fail(
+                502,
+                "upstream sent too big header while reading response header from upstream",
+                false,
+            ));
+        }
+        let n = match tokio::time::timeout(lim.read, s.read(&mut buf[have..])).await {
+            Err(_) => {
+                return Err(fail(
+                    504,
+                    format!("{} while reading response header from upstream", TIMED_OUT),
+                    true,
+                ))
+            }
+            Ok(Err(e)) => {
+                return Err(fail(
+                    502,
+                    format!(
+                        "recv() failed {} while reading response header from upstream",
+                        crate::core::errno_text(&e)
+                    ),
+                    true,
+                ))
+            }
+            Ok(Ok(n)) => n,
+        };
+        if n == 0 {
+            return Err(fail(
+                502,
+                "upstream prematurely closed connection while reading response header from upstream",
+                true,
+            ));
+        }
+        have += n;
+        let mut hdrs = [httparse::EMPTY_HEADER; 100];
+        let mut r = httparse::Response::new(&mut hdrs);
+        match r.parse(&buf[..have]) {
+            Ok(httparse::Status::Partial) => continue,
+            Ok(httparse::Status::Complete(end)) => {
+                let status = r.code.unwrap_or(0);
+                if (100..200).contains(&status) && status != 101 {
+                    // An interim response: drop it and read the real one.
+                    buf.copy_within(end..have, 0);
+                    have -= end;
+                    continue;
+                }
+                let headers: Vec<(String, Vec<u8>)> = r
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_string(), h.value.to_vec()))
+                    .collect();
+                let declared_len = headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse().ok());
+                return Ok(UpResp {
+                    status,
+                    minor: r.version.unwrap_or(0),
+                    no_body: head_only || status < 200 || status == 204 || status == 304,
+                    declared_len,
+                    headers,
+                    stream: Some(s),
+                    early: buf[end..have].to_vec(),
+                    peer: addr,
+                    peer_name: String::new(),
+                    keep: None,
+                });
+            }
+            Err(httparse::Error::Version | httparse::Error::Status) => {
+                return Err(fail(
+                    502,
+                    "upstream sent no valid HTTP/1.0 header while reading response header from upstream",
+                    false,
+                ))
+            }
+            Err(_) => {
+                return Err(fail(
+                    502,
+                    "upstream sent invalid header while reading response header from upstream",
+                    false,
+                ))
+            }
+        }
+    }
+}
+
+fn header<'h>(hs: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
+    hs.iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_slice())
+}
+
+fn has_token(v: &[u8], tok: &str) -> bool {
+    v.split(|&c| c == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(tok.as_bytes()))
+}
+
+/// Reads the body per its framing into the sink.
+async fn read_body(
+    cx: &Ctx<'_>,
+    r: &mut UpResp,
+    lim: &Limits,
+    sink: &mut Sink,
+    policy: &Policy,
+    temp_dir: &Path,
+) -> Result<(), Fail> {
+    let early = std::mem::take(&mut r.early);
+    if r.no_body {
+        return Ok(());
+    }
+    let chunked = r.minor >= 1
+        && header(&r.headers, "transfer-encoding").is_some_and(|v| has_token(v, "chunked"));
+    let length = if chunked {
+        None
+    } else {
+        match header(&r.headers, "content-length") {
+            Some(v) => Some(
+                std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        fail(
+                            502,
+                            "upstream sent invalid \"Content-Length\" header while reading response header from upstream",
+                            false,
+                        )
+                    })?,
+            ),
+            None => None,
+        }
+    };
+    let mut dec = chunked.then(crate::http::chunked::ChunkedDecoder::new);
+    let mut left = length;
+    let mut buf = early;
+    let mut rbuf = vec![0u8; 64 * 1024];
+    let mut extra = false;
+    loop {
+        if !buf.is_empty() {
+            let data: Vec<u8> = if let Some(d) = dec.as_mut() {
+                let mut out = Vec::new();
+                let used = d.decode(&buf, &mut out).map_err(|_| {
+                    fail(
+                        502,
+                        "upstream sent invalid chunked response while reading upstream",
+                        false,
+                    )
+                })?;
+                extra |= used < buf.len() && d.is_done();
+                out
+            } else if let Some(l) = left.as_mut() {
+                let take = (*l).min(buf.len() as u64) as usize;
+                extra |= take < buf.len();
+                *l -= take as u64;
+                buf.truncate(take);
+                std::mem::take(&mut buf)
+            } else {
+                std::mem::take(&mut buf)
+            };
+            buf.clear();
+            sink.push(cx, &data, policy, temp_dir).await.map_err(|e| {
+                fail(
+                    502,
+                    format!("temp file write failed {}", crate::core::errno_text(&e)),
+                    false,
+                )
+            })?;
+        }
+        let done = match (&dec, left) {
+            (Some(d), _) => d.is_done(),
+            (None, Some(l)) => l == 0,
+            (None, None) => false,
+        };
+        if done {
+            break;
+        }
+        let Some(stream) = r.stream.as_mut() else {
+            return Err(fail(502, "upstream connection lost", false));
+        };
+        let n = match tokio::time::timeout(lim.read, stream.read(&mut rbuf)).await {
+            Err(_) => {
+                return Err(fail(
+                    504,
+                    format!("{} while reading upstream", TIMED_OUT),
+                    false,
+                ))
+            }
+            Ok(Err(e)) => {
+                return Err(fail(
+                    502,
+                    format!(
+                        "recv() failed {} while reading upstream",
+                        crate::core::errno_text(&e)
+                    ),
+                    false,
+                ))
+            }
+            Ok(Ok(n)) => n,
+        };
+        if n == 0 {
+            if dec.is_none() && left.is_none() {
+                // Delimited by close (HTTP/1.0 style): complete.
+                return Ok(());
+            }
+            return Err(fail(
+                502,
+                "upstream prematurely closed connection while reading upstream",
+                false,
+            ));
+        }
+        buf.extend_from_slice(&rbuf[..n]);
+    }
+    let close = header(&r.headers, "connection").is_some_and(|v| has_token(v, "close"))
+        || (r.minor == 0
+            && !header(&r.headers, "connection").is_some_and(|v| has_token(v, "keep-alive")));
+    if !extra && !close {
+        // Explicit framing, nothing extra, not closing: reusable.
+        if let Some(s) = r.stream.take() {
+            r.keep = Some((r.peer, s));
+        }
+    }
+    Ok(())
+}
+
+/// Where the body goes: memory up to a limit, then a file.
+struct Sink {
+    mem: Option<Vec<u8>>,
+    mem_max: usize,
+    file: Option<(Arc<File>, PathBuf)>,
+    /// The file is a cache temp file (body at `base`).
+    cache_file: bool,
+    base: u64,
+    written: u64,
+}
+
+impl Sink {
+    fn new(mem_max: usize) -> Sink {
+        Sink {
+            mem: Some(Vec::new()),
+            mem_max,
+            file: None,
+            cache_file: false,
+            base: 0,
+            written: 0,
+        }
+    }
+
+    /// Opens the cache temp file next to the entry's final path.
+    async fn start_cache_file(
+        &mut self,
+        _cx: &Ctx<'_>,
+        c: &CacheReq,
+        header_len: u64,
+        policy: &Policy,
+    ) -> io::Result<()> {
+        c.zone.ensure_ready().await?;
+        let path = c.zone.temp_path(&c.md5);
+        let f = create_file(path.clone(), policy).await?;
+        self.file = Some((f, path));
+        self.cache_file = true;
+        self.base = header_len;
+        Ok(())
+    }
+
+    async fn push(
+        &mut self,
+        _cx: &Ctx<'_>,
+        data: &[u8],
+        policy: &Policy,
+        temp_dir: &Path,
+    ) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if let Some(m) = self.mem.as_mut() {
+            m.extend_from_slice(data);
+            if m.len() <= self.mem_max {
+                if let Some((f, _)) = &self.file {
+                    crate::io::write_at(
+                        f,
+                        self.base + self.written,
+                        Bytes::copy_from_slice(data),
+                        policy,
+                    )
+                    .await?;
+                }
+                self.written += data.len() as u64;
+                return Ok(());
+            }
+            // Over the in-memory budget: everything so far goes to a file.
+            let all = self.mem.take().unwrap_or_default();
+            if self.file.is_none() {
+                let path = temp_dir.join(format!(
+                    "tern-proxy-{}-{}",
+                    std::process::id(),
+                    TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ));
+                let f = match create_file(path.clone(), policy).await {
+                    Ok(f) => f,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+                        ) =>
+                    {
+                        cache::prepare_dir(temp_dir).await?;
+                        create_file(path.clone(), policy).await?
+                    }
+                    Err(e) => return Err(e),
+                };
+                self.file = Some((f, path));
+                self.base = 0;
+                crate::io::write_at(self.file_ref()?, 0, Bytes::from(all), policy).await?;
+            } else {
+                // A cache file already has the earlier bytes.
+                crate::io::write_at(
+                    self.file_ref()?,
+                    self.base + self.written,
+                    Bytes::copy_from_slice(data),
+                    policy,
+                )
+                .await?;
+            }
+            self.written += data.len() as u64;
+            return Ok(());
+        }
+        crate::io::write_at(
+            self.file_ref()?,
+            self.base + self.written,
+            Bytes::copy_from_slice(data),
+            policy,
+        )
+        .await?;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    fn file_ref(&self) -> io::Result<&Arc<File>> {
+        self.file
+            .as_ref()
+            .map(|(f, _)| f)
+            .ok_or_else(|| io::Error::other("no temp file"))
+    }
+
+    /// Writes the header, opens the file for reading, renames it into
+    /// place and records the node. Returns the read handle and body offset.
+    async fn commit_cache(
+        &mut self,
+        c: &CacheReq,
+        eh: EntryHead,
+        policy: &Policy,
+    ) -> io::Result<(Arc<OpenFile>, u64)> {
+        let (f, tmp) = self
+            .file
+            .take()
+            .ok_or_else(|| io::Error::other("no temp file"))?;
+        let head = eh.encode();
+        let off = head.len() as u64;
+        if off != self.base {
+            self.file = Some((f, tmp));
+            return Err(io::Error::other("cache header length changed"));
+        }
+        crate::io::write_at(&f, 0, Bytes::from(head), policy).await?;
+        drop(f);
+        let rd = match crate::io::open(&tmp, policy).await {
+            Ok(rd) => rd,
+            Err(e) => {
+                self.file = None;
+                let _ = cache::blocking(policy, move || std::fs::remove_file(&tmp)).await;
+                return Err(e);
+            }
+        };
+        let dst = c.zone.file_path(&c.md5);
+        let t2 = tmp.clone();
+        if let Err(e) = cache::blocking(policy, move || std::fs::rename(&t2, &dst)).await {
+            let _ = cache::blocking(policy, move || std::fs::remove_file(&tmp)).await;
+            return Err(e);
+        }
+        c.zone
+            .insert(c.md5, eh.valid_until, disk_bytes(off + eh.body_len));
+        Ok((rd, off))
+    }
+
+    /// Opens the plain temp file for reading and unlinks it (the open
+    /// descriptor keeps the data until the response is sent).
+    async fn reopen_temp(&mut self, policy: &Policy) -> io::Result<Arc<OpenFile>> {
+        let (_, path) = self
+            .file
+            .take()
+            .ok_or_else(|| io::Error::other("no temp file"))?;
+        let rd = crate::io::open(&path, policy).await;
+        let _ = cache::blocking(policy, move || std::fs::remove_file(&path)).await;
+        rd
+    }
+
+    /// Deletes whatever temp file was started.
+    async fn abandon(&mut self, policy: &Policy) {
+        if let Some((_, path)) = self.file.take() {
+            let _ = cache::blocking(policy, move || std::fs::remove_file(&path)).await;
+        }
+    }
+}
+
+static TEMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Creates a new temp file (0600), making its directory when missing.
+async fn create_file(path: PathBuf, policy: &Policy) -> io::Result<Arc<File>> {
+    cache::blocking(policy, move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+        };
+        match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                open()
+            }
+            r => r,
+        }
+        .map(Arc::new)
+    })
+    .await
+}
+
+fn entry_head(
+    c: &CacheReq,
+    r: &UpResp,
+    relayed: &[(String, Vec<u8>)],
+    valid_until: i64,
+    body_len: u64,
+) -> EntryHead {
+    EntryHead {
+        status: r.status,
+        valid_until,
+        date: cache::now_secs(),
+        last_modified: None,
+        body_len,
+        key: c.key.clone(),
+        headers: relayed.to_vec(),
+    }
+}
+
+/// Headers nginx hides from the client by default.
+const HIDDEN: &[&str] = &[
+    "date",
+    "server",
+    "x-pad",
+    "x-accel-expires",
+    "x-accel-redirect",
+    "x-accel-limit-rate",
+    "x-accel-buffering",
+    "x-accel-charset",
+];
+/// Framing and hop-by-hop headers: never relayed.
+const HOP: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+];
+
+/// The headers that go to the client (and into a cache file).
+fn relay_headers(
+    cx: &Ctx<'_>,
+    conf: &ProxyLoc,
+    pass: &Pass,
+    hs: &[(String, Vec<u8>)],
+) -> Vec<(String, Vec<u8>)> {
+    let pass_list: &[String] = conf.pass_headers.as_deref().map_or(&[], |v| v);
+    let hide_list: &[String] = conf.hide.as_deref().map_or(&[], |v| v);
+    let mut out = Vec::new();
+    for (n, v) in hs {
+        let l = n.to_ascii_lowercase();
+        if HOP.contains(&l.as_str()) || hide_list.contains(&l) {
+            continue;
+        }
+        if HIDDEN.contains(&l.as_str()) && !pass_list.contains(&l) {
+            continue;
+        }
+        if l == "location" && conf.redirect.unwrap_or(true) {
+            out.push((n.clone(), rewrite_location(cx, pass, v)));
+            continue;
+        }
+        out.push((n.clone(), v.clone()));
+    }
+    out
+}
+
+/// `proxy_redirect default`: `http://HOST[:PORT]/URI...` of the proxy_pass
+/// becomes the location's prefix.
+fn rewrite_location(cx: &Ctx<'_>, pass: &Pass, v: &[u8]) -> Vec<u8> {
+    let prefix = cx.uri.get(..cx.loc_prefix_len).unwrap_or(b"");
+    let mut pattern = pass.url.as_bytes().to_vec();
+    match &pass.uri {
+        Some(u) => pattern.extend_from_slice(u),
+        None => pattern.extend_from_slice(prefix),
+    }
+    match v.strip_prefix(pattern.as_slice()) {
+        Some(rest) if !pattern.is_empty() => {
+            let mut o = prefix.to_vec();
+            o.extend_from_slice(rest);
+            o
+        }
+        _ => v.to_vec(),
+    }
+}
+
+/// How long a response may be cached (unix time it expires), or None.
+/// Order as nginx: X-Accel-Expires, Cache-Control, Expires, then
+/// proxy_cache_valid; Set-Cookie and `Vary: *` prevent caching.
+fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Option<i64> {
+    let ign = conf.ignore_headers.unwrap_or(0);
+    let now = cache::now_secs();
+    if ign & IGN_SET_COOKIE == 0 && header(hs, "set-cookie").is_some() {
+        return None;
+    }
+    // nginx keeps one variant per Vary'd request header set; tern does not
+    // store variants yet, so a varying response is not cached at all
+    // (serving one client's variant to another would be wrong).
+    if ign & IGN_VARY == 0 && header(hs, "vary").is_some() {
+        return None;
+    }
+    let mut from_headers: Option<i64> = None;
+    if ign & IGN_X_ACCEL_EXPIRES == 0 {
+        if let Some(v) = header(hs, "x-accel-expires") {
+            let s = std::str::from_utf8(v).ok()?.trim();
+            let t = match s.strip_prefix('@') {
+                Some(abs) => abs.parse::<i64>().ok()?,
+                None => {
+                    let n = s.parse::<i64>().ok()?;
+                    if n == 0 {
+                        return None;
+                    }
+                    now + n
+                }
+            };
+            from_headers = Some(t);
+        }
+    }
+    if from_headers.is_none() && ign & IGN_CACHE_CONTROL == 0 {
+        if let Some(v) = header(hs, "cache-control") {
+            let l = v.to_ascii_lowercase();
+            for bad in ["no-cache", "no-store", "private"] {
+                if has_token(&l, bad) || l.windows(bad.len()).any(|w| w == bad.as_bytes()) {
+                    return None;
+                }
+            }
+            let age = |name: &str| -> Option<i64> {
+                let i = l.windows(name.len()).position(|w| w == name.as_bytes())?;
+                let digits: Vec<u8> = l[i + name.len()..]
+                    .iter()
+                    .take_while(|c| c.is_ascii_digit())
+                    .copied()
+                    .collect();
+                std::str::from_utf8(&digits).ok()?.parse().ok()
+            };
+            if let Some(n) = age("s-maxage=").or_else(|| age("max-age=")) {
+                if n == 0 {
+                    return None;
+                }
+                from_headers = Some(now + n);
+            }
+        }
+    }
+    if from_headers.is_none() && ign & IGN_EXPIRES == 0 {
+        if let Some(v) = header(hs, "expires") {
+            let t = std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs() as i64);
+            match t {
+                Some(t) if t > now => from_headers = Some(t),
+                _ => return None,
+            }
+        }
+    }
+    if from_headers.is_some() {
+        return from_headers;
+    }
+    let list = conf.cache_valid.as_deref()?;
+    let secs = list
+        .iter()
+        .find(|(c, _)| *c == Some(status))
+        .or_else(|| list.iter().find(|(c, _)| c.is_none()))?
+        .1;
+    (secs > 0).then(|| now + secs as i64)
+}
+
+/// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
+fn log_upstream(cx: &Ctx<'_>, level: Level, msg: &str, upstream: &str) {
+    let logger = cx
+        .loc
+        .core
+        .logger
+        .clone()
+        .unwrap_or_else(crate::core::log::main_logger);
+    if !logger.enabled(level) {
+        return;
+    }
+    let client = cx
+        .conn
+        .remote
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "unix:".into());
+    let server = cx.server.srv.primary_name.clone().unwrap_or_default();
+    let host = cx
+        .req
+        .header("host")
+        .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
+        .unwrap_or_default();
+    logger.log(
+        level,
+        Some(cx.conn.id),
+        format_args!(
+            "{}, client: {}, server: {}, request: \"{}\", upstream: \"{}\"{}",
+            msg,
+            client,
+            server,
+            String::from_utf8_lossy(&cx.req.line),
+            upstream,
+            host
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validity_order() {
+        let conf = ProxyLoc {
+            cache_valid: Some(Arc::new(vec![(Some(200), 600)])),
+            ..Default::default()
+        };
+        let h = |v: &[(&str, &str)]| -> Vec<(String, Vec<u8>)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.as_bytes().to_vec()))
+                .collect()
+        };
+        let now = cache::now_secs();
+        let v = cache_validity(&conf, 200, &[]).unwrap();
+        assert!((now + 599..=now + 601).contains(&v));
+        assert_eq!(cache_validity(&conf, 404, &[]), None);
+        assert_eq!(
+            cache_validity(&conf, 200, &h(&[("Set-Cookie", "a=b")])),
+            None
+        );
+        assert_eq!(
+            cache_validity(&conf, 200, &h(&[("Cache-Control", "private, max-age=5")])),
+            None
+        );
+        let v = cache_validity(&conf, 404, &h(&[("Cache-Control", "max-age=5")])).unwrap();
+        assert!((now + 4..=now + 6).contains(&v));
+        assert_eq!(
+            cache_validity(
+                &conf,
+                200,
+                &h(&[("X-Accel-Expires", "0"), ("Cache-Control", "max-age=5")])
+            ),
+            None
+        );
+        assert_eq!(
+            cache_validity(
+                &conf,
+                200,
+                &h(&[("Expires", "Thu, 01 Jan 1970 00:00:00 GMT")])
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn port_split() {
+        assert_eq!(split_port("a:81"), Some(("a", Some(81))));
+        assert_eq!(split_port("a"), Some(("a", None)));
+        assert_eq!(split_port("[::1]:81"), Some(("[::1]", Some(81))));
+        assert_eq!(split_port("a:x"), None);
+    }
+}
