@@ -526,8 +526,9 @@ where
     R: Send + 'static,
 {
     match &policy.aio {
-        Aio::Threads(p) | Aio::Uring(p) => p.run(f).await?,
-        Aio::Off => f(),
+        Aio::Threads(p) => p.run(f).await?,
+        // io_uring has no mkdir/rename here worth the ring: inline, as with aio off.
+        Aio::Uring | Aio::Off => f(),
     }
 }
 

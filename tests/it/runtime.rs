@@ -218,10 +218,12 @@ fn pid_file_signals_and_reload() {
         "http { server { listen 127.0.0.1:@PORT@; location / { return 200 one; } } }",
     );
     let pid_file = s.prefix.path("logs/nginx.pid");
-    assert_eq!(
-        std::fs::read_to_string(&pid_file).unwrap(),
-        format!("{}\n", s.pid())
-    );
+    // As in nginx, the pid file is written just after the listeners are
+    // bound, so it may lag the port opening by a moment.
+    let want = format!("{}\n", s.pid());
+    eventually(5, "pid file", || {
+        std::fs::read_to_string(&pid_file).ok().as_deref() == Some(want.as_str())
+    });
     // A kept-alive connection from before the reload...
     let mut ka = s.connect();
     ka.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
