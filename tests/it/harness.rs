@@ -120,7 +120,12 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn tern");
-        let mut s = Server { prefix, child: Some(child), port, conf };
+        let mut s = Server {
+            prefix,
+            child: Some(child),
+            port,
+            conf,
+        };
         s.wait_listening(port);
         s
     }
@@ -135,7 +140,12 @@ impl Server {
                     if let Some(e) = c.stderr.as_mut() {
                         let _ = e.read_to_string(&mut err);
                     }
-                    panic!("tern exited with {}: {}\nerror.log:\n{}", st, err, self.prefix.read("logs/error.log"));
+                    panic!(
+                        "tern exited with {}: {}\nerror.log:\n{}",
+                        st,
+                        err,
+                        self.prefix.read("logs/error.log")
+                    );
                 }
             }
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -192,13 +202,20 @@ impl Server {
 
     /// One request on a new connection, `Connection: close` added.
     pub fn get(&self, path: &str) -> Resp {
-        let req = format!("GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
+        let req = format!(
+            "GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            path
+        );
         Resp::parse(&self.raw(req.as_bytes())).expect("a response")
     }
 
     /// curl with extra args against this server; returns (status, stdout).
     pub fn curl(&self, args: &[&str]) -> Output {
-        Command::new("curl").args(["-s", "--max-time", "10"]).args(args).output().expect("curl")
+        Command::new("curl")
+            .args(["-s", "--max-time", "10"])
+            .args(args)
+            .output()
+            .expect("curl")
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -239,7 +256,11 @@ impl Drop for Server {
             }
         }
         if std::thread::panicking() {
-            eprintln!("--- config {}:\n{}", self.conf.display(), std::fs::read_to_string(&self.conf).unwrap_or_default());
+            eprintln!(
+                "--- config {}:\n{}",
+                self.conf.display(),
+                std::fs::read_to_string(&self.conf).unwrap_or_default()
+            );
             eprintln!("--- error.log:\n{}", self.error_log());
         }
     }
@@ -247,7 +268,8 @@ impl Drop for Server {
 
 pub fn connect(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     s.set_nodelay(true).expect("nodelay");
     s
 }
@@ -301,7 +323,10 @@ pub struct Resp {
 
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn body_str(&self) -> String {
@@ -344,9 +369,18 @@ impl Resp {
         let status = status_line.split(' ').nth(1)?.parse().ok()?;
         let headers = lines
             .filter(|l| !l.is_empty())
-            .filter_map(|l| l.split_once(": ").map(|(a, b)| (a.to_string(), b.to_string())))
+            .filter_map(|l| {
+                l.split_once(": ")
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+            })
             .collect();
-        Some(Resp { status, status_line, headers, body: Vec::new(), head })
+        Some(Resp {
+            status,
+            status_line,
+            headers,
+            body: Vec::new(),
+            head,
+        })
     }
 
     /// Parses one complete framed response; returns it and the bytes used.
@@ -366,7 +400,9 @@ impl Resp {
             r.body = data[body_start..body_start + n].to_vec();
             return Some((r, body_start + n));
         }
-        if r.header("Transfer-Encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        if r.header("Transfer-Encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+        {
             let mut pos = body_start;
             let mut body = Vec::new();
             loop {
