@@ -5,3 +5,4 @@
 mod harness;
 
 mod smoke;
+mod open_file_cache;
