@@ -4,5 +4,5 @@
 
 mod harness;
 
-mod smoke;
 mod open_file_cache;
+mod smoke;

@@ -138,7 +138,10 @@ fn errors_cached_only_with_open_file_cache_errors() {
     s.prefix.write("html/on/late.txt", "late");
     assert_eq!(s.get("/on/late.txt").status, 404, "the 404 is cached");
     let took = until(&s, "/on/late.txt", "200", body_is("late"));
-    assert!(took > Duration::from_millis(500), "404 not cached: {took:?}");
+    assert!(
+        took > Duration::from_millis(500),
+        "404 not cached: {took:?}"
+    );
     // Elsewhere errors are not cached.
     assert_eq!(s.get("/late.txt").status, 404);
     s.prefix.write("html/late.txt", "late too");
@@ -198,7 +201,10 @@ fn eviction_at_max_closes_descriptors() {
     }
     fds_settle(&s, base + 3, "3 files cached");
     for i in 3..20 {
-        assert_eq!(s.get(&format!("/f{i}")).body, format!("file {i}").as_bytes());
+        assert_eq!(
+            s.get(&format!("/f{i}")).body,
+            format!("file {i}").as_bytes()
+        );
     }
     fds_settle(&s, base + 4, "max=4 after 20 files");
     // Hits on cached files open nothing new.

@@ -348,9 +348,8 @@ pub struct Snapshot {
 
 impl Stats {
     const fn new() -> Stats {
-        const S: Stripe = Stripe::new();
         Stats {
-            stripes: [S; STRIPES],
+            stripes: [const { Stripe::new() }; STRIPES],
         }
     }
 
