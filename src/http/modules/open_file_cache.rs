@@ -76,9 +76,10 @@
 //!
 //! A reload keeps a cache when the new configuration has an
 //! `open_file_cache` at the same file and line with the same `max` and
-//! `inactive` (the registry of live caches is [`REGISTRY`]); otherwise the
-//! new directive starts empty and the old cache is freed (descriptors
-//! closed) when the last request on the old configuration finishes.
+//! `inactive` (a process-wide registry of live caches, by file:line and
+//! parameters, finds it); otherwise the new directive starts empty and the
+//! old cache is freed (descriptors closed) when the last request on the
+//! old configuration finishes.
 //! Entries are facts about the file system, so sharing one cache between
 //! the old and the new configuration is safe.
 //!
