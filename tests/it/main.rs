@@ -12,6 +12,7 @@ mod gzip;
 mod io;
 mod limits;
 mod map;
+mod open_file_cache;
 mod proxy;
 mod runtime;
 mod smoke;
