@@ -15,7 +15,7 @@ fn server(p: Prefix, directives: &str) -> Server {
     Server::start_in(
         p,
         &format!(
-            "http {{ {directives} server {{ listen 127.0.0.1:@PORT@; root html; \
+            "http {{ access_log off; {directives} server {{ listen 127.0.0.1:@PORT@; root html; \
              location /on/ {{ open_file_cache_errors on; }} }} }}"
         ),
     )
@@ -222,7 +222,7 @@ fn cache_off_holds_no_descriptors() {
     }
     let s = Server::start_in(
         p,
-        "http { open_file_cache max=4; \
+        "http { access_log off; open_file_cache max=4; \
          server { listen 127.0.0.1:@PORT@; root html; } \
          server { listen 127.0.0.1:@PORT@; server_name off.test; root html; \
          open_file_cache off; } }",
@@ -274,7 +274,7 @@ fn reload_keeps_an_unchanged_cache() {
     p.write("html/k.txt", "before");
     let conf = |max: u32, gen: &str| {
         format!(
-            "http {{\nopen_file_cache max={max};\nserver {{ listen 127.0.0.1:@PORT@; root html; \
+            "http {{\naccess_log off; open_file_cache max={max};\nserver {{ listen 127.0.0.1:@PORT@; root html; \
              location = /gen {{ return 200 \"{gen}\"; }} }}\n}}\n"
         )
     };

@@ -8,7 +8,7 @@
 //! - responses by status class and bytes sent: [`RESPONSES`], which the
 //!   engine bumps once per response with [`record_response`];
 //! - the file-I/O layer: [`crate::io::STATS`] and each pool's stats;
-//! - open_file_cache: [`OPEN_FILE_CACHE`], bumped by that module;
+//! - open_file_cache: `open_file_cache::STATS`;
 //! - limit_conn / limit_req: the per-zone counters of this configuration.
 //!
 //! [`Stats`]: crate::core::worker::Stats
@@ -44,18 +44,6 @@ pub fn record_response(status: u16, bytes: u64) {
     RESPONSES.by_class[class].fetch_add(1, Ordering::Relaxed);
     RESPONSES.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
 }
-
-/// open_file_cache lookups, process-wide: the cache bumps these.
-#[derive(Debug)]
-pub struct CacheCounters {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-}
-
-pub static OPEN_FILE_CACHE: CacheCounters = CacheCounters {
-    hits: AtomicU64::new(0),
-    misses: AtomicU64::new(0),
-};
 
 /// Builds one exposition document.
 struct Out {
@@ -269,17 +257,24 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
         }
     }
 
+    let ofc = crate::http::modules::open_file_cache::STATS.snapshot();
     o.one(
         "tern_open_file_cache_hits_total",
         "counter",
         "open_file_cache lookups that found an entry.",
-        OPEN_FILE_CACHE.hits.load(Ordering::Relaxed),
+        ofc.hits,
     );
     o.one(
         "tern_open_file_cache_misses_total",
         "counter",
         "open_file_cache lookups that did not.",
-        OPEN_FILE_CACHE.misses.load(Ordering::Relaxed),
+        ofc.misses,
+    );
+    o.one(
+        "tern_open_file_cache_evictions_total",
+        "counter",
+        "open_file_cache entries dropped at max.",
+        ofc.evictions,
     );
 
     let mods = &cx.http.main.modules;

@@ -233,8 +233,6 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "limit_conn_zone": H, "limit_conn": ctx::HSL, "limit_conn_status": ctx::HSL, "limit_conn_log_level": ctx::HSL,
     "limit_conn_dry_run": ctx::HSL, "limit_req_zone": H, "limit_req": ctx::HSL, "limit_req_status": ctx::HSL,
     "limit_req_log_level": ctx::HSL, "limit_req_dry_run": ctx::HSL,
-    "open_file_cache": ctx::HSL, "open_file_cache_valid": ctx::HSL, "open_file_cache_min_uses": ctx::HSL,
-    "open_file_cache_errors": ctx::HSL, "open_file_cache_events": ctx::HSL,
     "charset": HSL, "charset_types": ctx::HSL, "source_charset": ctx::HSL, "override_charset": HSL, "charset_map": H,
     "map": H, "split_clients": H, "geo": H,
     "fastcgi_pass": ctx::LOC | ctx::LIF, "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
