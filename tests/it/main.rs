@@ -15,6 +15,7 @@ mod map;
 mod open_file_cache;
 mod proxy;
 mod runtime;
+mod seeds;
 mod smoke;
 mod static_headers;
 mod status;

@@ -14,9 +14,27 @@ fn every_seed_config_loads_and_serves() {
         eprintln!("skipped: {} not found", check.display());
         return;
     }
-    let out = Command::new("python3").arg(&check).arg(BIN).output().expect("run check.py");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let last = text.lines().filter(|l| l.contains(" passed, ")).last().unwrap_or("").to_string();
-    assert!(out.status.success() && last.ends_with(" 0 failed"), "check.py:\n{}", text);
-    assert!(last.starts_with("9 passed"), "expected all 9 seed checks: {}", last);
+    let out = Command::new("python3")
+        .arg(&check)
+        .arg(BIN)
+        .output()
+        .expect("run check.py");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let last = text
+        .lines()
+        .filter(|l| l.contains(" passed, "))
+        .last()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        out.status.success() && last.ends_with(" 0 failed"),
+        "check.py:\n{}",
+        text
+    );
+    assert!(
+        last.starts_with("9 passed"),
+        "expected all 9 seed checks: {}",
+        last
+    );
 }
