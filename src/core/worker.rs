@@ -294,20 +294,18 @@ async fn accept_loop(
                     listen: addr.clone(),
                     requests: 0,
                 };
-                shared.active.fetch_add(1, Ordering::AcqRel);
-                shared.stats.active.fetch_add(1, Ordering::Relaxed);
+                let slot = ConnSlot::take(shared.clone());
                 let sh = shared.clone();
                 tokio::task::spawn_local(async move {
+                    // Released on drop: also when the task panics.
+                    let _slot = slot;
                     match s {
                         Either::Tcp(t) => {
                             let _ = t.set_nodelay(true);
-                            conn::serve(t, info, sh.clone()).await
+                            conn::serve(t, info, sh).await
                         }
-                        Either::Unix(u) => conn::serve(u, info, sh.clone()).await,
+                        Either::Unix(u) => conn::serve(u, info, sh).await,
                     }
-                    sh.active.fetch_sub(1, Ordering::AcqRel);
-                    sh.stats.active.fetch_sub(1, Ordering::Relaxed);
-                    sh.freed.notify_waiters();
                 });
             }
             Err(e) => {
@@ -344,8 +342,7 @@ fn serve_stream(
     // None: a reload removed this listener and its Unlisten has not
     // reached us yet; dropping the socket closes the connection.
     let Some(srv) = srv else { return };
-    shared.active.fetch_add(1, Ordering::AcqRel);
-    shared.stats.active.fetch_add(1, Ordering::Relaxed);
+    let conn_slot = ConnSlot::take(shared.clone());
     // Taken now, while the accept loop's check still holds.
     let slot = shared.take_slot();
     let sock = match s {
@@ -355,14 +352,33 @@ fn serve_stream(
     let sh = shared.clone();
     let addr = addr.clone();
     tokio::task::spawn_local(async move {
-        crate::stream::proxy::serve(sock, peer, addr, srv, slot, sh.clone(), id).await;
-        sh.active.fetch_sub(1, Ordering::AcqRel);
-        sh.stats.active.fetch_sub(1, Ordering::Relaxed);
-        sh.freed.notify_waiters();
+        // Released on drop: also when the task panics.
+        let _conn_slot = conn_slot;
+        crate::stream::proxy::serve(sock, peer, addr, srv, slot, sh, id).await;
     });
 }
 
 enum Either {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+}
+
+/// One connection's share of `worker_connections`, given back on drop so
+/// that a task that ends any way (including a panic) frees its slot.
+pub struct ConnSlot(Arc<WorkerShared>);
+
+impl ConnSlot {
+    pub fn take(sh: Arc<WorkerShared>) -> ConnSlot {
+        sh.active.fetch_add(1, Ordering::AcqRel);
+        sh.stats.active.fetch_add(1, Ordering::Relaxed);
+        ConnSlot(sh)
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.stats.active.fetch_sub(1, Ordering::Relaxed);
+        self.0.freed.notify_waiters();
+    }
 }

@@ -1873,7 +1873,7 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
                     if n == 0 {
                         return None;
                     }
-                    now + n
+                    now.saturating_add(n)
                 }
             };
             from_headers = Some(t);
@@ -1900,7 +1900,7 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
                 if n == 0 {
                     return None;
                 }
-                from_headers = Some(now + n);
+                from_headers = Some(now.saturating_add(n));
             }
         }
     }
@@ -1926,7 +1926,7 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
         .find(|(c, _)| *c == Some(status))
         .or_else(|| list.iter().find(|(c, _)| c.is_none()))?
         .1;
-    (secs > 0).then(|| now + secs as i64)
+    (secs > 0).then(|| now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX)))
 }
 
 /// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
