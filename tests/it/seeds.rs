@@ -23,8 +23,7 @@ fn every_seed_config_loads_and_serves() {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let last = text
         .lines()
-        .filter(|l| l.contains(" passed, "))
-        .last()
+        .rfind(|l| l.contains(" passed, "))
         .unwrap_or("")
         .to_string();
     assert!(
