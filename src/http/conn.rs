@@ -36,6 +36,11 @@ pub trait Stream: crate::io::SendSock + 'static {
     fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    /// Like `try_write_vectored`, but tells TCP more data follows at once
+    /// (`MSG_MORE`): the bytes wait for the next write instead of leaving
+    /// as a short segment. This is TCP_CORK for one call, without the two
+    /// `setsockopt` calls around it.
+    fn try_write_more(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
     fn set_nodelay(&self, on: bool);
     fn set_cork(&self, on: bool);
     fn set_linger_zero(&self);
@@ -53,6 +58,25 @@ macro_rules! impl_stream {
             }
             fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
                 <$t>::try_write_vectored(self, bufs)
+            }
+            fn try_write_more(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+                if !$tcp {
+                    return <$t>::try_write_vectored(self, bufs);
+                }
+                let fd = std::os::fd::AsRawFd::as_raw_fd(self);
+                crate::io::SendSock::try_io(self, || {
+                    // SAFETY: msghdr points at `bufs`, which outlives the
+                    // call; IoSlice is ABI-compatible with iovec.
+                    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+                    msg.msg_iovlen = bufs.len() as _;
+                    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+                    if n < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
+                    }
+                })
             }
             fn set_nodelay(&self, on: bool) {
                 if $tcp {
@@ -633,6 +657,13 @@ async fn write_body<S: Stream>(
     r
 }
 
+/// File bodies up to this size are read through the file-I/O layer and
+/// leave with the head in one `writev`: one syscall and one segment,
+/// where writev + sendfile under TCP_CORK costs four syscalls. The copy
+/// of a few KiB costs less than the calls it saves; bigger bodies keep
+/// sendfile's zero copy.
+const INLINE_FILE_MAX: u64 = 16 * 1024;
+
 #[allow(clippy::too_many_arguments)]
 async fn write_body_with<S: Stream>(
     stream: &S,
@@ -652,24 +683,52 @@ async fn write_body_with<S: Stream>(
         return write_filtered(stream, resp, loc, minor, head, sent, policy).await;
     }
     let body = std::mem::take(&mut resp.body);
-    let pieces: Vec<response::Piece> = match body {
-        Body::Empty => Vec::new(),
-        Body::Bytes(b) => vec![response::Piece::Bytes(b)],
-        Body::File { file, offset, len } => vec![response::Piece::File { file, offset, len }],
-        Body::Multi(p) => p,
-    };
-    let sendfile = loc.core.sendfile.unwrap_or(false);
-    let cork = sendfile
-        && loc.core.tcp_nopush.unwrap_or(false)
-        && pieces
-            .iter()
-            .any(|p| matches!(p, response::Piece::File { .. }));
-    if cork {
-        stream.set_cork(true);
+    // The common bodies go out without building a piece list.
+    match body {
+        Body::Bytes(b) => {
+            sent.body_bytes += b.len() as u64;
+            write_all(stream, &[head, &b], loc).await?;
+        }
+        Body::File { file, offset, len } if len <= INLINE_FILE_MAX => {
+            let data = crate::io::read(&file, offset, len as usize, policy).await?;
+            sent.body_bytes += data.len() as u64;
+            write_all(stream, &[head, &data], loc).await?;
+            if (data.len() as u64) < len {
+                // Shrunk since it was opened: the client gets what was
+                // there, and the connection closes (as with sendfile).
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file was truncated while being sent",
+                ));
+            }
+        }
+        Body::File { file, offset, len } => {
+            let pieces = [response::Piece::File { file, offset, len }];
+            write_pieces(stream, &pieces, loc, head, sent, policy).await?;
+        }
+        Body::Multi(p) => write_pieces(stream, &p, loc, head, sent, policy).await?,
+        Body::Empty => write_all(stream, &[head], loc).await?,
     }
+    sent.bytes = head.len() as u64 + sent.body_bytes;
+    Ok(())
+}
+
+/// Sends the head and a list of pieces: files with sendfile (the head
+/// sent with MSG_MORE first under `tcp_nopush`, so it shares the first
+/// segment with the file) or read through the file-I/O layer.
+async fn write_pieces<S: Stream>(
+    stream: &S,
+    pieces: &[response::Piece],
+    loc: &LocConf,
+    head: &[u8],
+    sent: &mut phases::Sent,
+    policy: &crate::io::Policy,
+) -> io::Result<()> {
+    let sendfile = loc.core.sendfile.unwrap_or(false);
+    let nopush = sendfile && loc.core.tcp_nopush.unwrap_or(false);
     let mut pending: Vec<u8> = head.to_vec();
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
-    for p in &pieces {
+    for p in pieces {
         match p {
             response::Piece::Bytes(b) => {
                 pending.extend_from_slice(b);
@@ -678,7 +737,13 @@ async fn write_body_with<S: Stream>(
             response::Piece::File { file, offset, len } => {
                 if sendfile {
                     if !pending.is_empty() {
-                        write_all(stream, &[&pending], loc).await?;
+                        // What precedes a file waits for it (tcp_nopush):
+                        // sendfile pushes the last partial segment itself.
+                        if nopush && *len > 0 {
+                            write_more(stream, &pending, loc).await?;
+                        } else {
+                            write_all(stream, &[&pending], loc).await?;
+                        }
                         pending.clear();
                     }
                     let mut off = *offset;
@@ -712,9 +777,26 @@ async fn write_body_with<S: Stream>(
     if !pending.is_empty() {
         write_all(stream, &[&pending], loc).await?;
     }
-    sent.bytes = head.len() as u64 + sent.body_bytes;
-    if cork {
-        stream.set_cork(false);
+    Ok(())
+}
+
+/// Writes all of `data` with MSG_MORE, waiting at most send_timeout
+/// between two successful writes.
+async fn write_more<S: Stream>(stream: &S, data: &[u8], loc: &LocConf) -> io::Result<()> {
+    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    let mut off = 0;
+    while off < data.len() {
+        match stream.try_write_more(&[IoSlice::new(&data[off..])]) {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match timeout(to, crate::io::SendSock::writable(stream)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -884,7 +966,9 @@ async fn emit<S: Stream>(
 /// Writes all of `bufs` with writev, waiting at most send_timeout between
 /// two successful writes.
 async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::Result<()> {
-    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    // A fixed iovec on the stack: callers pass a handful of buffers, and
+    // more than MAX_IOV go out over several calls.
+    const MAX_IOV: usize = 8;
     let mut idx = 0;
     let mut off = 0;
     while idx < bufs.len() {
@@ -893,10 +977,14 @@ async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::
             off = 0;
             continue;
         }
-        let slices: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&bufs[idx][off..]))
-            .chain(bufs[idx + 1..].iter().map(|b| IoSlice::new(b)))
-            .collect();
-        match stream.try_write_vectored(&slices) {
+        let mut iov = [IoSlice::new(&[]); MAX_IOV];
+        iov[0] = IoSlice::new(&bufs[idx][off..]);
+        let mut k = 1;
+        for b in bufs[idx + 1..].iter().take(MAX_IOV - 1) {
+            iov[k] = IoSlice::new(b);
+            k += 1;
+        }
+        match stream.try_write_vectored(&iov[..k]) {
             Ok(mut n) => {
                 while n > 0 && idx < bufs.len() {
                     let left = bufs[idx].len() - off;
@@ -911,6 +999,7 @@ async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
                 match timeout(to, crate::io::SendSock::writable(stream)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(e),
