@@ -118,6 +118,12 @@ enum HeadResult {
 }
 
 /// Serves one connection until it closes.
+///
+/// Only the idle wait lives in this function's own state; each request
+/// runs in a boxed future of its own ([`request`]). That future (phases,
+/// handlers, writers) is several KiB, and an idle keep-alive connection
+/// must not carry it: what stays per idle connection is this loop's few
+/// hundred bytes.
 pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerShared>) {
     let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
@@ -135,9 +141,11 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             // Wait until bytes are really here (readiness alone can be
             // stale), so the configuration below is the one current when
             // the request arrived. Idle connections hold no buffer.
-            buf = Vec::new();
             loop {
                 tokio::select! {
+                    // Bytes first: polling the quit watch first would
+                    // register a waiter on it for every request.
+                    biased;
                     r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
                         Ok(Ok(())) => {}
                         Ok(Err(_)) => return,
@@ -150,160 +158,206 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
                     },
                     _ = quit.changed(), if !first => return,
                 }
-                buf.resize(size, 0);
-                match stream.try_read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        buf.truncate(n);
+                match first_read(&stream, size) {
+                    Ok(Some(b)) => {
+                        buf = b;
                         break;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.clear(),
+                    Ok(None) => return,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(_) => return,
                 }
             }
         }
-        // Loaded once the request has started: a reload while this
-        // connection idled applies to this request.
-        let config = shared.config.load_full();
-        let Some(http) = config.http.clone() else {
-            return;
-        };
-        let http = &http;
-        let Some(addr) = http.addr_for(&info.listen, info.local) else {
-            return;
-        };
-        let dsrv = &addr.default.srv;
-        let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
-        let head = read_head(&stream, &mut buf, &addr, first).await;
-        drop(reading);
-        let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
-        let end = match head {
-            HeadResult::Head(n) => n,
-            HeadResult::Closed => return,
-            HeadResult::TimedOut => {
-                log_conn(&addr.default.conf, Level::Info, &info, "client timed out (110: Connection timed out) while reading client request headers");
-                if addr
-                    .default
-                    .conf
-                    .core
-                    .reset_timedout_connection
-                    .unwrap_or(false)
-                {
-                    stream.set_linger_zero();
-                }
-                return;
-            }
-            HeadResult::Reject(r) => {
-                info.requests += 1;
-                shared.stats.request();
-                reject_and_close(&stream, &addr, &info, r).await;
-                return;
-            }
-        };
-        info.requests += 1;
-        shared.stats.request();
-        let req = match request::parse_head(&buf[..end], dsrv) {
-            Ok(r) => r,
-            Err(r) => {
-                reject_and_close(&stream, &addr, &info, r).await;
-                return;
-            }
-        };
-        buf.drain(..end);
-        let server = addr.select(req.host.as_deref()).clone();
-        let mut cx = phases::Ctx::new(http, &req, &server, &info, &shared);
-        let mut resp = phases::run(&mut cx).await;
-        let loc = cx.loc.clone();
-        if resp.close_silently {
+        if !Box::pin(request(&stream, &mut buf, &mut info, &shared, &quit)).await {
             return;
         }
-        let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
-        let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
-        if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
-            keepalive = false;
-        }
-        // Handlers here never consume the body. As nginx does, what has
-        // already arrived is discarded now (a malformed body is still a
-        // 400), the response goes out without waiting for the rest, and the
-        // rest is read and dropped afterwards so the connection can be
-        // reused (or lingering close drains it).
-        let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
-        let mut discard: Option<Discard> = None;
-        if body_pending && resp.status != 413 {
-            if req.expect_continue
-                && write_all(&stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-            let mut d = Discard::new(&req);
-            match d.take_available(&stream, &mut buf) {
-                Ok(true) => {}
-                Ok(false) => {
-                    if !keepalive {
-                        resp.linger = true;
-                    }
-                    discard = Some(d);
-                }
-                Err(DiscardError::Bad) => {
-                    let r = Reject {
-                        status: 400,
-                        log: "client sent invalid chunked body",
-                        line: Some(req.line.clone()),
-                    };
-                    reject_and_close(&stream, &addr, &info, r).await;
-                    return;
-                }
-                Err(DiscardError::Io) => return,
-            }
-        } else if body_pending {
-            keepalive = false;
-            resp.linger = true;
-        }
-        let linger_after = resp.linger;
-        let head_only = req.method == crate::http::request::Method::Head;
-        let result = write_response(
-            &stream,
-            &mut resp,
-            &loc,
-            req.minor,
-            keepalive,
-            head_only,
-            &mut cx.sent,
-        )
-        .await;
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-        crate::http::modules::log_phase(&cx);
-        // Module state tied to the request (a limit_conn slot) lives until
-        // the unread body is drained, as the request does in nginx.
-        let request_guards = std::mem::take(&mut cx.guards);
-        drop(cx);
-        if result.is_err() {
-            if loc.core.reset_timedout_connection.unwrap_or(false) {
-                stream.set_linger_zero();
-            }
-            return;
-        }
-        if keepalive {
-            if let Some(mut d) = discard {
-                if d.finish(&stream, &mut buf, &loc).await.is_err() {
-                    return;
-                }
-            }
-        }
-        if !keepalive {
-            if linger_after {
-                linger(&stream, &loc).await;
-            }
-            return;
-        }
-        drop(request_guards);
         if buf.is_empty() {
             buf = Vec::new();
         }
     }
+}
+
+thread_local! {
+    /// The worker's scratch for the first read of a request: a read that
+    /// finds nothing (stale readiness) then costs no allocation, and the
+    /// connection's buffer is made only for the bytes that did arrive.
+    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads what is there, up to `size` bytes (client_header_buffer_size),
+/// into a new buffer of that capacity. `Ok(None)`: the peer closed.
+fn first_read<S: Stream>(stream: &S, size: usize) -> io::Result<Option<Vec<u8>>> {
+    READ_SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        if scratch.len() < size {
+            scratch.resize(size, 0);
+        }
+        let n = stream.try_read(&mut scratch[..size])?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut buf = Vec::with_capacity(size);
+        buf.extend_from_slice(&scratch[..n]);
+        Ok(Some(buf))
+    })
+}
+
+/// Reads, runs and answers one request whose first bytes are in `buf`.
+/// Returns whether the connection stays open for another.
+async fn request<S: Stream>(
+    stream: &S,
+    buf: &mut Vec<u8>,
+    info: &mut ConnInfo,
+    shared: &Arc<WorkerShared>,
+    quit: &tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    let first = info.requests == 0;
+    // Loaded once the request has started: a reload while this
+    // connection idled applies to this request.
+    let config = shared.config.load_full();
+    let Some(http) = config.http.clone() else {
+        return false;
+    };
+    let http = &http;
+    let Some(addr) = http.addr_for(&info.listen, info.local) else {
+        return false;
+    };
+    let dsrv = &addr.default.srv;
+    let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
+    let head = read_head(stream, buf, &addr, first).await;
+    drop(reading);
+    let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
+    let end = match head {
+        HeadResult::Head(n) => n,
+        HeadResult::Closed => return false,
+        HeadResult::TimedOut => {
+            log_conn(
+                &addr.default.conf,
+                Level::Info,
+                info,
+                "client timed out (110: Connection timed out) while reading client request headers",
+            );
+            if addr
+                .default
+                .conf
+                .core
+                .reset_timedout_connection
+                .unwrap_or(false)
+            {
+                stream.set_linger_zero();
+            }
+            return false;
+        }
+        HeadResult::Reject(r) => {
+            info.requests += 1;
+            shared.stats.request();
+            reject_and_close(stream, &addr, info, r).await;
+            return false;
+        }
+    };
+    info.requests += 1;
+    shared.stats.request();
+    let req = match request::parse_head(&buf[..end], dsrv) {
+        Ok(r) => r,
+        Err(r) => {
+            reject_and_close(stream, &addr, info, r).await;
+            return false;
+        }
+    };
+    buf.drain(..end);
+    let server = addr.select(req.host.as_deref()).clone();
+    let mut cx = phases::Ctx::new(http, &req, &server, info, &shared);
+    let mut resp = phases::run(&mut cx).await;
+    let loc = cx.loc.clone();
+    if resp.close_silently {
+        return false;
+    }
+    let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
+    let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
+    if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
+        keepalive = false;
+    }
+    // Handlers here never consume the body. As nginx does, what has
+    // already arrived is discarded now (a malformed body is still a
+    // 400), the response goes out without waiting for the rest, and the
+    // rest is read and dropped afterwards so the connection can be
+    // reused (or lingering close drains it).
+    let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
+    let mut discard: Option<Discard> = None;
+    if body_pending && resp.status != 413 {
+        if req.expect_continue
+            && write_all(stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
+                .await
+                .is_err()
+        {
+            return false;
+        }
+        let mut d = Discard::new(&req);
+        match d.take_available(stream, buf) {
+            Ok(true) => {}
+            Ok(false) => {
+                if !keepalive {
+                    resp.linger = true;
+                }
+                discard = Some(d);
+            }
+            Err(DiscardError::Bad) => {
+                let r = Reject {
+                    status: 400,
+                    log: "client sent invalid chunked body",
+                    line: Some(req.line.clone()),
+                };
+                reject_and_close(stream, &addr, info, r).await;
+                return false;
+            }
+            Err(DiscardError::Io) => return false,
+        }
+    } else if body_pending {
+        keepalive = false;
+        resp.linger = true;
+    }
+    let linger_after = resp.linger;
+    let head_only = req.method == crate::http::request::Method::Head;
+    let result = write_response(
+        stream,
+        &mut resp,
+        &loc,
+        req.minor,
+        keepalive,
+        head_only,
+        &mut cx.sent,
+    )
+    .await;
+    cx.sent.status = resp.status;
+    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
+    crate::http::modules::log_phase(&cx);
+    // Module state tied to the request (a limit_conn slot) lives until
+    // the unread body is drained, as the request does in nginx.
+    let request_guards = std::mem::take(&mut cx.guards);
+    recycle_head_buf(std::mem::take(&mut cx.sent.head));
+    drop(cx);
+    if result.is_err() {
+        if loc.core.reset_timedout_connection.unwrap_or(false) {
+            stream.set_linger_zero();
+        }
+        return false;
+    }
+    if keepalive {
+        if let Some(mut d) = discard {
+            if d.finish(stream, buf, &loc).await.is_err() {
+                return false;
+            }
+        }
+    }
+    if !keepalive {
+        if linger_after {
+            linger(stream, &loc).await;
+        }
+        return false;
+    }
+    drop(request_guards);
+    true
 }
 
 /// The idle wait before a request (client_header_timeout for the first,
@@ -616,11 +670,33 @@ async fn write_response<S: Stream>(
     head_only: bool,
     sent: &mut phases::Sent,
 ) -> io::Result<()> {
-    let mut head = Vec::with_capacity(256);
+    let mut head = take_head_buf();
     response::write_head(&mut head, resp, loc, minor, keepalive);
     let r = write_body(stream, resp, loc, minor, head_only, &head, sent).await;
     sent.head = head;
     r
+}
+
+thread_local! {
+    /// A head buffer kept between requests of this worker: every response
+    /// needs one, and the previous one is free again once its request has
+    /// been logged. Tasks that overlap simply allocate their own.
+    static HEAD_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+fn take_head_buf() -> Vec<u8> {
+    let mut v = HEAD_BUF.take();
+    v.clear();
+    v.reserve(256);
+    v
+}
+
+/// Gives a head buffer back for the next response (an unusually large one
+/// is dropped rather than kept).
+fn recycle_head_buf(v: Vec<u8>) {
+    if v.capacity() <= 4096 {
+        HEAD_BUF.set(v);
+    }
 }
 
 async fn write_response_raw<S: Stream>(
