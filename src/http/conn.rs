@@ -267,7 +267,7 @@ async fn request<S: Stream>(
     };
     buf.drain(..end);
     let server = addr.select(req.host.as_deref()).clone();
-    let mut cx = phases::Ctx::new(http, &req, &server, info, &shared);
+    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     let mut resp = phases::run(&mut cx).await;
     let loc = cx.loc.clone();
     if resp.close_silently {

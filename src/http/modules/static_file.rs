@@ -320,6 +320,24 @@ fn set_disable_symlinks(
     crate::config::registry::set_once(&mut l.modules.static_file.disable_symlinks, (mode, from), d)
 }
 
+pub const DIRECTIVES: &[crate::config::registry::Spec] = {
+    use crate::config::registry::{ctx, Args, Setter, Spec};
+    &[
+        Spec {
+            name: "log_not_found",
+            ctx: ctx::HSL,
+            args: Args::Flag,
+            set: Setter::Loc(set_log_not_found),
+        },
+        Spec {
+            name: "disable_symlinks",
+            ctx: ctx::HSL,
+            args: Args::take12(),
+            set: Setter::Loc(set_disable_symlinks),
+        },
+    ]
+};
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -344,21 +362,3 @@ mod tests {
         assert_eq!(s, format!("{:x}", m));
     }
 }
-
-pub const DIRECTIVES: &[crate::config::registry::Spec] = {
-    use crate::config::registry::{ctx, Args, Setter, Spec};
-    &[
-        Spec {
-            name: "log_not_found",
-            ctx: ctx::HSL,
-            args: Args::Flag,
-            set: Setter::Loc(set_log_not_found),
-        },
-        Spec {
-            name: "disable_symlinks",
-            ctx: ctx::HSL,
-            args: Args::take12(),
-            set: Setter::Loc(set_disable_symlinks),
-        },
-    ]
-};
