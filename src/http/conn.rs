@@ -737,8 +737,10 @@ async fn write_body<S: Stream>(
 /// leave with the head in one `writev`: one syscall and one segment,
 /// where writev + sendfile under TCP_CORK costs four syscalls. The copy
 /// of a few KiB costs less than the calls it saves; bigger bodies keep
-/// sendfile's zero copy.
-const INLINE_FILE_MAX: u64 = 16 * 1024;
+/// sendfile's zero copy (measured: at 16 KiB sendfile after a MSG_MORE
+/// head costs ~1 µs/request less than the copy; see
+/// bench/RESULTS-hot-path.md).
+const INLINE_FILE_MAX: u64 = 4 * 1024;
 
 #[allow(clippy::too_many_arguments)]
 async fn write_body_with<S: Stream>(
