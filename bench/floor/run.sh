@@ -16,5 +16,8 @@ root=$(cd "$here/../.." && pwd)
 tern=${1:-$root/target/release/tern}
 [ $# -gt 0 ] && shift
 cc -O2 -Wall -Wextra -o "$here/floor" "$here/floor.c"
+# tern gets shared/bench's default argument template (as nginx would).
 exec "$root/../shared/bench/run.sh" small --server "$here/floor" --server-args '{conf}' \
-    --against "$tern" --sizes 1k --open-file-cache off,on "$@"
+    --against "$tern" \
+    --against-args "-p {prefix}/ -c {conf} -e {prefix}/logs/error.log -g 'daemon off; master_process on;'" \
+    --sizes 1k --open-file-cache off,on "$@"

@@ -433,6 +433,13 @@ pub fn parse_http_date(s: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_last_modified_matches_uncached() {
+        for t in [0, 784_111_777, 784_111_777, 1, -1, i64::MIN, i64::MAX, 0] {
+            assert_eq!(http_date_of(t), http_date_at(t), "t = {t}");
+        }
+    }
     use std::time::Duration;
 
     const T: i64 = 784_111_777; // Sun, 06 Nov 1994 08:49:37 GMT
