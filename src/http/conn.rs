@@ -36,6 +36,11 @@ pub trait Stream: crate::io::SendSock + 'static {
     fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    /// Like `try_write_vectored`, but tells TCP more data follows at once
+    /// (`MSG_MORE`): the bytes wait for the next write instead of leaving
+    /// as a short segment. This is TCP_CORK for one call, without the two
+    /// `setsockopt` calls around it.
+    fn try_write_more(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
     fn set_nodelay(&self, on: bool);
     fn set_cork(&self, on: bool);
     fn set_linger_zero(&self);
@@ -53,6 +58,26 @@ macro_rules! impl_stream {
             }
             fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
                 <$t>::try_write_vectored(self, bufs)
+            }
+            fn try_write_more(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+                if !$tcp {
+                    return <$t>::try_write_vectored(self, bufs);
+                }
+                let fd = std::os::fd::AsRawFd::as_raw_fd(self);
+                crate::io::SendSock::try_io(self, || {
+                    // SAFETY: msghdr points at `bufs`, which outlives the
+                    // call; IoSlice is ABI-compatible with iovec.
+                    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+                    msg.msg_iovlen = bufs.len() as _;
+                    // SAFETY: fd is this socket's, msg is initialised above.
+                    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+                    if n < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
+                    }
+                })
             }
             fn set_nodelay(&self, on: bool) {
                 if $tcp {
@@ -94,6 +119,12 @@ enum HeadResult {
 }
 
 /// Serves one connection until it closes.
+///
+/// Only the idle wait lives in this function's own state; each request
+/// runs in a boxed future of its own ([`request`]). That future (phases,
+/// handlers, writers) is several KiB, and an idle keep-alive connection
+/// must not carry it: what stays per idle connection is this loop's few
+/// hundred bytes.
 pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerShared>) {
     let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
@@ -111,9 +142,11 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
             // Wait until bytes are really here (readiness alone can be
             // stale), so the configuration below is the one current when
             // the request arrived. Idle connections hold no buffer.
-            buf = Vec::new();
             loop {
                 tokio::select! {
+                    // Bytes first: polling the quit watch first would
+                    // register a waiter on it for every request.
+                    biased;
                     r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
                         Ok(Ok(())) => {}
                         Ok(Err(_)) => return,
@@ -126,160 +159,208 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
                     },
                     _ = quit.changed(), if !first => return,
                 }
-                buf.resize(size, 0);
-                match stream.try_read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        buf.truncate(n);
+                match first_read(&stream, size) {
+                    Ok(Some(b)) => {
+                        buf = b;
                         break;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => buf.clear(),
+                    Ok(None) => return,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(_) => return,
                 }
             }
         }
-        // Loaded once the request has started: a reload while this
-        // connection idled applies to this request.
-        let config = shared.config.load_full();
-        let Some(http) = config.http.clone() else {
-            return;
-        };
-        let http = &http;
-        let Some(addr) = http.addr_for(&info.listen, info.local) else {
-            return;
-        };
-        let dsrv = &addr.default.srv;
-        let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
-        // nginx counts a request once its first bytes arrived.
-        shared.stats.request();
-        let head = read_head(&stream, &mut buf, &addr, first).await;
-        drop(reading);
-        let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
-        let end = match head {
-            HeadResult::Head(n) => n,
-            HeadResult::Closed => return,
-            HeadResult::TimedOut => {
-                log_conn(&addr.default.conf, Level::Info, &info, "client timed out (110: Connection timed out) while reading client request headers");
-                if addr
-                    .default
-                    .conf
-                    .core
-                    .reset_timedout_connection
-                    .unwrap_or(false)
-                {
-                    stream.set_linger_zero();
-                }
-                return;
-            }
-            HeadResult::Reject(r) => {
-                info.requests += 1;
-                reject_and_close(&stream, &addr, &info, r).await;
-                return;
-            }
-        };
-        info.requests += 1;
-        let req = match request::parse_head(&buf[..end], dsrv) {
-            Ok(r) => r,
-            Err(r) => {
-                reject_and_close(&stream, &addr, &info, r).await;
-                return;
-            }
-        };
-        buf.drain(..end);
-        let server = addr.select(req.host.as_deref()).clone();
-        let mut cx = phases::Ctx::new(http, &req, &server, &info, &shared);
-        let mut resp = phases::run(&mut cx).await;
-        let loc = cx.loc.clone();
-        if resp.close_silently {
+        if !Box::pin(request(&stream, &mut buf, &mut info, &shared, &quit)).await {
             return;
         }
-        let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
-        let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
-        if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
-            keepalive = false;
-        }
-        // Handlers here never consume the body. As nginx does, what has
-        // already arrived is discarded now (a malformed body is still a
-        // 400), the response goes out without waiting for the rest, and the
-        // rest is read and dropped afterwards so the connection can be
-        // reused (or lingering close drains it).
-        let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
-        let mut discard: Option<Discard> = None;
-        if body_pending && resp.status != 413 {
-            if req.expect_continue
-                && write_all(&stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-            let mut d = Discard::new(&req);
-            match d.take_available(&stream, &mut buf) {
-                Ok(true) => {}
-                Ok(false) => {
-                    if !keepalive {
-                        resp.linger = true;
-                    }
-                    discard = Some(d);
-                }
-                Err(DiscardError::Bad) => {
-                    let r = Reject {
-                        status: 400,
-                        log: "client sent invalid chunked body",
-                        line: Some(req.line.clone()),
-                    };
-                    reject_and_close(&stream, &addr, &info, r).await;
-                    return;
-                }
-                Err(DiscardError::Io) => return,
-            }
-        } else if body_pending {
-            keepalive = false;
-            resp.linger = true;
-        }
-        let linger_after = resp.linger;
-        let head_only = req.method == crate::http::request::Method::Head;
-        let result = write_response(
-            &stream,
-            &mut resp,
-            &loc,
-            req.minor,
-            keepalive,
-            head_only,
-            &mut cx.sent,
-        )
-        .await;
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-        crate::http::modules::log_phase(&cx);
-        // Module state tied to the request (a limit_conn slot) lives until
-        // the unread body is drained, as the request does in nginx.
-        let request_guards = std::mem::take(&mut cx.guards);
-        drop(cx);
-        if result.is_err() {
-            if loc.core.reset_timedout_connection.unwrap_or(false) {
-                stream.set_linger_zero();
-            }
-            return;
-        }
-        if keepalive {
-            if let Some(mut d) = discard {
-                if d.finish(&stream, &mut buf, &loc).await.is_err() {
-                    return;
-                }
-            }
-        }
-        if !keepalive {
-            if linger_after {
-                linger(&stream, &loc).await;
-            }
-            return;
-        }
-        drop(request_guards);
         if buf.is_empty() {
             buf = Vec::new();
         }
     }
+}
+
+thread_local! {
+    /// The worker's scratch for the first read of a request: a read that
+    /// finds nothing (stale readiness) then costs no allocation, and the
+    /// connection's buffer is made only for the bytes that did arrive.
+    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads what is there, up to `size` bytes (client_header_buffer_size),
+/// into a new buffer of that capacity. `Ok(None)`: the peer closed.
+fn first_read<S: Stream>(stream: &S, size: usize) -> io::Result<Option<Vec<u8>>> {
+    READ_SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        if scratch.len() < size {
+            scratch.resize(size, 0);
+        }
+        let n = stream.try_read(&mut scratch[..size])?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut buf = Vec::with_capacity(size);
+        buf.extend_from_slice(&scratch[..n]);
+        Ok(Some(buf))
+    })
+}
+
+/// Reads, runs and answers one request whose first bytes are in `buf`.
+/// Returns whether the connection stays open for another.
+async fn request<S: Stream>(
+    stream: &S,
+    buf: &mut Vec<u8>,
+    info: &mut ConnInfo,
+    shared: &Arc<WorkerShared>,
+    quit: &tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    let first = info.requests == 0;
+    // Loaded once the request has started: a reload while this
+    // connection idled applies to this request.
+    let config = shared.config.load_full();
+    let Some(http) = config.http.clone() else {
+        return false;
+    };
+    let http = &http;
+    let Some(addr) = http.addr_for(&info.listen, info.local) else {
+        return false;
+    };
+    let dsrv = &addr.default.srv;
+    let reading = crate::core::worker::StateGuard::enter(&shared.stats.reading);
+    // nginx counts a request once its first bytes arrived.
+    shared.stats.request();
+    let head = read_head(stream, buf, &addr, first).await;
+    drop(reading);
+    let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
+    let end = match head {
+        HeadResult::Head(n) => n,
+        HeadResult::Closed => return false,
+        HeadResult::TimedOut => {
+            log_conn(
+                &addr.default.conf,
+                Level::Info,
+                info,
+                "client timed out (110: Connection timed out) while reading client request headers",
+            );
+            if addr
+                .default
+                .conf
+                .core
+                .reset_timedout_connection
+                .unwrap_or(false)
+            {
+                stream.set_linger_zero();
+            }
+            return false;
+        }
+        HeadResult::Reject(r) => {
+            info.requests += 1;
+            reject_and_close(stream, &addr, info, r).await;
+            return false;
+        }
+    };
+    info.requests += 1;
+    let req = match request::parse_head(&buf[..end], dsrv) {
+        Ok(r) => r,
+        Err(r) => {
+            reject_and_close(stream, &addr, info, r).await;
+            return false;
+        }
+    };
+    buf.drain(..end);
+    let server = addr.select(req.host.as_deref()).clone();
+    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    let mut resp = phases::run(&mut cx).await;
+    let loc = cx.loc.clone();
+    if resp.close_silently {
+        return false;
+    }
+    let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
+    let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
+    if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
+        keepalive = false;
+    }
+    // Handlers here never consume the body. As nginx does, what has
+    // already arrived is discarded now (a malformed body is still a
+    // 400), the response goes out without waiting for the rest, and the
+    // rest is read and dropped afterwards so the connection can be
+    // reused (or lingering close drains it).
+    let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
+    let mut discard: Option<Discard> = None;
+    if body_pending && resp.status != 413 {
+        if req.expect_continue
+            && write_all(stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
+                .await
+                .is_err()
+        {
+            return false;
+        }
+        let mut d = Discard::new(&req);
+        match d.take_available(stream, buf) {
+            Ok(true) => {}
+            Ok(false) => {
+                if !keepalive {
+                    resp.linger = true;
+                }
+                discard = Some(d);
+            }
+            Err(DiscardError::Bad) => {
+                let r = Reject {
+                    status: 400,
+                    log: "client sent invalid chunked body",
+                    line: Some(req.line.clone()),
+                };
+                reject_and_close(stream, &addr, info, r).await;
+                return false;
+            }
+            Err(DiscardError::Io) => return false,
+        }
+    } else if body_pending {
+        keepalive = false;
+        resp.linger = true;
+    }
+    // Pipelined requests we will not answer: linger so that the client
+    // reads this response before the close, as nginx does.
+    let linger_after = resp.linger || (!keepalive && !buf.is_empty());
+    let head_only = req.method == crate::http::request::Method::Head;
+    let result = write_response(
+        stream,
+        &mut resp,
+        &loc,
+        req.minor,
+        keepalive,
+        head_only,
+        &mut cx.sent,
+    )
+    .await;
+    cx.sent.status = resp.status;
+    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
+    crate::http::modules::log_phase(&cx);
+    // Module state tied to the request (a limit_conn slot) lives until
+    // the unread body is drained, as the request does in nginx.
+    let request_guards = std::mem::take(&mut cx.guards);
+    recycle_head_buf(std::mem::take(&mut cx.sent.head));
+    drop(cx);
+    if result.is_err() {
+        if loc.core.reset_timedout_connection.unwrap_or(false) {
+            stream.set_linger_zero();
+        }
+        return false;
+    }
+    if keepalive {
+        if let Some(mut d) = discard {
+            if d.finish(stream, buf, &loc).await.is_err() {
+                return false;
+            }
+        }
+    }
+    if !keepalive {
+        if linger_after {
+            linger(stream, &loc).await;
+        }
+        return false;
+    }
+    drop(request_guards);
+    true
 }
 
 /// The idle wait before a request (client_header_timeout for the first,
@@ -592,11 +673,33 @@ async fn write_response<S: Stream>(
     head_only: bool,
     sent: &mut phases::Sent,
 ) -> io::Result<()> {
-    let mut head = Vec::with_capacity(256);
+    let mut head = take_head_buf();
     response::write_head(&mut head, resp, loc, minor, keepalive);
     let r = write_body(stream, resp, loc, minor, head_only, &head, sent).await;
     sent.head = head;
     r
+}
+
+thread_local! {
+    /// A head buffer kept between requests of this worker: every response
+    /// needs one, and the previous one is free again once its request has
+    /// been logged. Tasks that overlap simply allocate their own.
+    static HEAD_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+fn take_head_buf() -> Vec<u8> {
+    let mut v = HEAD_BUF.take();
+    v.clear();
+    v.reserve(256);
+    v
+}
+
+/// Gives a head buffer back for the next response (an unusually large one
+/// is dropped rather than kept).
+fn recycle_head_buf(v: Vec<u8>) {
+    if v.capacity() <= 4096 {
+        HEAD_BUF.set(v);
+    }
 }
 
 async fn write_response_raw<S: Stream>(
@@ -633,6 +736,15 @@ async fn write_body<S: Stream>(
     r
 }
 
+/// File bodies up to this size are read through the file-I/O layer and
+/// leave with the head in one `writev`: one syscall and one segment,
+/// where writev + sendfile under TCP_CORK costs four syscalls. The copy
+/// of a few KiB costs less than the calls it saves; bigger bodies keep
+/// sendfile's zero copy (measured: at 16 KiB sendfile after a MSG_MORE
+/// head costs ~1 µs/request less than the copy; see
+/// bench/RESULTS-hot-path.md).
+const INLINE_FILE_MAX: u64 = 4 * 1024;
+
 #[allow(clippy::too_many_arguments)]
 async fn write_body_with<S: Stream>(
     stream: &S,
@@ -652,24 +764,52 @@ async fn write_body_with<S: Stream>(
         return write_filtered(stream, resp, loc, minor, head, sent, policy).await;
     }
     let body = std::mem::take(&mut resp.body);
-    let pieces: Vec<response::Piece> = match body {
-        Body::Empty => Vec::new(),
-        Body::Bytes(b) => vec![response::Piece::Bytes(b)],
-        Body::File { file, offset, len } => vec![response::Piece::File { file, offset, len }],
-        Body::Multi(p) => p,
-    };
-    let sendfile = loc.core.sendfile.unwrap_or(false);
-    let cork = sendfile
-        && loc.core.tcp_nopush.unwrap_or(false)
-        && pieces
-            .iter()
-            .any(|p| matches!(p, response::Piece::File { .. }));
-    if cork {
-        stream.set_cork(true);
+    // The common bodies go out without building a piece list.
+    match body {
+        Body::Bytes(b) => {
+            sent.body_bytes += b.len() as u64;
+            write_all(stream, &[head, &b], loc).await?;
+        }
+        Body::File { file, offset, len } if len <= INLINE_FILE_MAX => {
+            let data = crate::io::read(&file, offset, len as usize, policy).await?;
+            sent.body_bytes += data.len() as u64;
+            write_all(stream, &[head, &data], loc).await?;
+            if (data.len() as u64) < len {
+                // Shrunk since it was opened: the client gets what was
+                // there, and the connection closes (as with sendfile).
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file was truncated while being sent",
+                ));
+            }
+        }
+        Body::File { file, offset, len } => {
+            let pieces = [response::Piece::File { file, offset, len }];
+            write_pieces(stream, &pieces, loc, head, sent, policy).await?;
+        }
+        Body::Multi(p) => write_pieces(stream, &p, loc, head, sent, policy).await?,
+        Body::Empty => write_all(stream, &[head], loc).await?,
     }
+    sent.bytes = head.len() as u64 + sent.body_bytes;
+    Ok(())
+}
+
+/// Sends the head and a list of pieces: files with sendfile (the head
+/// sent with MSG_MORE first under `tcp_nopush`, so it shares the first
+/// segment with the file) or read through the file-I/O layer.
+async fn write_pieces<S: Stream>(
+    stream: &S,
+    pieces: &[response::Piece],
+    loc: &LocConf,
+    head: &[u8],
+    sent: &mut phases::Sent,
+    policy: &crate::io::Policy,
+) -> io::Result<()> {
+    let sendfile = loc.core.sendfile.unwrap_or(false);
+    let nopush = sendfile && loc.core.tcp_nopush.unwrap_or(false);
     let mut pending: Vec<u8> = head.to_vec();
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
-    for p in &pieces {
+    for p in pieces {
         match p {
             response::Piece::Bytes(b) => {
                 pending.extend_from_slice(b);
@@ -678,7 +818,13 @@ async fn write_body_with<S: Stream>(
             response::Piece::File { file, offset, len } => {
                 if sendfile {
                     if !pending.is_empty() {
-                        write_all(stream, &[&pending], loc).await?;
+                        // What precedes a file waits for it (tcp_nopush):
+                        // sendfile pushes the last partial segment itself.
+                        if nopush && *len > 0 {
+                            write_more(stream, &pending, loc).await?;
+                        } else {
+                            write_all(stream, &[&pending], loc).await?;
+                        }
                         pending.clear();
                     }
                     let mut off = *offset;
@@ -704,6 +850,9 @@ async fn write_body_with<S: Stream>(
                         pending.clear();
                         off += n;
                         sent.body_bytes += n;
+                        // A fast reader never makes the socket block: yield
+                        // between chunks so one client cannot hold the loop.
+                        tokio::task::consume_budget().await;
                     }
                 }
             }
@@ -712,9 +861,26 @@ async fn write_body_with<S: Stream>(
     if !pending.is_empty() {
         write_all(stream, &[&pending], loc).await?;
     }
-    sent.bytes = head.len() as u64 + sent.body_bytes;
-    if cork {
-        stream.set_cork(false);
+    Ok(())
+}
+
+/// Writes all of `data` with MSG_MORE, waiting at most send_timeout
+/// between two successful writes.
+async fn write_more<S: Stream>(stream: &S, data: &[u8], loc: &LocConf) -> io::Result<()> {
+    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    let mut off = 0;
+    while off < data.len() {
+        match stream.try_write_more(&[IoSlice::new(&data[off..])]) {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match timeout(to, crate::io::SendSock::writable(stream)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -763,6 +929,10 @@ async fn write_filtered<S: Stream>(
                         sent,
                     )
                     .await?;
+                    // Compression can be slower than the client reads, so
+                    // the socket never blocks: let the loop's other
+                    // connections run between chunks.
+                    tokio::task::consume_budget().await;
                     pos = end;
                     if pos >= b.len() {
                         break;
@@ -794,6 +964,7 @@ async fn write_filtered<S: Stream>(
                         sent,
                     )
                     .await?;
+                    tokio::task::consume_budget().await;
                     if off >= end {
                         break;
                     }
@@ -884,7 +1055,9 @@ async fn emit<S: Stream>(
 /// Writes all of `bufs` with writev, waiting at most send_timeout between
 /// two successful writes.
 async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::Result<()> {
-    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    // A fixed iovec on the stack: callers pass a handful of buffers, and
+    // more than MAX_IOV go out over several calls.
+    const MAX_IOV: usize = 8;
     let mut idx = 0;
     let mut off = 0;
     while idx < bufs.len() {
@@ -893,10 +1066,14 @@ async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::
             off = 0;
             continue;
         }
-        let slices: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&bufs[idx][off..]))
-            .chain(bufs[idx + 1..].iter().map(|b| IoSlice::new(b)))
-            .collect();
-        match stream.try_write_vectored(&slices) {
+        let mut iov = [IoSlice::new(&[]); MAX_IOV];
+        iov[0] = IoSlice::new(&bufs[idx][off..]);
+        let mut k = 1;
+        for b in bufs[idx + 1..].iter().take(MAX_IOV - 1) {
+            iov[k] = IoSlice::new(b);
+            k += 1;
+        }
+        match stream.try_write_vectored(&iov[..k]) {
             Ok(mut n) => {
                 while n > 0 && idx < bufs.len() {
                     let left = bufs[idx].len() - off;
@@ -911,6 +1088,7 @@ async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
                 match timeout(to, crate::io::SendSock::writable(stream)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(e),

@@ -260,6 +260,16 @@ thread_local! {
     static ERR_LOG: Slot<19> = const { Slot::new() };
     static TIME_LOCAL: Slot<26> = const { Slot::new() };
     static ISO8601: Slot<25> = const { Slot::new() };
+    static LAST_MODIFIED: Slot<29> = const { Slot::new() };
+}
+
+/// [`http_date_at`] for a file's mtime (`Last-Modified`), keeping the last
+/// one formatted per thread: a hot file is answered with the same value
+/// request after request.
+pub fn http_date_of(t: i64) -> [u8; 29] {
+    // Clamped first, so the slot's empty marker (i64::MIN) never matches.
+    let t = t.clamp(-62_167_219_200, MAX_FIXED);
+    LAST_MODIFIED.with(|s| s.get(t, http_date_at))
 }
 
 /// `Date` header value for now, e.g. `Sun, 06 Nov 1994 08:49:37 GMT`;
@@ -423,6 +433,13 @@ pub fn parse_http_date(s: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_last_modified_matches_uncached() {
+        for t in [0, 784_111_777, 784_111_777, 1, -1, i64::MIN, i64::MAX, 0] {
+            assert_eq!(http_date_of(t), http_date_at(t), "t = {t}");
+        }
+    }
     use std::time::Duration;
 
     const T: i64 = 784_111_777; // Sun, 06 Nov 1994 08:49:37 GMT

@@ -201,7 +201,7 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
         .filter(|_| matches!(resp.status, 200 | 206 | 304))
     {
         out.extend_from_slice(b"Last-Modified: ");
-        out.extend_from_slice(&date::http_date_at(t));
+        out.extend_from_slice(&date::http_date_of(t));
         out.extend_from_slice(b"\r\n");
     }
     if let Some(l) = &resp.location {

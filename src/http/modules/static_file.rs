@@ -75,7 +75,35 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
 
 /// nginx's ETag: hex mtime and size.
 pub fn etag(f: &crate::io::OpenFile) -> String {
-    format!("\"{:x}-{:x}\"", f.mtime, f.size)
+    // Written by hand: this runs for every file answered, and the
+    // formatting machinery costs more than the digits.
+    let mut s = String::with_capacity(2 + 16 + 1 + 16);
+    s.push('"');
+    push_hex(&mut s, f.mtime as u64);
+    s.push('-');
+    push_hex(&mut s, f.size);
+    s.push('"');
+    s
+}
+
+/// `{:x}` of `n`. An mtime before 1970 is negative and prints as its
+/// two's complement, as `{:x}` of the i64 does.
+fn push_hex(s: &mut String, n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 16];
+    let mut i = buf.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        buf[i] = HEX[(n & 0xf) as usize];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    for &c in &buf[i..] {
+        s.push(c as char);
+    }
 }
 
 async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
@@ -168,8 +196,13 @@ pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
         std::str::from_utf8(&name[dot + 1..]).ok()
     });
     if let (Some(ext), Some(types)) = (ext, &cx.loc.core.types) {
-        let lower = ext.to_ascii_lowercase();
-        if let Some(t) = types.get(&lower) {
+        // Extensions are nearly always lowercase already: no copy then.
+        let hit = if ext.bytes().any(|c| c.is_ascii_uppercase()) {
+            types.get(&ext.to_ascii_lowercase())
+        } else {
+            types.get(ext)
+        };
+        if let Some(t) = hit {
             return t.clone();
         }
     }
@@ -304,3 +337,28 @@ pub const DIRECTIVES: &[crate::config::registry::Spec] = {
         },
     ]
 };
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_matches_format() {
+        for n in [
+            0u64,
+            1,
+            0xf,
+            0x10,
+            0x400,
+            0x6a3f_2c00,
+            u64::MAX,
+            (-1i64) as u64,
+        ] {
+            let mut s = String::new();
+            super::push_hex(&mut s, n);
+            assert_eq!(s, format!("{:x}", n));
+        }
+        let m = -5i64;
+        let mut s = String::new();
+        super::push_hex(&mut s, m as u64);
+        assert_eq!(s, format!("{:x}", m));
+    }
+}
