@@ -284,7 +284,12 @@ async fn accept_loop(
                     continue;
                 }
                 let local = match &s {
-                    Either::Tcp(t) => t.local_addr().ok(),
+                    // A listener on a specific address is its connections'
+                    // local address: no getsockname() per connection.
+                    Either::Tcp(t) => match &addr {
+                        ListenAddr::Inet(a) if !a.ip().is_unspecified() => Some(*a),
+                        _ => t.local_addr().ok(),
+                    },
                     Either::Unix(_) => None,
                 };
                 let info = ConnInfo {
@@ -300,10 +305,9 @@ async fn accept_loop(
                     // Released on drop: also when the task panics.
                     let _slot = slot;
                     match s {
-                        Either::Tcp(t) => {
-                            let _ = t.set_nodelay(true);
-                            conn::serve(t, info, sh).await
-                        }
+                        // TCP_NODELAY is set by the engine when the connection
+                        // turns keep-alive (as nginx), not per accept.
+                        Either::Tcp(t) => conn::serve(t, info, sh).await,
                         Either::Unix(u) => conn::serve(u, info, sh).await,
                     }
                 });

@@ -279,6 +279,11 @@ async fn request<S: Stream>(
     if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
         keepalive = false;
     }
+    // As nginx: TCP_NODELAY once the connection turns keep-alive (a
+    // response written in one go needs no Nagle exemption before that).
+    if keepalive && info.requests == 1 && loc.core.tcp_nodelay.unwrap_or(true) {
+        stream.set_nodelay(true);
+    }
     // Handlers here never consume the body. As nginx does, what has
     // already arrived is discarded now (a malformed body is still a
     // 400), the response goes out without waiting for the rest, and the

@@ -729,11 +729,43 @@ fn compress_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
     }
     let ratio = Arc::new(Ratio::default());
     cx.guards.push(Box::new(ratio.clone()));
+    let key = (zlib_level(level), wbits);
     resp.filters.push(Box::new(Deflater {
-        z: Compress::new_gzip(Compression::new(zlib_level(level)), wbits),
+        z: Some(take_compressor(key)),
+        key,
         ratio,
         done: false,
     }));
+}
+
+thread_local! {
+    /// Compressors kept by the worker thread for reuse: setting up a
+    /// deflate state (window and hash tables) costs more than compressing
+    /// a small response, and `reset` is cheap.
+    static COMPRESSORS: std::cell::RefCell<Vec<((u32, u8), Compress)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// At most this many idle compressors per worker thread.
+const KEEP_COMPRESSORS: usize = 16;
+
+fn take_compressor(key: (u32, u8)) -> Compress {
+    let reused = COMPRESSORS.with(|c| {
+        let mut c = c.borrow_mut();
+        let i = c.iter().position(|(k, _)| *k == key)?;
+        Some(c.swap_remove(i).1)
+    });
+    reused.unwrap_or_else(|| Compress::new_gzip(Compression::new(key.0), key.1))
+}
+
+fn give_back_compressor(key: (u32, u8), mut z: Compress) {
+    z.reset();
+    COMPRESSORS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() < KEEP_COMPRESSORS {
+            c.push((key, z));
+        }
+    });
 }
 
 // ---------------------------------------------------------------------
@@ -762,9 +794,19 @@ pub struct Ratio {
 
 /// The deflate body filter: one zlib stream in gzip framing.
 struct Deflater {
-    z: Compress,
+    /// Always Some until dropped (then given back for reuse).
+    z: Option<Compress>,
+    key: (u32, u8),
     ratio: Arc<Ratio>,
     done: bool,
+}
+
+impl Drop for Deflater {
+    fn drop(&mut self) {
+        if let Some(z) = self.z.take() {
+            give_back_compressor(self.key, z);
+        }
+    }
 }
 
 /// Room made in the output before each zlib call.
@@ -775,6 +817,9 @@ impl BodyFilter for Deflater {
         if self.done {
             return Ok(());
         }
+        let Some(z) = self.z.as_mut() else {
+            return Ok(());
+        };
         let flush = if last {
             FlushCompress::Finish
         } else {
@@ -785,16 +830,15 @@ impl BodyFilter for Deflater {
             if out.capacity() - out.len() < OUT_STEP {
                 out.reserve(OUT_STEP);
             }
-            let before = self.z.total_in();
-            let st = self
-                .z
+            let before = z.total_in();
+            let st = z
                 .compress_vec(&input[pos..], out, flush)
                 .map_err(|e| std::io::Error::other(format!("deflate() failed: {}", e)))?;
-            pos += (self.z.total_in() - before) as usize;
+            pos += (z.total_in() - before) as usize;
             if st == Status::StreamEnd {
                 self.done = true;
-                self.ratio.zin.store(self.z.total_in(), Ordering::Relaxed);
-                self.ratio.zout.store(self.z.total_out(), Ordering::Relaxed);
+                self.ratio.zin.store(z.total_in(), Ordering::Relaxed);
+                self.ratio.zout.store(z.total_out(), Ordering::Relaxed);
                 return Ok(());
             }
             // Not finishing: done once all input is taken and zlib did not
@@ -983,7 +1027,8 @@ mod tests {
     fn deflater_streams_and_ends() {
         let ratio = Arc::new(Ratio::default());
         let mut f = Deflater {
-            z: Compress::new_gzip(Compression::new(1), 15),
+            z: Some(take_compressor((1, 15))),
+            key: (1, 15),
             ratio: ratio.clone(),
             done: false,
         };
