@@ -147,6 +147,7 @@ pub struct CoreLoc {
     pub lingering_time: Option<u64>,
     pub lingering_timeout: Option<u64>,
     pub server_tokens: Option<bool>,
+    pub postpone_output: Option<u64>,
     pub error_log: Option<Vec<ErrorLogSpec>>,
     /// Compiled from `error_log` after merging.
     pub logger: Option<Arc<Logger>>,
@@ -159,7 +160,7 @@ impl CoreLoc {
         merge_opts!(self, p; root, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
             keepalive, keepalive_requests, send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
-            lingering_close, lingering_time, lingering_timeout, server_tokens, error_log, logger);
+            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, error_log, logger);
     }
 
     /// Applied once at http level so every descendant inherits a value.
@@ -1254,6 +1255,14 @@ fn set_internal(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
     Ok(())
 }
 
+/// `postpone_output SIZE`: validated and kept. tern writes a response head
+/// and small bodies in one `writev` and streams the rest in large chunks,
+/// so there is no small output left to postpone.
+fn set_postpone_output(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = size_arg(d, 0)?;
+    set_once(&mut l.core.postpone_output, v, d)
+}
+
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
         name: "server",
@@ -1428,5 +1437,11 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: ctx::HSL,
         args: Args::take(1),
         set: Setter::Loc(set_server_tokens),
+    },
+    Spec {
+        name: "postpone_output",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_postpone_output),
     },
 ];
