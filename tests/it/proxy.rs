@@ -450,3 +450,29 @@ fn http11_keepalive_connections_and_chunked_responses() {
     assert!(!seen[0].contains("Connection:"), "{}", seen[0]);
     assert_eq!(*conns.lock().unwrap(), 1, "upstream connection not reused");
 }
+
+#[test]
+fn interim_response_in_the_same_segment_as_the_final_one() {
+    // A 100 Continue and the real answer in one write: the buffered final
+    // response must be parsed without waiting for more bytes.
+    let origin = Origin::start(|_| {
+        Some(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        )
+    });
+    let conf = format!(
+        "http {{ access_log off; server {{ listen 127.0.0.1:@PORT@; \
+         location / {{ proxy_pass http://127.0.0.1:{}; proxy_read_timeout 2s; }} }} }}",
+        origin.port
+    );
+    let s = Server::start(&conf);
+    // Without re-parsing the buffered bytes this is a 502 (the origin
+    // closes) or a 504 (read timeout).
+    let r = s.get("/x");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"ok"[..]),
+        "{}",
+        r.head
+    );
+}

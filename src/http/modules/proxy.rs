@@ -1329,42 +1329,48 @@ async fn send_and_read(
     }
     let mut buf = vec![0u8; lim.head_max];
     let mut have = 0usize;
+    // Set when an interim (1xx) response was dropped and bytes of the next
+    // response are already buffered: parse them before reading again.
+    let mut reparse = false;
     loop {
-        if have == buf.len() {
-            return Err(fail(
-                502,
-                "upstream sent too big header while reading response header from upstream",
-                false,
-            ));
-        }
-        let n = match tokio::time::timeout(lim.read, s.read(&mut buf[have..])).await {
-            Err(_) => {
-                return Err(fail(
-                    504,
-                    format!("{} while reading response header from upstream", TIMED_OUT),
-                    true,
-                ))
-            }
-            Ok(Err(e)) => {
+        if !reparse {
+            if have == buf.len() {
                 return Err(fail(
                     502,
-                    format!(
-                        "recv() failed {} while reading response header from upstream",
-                        crate::core::errno_text(&e)
-                    ),
-                    true,
-                ))
+                    "upstream sent too big header while reading response header from upstream",
+                    false,
+                ));
             }
-            Ok(Ok(n)) => n,
-        };
-        if n == 0 {
-            return Err(fail(
+            let n = match tokio::time::timeout(lim.read, s.read(&mut buf[have..])).await {
+                Err(_) => {
+                    return Err(fail(
+                        504,
+                        format!("{} while reading response header from upstream", TIMED_OUT),
+                        true,
+                    ))
+                }
+                Ok(Err(e)) => {
+                    return Err(fail(
+                        502,
+                        format!(
+                            "recv() failed {} while reading response header from upstream",
+                            crate::core::errno_text(&e)
+                        ),
+                        true,
+                    ))
+                }
+                Ok(Ok(n)) => n,
+            };
+            if n == 0 {
+                return Err(fail(
                 502,
                 "upstream prematurely closed connection while reading response header from upstream",
                 true,
             ));
+            }
+            have += n;
         }
-        have += n;
+        reparse = false;
         let mut hdrs = [httparse::EMPTY_HEADER; 100];
         let mut r = httparse::Response::new(&mut hdrs);
         match r.parse(&buf[..have]) {
@@ -1375,6 +1381,7 @@ async fn send_and_read(
                     // An interim response: drop it and read the real one.
                     buf.copy_within(end..have, 0);
                     have -= end;
+                    reparse = have > 0;
                     continue;
                 }
                 let headers: Vec<(String, Vec<u8>)> = r
