@@ -572,6 +572,7 @@ pub fn embedded_text(dir: &Path) -> String {
          http {{\n\
          {mime}\n\
          \x20   default_type application/octet-stream;\n\
+         \x20   access_log /dev/stdout;\n\
          \x20   sendfile on;\n\
          \x20   server {{\n\
          \x20       listen 127.0.0.1:8080;\n\
