@@ -72,14 +72,16 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
     range::header_filter,
 ];
 
-/// The content phase: special handlers first, then files.
+/// The content phase: try_files (nginx's try-files phase comes before
+/// content), then the location's content handler (proxy, status pages),
+/// then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
-    if let Some(step) = proxy::content(cx).await {
-        return step;
-    }
     match try_files::run(cx).await {
         Step::Next => {}
         other => return other,
+    }
+    if let Some(step) = proxy::content(cx).await {
+        return step;
     }
     if let Some(step) = stub_status::content(cx) {
         return step;
