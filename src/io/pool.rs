@@ -180,8 +180,12 @@ impl ThreadPool {
         R: Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let inner = Arc::clone(&self.inner);
         self.post(Box::new(move || {
             let r = catch_unwind(AssertUnwindSafe(f));
+            // Counted before the result is delivered, so a caller that has
+            // its result also sees the task in the pool's counters.
+            inner.lock().done += 1;
             // The receiver may be gone (request aborted): nothing to do.
             let _ = tx.send(r);
         }))?;
@@ -284,7 +288,6 @@ fn worker(inner: Arc<Inner>, privileged: bool) {
             job();
             st = inner.lock();
             st.busy -= 1;
-            st.done += 1;
             continue;
         }
         if st.stopping {
