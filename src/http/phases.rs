@@ -437,6 +437,12 @@ impl Ctx<'_> {
 
     /// Logs with nginx's request context suffix.
     pub fn log(&self, level: Level, msg: &str) {
+        self.log_with_upstream(level, msg, None);
+    }
+
+    /// Logs with nginx's request context, and `upstream: "..."` when given
+    /// (`..., request: "...", upstream: "...", host: "..."`).
+    pub fn log_with_upstream(&self, level: Level, msg: &str, upstream: Option<&str>) {
         let logger = self
             .loc
             .core
@@ -452,6 +458,9 @@ impl Ctx<'_> {
             .map(|a| a.ip().to_string())
             .unwrap_or_else(|| "unix:".into());
         let server = self.server.srv.primary_name.clone().unwrap_or_default();
+        let upstream = upstream
+            .map(|u| format!(", upstream: \"{}\"", u))
+            .unwrap_or_default();
         let host = self
             .req
             .header("host")
@@ -461,11 +470,12 @@ impl Ctx<'_> {
             level,
             Some(self.conn.id),
             format_args!(
-                "{}, client: {}, server: {}, request: \"{}\"{}",
+                "{}, client: {}, server: {}, request: \"{}\"{}{}",
                 msg,
                 client,
                 server,
                 String::from_utf8_lossy(&self.req.line),
+                upstream,
                 host
             ),
         );

@@ -1186,6 +1186,26 @@ fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
 
 const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
 
+/// One read from the upstream within `limit`: 504 on timeout, 502 on an
+/// error, with nginx's log wording (`... while reading upstream`).
+async fn timed_read(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    limit: Duration,
+    context: &str,
+    next: bool,
+) -> Result<usize, Fail> {
+    match tokio::time::timeout(limit, s.read(buf)).await {
+        Err(_) => Err(fail(504, format!("{} {}", TIMED_OUT, context), next)),
+        Ok(Err(e)) => Err(fail(
+            502,
+            format!("recv() failed {} {}", crate::core::errno_text(&e), context),
+            next,
+        )),
+        Ok(Ok(n)) => Ok(n),
+    }
+}
+
 /// A response head from upstream, with the connection to read the body from.
 struct UpResp {
     status: u16,
@@ -1341,26 +1361,14 @@ async fn send_and_read(
                     false,
                 ));
             }
-            let n = match tokio::time::timeout(lim.read, s.read(&mut buf[have..])).await {
-                Err(_) => {
-                    return Err(fail(
-                        504,
-                        format!("{} while reading response header from upstream", TIMED_OUT),
-                        true,
-                    ))
-                }
-                Ok(Err(e)) => {
-                    return Err(fail(
-                        502,
-                        format!(
-                            "recv() failed {} while reading response header from upstream",
-                            crate::core::errno_text(&e)
-                        ),
-                        true,
-                    ))
-                }
-                Ok(Ok(n)) => n,
-            };
+            let n = timed_read(
+                &mut s,
+                &mut buf[have..],
+                lim.read,
+                "while reading response header from upstream",
+                true,
+            )
+            .await?;
             if n == 0 {
                 return Err(fail(
                 502,
@@ -1516,26 +1524,7 @@ async fn read_body(
         let Some(stream) = r.stream.as_mut() else {
             return Err(fail(502, "upstream connection lost", false));
         };
-        let n = match tokio::time::timeout(lim.read, stream.read(&mut rbuf)).await {
-            Err(_) => {
-                return Err(fail(
-                    504,
-                    format!("{} while reading upstream", TIMED_OUT),
-                    false,
-                ))
-            }
-            Ok(Err(e)) => {
-                return Err(fail(
-                    502,
-                    format!(
-                        "recv() failed {} while reading upstream",
-                        crate::core::errno_text(&e)
-                    ),
-                    false,
-                ))
-            }
-            Ok(Ok(n)) => n,
-        };
+        let n = timed_read(stream, &mut rbuf, lim.read, "while reading upstream", false).await?;
         if n == 0 {
             if dec.is_none() && left.is_none() {
                 // Delimited by close (HTTP/1.0 style): complete.
@@ -1938,39 +1927,7 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
 
 /// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
 fn log_upstream(cx: &Ctx<'_>, level: Level, msg: &str, upstream: &str) {
-    let logger = cx
-        .loc
-        .core
-        .logger
-        .clone()
-        .unwrap_or_else(crate::core::log::main_logger);
-    if !logger.enabled(level) {
-        return;
-    }
-    let client = cx
-        .conn
-        .remote
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unix:".into());
-    let server = cx.server.srv.primary_name.clone().unwrap_or_default();
-    let host = cx
-        .req
-        .header("host")
-        .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
-        .unwrap_or_default();
-    logger.log(
-        level,
-        Some(cx.conn.id),
-        format_args!(
-            "{}, client: {}, server: {}, request: \"{}\", upstream: \"{}\"{}",
-            msg,
-            client,
-            server,
-            String::from_utf8_lossy(&cx.req.line),
-            upstream,
-            host
-        ),
-    );
+    cx.log_with_upstream(level, msg, Some(upstream));
 }
 
 #[cfg(test)]
