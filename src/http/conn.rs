@@ -915,65 +915,46 @@ async fn write_filtered<S: Stream>(
     let total_pieces = pieces.len();
     for (pi, p) in pieces.iter().enumerate() {
         let last_piece = pi + 1 == total_pieces;
-        match p {
-            response::Piece::Bytes(b) => {
-                let mut pos = 0;
-                loop {
-                    let end = (pos + 65536).min(b.len());
-                    let last = last_piece && end == b.len();
-                    run_filters(&mut filters, &b[pos..end], last, &mut out)?;
-                    emit(
-                        stream,
-                        loc,
-                        head,
-                        &mut first,
-                        &mut out,
-                        chunked,
-                        last,
-                        &resp.trailers,
-                        sent,
-                    )
-                    .await?;
-                    // Compression can be slower than the client reads, so
-                    // the socket never blocks: let the loop's other
-                    // connections run between chunks.
-                    tokio::task::consume_budget().await;
-                    pos = end;
-                    if pos >= b.len() {
-                        break;
-                    }
-                }
-            }
-            response::Piece::File { file, offset, len } => {
-                let mut off = *offset;
-                let end = offset + len;
-                loop {
-                    let n = (end - off).min(65536);
-                    let data = if n > 0 {
-                        crate::io::read(file, off, n as usize, policy).await?
+        let piece_len = match p {
+            response::Piece::Bytes(b) => b.len() as u64,
+            response::Piece::File { len, .. } => *len,
+        };
+        let mut off = 0u64;
+        loop {
+            let n = (piece_len - off).min(65536);
+            let read_buf;
+            let data: &[u8] = match p {
+                response::Piece::Bytes(b) => &b[off as usize..(off + n) as usize],
+                response::Piece::File { file, offset, .. } => {
+                    read_buf = if n > 0 {
+                        crate::io::read(file, offset + off, n as usize, policy).await?
                     } else {
                         Default::default()
                     };
-                    off += n;
-                    let last = last_piece && off >= end;
-                    run_filters(&mut filters, &data, last, &mut out)?;
-                    emit(
-                        stream,
-                        loc,
-                        head,
-                        &mut first,
-                        &mut out,
-                        chunked,
-                        last,
-                        &resp.trailers,
-                        sent,
-                    )
-                    .await?;
-                    tokio::task::consume_budget().await;
-                    if off >= end {
-                        break;
-                    }
+                    &read_buf
                 }
+            };
+            off += n;
+            let last = last_piece && off >= piece_len;
+            run_filters(&mut filters, data, last, &mut out)?;
+            emit(
+                stream,
+                loc,
+                head,
+                &mut first,
+                &mut out,
+                chunked,
+                last,
+                &resp.trailers,
+                sent,
+            )
+            .await?;
+            // Compression can be slower than the client reads, so the
+            // socket never blocks: let the loop's other connections run
+            // between chunks.
+            tokio::task::consume_budget().await;
+            if off >= piece_len {
+                break;
             }
         }
     }
