@@ -425,39 +425,15 @@ pub async fn read(
         };
     }
     let mut buf = vec![0u8; len];
-    if policy.uring() {
-        let got = match sys::pread_nowait(&file.file, &mut buf, offset)? {
-            Nowait::Done(n) => n,
-            Nowait::WouldBlock | Nowait::Unsupported => 0,
-        };
-        if got == len || (got > 0 && offset + got as u64 >= file.size) {
-            bump(&STATS.reads_inline);
-            policy.inline();
-            buf.truncate(got);
-            return Ok(Bytes::from(buf));
-        }
-        bump(&STATS.reads_uring);
-        policy.submitted();
-        let fd = file.file.as_raw_fd();
-        let (mut buf, r) = uring::read_full(
-            Arc::clone(file),
-            fd,
-            buf,
-            got,
-            len - got,
-            offset + got as u64,
-        )
-        .await;
-        buf.truncate(got + r?);
-        return Ok(Bytes::from(buf));
-    }
-    let Some(pool) = policy.pool() else {
+    let pool = policy.pool();
+    if !policy.uring() && pool.is_none() {
         bump(&STATS.reads_inline);
         policy.inline();
         let n = pread_full(&file.file, &mut buf, offset)?;
         buf.truncate(n);
         return Ok(Bytes::from(buf));
-    };
+    }
+    // aio on or threads: what is already in memory is read inline.
     let got = match sys::pread_nowait(&file.file, &mut buf, offset)? {
         Nowait::Done(n) => n,
         Nowait::WouldBlock | Nowait::Unsupported => 0,
@@ -468,15 +444,31 @@ pub async fn read(
         buf.truncate(got);
         return Ok(Bytes::from(buf));
     }
-    bump(&STATS.reads_offloaded);
-    policy.offload();
-    let f = Arc::clone(file);
-    let buf = offload(pool, move || {
-        let n = pread_full(&f.file, &mut buf[got..], offset + got as u64)?;
-        buf.truncate(got + n);
-        Ok(buf)
-    })
-    .await?;
+    if let (false, Some(pool)) = (policy.uring(), pool) {
+        bump(&STATS.reads_offloaded);
+        policy.offload();
+        let f = Arc::clone(file);
+        let buf = offload(pool, move || {
+            let n = pread_full(&f.file, &mut buf[got..], offset + got as u64)?;
+            buf.truncate(got + n);
+            Ok(buf)
+        })
+        .await?;
+        return Ok(Bytes::from(buf));
+    }
+    bump(&STATS.reads_uring);
+    policy.submitted();
+    let fd = file.file.as_raw_fd();
+    let (mut buf, r) = uring::read_full(
+        Arc::clone(file),
+        fd,
+        buf,
+        got,
+        len - got,
+        offset + got as u64,
+    )
+    .await;
+    buf.truncate(got + r?);
     Ok(Bytes::from(buf))
 }
 
