@@ -171,31 +171,16 @@ impl IoLoc {
     }
 }
 
-/// nginx's `ngx_parse_size` (`allow_g = false`: N, Nk, Nm) and
-/// `ngx_parse_offset` (`allow_g = true`: also Ng). Units are
-/// case-insensitive; overflow is an error.
-pub(crate) fn parse_size(s: &str, allow_g: bool) -> Option<u64> {
-    let (digits, mul) = match s.as_bytes().last()? {
-        b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
-        b'm' | b'M' => (&s[..s.len() - 1], 1u64 << 20),
-        b'g' | b'G' if allow_g => (&s[..s.len() - 1], 1u64 << 30),
-        _ => (s, 1),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    let v = n.checked_mul(mul)?;
-    // nginx keeps sizes in off_t / ssize_t.
-    (v <= i64::MAX as u64).then_some(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The io directives parse sizes with the shared parsers
+    /// (`config::value::size` without `g`, `offset` with it).
     #[test]
     fn sizes() {
+        use crate::config::value::{offset, size};
+        let parse_size = |s: &str, allow_g: bool| if allow_g { offset(s) } else { size(s) };
         assert_eq!(parse_size("0", false), Some(0));
         assert_eq!(parse_size("512", false), Some(512));
         assert_eq!(parse_size("32k", false), Some(32768));

@@ -11,8 +11,9 @@
 
 use std::sync::Arc;
 
-use super::conf::{parse_size, AioConf, PoolConf};
+use super::conf::{AioConf, PoolConf};
 use crate::config::registry::{arg, ctx, duplicate, flag, set_once, Args, Setter, Spec};
+use crate::config::value::{offset, size};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, MainConf};
 use crate::http::conf::LocConf;
@@ -160,24 +161,24 @@ fn directio(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()>
     let t = if v == "off" {
         None
     } else {
-        Some(parse_size(v, true).ok_or_else(|| invalid(d))?)
+        Some(offset(v).ok_or_else(|| invalid(d))?)
     };
     l.io.directio = Some(t);
     Ok(())
 }
 
 fn directio_alignment(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()> {
-    let v = parse_size(arg(d, 0), true).ok_or_else(|| invalid(d))?;
+    let v = offset(arg(d, 0)).ok_or_else(|| invalid(d))?;
     set_once(&mut l.io.directio_alignment, v, d)
 }
 
 fn sendfile_max_chunk(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()> {
-    let v = parse_size(arg(d, 0), false).ok_or_else(|| invalid(d))?;
+    let v = size(arg(d, 0)).ok_or_else(|| invalid(d))?;
     set_once(&mut l.io.sendfile_max_chunk, v, d)
 }
 
 fn read_ahead(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResult<()> {
-    let v = parse_size(arg(d, 0), false).ok_or_else(|| invalid(d))?;
+    let v = size(arg(d, 0)).ok_or_else(|| invalid(d))?;
     set_once(&mut l.io.read_ahead, v, d)
 }
 
@@ -190,7 +191,7 @@ fn output_buffers(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResu
         Ok(x) if x > 0 && n.bytes().all(|b| b.is_ascii_digit()) => x,
         _ => return Err(invalid(d)),
     };
-    let size = match parse_size(arg(d, 1), false).and_then(|s| usize::try_from(s).ok()) {
+    let size = match size(arg(d, 1)).and_then(|s| usize::try_from(s).ok()) {
         Some(s) if s > 0 => s,
         _ => return Err(invalid(d)),
     };
