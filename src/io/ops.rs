@@ -211,6 +211,11 @@ pub struct Meta {
     pub size: u64,
     pub mtime: i64,
     pub mtime_nsec: i64,
+    /// Status-change time: moves on every write even when the writer puts
+    /// the old mtime back, so an unchanged (ino, size, mtime, ctime) means
+    /// unchanged content for the open-file cache's content copy.
+    pub ctime: i64,
+    pub ctime_nsec: i64,
     pub ino: u64,
     pub dev: u64,
     pub mode: u32,
@@ -226,6 +231,8 @@ impl Meta {
             size: m.size(),
             mtime: m.mtime(),
             mtime_nsec: m.mtime_nsec(),
+            ctime: m.ctime(),
+            ctime_nsec: m.ctime_nsec(),
             ino: m.ino(),
             dev: m.dev(),
             mode: m.mode(),
@@ -244,6 +251,8 @@ pub struct OpenFile {
     pub size: u64,
     pub mtime: i64,
     pub mtime_nsec: i64,
+    pub ctime: i64,
+    pub ctime_nsec: i64,
     pub ino: u64,
     pub dev: u64,
     pub is_dir: bool,
@@ -251,6 +260,33 @@ pub struct OpenFile {
     pub uid: u32,
     /// A second open file description with O_DIRECT, made on first directio read.
     direct: OnceLock<Option<File>>,
+    /// Set by the open-file cache when it keeps this descriptor: then the
+    /// whole content of a small file is kept after its first full read.
+    keep_content: AtomicBool,
+    /// That content ([`SMALL_CONTENT_MAX`] bytes at most). The attributes
+    /// above and this copy come from the same open file and are replaced
+    /// together (a changed file gets a new `OpenFile`), so a response never
+    /// mixes an old length with new bytes.
+    content: OnceLock<Bytes>,
+}
+
+/// Largest file whose content the open-file cache keeps in memory: the
+/// size the HTTP engine sends with one `writev` instead of `sendfile`.
+pub const SMALL_CONTENT_MAX: u64 = 4 * 1024;
+
+/// Bound on all kept contents together (a cache of 200,000 entries must
+/// not turn into 800 MiB of copies).
+const SMALL_CONTENT_BUDGET: usize = 64 << 20;
+
+/// Bytes of content kept now, across all open-file caches.
+static SMALL_CONTENT_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        if let Some(b) = self.content.get() {
+            SMALL_CONTENT_BYTES.fetch_sub(b.len(), Ordering::Relaxed);
+        }
+    }
 }
 
 impl OpenFile {
@@ -266,8 +302,45 @@ impl OpenFile {
             is_dir: m.is_dir,
             mode: m.mode,
             uid: m.uid,
+            ctime: m.ctime,
+            ctime_nsec: m.ctime_nsec,
             direct: OnceLock::new(),
+            keep_content: AtomicBool::new(false),
+            content: OnceLock::new(),
         })
+    }
+
+    /// Called by the open-file cache for a descriptor it keeps: small
+    /// contents read from now on are kept with it.
+    pub fn keep_content(&self) {
+        if !self.is_dir && self.size <= SMALL_CONTENT_MAX {
+            self.keep_content.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The kept content of `offset..offset+len`, if there is one.
+    fn kept(&self, offset: u64, len: usize) -> Option<Bytes> {
+        let b = self.content.get()?;
+        let start = usize::try_from(offset).ok()?.min(b.len());
+        let end = start.saturating_add(len).min(b.len());
+        Some(b.slice(start..end))
+    }
+
+    /// Keeps `data` if it is this (small, cached) file's whole content.
+    fn maybe_keep(&self, offset: u64, data: &Bytes) {
+        if offset != 0
+            || data.len() as u64 != self.size
+            || !self.keep_content.load(Ordering::Relaxed)
+            || self.content.get().is_some()
+        {
+            return;
+        }
+        let n = data.len();
+        if SMALL_CONTENT_BYTES.fetch_add(n, Ordering::Relaxed) + n > SMALL_CONTENT_BUDGET
+            || self.content.set(data.clone()).is_err()
+        {
+            SMALL_CONTENT_BYTES.fetch_sub(n, Ordering::Relaxed);
+        }
     }
 
     fn direct(&self) -> Option<&File> {
@@ -406,6 +479,22 @@ pub async fn read(
     if len == 0 {
         return Ok(Bytes::new());
     }
+    if let Some(b) = file.kept(offset, len) {
+        // Not a file read at all: no read counter moves.
+        policy.inline();
+        return Ok(b);
+    }
+    let data = read_uncached(file, offset, len, policy).await?;
+    file.maybe_keep(offset, &data);
+    Ok(data)
+}
+
+async fn read_uncached(
+    file: &Arc<OpenFile>,
+    offset: u64,
+    len: usize,
+    policy: &Policy,
+) -> io::Result<Bytes> {
     let align = policy.directio_alignment;
     if policy.directio.is_some_and(|t| file.size >= t) && align.is_power_of_two() {
         bump(&STATS.reads_direct);

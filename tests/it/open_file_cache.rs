@@ -64,6 +64,30 @@ fn file_modified_in_place_is_served_in_full_after_valid() {
     assert_ne!(r3.header("ETag"), r1.header("ETag"));
 }
 
+/// tern keeps the bytes of small cached files (no read per hit); a rewrite
+/// that keeps size and mtime must still be noticed once `valid` expires
+/// (the status-change time gives it away).
+#[test]
+fn small_file_rewritten_with_its_old_mtime_is_served_new_after_valid() {
+    let p = Prefix::new();
+    let f = p.write("html/s.txt", "aaaa");
+    let s = server(p, VALID_1S);
+    assert_eq!(s.get("/s.txt").body, b"aaaa");
+    assert_eq!(s.get("/s.txt").body, b"aaaa");
+    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
+    std::fs::write(&f, "bbbb").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().modified().unwrap(), mtime);
+    until(&s, "/s.txt", "the new bytes", body_is("bbbb"));
+    let r = s.get("/s.txt");
+    assert_eq!(r.header("Content-Length"), Some("4"));
+}
+
 #[test]
 fn file_replaced_by_rename_is_served_new_after_valid() {
     let p = Prefix::new();

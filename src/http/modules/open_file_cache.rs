@@ -39,6 +39,10 @@
 //!   another file's: a changed file gets a new `OpenFile`, never an update
 //!   in place. (A file rewritten in place keeps its inode, so within `valid`
 //!   its old size is served with whatever the inode now holds, as in nginx.)
+//! - A kept `OpenFile` of at most 4 KiB also keeps its bytes after the
+//!   first full read ([`crate::io::OpenFile::keep_content`]), so hits are
+//!   served from memory; a re-check that finds size, mtime and ctime
+//!   unchanged keeps them, any change opens a new `OpenFile` (new bytes).
 //! - Descriptors are closed only by dropping the last `Arc<OpenFile>`.
 //!   Eviction drops the cache's reference; a response in flight holds its
 //!   own clone, so the descriptor stays open until that response finishes
@@ -828,6 +832,8 @@ impl Cache {
                             && m.size == old.size
                             && m.mtime == old.mtime
                             && m.mtime_nsec == old.mtime_nsec
+                            && m.ctime == old.ctime
+                            && m.ctime_nsec == old.ctime_nsec
                             && m.is_dir == old.is_dir =>
                     {
                         count(|s| &s.hits);
@@ -900,10 +906,15 @@ impl Cache {
         };
         let uses = g.nodes[i as usize].uses;
         let state = match (result, cached_err) {
-            (Ok(f), _) if f.is_dir || uses >= p.min_uses => State::File {
-                file: Arc::clone(f),
-                checked: now,
-            },
+            (Ok(f), _) if f.is_dir || uses >= p.min_uses => {
+                // A kept descriptor also keeps a small file's bytes (see
+                // `crate::io::OpenFile`): a hit then costs no read at all.
+                f.keep_content();
+                State::File {
+                    file: Arc::clone(f),
+                    checked: now,
+                }
+            }
             (Ok(_), _) => State::Counted,
             (Err(_), Some(errno)) => State::Error {
                 errno,
