@@ -54,7 +54,24 @@ macro_rules! impl_stream {
                 <$t>::readable(self).await
             }
             fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-                <$t>::try_read(self, buf)
+                // A read that does not fill `buf` has drained the socket:
+                // tell tokio (as if it had said EAGAIN) so the next wait
+                // goes to epoll instead of making a `recv` that can only
+                // find nothing. New bytes after this read raise a new edge.
+                let mut got = None;
+                let r = <$t>::try_io(self, tokio::io::Interest::READABLE, || {
+                    let sock = socket2::SockRef::from(self);
+                    let n = std::io::Read::read(&mut &*sock, buf)?;
+                    if n == 0 || n == buf.len() {
+                        return Ok(n);
+                    }
+                    got = Some(n);
+                    Err(io::ErrorKind::WouldBlock.into())
+                });
+                match (r, got) {
+                    (_, Some(n)) => Ok(n),
+                    (r, None) => r,
+                }
             }
             fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
                 <$t>::try_write_vectored(self, bufs)
