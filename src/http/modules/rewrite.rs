@@ -130,6 +130,10 @@ enum Flow {
 /// Runs a level's ops. Returns `Step::Redirect(uri)` when the location must
 /// be looked up again (a `last` flag, or a changed URI without a flag).
 pub async fn run(cx: &mut Ctx<'_>, ops: &[Op]) -> Step {
+    // Most levels have no ops: no copy of the URI, no boxed future.
+    if ops.is_empty() {
+        return Step::Next;
+    }
     let before = cx.uri.clone();
     let flow = Box::pin(run_ops(cx, ops)).await;
     match flow {
