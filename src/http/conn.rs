@@ -269,7 +269,13 @@ async fn request<S: Stream>(
     buf.drain(..end);
     let server = addr.select(req.host.as_deref()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    // A handler that needs the body (proxy_pass) reads it through this;
+    // the read buffer comes back after the phases (see http::body).
+    if req.content_length.is_some_and(|n| n > 0) || req.chunked {
+        cx.body = Some(crate::http::body::ReqBody::new(stream, std::mem::take(buf)));
+    }
     let mut resp = phases::run(&mut cx).await;
+    let body_end = crate::http::body::give_back(&mut cx, buf);
     let loc = cx.loc.clone();
     if resp.close_silently {
         return false;
@@ -278,6 +284,11 @@ async fn request<S: Stream>(
     let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
     if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
         keepalive = false;
+    }
+    // A body read half-way leaves the connection unusable.
+    if let crate::http::body::End::Broken { linger, .. } = body_end {
+        keepalive = false;
+        resp.linger |= linger;
     }
     // As nginx: TCP_NODELAY once the connection turns keep-alive (a
     // response written in one go needs no Nagle exemption before that).
@@ -289,7 +300,8 @@ async fn request<S: Stream>(
     // 400), the response goes out without waiting for the rest, and the
     // rest is read and dropped afterwards so the connection can be
     // reused (or lingering close drains it).
-    let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
+    let body_pending = (req.content_length.is_some_and(|n| n > 0) || req.chunked)
+        && body_end == crate::http::body::End::Unread;
     let mut discard: Option<Discard> = None;
     if body_pending && resp.status != 413 {
         if req.expect_continue
@@ -327,16 +339,25 @@ async fn request<S: Stream>(
     // reads this response before the close, as nginx does.
     let linger_after = resp.linger || (!keepalive && !buf.is_empty());
     let head_only = req.method == crate::http::request::Method::Head;
-    let result = write_response(
-        stream,
-        &mut resp,
-        &loc,
-        req.minor,
-        keepalive,
-        head_only,
-        &mut cx.sent,
-    )
-    .await;
+    // A body timeout or a client gone mid-body: nothing is sent (nginx
+    // terminates the request), the status is still logged.
+    let result = if matches!(
+        body_end,
+        crate::http::body::End::Broken { silent: true, .. }
+    ) {
+        Err(io::Error::from(io::ErrorKind::ConnectionAborted))
+    } else {
+        write_response(
+            stream,
+            &mut resp,
+            &loc,
+            req.minor,
+            keepalive,
+            head_only,
+            &mut cx.sent,
+        )
+        .await
+    };
     cx.sent.status = resp.status;
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
