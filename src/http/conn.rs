@@ -277,6 +277,17 @@ async fn request<S: Stream>(
     let mut resp = phases::run(&mut cx).await;
     let body_end = crate::http::body::give_back(&mut cx, buf);
     let loc = cx.loc.clone();
+    if let crate::http::body::End::Broken { silent: true, .. } = body_end {
+        // A body timeout or a client gone mid-body: nothing is sent
+        // (nginx terminates the request); the status is still logged.
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
+        if loc.core.reset_timedout_connection.unwrap_or(false) {
+            stream.set_linger_zero();
+        }
+        return false;
+    }
     if resp.close_silently {
         return false;
     }
@@ -339,25 +350,16 @@ async fn request<S: Stream>(
     // reads this response before the close, as nginx does.
     let linger_after = resp.linger || (!keepalive && !buf.is_empty());
     let head_only = req.method == crate::http::request::Method::Head;
-    // A body timeout or a client gone mid-body: nothing is sent (nginx
-    // terminates the request), the status is still logged.
-    let result = if matches!(
-        body_end,
-        crate::http::body::End::Broken { silent: true, .. }
-    ) {
-        Err(io::Error::from(io::ErrorKind::ConnectionAborted))
-    } else {
-        write_response(
-            stream,
-            &mut resp,
-            &loc,
-            req.minor,
-            keepalive,
-            head_only,
-            &mut cx.sent,
-        )
-        .await
-    };
+    let result = write_response(
+        stream,
+        &mut resp,
+        &loc,
+        req.minor,
+        keepalive,
+        head_only,
+        &mut cx.sent,
+    )
+    .await;
     cx.sent.status = resp.status;
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
