@@ -578,3 +578,48 @@ fn the_cache_stores_get_but_not_post() {
     );
     assert_eq!(o.count(), 3);
 }
+
+#[test]
+fn daemonized_server_creates_the_body_temp_directory() {
+    // The directory is made by the cache keeper thread (the workers may
+    // run as `nobody`); it must exist in the daemon, not only before the
+    // fork, or the request would wait forever.
+    let o = Echo::start(false);
+    let p = Prefix::new();
+    let port = free_port();
+    let conf = p.write(
+        "conf/nginx.conf",
+        conf_text(
+            &format!(
+                "pid logs/nginx.pid;
+                http {{ client_body_buffer_size 1k;
+                  server {{ listen 127.0.0.1:{};
+                    location / {{ proxy_pass http://127.0.0.1:{}; }} }} }}",
+                port, o.port
+            ),
+            port,
+        ),
+    );
+    let conf = conf.to_string_lossy().into_owned();
+    let out = p.run(&["-c", &conf]);
+    assert!(out.status.success(), "{:?}", out);
+    eventually(10, "daemon listening", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let body = pattern(20_000);
+    let mut req = format!(
+        "POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let got = raw(port, &req);
+    let stop = p.run(&["-c", &conf, "-s", "stop"]);
+    let r = Resp::parse(&got).expect("a response");
+    assert_eq!(r.status, 200);
+    assert!(r.body == body);
+    assert!(stop.status.success(), "{:?}", stop);
+    eventually(10, "daemon stopped", || {
+        TcpStream::connect(("127.0.0.1", port)).is_err()
+    });
+}
