@@ -5,11 +5,14 @@
 //!
 //! ```text
 //! content phase
+//!   ├─ the request body, read whole (crate::http::body): memory, or a temp
+//!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
 //!   ├─ proxy_cache? ── key -> md5 -> zone lookup ── HIT ──▶ cache file as Body::File
 //!   │                                           └─ MISS / EXPIRED / BYPASS
-//!   ├─ pick a peer (round robin) ── connect ── send head ── read head ──┐
-//!   │        ▲ error/timeout before a response head: next peer          │
-//!   │        └──────────────────────────────────────────────────────────┘
+//!   ├─ pick a peer (round robin) ── connect ── send head + body ── read head ──┐
+//!   │        ▲ error/timeout before a response head: next peer                 │
+//!   │        │ (not for POST/LOCK/PATCH once sent, as nginx)                   │
+//!   │        └─────────────────────────────────────────────────────────────────┘
 //!   ├─ read the body: memory up to proxy_buffers, beyond that a temp file
 //!   │   (a cache temp file when the response is cacheable), written
 //!   │   through the file-I/O layer
@@ -27,7 +30,10 @@
 //!
 //! Request line with the (replaced) URI and `HTTP/1.0` (or
 //! `proxy_http_version`), then `proxy_set_header` entries in order, then
-//! the defaults not overridden (`Host: $proxy_host`, `Connection: close`),
+//! the defaults not overridden (`Host: $proxy_host`, `Connection: close`,
+//! `Content-Length` of the body when there is one: the client's chunked
+//! body goes with its decoded length, `proxy_set_body` with its own, and
+//! `proxy_pass_request_body off` still announces the client's, as nginx),
 //! then the client's headers except those named by any of the above and
 //! the hop-by-hop ones nginx clears (`TE`, `Keep-Alive`, `Expect`,
 //! `Upgrade`, plus the conditional and `Range` headers when caching). An
