@@ -688,3 +688,41 @@ async fn create(path: PathBuf, unlink: bool, policy: &Policy) -> io::Result<Arc<
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashed_temp_paths_as_nginx() {
+        let t = |levels: Vec<usize>| TempDir {
+            path: PathBuf::from("/t"),
+            levels,
+        };
+        assert_eq!(
+            t(vec![1, 2]).file_path("0000000123"),
+            PathBuf::from("/t/3/12/0000000123")
+        );
+        assert_eq!(
+            t(vec![2, 2, 1]).file_path("0000054321"),
+            PathBuf::from("/t/21/43/5/0000054321")
+        );
+        assert_eq!(
+            t(vec![]).file_path("0000000001"),
+            PathBuf::from("/t/0000000001")
+        );
+    }
+
+    #[test]
+    fn chunk_remaining_is_the_announced_rest() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        assert_eq!(d.decode(b"a;x\r\nhel", &mut out), Ok(8));
+        assert_eq!((out.as_slice(), d.chunk_remaining()), (&b"hel"[..], 7));
+        assert_eq!(d.decode(b"lo worl", &mut out), Ok(7));
+        assert_eq!(d.chunk_remaining(), 0);
+        assert_eq!(d.decode(b"\r\n0\r\n\r\n", &mut out), Ok(7));
+        assert!(d.is_done());
+        assert_eq!(out, b"hello worl");
+    }
+}

@@ -623,3 +623,49 @@ fn daemonized_server_creates_the_body_temp_directory() {
         TcpStream::connect(("127.0.0.1", port)).is_err()
     });
 }
+
+#[test]
+fn file_only_bodies_and_pool_writes() {
+    let o = Echo::start(false);
+    let conf = format!(
+        "http {{ server {{ listen 127.0.0.1:@PORT@; client_body_temp_path cbt;
+            proxy_set_header X-File $request_body_file;
+            location /on {{ client_body_in_file_only on; proxy_pass http://127.0.0.1:{p}; }}
+            location /clean {{ client_body_in_file_only clean; proxy_pass http://127.0.0.1:{p}; }}
+            location /aio {{ aio threads; aio_write on; client_body_buffer_size 1k;
+                proxy_pass http://127.0.0.1:{p}; }} }} }}",
+        p = o.port
+    );
+    let s = Server::start(&conf);
+    let file_of = |i: usize| {
+        let (head, _) = split_req(&o.requests()[i]);
+        head.lines()
+            .find_map(|l| l.strip_prefix("X-File: ").map(str::to_string))
+            .expect("X-File")
+    };
+    // `on`: even a small body goes to a file, which stays after the request.
+    let r = s.raw(
+        b"POST /on HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    assert_eq!(Resp::parse(&r).expect("response").body, b"hello");
+    assert_eq!(std::fs::read(file_of(0)).expect("kept file"), b"hello");
+    // `clean`: removed once the request is over.
+    let r = s.raw(
+        b"POST /clean HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nworld",
+    );
+    assert_eq!(Resp::parse(&r).expect("response").body, b"world");
+    let clean = file_of(1);
+    eventually(5, "clean file removed", || !Path::new(&clean).exists());
+    // Temp-file writes and reads in the thread pool.
+    let big = pattern(300_000);
+    let mut req = format!(
+        "POST /aio HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        big.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&big);
+    let r = Resp::parse(&s.raw(&req)).expect("response");
+    assert_eq!(r.status, 200);
+    assert!(r.body == big);
+    assert!(split_req(&o.requests()[2]).1 == big);
+}
