@@ -187,7 +187,9 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             rewrite::set_location(cx, &mut resp, target);
             break;
         }
-        if cx.method != Method::Head {
+        // nginx turns the method into GET for a URI, not for a named
+        // location (`error_page 404 = @app` passes a POST on as POST).
+        if cx.method != Method::Head && !target.starts_with(b"@") {
             cx.method = Method::Get;
         }
         let entry = if let Some(name) = target.strip_prefix(b"@") {

@@ -669,3 +669,32 @@ fn file_only_bodies_and_pool_writes() {
     assert!(r.body == big);
     assert!(split_req(&o.requests()[2]).1 == big);
 }
+
+#[test]
+fn error_page_to_a_proxied_location_passes_the_body_on() {
+    let o = Echo::start(false);
+    let conf = format!(
+        "http {{ server {{ listen 127.0.0.1:@PORT@;
+            location /named/ {{ error_page 404 = @app; }}
+            location /uri/ {{ error_page 404 = /app/x; }}
+            location /app/ {{ proxy_pass http://127.0.0.1:{p}; }}
+            location @app {{ proxy_pass http://127.0.0.1:{p}; }} }} }}",
+        p = o.port
+    );
+    let s = Server::start(&conf);
+    // As nginx: a named location keeps the method, a URI becomes a GET;
+    // the body goes on in both cases.
+    let r = s.raw(
+        b"POST /named/f HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    assert_eq!(Resp::parse(&r).expect("response").body, b"hello");
+    let (head, _) = split_req(&o.requests()[0]);
+    assert!(head.starts_with("POST /named/f HTTP/1.0\r\n"), "{}", head);
+    let r = s.raw(
+        b"POST /uri/f HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nworld",
+    );
+    assert_eq!(Resp::parse(&r).expect("response").body, b"world");
+    let (head, _) = split_req(&o.requests()[1]);
+    assert!(head.starts_with("GET /app/x HTTP/1.0\r\n"), "{}", head);
+    assert!(head.contains("\r\nContent-Length: 5\r\n"), "{}", head);
+}
