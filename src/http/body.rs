@@ -377,6 +377,9 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
         stage: Vec::new(),
         keep,
     };
+    if let Some(n) = left.filter(|&n| n <= in_mem_max && keep == FileOnly::Off) {
+        sink.mem.reserve_exact(n as usize);
+    }
     if keep != FileOnly::Off || left.is_some_and(|n| n > in_mem_max) {
         if let Err(e) = sink.start_file(cx, temp, &policy).await {
             log_file_error(cx, temp, &e);
