@@ -698,3 +698,81 @@ fn error_page_to_a_proxied_location_passes_the_body_on() {
     assert!(head.starts_with("GET /app/x HTTP/1.0\r\n"), "{}", head);
     assert!(head.contains("\r\nContent-Length: 5\r\n"), "{}", head);
 }
+
+#[test]
+fn a_timeout_on_a_reused_upstream_connection_is_not_sent_again() {
+    // An origin that keeps connections alive, answers the first request
+    // on each and never the second: a request on a reused connection
+    // times out, and (as nginx) is not repeated on a new connection.
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let seen = seen2.clone();
+            std::thread::spawn(move || {
+                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                for n in 0.. {
+                    let end = loop {
+                        if let Some(p) = find(&buf, b"\r\n\r\n") {
+                            break p + 4;
+                        }
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&b[..k]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    let len: usize = head
+                        .to_ascii_lowercase()
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + len {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => buf.extend_from_slice(&b[..k]),
+                        }
+                    }
+                    buf.drain(..end + len);
+                    let line = head.lines().next().unwrap_or("").to_string();
+                    seen.lock().unwrap().push(line);
+                    if n > 0 {
+                        std::thread::sleep(Duration::from_secs(3));
+                        return;
+                    }
+                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                }
+            });
+        }
+    });
+    let conf = format!(
+        "http {{ upstream ka {{ server 127.0.0.1:{}; keepalive 4; }}
+          server {{ listen 127.0.0.1:@PORT@;
+            location / {{ proxy_http_version 1.1; proxy_set_header Connection \"\";
+                proxy_read_timeout 300ms; proxy_pass http://ka; }} }} }}",
+        port
+    );
+    let s = Server::start(&conf);
+    for m in ["POST", "PUT"] {
+        assert_eq!(s.get("/warm").status, 200);
+        let req = format!(
+            "{} /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+            m
+        );
+        let r = Resp::parse(&s.raw(req.as_bytes())).expect("response");
+        assert_eq!(r.status, 504, "{}", m);
+        let sent = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(&format!("{} /x ", m)))
+            .count();
+        assert_eq!(sent, 1, "{} sent {} times", m, sent);
+    }
+}

@@ -797,6 +797,9 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         head: &head,
         body: &out_body,
         policy: &policy,
+        // nginx does not pass these to the next server once sent to one
+        // (proxy_next_upstream without non_idempotent).
+        non_idempotent: matches!(cx.req.method_raw.as_str(), "POST" | "LOCK" | "PATCH"),
     };
     let got = fetch(cx, &up, &lim, &send, &req_uri, head_only).await;
     let mut resp = match got {
@@ -1149,6 +1152,8 @@ struct Outgoing<'o> {
     head: &'o [u8],
     body: &'o OutBody,
     policy: &'o Policy,
+    /// POST, LOCK, PATCH: not passed to another peer once sent.
+    non_idempotent: bool,
 }
 
 /// The body to send and the length for `Content-Length` (as nginx:
@@ -1313,9 +1318,6 @@ async fn fetch(
     uri: &[u8],
     head_only: bool,
 ) -> Result<UpResp, u16> {
-    // nginx does not pass a POST, LOCK or PATCH to the next server once
-    // it was sent to one (proxy_next_upstream without non_idempotent).
-    let non_idempotent = matches!(cx.req.method_raw.as_str(), "POST" | "LOCK" | "PATCH");
     let mut at = up.attempt();
     let mut last = 502;
     let mut tried = false;
@@ -1341,7 +1343,7 @@ async fn fetch(
                         &url,
                     );
                 }
-                if !f.next || (f.sent && non_idempotent) {
+                if !f.next || (f.sent && send.non_idempotent) {
                     return Err(f.status);
                 }
             }
@@ -1371,12 +1373,16 @@ async fn exchange(
     send: &Outgoing<'_>,
     head_only: bool,
 ) -> Result<UpResp, Fail> {
-    // A cached connection may have been closed by the peer meanwhile; a
-    // failure on it is retried once on a fresh connection without blaming
-    // the peer, as nginx does.
+    // A cached connection may have been closed by the peer meanwhile; an
+    // error on it is retried once on a fresh connection without blaming
+    // the peer, as nginx does. A timeout is not a stale connection (the
+    // peer may be working on the request): as nginx, it is the attempt's
+    // result, and is not sent again here.
     if let Some(s) = up.take_idle(addr) {
-        if let Ok(r) = send_and_read(s, addr, lim, send, head_only).await {
-            return Ok(r);
+        match send_and_read(s, addr, lim, send, head_only).await {
+            Ok(r) => return Ok(r),
+            Err(f) if f.status == 504 => return Err(Fail { sent: true, ..f }),
+            Err(_) => {}
         }
     }
     let s = match tokio::time::timeout(lim.connect, TcpStream::connect(addr)).await {
