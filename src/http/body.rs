@@ -129,13 +129,17 @@ impl BodyLoc {
 }
 
 fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    // As nginx: each level at least 1, all of them within the ten
+    // characters of a temp file name.
     let mut levels = Vec::new();
     for i in 1..d.args.len() {
-        let v = arg(d, i);
-        match value::number(v) {
-            Some(n @ 1..=2) => levels.push(n as usize),
-            _ => return Err(crate::config::registry::invalid_value(d, v)),
+        match value::number(arg(d, i)) {
+            Some(n) if n >= 1 => levels.push(n as usize),
+            _ => return Err(crate::config::registry::slot_invalid(d)),
         }
+    }
+    if levels.iter().sum::<usize>() > 10 {
+        return Err(crate::config::registry::slot_invalid(d));
     }
     let t = TempDir::plain(cx.path(arg(d, 0)));
     set_once(

@@ -776,3 +776,50 @@ fn a_timeout_on_a_reused_upstream_connection_is_not_sent_again() {
         assert_eq!(sent, 1, "{} sent {} times", m, sent);
     }
 }
+
+#[test]
+fn body_directives_are_checked_as_nginx() {
+    // Messages as nginx 1.22.1 -t prints them.
+    let cases = [
+        ("client_body_temp_path ct 0;", "\"client_body_temp_path\" directive invalid value"),
+        ("client_body_temp_path ct 5 6;", "\"client_body_temp_path\" directive invalid value"),
+        ("client_body_temp_path ct 1 2 2 1;", "invalid number of arguments in \"client_body_temp_path\" directive"),
+        ("client_body_in_file_only maybe;", "invalid value \"maybe\""),
+        ("client_body_in_single_buffer x;", "invalid value \"x\" in \"client_body_in_single_buffer\" directive, it must be \"on\" or \"off\""),
+        ("proxy_request_buffering x;", "invalid value \"x\" in \"proxy_request_buffering\" directive, it must be \"on\" or \"off\""),
+        ("proxy_pass_request_body x;", "invalid value \"x\" in \"proxy_pass_request_body\" directive, it must be \"on\" or \"off\""),
+        ("proxy_set_body;", "invalid number of arguments in \"proxy_set_body\" directive"),
+        ("proxy_set_body a; proxy_set_body b;", "\"proxy_set_body\" directive is duplicate"),
+    ];
+    for (d, want) in cases {
+        let p = Prefix::new();
+        let f = p.write(
+            "conf/nginx.conf",
+            format!("events {{}}\nhttp {{ {} }}\n", d),
+        );
+        let o = p.run(&["-c", f.to_str().unwrap(), "-t"]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{}: {}", d, err);
+        assert!(
+            err.contains(&format!("[emerg] {} in {}:2\n", want, f.display())),
+            "{}: {}",
+            d,
+            err
+        );
+    }
+    // Accepted: levels up to ten characters, all the modes.
+    let p = Prefix::new();
+    let f = p.write(
+        "conf/nginx.conf",
+        "events {}\nhttp { client_body_temp_path ct 5 5; client_body_in_file_only clean;
+          client_body_in_single_buffer on; proxy_request_buffering off;
+          proxy_pass_request_body off; proxy_set_body \"$request_body\"; }\n",
+    );
+    let o = p.run(&["-c", f.to_str().unwrap(), "-t"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
