@@ -359,8 +359,8 @@ pub fn zone(conf: PathConf) -> Arc<Zone> {
 /// and hand to the workers' user.
 pub fn allow_dir(p: &Path) {
     allowed_dirs().insert(p.to_path_buf());
-    // Called while compiling the configuration: start the keeper now, on
-    // the master thread, so that it has the master's credentials.
+    // Called while compiling the configuration: the keeper will be
+    // needed ([`start_keeper`] starts it on the master thread).
     sender();
 }
 
@@ -387,22 +387,47 @@ fn send(m: Msg) {
     let _ = sender().lock().unwrap_or_else(|e| e.into_inner()).send(m);
 }
 
+/// The keeper's receiving end until [`start_keeper`] hands it to the
+/// thread: messages sent while the configuration is compiled wait here.
+static KEEPER_RX: Mutex<Option<mpsc::Receiver<Msg>>> = Mutex::new(None);
+
+/// Set once the master may start threads (after the fork).
+static KEEPER_GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn sender() -> &'static Mutex<mpsc::Sender<Msg>> {
     static TX: OnceLock<Mutex<mpsc::Sender<Msg>>> = OnceLock::new();
-    let tx = TX.get_or_init(|| {
+    TX.get_or_init(|| {
         let (tx, rx) = mpsc::channel();
-        // Started from the thread that compiles the configuration (the
-        // master), so it keeps the master's credentials. If the spawn
-        // fails the cache still serves; only loading and eviction stop.
-        let spawned = std::thread::Builder::new()
-            .name("tern-cache".into())
-            .spawn(move || keeper(rx));
-        if let Err(e) = spawned {
-            crate::elog!(Alert, "could not start the cache manager thread: {}", e);
+        *KEEPER_RX.lock().unwrap_or_else(|e| e.into_inner()) = Some(rx);
+        // First needed by a reload (compiled on the master thread too).
+        if KEEPER_GO.load(Ordering::Acquire) {
+            spawn_keeper();
         }
         Mutex::new(tx)
-    });
-    tx
+    })
+}
+
+/// Starts the keeper thread, once, if a configuration asked for it. The
+/// master calls this after daemonizing: a thread started before the fork
+/// would not exist in the daemon (its requests would wait forever). It
+/// runs from the master thread, so it keeps the master's credentials. If
+/// the spawn fails the cache still serves; only loading, eviction and
+/// temp-directory creation stop.
+pub fn start_keeper() {
+    KEEPER_GO.store(true, Ordering::Release);
+    spawn_keeper();
+}
+
+fn spawn_keeper() {
+    let Some(rx) = KEEPER_RX.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("tern-cache".into())
+        .spawn(move || keeper(rx));
+    if let Err(e) = spawned {
+        crate::elog!(Alert, "could not start the cache manager thread: {}", e);
+    }
 }
 
 fn keeper(rx: mpsc::Receiver<Msg>) {

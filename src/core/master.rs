@@ -225,6 +225,7 @@ pub fn run(src: Source, cfg: Config) -> i32 {
             return 1;
         }
     }
+    crate::cache::start_keeper();
     // Signal handlers go in before the pid file and the workers: a signal
     // that arrives between the first accept and their installation would otherwise
     // take its default action (QUIT would kill the process mid-response).

@@ -118,6 +118,17 @@ impl ChunkedDecoder {
         self.state == State::Done
     }
 
+    /// Bytes of the current chunk still to come (0 outside chunk data):
+    /// with what was decoded so far, the size the peer has announced, so
+    /// a body limit can refuse a chunk as soon as its size line is read.
+    pub fn chunk_remaining(&self) -> u64 {
+        if self.state == State::Data {
+            self.remaining
+        } else {
+            0
+        }
+    }
+
     /// Consume as much of `input` as possible, appending body bytes to
     /// `out`. Returns bytes consumed; this is less than `input.len()` only
     /// once the body is complete. Can be called with input split at any

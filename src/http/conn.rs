@@ -286,8 +286,25 @@ async fn request<S: Stream>(
     buf.drain(..end);
     let server = addr.select(req.host.as_deref()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    // A handler that needs the body (proxy_pass) reads it through this;
+    // the read buffer comes back after the phases (see http::body).
+    if req.content_length.is_some_and(|n| n > 0) || req.chunked {
+        cx.body = Some(crate::http::body::ReqBody::new(stream, std::mem::take(buf)));
+    }
     let mut resp = phases::run(&mut cx).await;
+    let body_end = crate::http::body::give_back(&mut cx, buf);
     let loc = cx.loc.clone();
+    if let crate::http::body::End::Broken { silent: true, .. } = body_end {
+        // A body timeout or a client gone mid-body: nothing is sent
+        // (nginx terminates the request); the status is still logged.
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
+        if loc.core.reset_timedout_connection.unwrap_or(false) {
+            stream.set_linger_zero();
+        }
+        return false;
+    }
     if resp.close_silently {
         return false;
     }
@@ -295,6 +312,11 @@ async fn request<S: Stream>(
     let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
     if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
         keepalive = false;
+    }
+    // A body read half-way leaves the connection unusable.
+    if let crate::http::body::End::Broken { linger, .. } = body_end {
+        keepalive = false;
+        resp.linger |= linger;
     }
     // As nginx: TCP_NODELAY once the connection turns keep-alive (a
     // response written in one go needs no Nagle exemption before that).
@@ -306,7 +328,8 @@ async fn request<S: Stream>(
     // 400), the response goes out without waiting for the rest, and the
     // rest is read and dropped afterwards so the connection can be
     // reused (or lingering close drains it).
-    let body_pending = req.content_length.is_some_and(|n| n > 0) || req.chunked;
+    let body_pending = (req.content_length.is_some_and(|n| n > 0) || req.chunked)
+        && body_end == crate::http::body::End::Unread;
     let mut discard: Option<Discard> = None;
     if body_pending && resp.status != 413 {
         if req.expect_continue

@@ -1,4 +1,5 @@
 //! HTTP: the HTTP/1.1 engine, phases, and modules.
+pub mod body;
 pub mod chunked;
 pub mod conf;
 pub mod conn;

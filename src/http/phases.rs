@@ -61,6 +61,8 @@ pub struct Ctx<'a> {
     pub method: Method,
     /// An error_page redirect happened (recursive_error_pages).
     pub error_paged: bool,
+    /// The request body, when one was announced (set by the engine).
+    pub body: Option<crate::http::body::ReqBody<'a>>,
 }
 
 /// What went out, for the log phase's variables.
@@ -139,6 +141,7 @@ impl<'a> Ctx<'a> {
             sent: Sent::default(),
             method: req.method,
             error_paged: false,
+            body: None,
         }
     }
 
@@ -184,7 +187,9 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             rewrite::set_location(cx, &mut resp, target);
             break;
         }
-        if cx.method != Method::Head {
+        // nginx turns the method into GET for a URI, not for a named
+        // location (`error_page 404 = @app` passes a POST on as POST).
+        if cx.method != Method::Head && !target.starts_with(b"@") {
             cx.method = Method::Get;
         }
         let entry = if let Some(name) = target.strip_prefix(b"@") {
@@ -597,7 +602,7 @@ impl VarCtx for Ctx<'_> {
             },
             Var::ContentLength => match r.header("content-length") {
                 Some(v) => out.extend_from_slice(v),
-                None => return false,
+                None => return crate::http::body::content_length_var(self, out),
             },
             Var::Connection => response::push_num(out, self.conn.id),
             Var::ConnectionRequests => response::push_num(out, self.conn.requests),

@@ -343,6 +343,13 @@ impl OpenFile {
         }
     }
 
+    /// Wraps a file the caller made (a request body's temp file, already
+    /// written), `fstat`ing it; blocking, so called from a pool or where
+    /// an inline metadata call is acceptable.
+    pub fn from_file(file: File) -> io::Result<OpenFile> {
+        Self::new(file)
+    }
+
     fn direct(&self) -> Option<&File> {
         self.direct
             .get_or_init(|| sys::reopen_direct(&self.file).ok())

@@ -14,6 +14,7 @@ mod limits;
 mod map;
 mod open_file_cache;
 mod proxy;
+mod proxy_body;
 mod runtime;
 mod seeds;
 mod smoke;

@@ -57,6 +57,7 @@ pub const TABLES: &[&[Spec]] = &[
     error_page::DIRECTIVES,
     proxy::DIRECTIVES,
     upstream::DIRECTIVES,
+    crate::http::body::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -103,6 +104,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (gzip::VARS, gzip::var),
     (stub_status::VARS, stub_status::var),
     (proxy::VARS, proxy::var),
+    (crate::http::body::VARS, crate::http::body::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -144,6 +146,7 @@ pub struct ModLoc {
     pub static_file: static_file::StaticLoc,
     pub error_page: error_page::ErrorPageLoc,
     pub proxy: proxy::ProxyLoc,
+    pub body: crate::http::body::BodyLoc,
 }
 
 impl ModLoc {
@@ -167,6 +170,7 @@ impl ModLoc {
         self.static_file.merge(&p.static_file);
         self.error_page.merge(&p.error_page);
         self.proxy.merge(&p.proxy);
+        self.body.merge(&p.body);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
@@ -248,7 +252,7 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "ssl_protocols": ctx::HTTP | ctx::SRV, "ssl_ciphers": ctx::HTTP | ctx::SRV, "http2": ctx::HTTP | ctx::SRV,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "real_ip_header": ctx::HSL, "set_real_ip_from": ctx::HSL, "ssi": HSL,
-    "sub_filter": ctx::HSL, "client_body_temp_path": ctx::HSL, "client_body_in_file_only": ctx::HSL,
+    "sub_filter": ctx::HSL,
     "server_names_hash_bucket_size": H, "server_names_hash_max_size": H, "types_hash_max_size": H,
     "types_hash_bucket_size": H, "variables_hash_max_size": H, "variables_hash_bucket_size": H,
     "map_hash_bucket_size": H, "map_hash_max_size": H,

@@ -5,11 +5,14 @@
 //!
 //! ```text
 //! content phase
+//!   ├─ the request body, read whole (crate::http::body): memory, or a temp
+//!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
 //!   ├─ proxy_cache? ── key -> md5 -> zone lookup ── HIT ──▶ cache file as Body::File
 //!   │                                           └─ MISS / EXPIRED / BYPASS
-//!   ├─ pick a peer (round robin) ── connect ── send head ── read head ──┐
-//!   │        ▲ error/timeout before a response head: next peer          │
-//!   │        └──────────────────────────────────────────────────────────┘
+//!   ├─ pick a peer (round robin) ── connect ── send head + body ── read head ──┐
+//!   │        ▲ error/timeout before a response head: next peer                 │
+//!   │        │ (not for POST/LOCK/PATCH once sent, as nginx)                   │
+//!   │        └─────────────────────────────────────────────────────────────────┘
 //!   ├─ read the body: memory up to proxy_buffers, beyond that a temp file
 //!   │   (a cache temp file when the response is cacheable), written
 //!   │   through the file-I/O layer
@@ -27,7 +30,10 @@
 //!
 //! Request line with the (replaced) URI and `HTTP/1.0` (or
 //! `proxy_http_version`), then `proxy_set_header` entries in order, then
-//! the defaults not overridden (`Host: $proxy_host`, `Connection: close`),
+//! the defaults not overridden (`Host: $proxy_host`, `Connection: close`,
+//! `Content-Length` of the body when there is one: the client's chunked
+//! body goes with its decoded length, `proxy_set_body` with its own, and
+//! `proxy_pass_request_body off` still announces the client's, as nginx),
 //! then the client's headers except those named by any of the above and
 //! the hop-by-hop ones nginx clears (`TE`, `Keep-Alive`, `Expect`,
 //! `Upgrade`, plus the conditional and `Range` headers when caching). An
@@ -60,6 +66,7 @@ use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
+use crate::http::body::{self, TempDir};
 use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::phases::{Ctx, Step};
 use crate::http::request::Method;
@@ -98,6 +105,9 @@ pub const DIRECTIVES: &[Spec] = &[
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
     row("proxy_intercept_errors", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_headers", HSL, Args::Flag, set_flag),
+    row("proxy_pass_request_body", HSL, Args::Flag, set_flag),
+    row("proxy_request_buffering", HSL, Args::Flag, set_flag),
+    row("proxy_set_body", HSL, Args::take(1), set_body),
     row("proxy_hide_header", HSL, Args::take(1), set_hide_pass),
     row("proxy_pass_header", HSL, Args::take(1), set_hide_pass),
     row(
@@ -216,6 +226,8 @@ pub struct Pass {
     pub target: Target,
     /// `<prefix>/proxy_temp`, used without `proxy_temp_path`.
     pub temp_default: PathBuf,
+    /// `<prefix>/client_body_temp`, used without `client_body_temp_path`.
+    pub body_temp_default: Arc<TempDir>,
 }
 
 /// `proxy_cache`.
@@ -265,6 +277,11 @@ pub struct ProxyLoc {
     pub hide: Option<Arc<Vec<String>>>,
     pub pass_headers: Option<Arc<Vec<String>>>,
     pub ignore_headers: Option<u8>,
+    pub pass_request_body: Option<bool>,
+    /// `proxy_request_buffering`: accepted; `off` behaves as `on` (the
+    /// body is read whole before the upstream is contacted).
+    pub request_buffering: Option<bool>,
+    pub set_body: Option<Template>,
 }
 
 impl ProxyLoc {
@@ -274,7 +291,8 @@ impl ProxyLoc {
         merge_opts!(self, p; pass, headers, http_version, connect_timeout, read_timeout,
             send_timeout, buffering, buffers, buffer_size, temp_path, cache, cache_key,
             cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
-            pass_request_headers, hide, pass_headers, ignore_headers);
+            pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
+            request_buffering, set_body);
     }
 }
 
@@ -345,6 +363,7 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
         uri,
         target,
         temp_default,
+        body_temp_default: Arc::new(TempDir::plain(cx.path("client_body_temp"))),
     }));
     Ok(())
 }
@@ -368,6 +387,11 @@ fn set_header(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     let list = l.modules.proxy.headers.get_or_insert_with(Default::default);
     Arc::make_mut(list).push((arg(d, 0).to_string(), v));
     Ok(())
+}
+
+fn set_body(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = cx.template(arg(d, 0), d)?;
+    set_once(&mut l.modules.proxy.set_body, v, d)
 }
 
 fn set_http_version(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -396,6 +420,8 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
     let slot = match d.name.as_str() {
         "proxy_buffering" => &mut p.buffering,
         "proxy_intercept_errors" => &mut p.intercept_errors,
+        "proxy_pass_request_body" => &mut p.pass_request_body,
+        "proxy_request_buffering" => &mut p.request_buffering,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -682,14 +708,10 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     let conf = &loc.modules.proxy;
     set_note(cx, "proxy_host", pass.host.clone());
     set_note(cx, "proxy_port", pass.port.to_string().into_bytes());
-    if cx.req.content_length.is_some_and(|n| n > 0) || cx.req.chunked {
-        // The engine does not hand request bodies to handlers yet; sending
-        // the head without its body would leave the upstream waiting.
-        cx.log(
-            Level::Error,
-            "proxying a request body is not supported by tern yet",
-        );
-        return Response::status(501);
+    // As nginx with proxy_request_buffering on: the whole body first
+    // (memory or a temp file), then the upstream.
+    if let Err(r) = body::read(cx, &pass.body_temp_default).await {
+        return *r;
     }
     let Some(up) = upstream_of(cx, pass).await else {
         return Response::status(502);
@@ -768,9 +790,18 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     }
 
     let req_uri = upstream_uri(cx, pass);
-    let head = request_head(cx, conf, &req_uri, creq.is_some());
+    let (out_body, body_len) = outgoing_body(cx, conf);
+    let head = request_head(cx, conf, &req_uri, creq.is_some(), body_len);
     let head_only = cx.method == Method::Head && creq.is_none();
-    let got = fetch(cx, &up, &lim, &head, &req_uri, head_only).await;
+    let send = Outgoing {
+        head: &head,
+        body: &out_body,
+        policy: &policy,
+        // nginx does not pass these to the next server once sent to one
+        // (proxy_next_upstream without non_idempotent).
+        non_idempotent: matches!(cx.req.method_raw.as_str(), "POST" | "LOCK" | "PATCH"),
+    };
+    let got = fetch(cx, &up, &lim, &send, &req_uri, head_only).await;
     let mut resp = match got {
         Ok(r) => r,
         Err(status) => return Response::status(status),
@@ -1107,7 +1138,52 @@ const CLEARED_WHEN_CACHING: &[&str] = &[
     "if-range",
 ];
 
-fn request_head(cx: &Ctx<'_>, conf: &ProxyLoc, uri: &[u8], caching: bool) -> Vec<u8> {
+/// What goes upstream after the head.
+enum OutBody {
+    None,
+    Mem(Bytes),
+    /// A client body in its temp file (read back for every attempt).
+    File(Arc<OpenFile>, u64),
+}
+
+/// One request as sent to each peer tried: the body is buffered, so a
+/// retry sends it again.
+struct Outgoing<'o> {
+    head: &'o [u8],
+    body: &'o OutBody,
+    policy: &'o Policy,
+    /// POST, LOCK, PATCH: not passed to another peer once sent.
+    non_idempotent: bool,
+}
+
+/// The body to send and the length for `Content-Length` (as nginx:
+/// `proxy_set_body`'s length, else the client's body length even when
+/// `proxy_pass_request_body off` sends none).
+fn outgoing_body(cx: &Ctx<'_>, conf: &ProxyLoc) -> (OutBody, Option<u64>) {
+    if let Some(t) = &conf.set_body {
+        let b = t.render_vec(cx);
+        let n = b.len() as u64;
+        return (OutBody::Mem(Bytes::from(b)), Some(n));
+    }
+    let len = body::length(cx);
+    if !conf.pass_request_body.unwrap_or(true) {
+        return (OutBody::None, len);
+    }
+    let out = match body::data(cx) {
+        Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(b.clone()),
+        Some(body::Data::File { file, len, .. }) if *len > 0 => OutBody::File(file.clone(), *len),
+        _ => OutBody::None,
+    };
+    (out, len)
+}
+
+fn request_head(
+    cx: &Ctx<'_>,
+    conf: &ProxyLoc,
+    uri: &[u8],
+    caching: bool,
+    body_len: Option<u64>,
+) -> Vec<u8> {
     let method: &[u8] = if caching && cx.method == Method::Head {
         b"GET"
     } else if cx.method != cx.req.method {
@@ -1140,7 +1216,13 @@ fn request_head(cx: &Ctx<'_>, conf: &ProxyLoc, uri: &[u8], caching: bool) -> Vec
         match *d {
             "host" => push_header(&mut h, b"Host", cx.note("proxy_host").unwrap_or(b"")),
             "connection" => push_header(&mut h, b"Connection", b"close"),
-            // No request body is forwarded (see `handle`).
+            // The body is buffered whole, so its length is known even
+            // when the client sent it chunked: never Transfer-Encoding.
+            "content-length" => {
+                if let Some(n) = body_len {
+                    push_header(&mut h, b"Content-Length", n.to_string().as_bytes());
+                }
+            }
             _ => {}
         }
         set_names.push(d.to_string());
@@ -1174,6 +1256,8 @@ struct Fail {
     msg: String,
     /// May try the next peer (nothing of a response was received).
     next: bool,
+    /// The request had started to go out (nginx's `request_sent`).
+    sent: bool,
 }
 
 fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
@@ -1181,6 +1265,7 @@ fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
         status,
         msg: msg.into(),
         next,
+        sent: false,
     }
 }
 
@@ -1229,7 +1314,7 @@ async fn fetch(
     cx: &mut Ctx<'_>,
     up: &Arc<Upstream>,
     lim: &Limits,
-    head: &[u8],
+    send: &Outgoing<'_>,
     uri: &[u8],
     head_only: bool,
 ) -> Result<UpResp, u16> {
@@ -1241,7 +1326,7 @@ async fn fetch(
         tried = true;
         append_note(cx, "upstream_addr", peer.name.as_bytes());
         let url = upstream_url(&peer.name, uri);
-        match exchange(up, peer.addr, lim, head, head_only).await {
+        match exchange(up, peer.addr, lim, send, head_only).await {
             Ok(mut r) => {
                 up.succeeded(pid);
                 r.peer_name = peer.name.clone();
@@ -1258,7 +1343,7 @@ async fn fetch(
                         &url,
                     );
                 }
-                if !f.next {
+                if !f.next || (f.sent && send.non_idempotent) {
                     return Err(f.status);
                 }
             }
@@ -1285,15 +1370,19 @@ async fn exchange(
     up: &Upstream,
     addr: SocketAddr,
     lim: &Limits,
-    head: &[u8],
+    send: &Outgoing<'_>,
     head_only: bool,
 ) -> Result<UpResp, Fail> {
-    // A cached connection may have been closed by the peer meanwhile; a
-    // failure on it is retried once on a fresh connection without blaming
-    // the peer, as nginx does.
+    // A cached connection may have been closed by the peer meanwhile; an
+    // error on it is retried once on a fresh connection without blaming
+    // the peer, as nginx does. A timeout is not a stale connection (the
+    // peer may be working on the request): as nginx, it is the attempt's
+    // result, and is not sent again here.
     if let Some(s) = up.take_idle(addr) {
-        if let Ok(r) = send_and_read(s, addr, lim, head, head_only).await {
-            return Ok(r);
+        match send_and_read(s, addr, lim, send, head_only).await {
+            Ok(r) => return Ok(r),
+            Err(f) if f.status == 504 => return Err(Fail { sent: true, ..f }),
+            Err(_) => {}
         }
     }
     let s = match tokio::time::timeout(lim.connect, TcpStream::connect(addr)).await {
@@ -1317,36 +1406,87 @@ async fn exchange(
         Ok(Ok(s)) => s,
     };
     let _ = s.set_nodelay(true);
-    send_and_read(s, addr, lim, head, head_only).await
+    send_and_read(s, addr, lim, send, head_only)
+        .await
+        .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// Memory bodies up to this size leave in one write with the head.
+const JOIN_BODY_MAX: usize = 16 * 1024;
+
+/// Sends the head and the body (from memory, or read back from its temp
+/// file through the file-I/O layer a chunk at a time).
+async fn send_request(s: &mut TcpStream, lim: &Limits, send: &Outgoing<'_>) -> Result<(), Fail> {
+    match send.body {
+        OutBody::Mem(b) if b.len() <= JOIN_BODY_MAX => {
+            let mut all = Vec::with_capacity(send.head.len() + b.len());
+            all.extend_from_slice(send.head);
+            all.extend_from_slice(b);
+            return write_timed(s, &all, lim).await;
+        }
+        _ => write_timed(s, send.head, lim).await?,
+    }
+    match send.body {
+        OutBody::None => Ok(()),
+        OutBody::Mem(b) => write_timed(s, b, lim).await,
+        OutBody::File(f, len) => {
+            let mut off = 0u64;
+            while off < *len {
+                let n = (*len - off).min(64 * 1024) as usize;
+                let data = crate::io::read(f, off, n, send.policy).await.map_err(|e| {
+                    fail(
+                        500,
+                        format!(
+                            "client request body temp file read failed {}",
+                            crate::core::errno_text(&e)
+                        ),
+                        false,
+                    )
+                })?;
+                if data.is_empty() {
+                    return Err(fail(
+                        500,
+                        "client request body temp file was truncated",
+                        false,
+                    ));
+                }
+                write_timed(s, &data, lim).await?;
+                off += data.len() as u64;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes all of `data` within proxy_send_timeout, with nginx's log
+/// wording on failure.
+async fn write_timed(s: &mut TcpStream, data: &[u8], lim: &Limits) -> Result<(), Fail> {
+    match tokio::time::timeout(lim.send, s.write_all(data)).await {
+        Err(_) => Err(fail(
+            504,
+            format!("{} while sending request to upstream", TIMED_OUT),
+            true,
+        )),
+        Ok(Err(e)) => Err(fail(
+            502,
+            format!(
+                "writev() failed {} while sending request to upstream",
+                crate::core::errno_text(&e)
+            ),
+            true,
+        )),
+        Ok(Ok(())) => Ok(()),
+    }
 }
 
 async fn send_and_read(
     mut s: TcpStream,
     addr: SocketAddr,
     lim: &Limits,
-    head: &[u8],
+    send: &Outgoing<'_>,
     head_only: bool,
 ) -> Result<UpResp, Fail> {
-    match tokio::time::timeout(lim.send, s.write_all(head)).await {
-        Err(_) => {
-            return Err(fail(
-                504,
-                format!("{} while sending request to upstream", TIMED_OUT),
-                true,
-            ))
-        }
-        Ok(Err(e)) => {
-            return Err(fail(
-                502,
-                format!(
-                    "writev() failed {} while sending request to upstream",
-                    crate::core::errno_text(&e)
-                ),
-                true,
-            ))
-        }
-        Ok(Ok(())) => {}
-    }
+    send_request(&mut s, lim, send).await?;
     let mut buf = vec![0u8; lim.head_max];
     let mut have = 0usize;
     // Set when an interim (1xx) response was dropped and bytes of the next

@@ -1,0 +1,735 @@
+//! Request bodies, read whole for the handlers that need them
+//! (`proxy_pass`), and the `client_body_*` directives this owns.
+//!
+//! ```text
+//! conn::request ── a body is announced ── Ctx::body = ReqBody { connection, read buffer }
+//!   phases ── a content handler calls body::read(cx, default temp dir)
+//!     `Expect: 100-continue` ── "HTTP/1.1 100 Continue" (only now: the body is wanted)
+//!     buffered bytes, then the socket ── Content-Length slice | ChunkedDecoder
+//!       ├─ memory while the body fits client_body_buffer_size
+//!       └─ beyond (or client_body_in_file_only): a temp file under
+//!          client_body_temp_path, written with crate::io::write_at (the
+//!          pool with `aio threads` + `aio_write on`); created and unlinked
+//!          in one call, so the descriptor is its only reference and a
+//!          client that vanishes leaves nothing on disk
+//!   conn::request ── body::give_back: the read buffer goes back to the
+//!     connection (bytes after the body belong to a pipelined request);
+//!     Unread: discarded as before; Broken: the connection closes
+//! ```
+//!
+//! Limits as nginx: `client_max_body_size` (a Content-Length over it is
+//! refused when the location is found, in `phases`; a chunked body as soon
+//! as a chunk's size line takes it over: 413), `client_body_timeout`
+//! between two reads (408, the connection closes without a response, as
+//! nginx's terminate does), a client that closes mid-body (400 logged,
+//! nothing sent). The body stays readable for the whole request: a retry
+//! on the next upstream sends it again from memory or from the file.
+
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::{value, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::core::log::Level;
+use crate::http::chunked::ChunkedDecoder;
+use crate::http::conf::{merge_opts, LocConf};
+use crate::http::conn::Stream;
+use crate::http::phases::Ctx;
+use crate::http::response::Response;
+use crate::io::{OpenFile, Policy};
+
+// ---- configuration ----------------------------------------------------------
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "client_body_temp_path",
+        ctx: ctx::HSL,
+        args: Args::take1234(),
+        set: Setter::Loc(set_temp_path),
+    },
+    Spec {
+        name: "client_body_in_file_only",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_file_only),
+    },
+    Spec {
+        name: "client_body_in_single_buffer",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_single_buffer),
+    },
+];
+
+/// `client_body_temp_path DIR [L1 [L2 [L3]]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TempDir {
+    pub path: PathBuf,
+    /// Subdirectory name lengths, taken from the end of the file name.
+    pub levels: Vec<usize>,
+}
+
+impl TempDir {
+    /// A directory without levels (the default `<prefix>/client_body_temp`).
+    /// Registered with the cache keeper so it may create it for the workers.
+    pub fn plain(path: PathBuf) -> TempDir {
+        crate::cache::allow_dir(&path);
+        TempDir {
+            path,
+            levels: Vec::new(),
+        }
+    }
+
+    /// nginx's hashed path: level directories named by the name's last
+    /// characters (`levels=1 2`, `0000000123` -> `3/12/0000000123`).
+    fn file_path(&self, name: &str) -> PathBuf {
+        let mut p = self.path.clone();
+        let mut end = name.len();
+        for &l in &self.levels {
+            let start = end.saturating_sub(l);
+            p.push(&name[start..end]);
+            end = start;
+        }
+        p.push(name);
+        p
+    }
+}
+
+/// `client_body_in_file_only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOnly {
+    Off,
+    /// The file is kept after the request.
+    On,
+    /// The file is removed when the request ends.
+    Clean,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct BodyLoc {
+    pub temp_path: Option<Arc<TempDir>>,
+    pub in_file_only: Option<FileOnly>,
+    /// Accepted; a body in memory is always one buffer here, so
+    /// `$request_body` never misses part of it.
+    pub in_single_buffer: Option<bool>,
+}
+
+impl BodyLoc {
+    pub fn merge(&mut self, p: &BodyLoc) {
+        merge_opts!(self, p; temp_path, in_file_only, in_single_buffer);
+    }
+}
+
+fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    // As nginx: each level at least 1, all of them within the ten
+    // characters of a temp file name.
+    let mut levels = Vec::new();
+    for i in 1..d.args.len() {
+        match value::number(arg(d, i)) {
+            Some(n) if n >= 1 => levels.push(n as usize),
+            _ => return Err(crate::config::registry::slot_invalid(d)),
+        }
+    }
+    if levels.iter().sum::<usize>() > 10 {
+        return Err(crate::config::registry::slot_invalid(d));
+    }
+    let t = TempDir::plain(cx.path(arg(d, 0)));
+    set_once(
+        &mut l.modules.body.temp_path,
+        Arc::new(TempDir { levels, ..t }),
+        d,
+    )
+}
+
+fn set_file_only(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = arg(d, 0);
+    let m = match v.to_ascii_lowercase().as_str() {
+        "on" => FileOnly::On,
+        "clean" => FileOnly::Clean,
+        "off" => FileOnly::Off,
+        _ => return Err(crate::config::registry::enum_invalid(d, v)),
+    };
+    set_once(&mut l.modules.body.in_file_only, m, d)
+}
+
+fn set_single_buffer(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut l.modules.body.in_single_buffer, v, d)
+}
+
+// ---- variables --------------------------------------------------------------
+
+/// Module variables (see `modules::VAR_MODULES`).
+pub const VARS: &[&str] = &["request_body", "request_body_file"];
+
+pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
+    let Some(data) = cx.body.as_ref().and_then(|b| b.data.as_ref()) else {
+        return false;
+    };
+    match (i, data) {
+        // As nginx: only a body held in memory.
+        (0, Data::Mem(b)) => out.extend_from_slice(b),
+        (1, Data::File { path, .. }) => {
+            use std::os::unix::ffi::OsStrExt;
+            out.extend_from_slice(path.as_os_str().as_bytes());
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// `$content_length` without the header: a chunked body once read has a
+/// length (nginx sets it when the last chunk arrives).
+pub fn content_length_var(cx: &Ctx<'_>, out: &mut Vec<u8>) -> bool {
+    match cx.body.as_ref() {
+        Some(b) if b.end == End::Read => {
+            crate::http::response::push_num(out, b.received);
+            true
+        }
+        _ => false,
+    }
+}
+
+// ---- the connection side ----------------------------------------------------
+
+/// What the body reader needs of the connection: [`Stream`] made
+/// object-safe, so that `Ctx` does not become generic over the socket.
+pub trait BodyIo {
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    fn readable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>>;
+    fn try_write(&self, data: &[u8]) -> io::Result<usize>;
+    fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>>;
+}
+
+impl<S: Stream> BodyIo for S {
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        Stream::try_read(self, buf)
+    }
+    fn readable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
+        Box::pin(Stream::readable(self))
+    }
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        Stream::try_write_vectored(self, &[IoSlice::new(data)])
+    }
+    fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
+        Box::pin(crate::io::SendSock::writable(self))
+    }
+}
+
+/// Where a request's body stands when the phases are over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Nobody asked for it: the engine discards it.
+    Unread,
+    /// Read whole: nothing of it is left on the connection.
+    Read,
+    /// Reading failed half-way: the connection cannot be reused.
+    /// `silent`: nothing is sent (timeout, client gone), as nginx's
+    /// terminate; `linger`: drain before closing (413, bad framing).
+    Broken { silent: bool, linger: bool },
+}
+
+/// A body that was read.
+pub enum Data {
+    Mem(Bytes),
+    File {
+        file: Arc<OpenFile>,
+        len: u64,
+        /// The name it was created under (`$request_body_file`); already
+        /// unlinked unless `client_body_in_file_only`.
+        path: PathBuf,
+        /// Removes the file when the request ends (`clean`).
+        _clean: Option<RemoveOnDrop>,
+    },
+}
+
+/// A request's body: the connection lent by the engine, and once read,
+/// the data.
+pub struct ReqBody<'a> {
+    io: &'a dyn BodyIo,
+    /// The connection's read buffer while the request runs.
+    buf: Vec<u8>,
+    end: End,
+    data: Option<Data>,
+    /// Body bytes received (decoded).
+    received: u64,
+}
+
+impl<'a> ReqBody<'a> {
+    pub fn new(io: &'a dyn BodyIo, buf: Vec<u8>) -> ReqBody<'a> {
+        ReqBody {
+            io,
+            buf,
+            end: End::Unread,
+            data: None,
+            received: 0,
+        }
+    }
+}
+
+/// Returns the connection's read buffer after the phases, and how the
+/// body ended. The data stays for the log phase's variables.
+pub fn give_back(cx: &mut Ctx<'_>, buf: &mut Vec<u8>) -> End {
+    match cx.body.as_mut() {
+        Some(b) => {
+            *buf = std::mem::take(&mut b.buf);
+            b.end
+        }
+        None => End::Unread,
+    }
+}
+
+/// The body once read (None: no body, or not read).
+pub fn data<'c>(cx: &'c Ctx<'_>) -> Option<&'c Data> {
+    cx.body.as_ref().and_then(|b| b.data.as_ref())
+}
+
+/// The body's length as nginx's `content_length_n`: the length read, else
+/// the declared Content-Length (None: neither).
+pub fn length(cx: &Ctx<'_>) -> Option<u64> {
+    match cx.body.as_ref() {
+        Some(b) if b.end == End::Read => Some(b.received),
+        _ => cx.req.content_length,
+    }
+}
+
+/// Reads the whole body (nothing when none was announced or it is already
+/// read). On failure the response to give, with the connection marked
+/// broken; its error-log line is written here.
+pub async fn read(cx: &mut Ctx<'_>, default_temp: &TempDir) -> Result<(), Box<Response>> {
+    let Some(mut rb) = cx.body.take() else {
+        return Ok(());
+    };
+    let r = match rb.end {
+        End::Unread => read_all(cx, &mut rb, default_temp).await,
+        End::Read => Ok(()),
+        End::Broken { .. } => Err(400),
+    };
+    if r.is_ok() {
+        rb.end = End::Read;
+    }
+    cx.body = Some(rb);
+    r.map_err(|status| Box::new(Response::status(status)))
+}
+
+/// Bytes asked of one socket read.
+const READ_SIZE: usize = 64 * 1024;
+
+async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) -> Result<(), u16> {
+    let loc = cx.loc.clone();
+    let core = &loc.core;
+    let max = core.client_max_body_size.unwrap_or(1 << 20);
+    let mem_max = core.client_body_buffer_size.unwrap_or(16 << 10);
+    let wait = Duration::from_millis(core.client_body_timeout.unwrap_or(60_000));
+    let keep = loc.modules.body.in_file_only.unwrap_or(FileOnly::Off);
+    let temp = loc
+        .modules
+        .body
+        .temp_path
+        .as_deref()
+        .unwrap_or(default_temp);
+    let policy = cx.io_policy().map_err(|r| {
+        rb.end = End::Broken {
+            silent: false,
+            linger: true,
+        };
+        r.status
+    })?;
+    let broken = |rb: &mut ReqBody<'_>, silent: bool| {
+        rb.end = End::Broken {
+            silent,
+            linger: !silent,
+        };
+    };
+    if cx.req.expect_continue {
+        let send = Duration::from_millis(core.send_timeout.unwrap_or(60_000));
+        if write_all(rb.io, b"HTTP/1.1 100 Continue\r\n\r\n", send)
+            .await
+            .is_err()
+        {
+            broken(rb, true);
+            return Err(400);
+        }
+    }
+    let mut left = cx.req.content_length;
+    let mut dec = left.is_none().then(ChunkedDecoder::new);
+    // nginx's sizing: what came with the head stays in memory, and the
+    // buffer for the rest is client_body_buffer_size, or the rest itself
+    // when that is under 1.25 times the size; the body goes to a file only
+    // when it outgrows both.
+    let preread = rb.buf.len() as u64;
+    let buffer = match left {
+        Some(n) if n.saturating_sub(preread) < mem_max.saturating_add(mem_max / 4) => {
+            n.saturating_sub(preread)
+        }
+        _ => mem_max,
+    };
+    let in_mem_max = preread.saturating_add(buffer);
+    let mut sink = Sink {
+        mem: Vec::new(),
+        mem_max: in_mem_max,
+        file: None,
+        written: 0,
+        stage: Vec::new(),
+        keep,
+    };
+    if let Some(n) = left.filter(|&n| n <= in_mem_max && keep == FileOnly::Off) {
+        sink.mem.reserve_exact(n as usize);
+    }
+    if keep != FileOnly::Off || left.is_some_and(|n| n > in_mem_max) {
+        if let Err(e) = sink.start_file(cx, temp, &policy).await {
+            log_file_error(cx, temp, &e);
+            broken(rb, false);
+            return Err(500);
+        }
+    }
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let done = match (&mut dec, &mut left) {
+            (Some(d), _) => {
+                let used = match d.decode(&rb.buf, &mut out) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        cx.log(Level::Error, "client sent invalid chunked body");
+                        broken(rb, false);
+                        return Err(400);
+                    }
+                };
+                rb.buf.drain(..used);
+                let so_far = rb.received + out.len() as u64;
+                if max != 0 && so_far.saturating_add(d.chunk_remaining()) > max {
+                    cx.log(
+                        Level::Error,
+                        &format!(
+                            "client intended to send too large chunked body: {}+{} bytes",
+                            so_far,
+                            d.chunk_remaining()
+                        ),
+                    );
+                    broken(rb, false);
+                    return Err(413);
+                }
+                d.is_done()
+            }
+            (None, Some(l)) => {
+                let take = (*l).min(rb.buf.len() as u64) as usize;
+                out.extend_from_slice(&rb.buf[..take]);
+                rb.buf.drain(..take);
+                *l -= take as u64;
+                *l == 0
+            }
+            (None, None) => true,
+        };
+        if !out.is_empty() {
+            rb.received += out.len() as u64;
+            if let Err(e) = sink.push(cx, &out, temp, &policy).await {
+                log_file_error(cx, temp, &e);
+                broken(rb, false);
+                return Err(500);
+            }
+            out.clear();
+        }
+        if done {
+            break;
+        }
+        let want = left.map_or(READ_SIZE, |l| l.min(READ_SIZE as u64) as usize);
+        let start = rb.buf.len();
+        rb.buf.resize(start + want, 0);
+        match rb.io.try_read(&mut rb.buf[start..]) {
+            Ok(0) => {
+                rb.buf.truncate(start);
+                cx.log(Level::Info, "client prematurely closed connection");
+                broken(rb, true);
+                return Err(400);
+            }
+            Ok(n) => rb.buf.truncate(start + n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                rb.buf.truncate(start);
+                match tokio::time::timeout(wait, rb.io.readable()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => {
+                        broken(rb, true);
+                        return Err(400);
+                    }
+                    // nginx logs nothing here; the access log has the 408.
+                    Err(_) => {
+                        broken(rb, true);
+                        return Err(408);
+                    }
+                }
+            }
+            Err(_) => {
+                rb.buf.truncate(start);
+                broken(rb, true);
+                return Err(400);
+            }
+        }
+    }
+    match sink.finish(&policy).await {
+        Ok(d) => {
+            rb.data = Some(d);
+            Ok(())
+        }
+        Err(e) => {
+            log_file_error(cx, temp, &e);
+            broken(rb, false);
+            Err(500)
+        }
+    }
+}
+
+fn log_file_error(cx: &Ctx<'_>, temp: &TempDir, e: &io::Error) {
+    cx.log(
+        Level::Crit,
+        &format!(
+            "client request body temp file in \"{}\" failed {}",
+            temp.path.display(),
+            crate::core::errno_text(e)
+        ),
+    );
+}
+
+/// Writes all of `data`, waiting at most `wait` between two writes.
+async fn write_all(io: &dyn BodyIo, data: &[u8], wait: Duration) -> io::Result<()> {
+    let mut off = 0;
+    while off < data.len() {
+        match io.try_write(&data[off..]) {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match tokio::time::timeout(wait, io.writable()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+// ---- memory, then a temp file -----------------------------------------------
+
+/// File writes are gathered to this size (fewer, larger writes).
+const STAGE: usize = 64 * 1024;
+
+/// Numbers temp files as nginx does (ten digits); a name taken by another
+/// process moves on to the next.
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Removes a file when dropped (`client_body_in_file_only clean`, or a
+/// named file whose body never completed). The unlink runs inline: only
+/// these explicitly configured files ever need it.
+pub struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+struct TempFile {
+    file: Arc<std::fs::File>,
+    path: PathBuf,
+    /// Set while the file has a name that must go if the body fails.
+    remove: Option<RemoveOnDrop>,
+}
+
+struct Sink {
+    mem: Vec<u8>,
+    mem_max: u64,
+    file: Option<TempFile>,
+    /// Bytes already in the file.
+    written: u64,
+    /// Bytes for the file not yet written.
+    stage: Vec<u8>,
+    keep: FileOnly,
+}
+
+impl Sink {
+    async fn start_file(
+        &mut self,
+        cx: &Ctx<'_>,
+        temp: &TempDir,
+        policy: &Policy,
+    ) -> io::Result<()> {
+        let keep = self.keep;
+        let mut tries = 0;
+        let f = loop {
+            let n = SEQ.fetch_add(1, Ordering::Relaxed) + u64::from(std::process::id()) * 100_000;
+            let name = format!("{:010}", n % 10_000_000_000);
+            let path = temp.file_path(&name);
+            match create(path.clone(), keep == FileOnly::Off, policy).await {
+                Ok(f) => break (f, path),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+                    ) && tries < 16 =>
+                {
+                    // The top directory may need the keeper (it was made
+                    // for the workers' user); levels below it are ours.
+                    tries = 16;
+                    crate::cache::prepare_dir(&temp.path).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        cx.log(
+            Level::Warn,
+            &format!(
+                "a client request body is buffered to a temporary file {}",
+                f.1.display()
+            ),
+        );
+        let remove = (keep != FileOnly::Off).then(|| RemoveOnDrop(f.1.clone()));
+        self.file = Some(TempFile {
+            file: f.0,
+            path: f.1,
+            remove,
+        });
+        self.stage = std::mem::take(&mut self.mem);
+        Ok(())
+    }
+
+    async fn push(
+        &mut self,
+        cx: &Ctx<'_>,
+        data: &[u8],
+        temp: &TempDir,
+        policy: &Policy,
+    ) -> io::Result<()> {
+        if self.file.is_none() {
+            self.mem.extend_from_slice(data);
+            if self.mem.len() as u64 <= self.mem_max {
+                return Ok(());
+            }
+            self.start_file(cx, temp, policy).await?;
+        } else {
+            self.stage.extend_from_slice(data);
+        }
+        if self.stage.len() >= STAGE {
+            self.flush(policy).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self, policy: &Policy) -> io::Result<()> {
+        let Some(tf) = &self.file else {
+            return Ok(());
+        };
+        if self.stage.is_empty() {
+            return Ok(());
+        }
+        let data = Bytes::from(std::mem::take(&mut self.stage));
+        let n = data.len() as u64;
+        crate::io::write_at(&tf.file, self.written, data, policy).await?;
+        self.written += n;
+        Ok(())
+    }
+
+    async fn finish(mut self, policy: &Policy) -> io::Result<Data> {
+        if self.file.is_none() {
+            return Ok(Data::Mem(Bytes::from(self.mem)));
+        }
+        self.flush(policy).await?;
+        let Some(mut tf) = self.file.take() else {
+            return Err(io::Error::other("no temp file"));
+        };
+        let f = tf.file.try_clone()?;
+        let open = crate::cache::blocking(policy, move || OpenFile::from_file(f)).await?;
+        // `on` keeps the file after the request; `clean` removes it then.
+        let clean = match (tf.remove.take(), self.keep) {
+            (Some(r), FileOnly::Clean) => Some(r),
+            (Some(r), _) => {
+                std::mem::forget(r);
+                None
+            }
+            (None, _) => None,
+        };
+        Ok(Data::File {
+            file: Arc::new(open),
+            len: self.written,
+            path: tf.path,
+            _clean: clean,
+        })
+    }
+}
+
+/// Creates a temp file (0600, read-write) and its level directories, and
+/// unlinks it at once when `unlink`.
+async fn create(path: PathBuf, unlink: bool, policy: &Policy) -> io::Result<Arc<std::fs::File>> {
+    crate::cache::blocking(policy, move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+        };
+        let f = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                open()
+            }
+            r => r,
+        }?;
+        if unlink {
+            std::fs::remove_file(&path)?;
+        }
+        Ok(Arc::new(f))
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashed_temp_paths_as_nginx() {
+        let t = |levels: Vec<usize>| TempDir {
+            path: PathBuf::from("/t"),
+            levels,
+        };
+        assert_eq!(
+            t(vec![1, 2]).file_path("0000000123"),
+            PathBuf::from("/t/3/12/0000000123")
+        );
+        assert_eq!(
+            t(vec![2, 2, 1]).file_path("0000054321"),
+            PathBuf::from("/t/21/43/5/0000054321")
+        );
+        assert_eq!(
+            t(vec![]).file_path("0000000001"),
+            PathBuf::from("/t/0000000001")
+        );
+    }
+
+    #[test]
+    fn chunk_remaining_is_the_announced_rest() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        assert_eq!(d.decode(b"a;x\r\nhel", &mut out), Ok(8));
+        assert_eq!((out.as_slice(), d.chunk_remaining()), (&b"hel"[..], 7));
+        assert_eq!(d.decode(b"lo worl", &mut out), Ok(7));
+        assert_eq!(d.chunk_remaining(), 0);
+        assert_eq!(d.decode(b"\r\n0\r\n\r\n", &mut out), Ok(7));
+        assert!(d.is_done());
+        assert_eq!(out, b"hello worl");
+    }
+}
