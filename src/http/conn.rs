@@ -271,7 +271,7 @@ async fn request<S: Stream>(
         }
         HeadResult::Reject(r) => {
             info.requests += 1;
-            reject_and_close(stream, &addr, info, r).await;
+            Box::pin(reject_and_close(stream, &addr, info, r)).await;
             return false;
         }
     };
@@ -279,7 +279,7 @@ async fn request<S: Stream>(
     let req = match request::parse_head(&buf[..end], dsrv) {
         Ok(r) => r,
         Err(r) => {
-            reject_and_close(stream, &addr, info, r).await;
+            Box::pin(reject_and_close(stream, &addr, info, r)).await;
             return false;
         }
     };
@@ -333,7 +333,7 @@ async fn request<S: Stream>(
     let mut discard: Option<Discard> = None;
     if body_pending && resp.status != 413 {
         if req.expect_continue
-            && write_all(stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc)
+            && Box::pin(write_all(stream, &[b"HTTP/1.1 100 Continue\r\n\r\n"], &loc))
                 .await
                 .is_err()
         {
@@ -354,7 +354,7 @@ async fn request<S: Stream>(
                     log: "client sent invalid chunked body",
                     line: Some(req.line.clone()),
                 };
-                reject_and_close(stream, &addr, info, r).await;
+                Box::pin(reject_and_close(stream, &addr, info, r)).await;
                 return false;
             }
             Err(DiscardError::Io) => return false,
@@ -393,14 +393,14 @@ async fn request<S: Stream>(
     }
     if keepalive {
         if let Some(mut d) = discard {
-            if d.finish(stream, buf, &loc).await.is_err() {
+            if Box::pin(d.finish(stream, buf, &loc)).await.is_err() {
                 return false;
             }
         }
     }
     if !keepalive {
         if linger_after {
-            linger(stream, &loc).await;
+            Box::pin(linger(stream, &loc)).await;
         }
         return false;
     }

@@ -80,9 +80,11 @@ fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
 
 /// Parses a complete head (`buf` ends with the blank line).
 pub fn parse_head(buf: &[u8], srv: &SrvConf) -> Result<Request, Reject> {
-    let mut hdrs = [httparse::EMPTY_HEADER; 128];
-    let mut req = httparse::Request::new(&mut hdrs);
-    let status = req.parse(buf);
+    // Uninitialised slots: 128 initialised headers would be a 4 KiB
+    // memset on every request.
+    let mut hdrs = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 128];
+    let mut req = httparse::Request::new(&mut []);
+    let status = req.parse_with_uninit_headers(buf, &mut hdrs);
     let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
     let line = trim_cr(&buf[..line_end]);
     let head_len = match status {

@@ -683,7 +683,9 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
 pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
     let loc = cx.loc.clone();
     let pass = loc.modules.proxy.pass.clone()?;
-    Some(Step::done(handle(cx, &loc, &pass).await))
+    // Boxed: the proxy's state is KiBs, and inline it would make every
+    // request's future (static files too) that big.
+    Some(Step::done(Box::pin(handle(cx, &loc, &pass)).await))
 }
 
 /// How long each phase may wait, and the buffer limits.
