@@ -379,7 +379,17 @@ fn corpus() -> Vec<String> {
     reqs
 }
 
-fn start_nginx(p: &Prefix, port: u16) -> Option<Child> {
+/// The reference nginx, stopped when dropped (also when a test panics).
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_nginx(p: &Prefix, port: u16) -> Option<Nginx> {
     let conf = p.write("conf/nginx.conf", conf_text(CONF, port));
     let child = Command::new(NGINX)
         .arg("-p")
@@ -390,17 +400,23 @@ fn start_nginx(p: &Prefix, port: u16) -> Option<Child> {
         .arg(p.path("logs/error.log"))
         .args([
             "-g",
-            &format!("daemon off; pid {}/logs/nginx.pid;", p.dir.display()),
+            // One process: killing the child then stops all of nginx (with
+            // a master, SIGKILL would leave its worker running).
+            &format!(
+                "daemon off; master_process off; pid {}/logs/nginx.pid;",
+                p.dir.display()
+            ),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
+    let nginx = Nginx(child);
     eventually(10, "nginx listening", || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
-    Some(child)
+    Some(nginx)
 }
 
 /// Sends `req` and reads until the server closes or stays silent for a
@@ -465,7 +481,7 @@ fn same_bytes_as_nginx() {
     let pn = Prefix::new();
     files(&pn);
     let nport = free_port();
-    let Some(mut nginx) = start_nginx(&pn, nport) else {
+    let Some(nginx) = start_nginx(&pn, nport) else {
         panic!("nginx did not start");
     };
     let pt = Prefix::new();
@@ -484,8 +500,7 @@ fn same_bytes_as_nginx() {
             ));
         }
     }
-    let _ = nginx.kill();
-    let _ = nginx.wait();
+    drop(nginx);
     if !diffs.is_empty() {
         let mut f = std::fs::File::create(std::env::temp_dir().join("tern-differential.txt"))
             .expect("report");
