@@ -78,6 +78,13 @@ pub struct Response {
     pub trailers: Vec<(String, Vec<u8>)>,
     /// How file pieces of the body are read and sent (the location's `aio`).
     pub io: Option<crate::io::Policy>,
+    /// The range filter leaves this response alone, `Accept-Ranges` and
+    /// all: a proxied response neither from the cache nor under
+    /// `proxy_force_ranges` (nginx's `allow_ranges` unset).
+    pub ranges_off: bool,
+    /// At most one range is served; several get the whole body (nginx's
+    /// `single_range`: a response being cached, `proxy_force_ranges`).
+    pub single_range: bool,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {

@@ -15,6 +15,7 @@ mod map;
 mod open_file_cache;
 mod proxy;
 mod proxy_body;
+mod proxy_range;
 mod runtime;
 mod seeds;
 mod smoke;

@@ -104,6 +104,7 @@ pub const DIRECTIVES: &[Spec] = &[
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
     row("proxy_intercept_errors", HSL, Args::Flag, set_flag),
+    row("proxy_force_ranges", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_headers", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_body", HSL, Args::Flag, set_flag),
     row("proxy_request_buffering", HSL, Args::Flag, set_flag),
@@ -282,6 +283,9 @@ pub struct ProxyLoc {
     /// body is read whole before the upstream is contacted).
     pub request_buffering: Option<bool>,
     pub set_body: Option<Template>,
+    /// `proxy_force_ranges`: byte ranges on proxied responses that do
+    /// not come from the cache.
+    pub force_ranges: Option<bool>,
 }
 
 impl ProxyLoc {
@@ -292,7 +296,7 @@ impl ProxyLoc {
             send_timeout, buffering, buffers, buffer_size, temp_path, cache, cache_key,
             cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
             pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
-            request_buffering, set_body);
+            request_buffering, set_body, force_ranges);
     }
 }
 
@@ -422,6 +426,7 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
         "proxy_intercept_errors" => &mut p.intercept_errors,
         "proxy_pass_request_body" => &mut p.pass_request_body,
         "proxy_request_buffering" => &mut p.request_buffering,
+        "proxy_force_ranges" => &mut p.force_ranges,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -771,8 +776,12 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                 b"BYPASS"
             } else {
                 match lookup(cx, &z, &md5, &key, &policy).await {
-                    Lookup::Hit(r) => {
+                    Lookup::Hit(mut r) => {
                         set_note(cx, "upstream_cache_status", b"HIT".to_vec());
+                        if conf.force_ranges.unwrap_or(false) {
+                            force_ranges(&mut r);
+                            r.single_range = false;
+                        }
                         return *r;
                     }
                     Lookup::Expired => b"EXPIRED",
@@ -894,6 +903,16 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     let mut out = Response::status(resp.status);
     apply_headers(&mut out, relayed);
+    // Ranges, as nginx: a response being cached may be cut to one range
+    // when upstream allows ranges, proxy_force_ranges cuts any; anything
+    // else passes as it came (the Range header went upstream).
+    if conf.force_ranges.unwrap_or(false) {
+        force_ranges(&mut out);
+    } else if store.is_some() {
+        out.single_range = true;
+    } else {
+        out.ranges_off = true;
+    }
     out.content_length = Some(body_len);
     out.body = match (sink.mem.take(), from_file) {
         (Some(m), _) => Body::Bytes(m),
@@ -920,6 +939,15 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         return Response::status(out.status);
     }
     out
+}
+
+/// `proxy_force_ranges`: upstream's `Accept-Ranges` gives way to the
+/// range filter's mark (the filter writes its own header), one range at most.
+fn force_ranges(r: &mut Response) {
+    r.remove_header("accept-ranges");
+    r.headers
+        .push((Cow::Borrowed("Accept-Ranges"), b"bytes".to_vec()));
+    r.single_range = true;
 }
 
 fn has_error_page(loc: &LocConf, status: u16) -> bool {

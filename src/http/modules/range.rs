@@ -21,6 +21,10 @@
 //!   order asked, each `CRLF--B CRLF Content-Type: T CRLF Content-Range:
 //!   bytes S-E/LEN CRLF CRLF data`, then `CRLF--B-- CRLF`.
 //!
+//! A proxied response is eligible only from the cache, while being cached
+//! (one range at most) or under `proxy_force_ranges` (one range at most);
+//! otherwise it passes untouched ([`Response::ranges_off`]), as nginx.
+//!
 //! It finally applies nginx's chunked-filter rule for trailers
 //! ([`super::headers::force_chunked_for_trailers`]), which in nginx runs
 //! right after this filter.
@@ -82,7 +86,7 @@ enum Parsed {
 }
 
 fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
-    if resp.status != 200 || resp.header("accept-ranges").is_none() {
+    if resp.status != 200 || resp.ranges_off || resp.header("accept-ranges").is_none() {
         return;
     }
     let Some(len) = resp.content_length else {
@@ -99,7 +103,12 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
     let parsed = match cx.req.header("range") {
         Some(v) if v.len() >= 7 && v[..6].eq_ignore_ascii_case(b"bytes=") => {
             if if_range_allows(cx, resp) {
-                parse(&v[6..], len, max.unwrap_or(u64::MAX))
+                let most = if resp.single_range {
+                    1
+                } else {
+                    max.unwrap_or(u64::MAX)
+                };
+                parse(&v[6..], len, most)
             } else {
                 Parsed::Whole
             }
