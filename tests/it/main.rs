@@ -16,6 +16,7 @@ mod open_file_cache;
 mod proxy;
 mod proxy_body;
 mod proxy_range;
+mod proxy_stream;
 mod runtime;
 mod seeds;
 mod smoke;

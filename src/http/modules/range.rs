@@ -115,6 +115,12 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
         }
         _ => Parsed::Whole,
     };
+    let parsed = match parsed {
+        // A body still arriving is cut to one range as it passes; several
+        // are never asked of one (single_range), but would need it whole.
+        Parsed::Ranges(r) if r.len() > 1 && matches!(resp.body, Body::Stream(_)) => Parsed::Whole,
+        p => p,
+    };
     match parsed {
         Parsed::Whole => {
             // nginx adds Accept-Ranges here, after the add_header headers.
@@ -290,8 +296,33 @@ fn single(resp: &mut Response, s: u64, e: u64, len: u64) {
             len: e - s,
         },
         Body::Bytes(b) => Body::Bytes(slice(&b, s, e).to_vec()),
+        Body::Stream(src) => {
+            resp.filters.push(Box::new(Slice {
+                skip: s,
+                take: e - s,
+            }));
+            Body::Stream(src)
+        }
         other => cut_multi(other, &[(s, e)]),
     };
+}
+
+/// Cuts a streamed body to one range as it passes.
+struct Slice {
+    skip: u64,
+    take: u64,
+}
+
+impl response::BodyFilter for Slice {
+    fn filter(&mut self, input: &[u8], _last: bool, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let skip = self.skip.min(input.len() as u64) as usize;
+        self.skip -= skip as u64;
+        let rest = &input[skip..];
+        let take = self.take.min(rest.len() as u64) as usize;
+        self.take -= take as u64;
+        out.extend_from_slice(&rest[..take]);
+        Ok(())
+    }
 }
 
 fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
@@ -318,7 +349,7 @@ fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
                 len: e - s,
             }),
             Body::Bytes(b) => pieces.push(Piece::Bytes(slice(b, s, e).to_vec())),
-            Body::Multi(_) | Body::Empty => {
+            Body::Multi(_) | Body::Empty | Body::Stream(_) => {
                 if let Body::Multi(p) = cut_multi(clone_pieces(&body), &[(s, e)]) {
                     pieces.extend(p);
                 }
