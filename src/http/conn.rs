@@ -1073,10 +1073,35 @@ async fn write_streamed<S: Stream>(
         let last = piece.is_none();
         let data = piece.unwrap_or_default();
         if filters.is_empty() {
-            out.extend_from_slice(&data);
-        } else {
-            run_filters(filters, &data, last, &mut out)?;
+            // As it came, framed when chunked, without copying the data.
+            let before: &[u8] = if first { head } else { b"" };
+            first = false;
+            let mut size = Vec::new();
+            let mut after = Vec::new();
+            if chunked && !data.is_empty() {
+                size = format!("{:x}\r\n", data.len()).into_bytes();
+                after.extend_from_slice(b"\r\n");
+            }
+            if chunked && last {
+                after.extend_from_slice(b"0\r\n");
+                for (n, v) in trailers {
+                    after.extend_from_slice(n.as_bytes());
+                    after.extend_from_slice(b": ");
+                    after.extend_from_slice(v);
+                    after.extend_from_slice(b"\r\n");
+                }
+                after.extend_from_slice(b"\r\n");
+            }
+            sent.body_bytes += data.len() as u64;
+            sent.bytes += (before.len() + size.len() + data.len() + after.len()) as u64;
+            write_all(stream, &[before, &size, &data, &after], loc).await?;
+            if last {
+                return Ok(());
+            }
+            tokio::task::consume_budget().await;
+            continue;
         }
+        run_filters(filters, &data, last, &mut out)?;
         emit(
             stream, loc, head, &mut first, &mut out, chunked, last, trailers, sent,
         )

@@ -412,3 +412,40 @@ fn gzip_and_http10_clients_on_a_streamed_body() {
     d.read_to_string(&mut out).expect("gzip");
     assert_eq!(out, expected);
 }
+
+#[test]
+fn x_accel_buffering_no_turns_buffering_and_so_caching_off() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h2 = hits.clone();
+    let port = origin(move |_, mut c| {
+        h2.fetch_add(1, Ordering::SeqCst);
+        let _ = c.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Accel-Buffering: no\r\n\r\nhello",
+        );
+    });
+    let conf = format!(
+        "http {{ proxy_cache_path cache keys_zone=z:1m;
+          server {{ listen 127.0.0.1:@PORT@;
+            proxy_cache z; proxy_cache_valid 200 1h; add_header X-C $upstream_cache_status;
+            location / {{ proxy_pass http://127.0.0.1:{p}; }}
+            location /ign/ {{ proxy_pass http://127.0.0.1:{p}; proxy_ignore_headers X-Accel-Buffering; }}
+        }} }}",
+        p = port
+    );
+    let s = Server::start(&conf);
+    for _ in 0..2 {
+        let r = s.get("/a");
+        assert_eq!((r.status, r.body_str().as_str()), (200, "hello"));
+        assert_eq!(r.header("X-C"), Some("MISS"));
+        assert!(r.header("X-Accel-Buffering").is_none());
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    let r = s.get("/ign/a");
+    assert_eq!(r.header("X-C"), Some("MISS"));
+    let r = s.get("/ign/a");
+    assert_eq!(
+        (r.header("X-C"), r.body_str().as_str()),
+        (Some("HIT"), "hello")
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+}

@@ -266,6 +266,7 @@ const IGN_EXPIRES: u8 = 2;
 const IGN_CACHE_CONTROL: u8 = 4;
 const IGN_SET_COOKIE: u8 = 8;
 const IGN_VARY: u8 = 16;
+const IGN_X_ACCEL_BUFFERING: u8 = 32;
 
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
@@ -595,11 +596,10 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             "cache-control" => IGN_CACHE_CONTROL,
             "set-cookie" => IGN_SET_COOKIE,
             "vary" => IGN_VARY,
+            "x-accel-buffering" => IGN_X_ACCEL_BUFFERING,
             // These steer nginx features tern does not have; ignoring
             // them is what was asked.
-            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-buffering" | "x-accel-charset" => {
-                0
-            }
+            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-charset" => 0,
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
@@ -720,12 +720,11 @@ struct Limits {
     send: Duration,
     read: Duration,
     head_max: usize,
-    /// In-memory budget for a body on its way to the client
-    /// (proxy_buffers; proxy_buffer_size with proxy_buffering off).
+    /// In-memory budget for a body on its way to the client: proxy_buffers
+    /// in all (proxy_buffer_size when not buffering).
     mem_max: usize,
     /// proxy_max_temp_file_size (0: no temp file).
     temp_max: u64,
-    buffering: bool,
 }
 
 /// The cache side of one request.
@@ -753,23 +752,13 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let buffering = conf.buffering.unwrap_or(true);
     let lim = Limits {
         connect: Duration::from_millis(conf.connect_timeout.unwrap_or(60_000)),
         send: Duration::from_millis(conf.send_timeout.unwrap_or(60_000)),
         read: Duration::from_millis(conf.read_timeout.unwrap_or(60_000)),
         head_max: conf.buffer_size.unwrap_or(4096).max(1024),
-        mem_max: if buffering {
-            conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s))
-        } else {
-            conf.buffer_size.unwrap_or(4096)
-        },
-        temp_max: if buffering {
-            conf.max_temp_file_size.unwrap_or(1024 * 1024 * 1024)
-        } else {
-            0
-        },
-        buffering,
+        mem_max: conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s)),
+        temp_max: conf.max_temp_file_size.unwrap_or(1024 * 1024 * 1024),
     };
 
     // Cache lookup.
@@ -884,8 +873,22 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // proxy_intercept_errors: let error_page answer instead.
         return Response::status(resp.status);
     }
+    // proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
+    let mut buffering = conf.buffering.unwrap_or(true);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
+        match header(&resp.headers, "x-accel-buffering") {
+            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
+            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
+            _ => {}
+        }
+    }
+    let (mem_max, temp_max) = if buffering {
+        (lim.mem_max, lim.temp_max)
+    } else {
+        (lim.head_max, 0)
+    };
     // nginx does not cache what it does not buffer.
-    let store = store.filter(|_| lim.buffering);
+    let store = store.filter(|_| buffering);
     let cache_out = match &store {
         Some((c, valid_until)) => {
             let eh = entry_head(c, &resp, &relayed, *valid_until, 0);
@@ -968,8 +971,8 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         stream,
         framing,
         read_timeout: lim.read,
-        mem_max: lim.mem_max,
-        temp_max: lim.temp_max,
+        mem_max,
+        temp_max,
         temp_dir: conf
             .temp_path
             .clone()
