@@ -449,3 +449,141 @@ fn x_accel_buffering_no_turns_buffering_and_so_caching_off() {
     );
     assert_eq!(hits.load(Ordering::SeqCst), 3);
 }
+
+/// A response as seen by the client, with what legitimately differs
+/// between two servers normalised: Date and Server, and where chunk
+/// boundaries fall (the data, whether the last chunk came, whether the
+/// connection closed).
+fn observe(port: u16, path: &str, minor: u8) -> String {
+    let mut c = connect(port);
+    c.set_read_timeout(Some(Duration::from_millis(1500)))
+        .expect("timeout");
+    c.write_all(format!("GET {} HTTP/1.{}\r\nHost: x\r\n\r\n", path, minor).as_bytes())
+        .expect("send");
+    let mut data = Vec::new();
+    let mut b = [0u8; 4096];
+    let closed = loop {
+        match c.read(&mut b) {
+            Ok(0) => break true,
+            Ok(n) => data.extend_from_slice(&b[..n]),
+            Err(_) => break false,
+        }
+    };
+    let Some(end) = find(&data, b"\r\n\r\n") else {
+        return format!("no head: {:?}", data);
+    };
+    let head: Vec<String> = String::from_utf8_lossy(&data[..end])
+        .split("\r\n")
+        .filter(|l| !l.starts_with("Date: ") && !l.starts_with("Server: "))
+        .map(str::to_string)
+        .collect();
+    let mut body = data[end + 4..].to_vec();
+    let mut last_chunk = false;
+    if head.iter().any(|l| l == "Transfer-Encoding: chunked") {
+        let mut out = Vec::new();
+        let mut p = 0;
+        while let Some(le) = find(&body[p..], b"\r\n") {
+            let size = usize::from_str_radix(&String::from_utf8_lossy(&body[p..p + le]), 16)
+                .unwrap_or(usize::MAX);
+            if size == 0 {
+                last_chunk = true;
+                break;
+            }
+            let start = p + le + 2;
+            if size == usize::MAX || body.len() < start + size {
+                out.extend_from_slice(&body[start.min(body.len())..]);
+                break;
+            }
+            out.extend_from_slice(&body[start..start + size]);
+            p = start + size + 2;
+            if p > body.len() {
+                break;
+            }
+        }
+        body = out;
+    }
+    format!(
+        "{} | {} | last chunk: {} | closed: {}",
+        head.join(" | "),
+        String::from_utf8_lossy(&body),
+        last_chunk,
+        closed
+    )
+}
+
+#[test]
+fn streamed_endings_as_nginx() {
+    const NGINX: &str = "/usr/sbin/nginx";
+    if !std::path::Path::new(NGINX).exists() {
+        eprintln!("skipped: {} not installed", NGINX);
+        return;
+    }
+    let port = origin(|head, mut c| {
+        let pause = || std::thread::sleep(Duration::from_millis(100));
+        if head.starts_with("GET /short") {
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789");
+        } else if head.starts_with("GET /chunkbad") {
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n");
+            pause();
+            let _ = c.write_all(b"3\r\nfgh\r\n");
+        } else if head.starts_with("GET /chunk") {
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n");
+            pause();
+            let _ = c.write_all(b"3\r\nfgh\r\n0\r\n\r\n");
+        } else {
+            let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nabc");
+            pause();
+            let _ = c.write_all(b"def");
+        }
+    });
+    let conf = format!(
+        "worker_processes 1; events {{}}
+        http {{ access_log off; proxy_temp_path temp;
+          server {{ listen 127.0.0.1:@PORT@;
+            location / {{ proxy_pass http://127.0.0.1:{}; proxy_http_version 1.1; }} }} }}",
+        port
+    );
+    let pn = Prefix::new();
+    let nport = free_port();
+    let nconf = pn.write("conf/nginx.conf", conf_text(&conf, nport));
+    let Ok(mut nginx) = std::process::Command::new(NGINX)
+        .arg("-p")
+        .arg(format!("{}/", pn.dir.display()))
+        .arg("-c")
+        .arg(&nconf)
+        .arg("-e")
+        .arg(pn.path("logs/error.log"))
+        .args([
+            "-g",
+            &format!("daemon off; pid {}/logs/nginx.pid;", pn.dir.display()),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        panic!("nginx did not start");
+    };
+    eventually(10, "nginx listening", || {
+        TcpStream::connect(("127.0.0.1", nport)).is_ok()
+    });
+    let tern = Server::start(&conf);
+    let mut diffs = Vec::new();
+    for path in ["/short", "/chunkbad", "/chunk", "/close"] {
+        for minor in [1, 0] {
+            let a = observe(nport, path, minor);
+            let b = observe(tern.port, path, minor);
+            if a != b {
+                diffs.push(format!(
+                    "{} HTTP/1.{}:\n  nginx {}\n  tern  {}",
+                    path, minor, a, b
+                ));
+            }
+        }
+    }
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
