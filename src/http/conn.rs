@@ -805,7 +805,7 @@ async fn write_body_with<S: Stream>(
         sent.bytes = head.len() as u64;
         return write_all(stream, &[head], loc).await;
     }
-    if !resp.filters.is_empty() {
+    if !resp.filters.is_empty() || matches!(resp.body, Body::Stream(_)) {
         return write_filtered(stream, resp, loc, minor, head, sent, policy).await;
     }
     let body = std::mem::take(&mut resp.body);
@@ -833,7 +833,7 @@ async fn write_body_with<S: Stream>(
             write_pieces(stream, &pieces, loc, head, sent, policy).await?;
         }
         Body::Multi(p) => write_pieces(stream, &p, loc, head, sent, policy).await?,
-        Body::Empty => write_all(stream, &[head], loc).await?,
+        Body::Empty | Body::Stream(_) => write_all(stream, &[head], loc).await?,
     }
     sent.bytes = head.len() as u64 + sent.body_bytes;
     Ok(())
@@ -943,6 +943,22 @@ async fn write_filtered<S: Stream>(
     let chunked = resp.chunked(minor);
     let body = std::mem::take(&mut resp.body);
     let pieces: Vec<response::Piece> = match body {
+        Body::Stream(src) => {
+            let mut filters = std::mem::take(&mut resp.filters);
+            let r = write_streamed(
+                stream,
+                src,
+                &mut filters,
+                loc,
+                head,
+                chunked,
+                &resp.trailers,
+                sent,
+            )
+            .await;
+            resp.filters = filters;
+            return r;
+        }
         Body::Empty => Vec::new(),
         Body::Bytes(b) => vec![response::Piece::Bytes(b)],
         Body::File { file, offset, len } => vec![response::Piece::File { file, offset, len }],
@@ -1015,6 +1031,86 @@ async fn write_filtered<S: Stream>(
     }
     resp.filters = filters;
     Ok(())
+}
+
+/// Sends a body that is still arriving, piece by piece as the source
+/// yields it, through the body filters (if any). The head goes with the
+/// first piece. A source error ends the response unfinished (no last
+/// chunk): the caller closes the connection, as nginx does after an
+/// upstream failure once the head is out.
+#[allow(clippy::too_many_arguments)]
+async fn write_streamed<S: Stream>(
+    stream: &S,
+    mut src: Box<dyn response::BodyStream>,
+    filters: &mut [Box<dyn response::BodyFilter>],
+    loc: &LocConf,
+    head: &[u8],
+    chunked: bool,
+    trailers: &[(String, Vec<u8>)],
+    sent: &mut phases::Sent,
+) -> io::Result<()> {
+    let mut first = true;
+    let mut out = Vec::new();
+    if !src.ready() {
+        // The body keeps the client waiting: the head goes now.
+        emit(
+            stream, loc, head, &mut first, &mut out, chunked, false, trailers, sent,
+        )
+        .await?;
+    }
+    loop {
+        let piece = match src.next().await {
+            Ok(p) => p,
+            Err(e) => {
+                if first {
+                    // Nothing reached the client yet: at least the head does.
+                    sent.bytes += head.len() as u64;
+                    let _ = write_all(stream, &[head], loc).await;
+                }
+                return Err(e);
+            }
+        };
+        let last = piece.is_none();
+        let data = piece.unwrap_or_default();
+        if filters.is_empty() {
+            // As it came, framed when chunked, without copying the data.
+            let before: &[u8] = if first { head } else { b"" };
+            first = false;
+            let mut size = Vec::new();
+            let mut after = Vec::new();
+            if chunked && !data.is_empty() {
+                size = format!("{:x}\r\n", data.len()).into_bytes();
+                after.extend_from_slice(b"\r\n");
+            }
+            if chunked && last {
+                after.extend_from_slice(b"0\r\n");
+                for (n, v) in trailers {
+                    after.extend_from_slice(n.as_bytes());
+                    after.extend_from_slice(b": ");
+                    after.extend_from_slice(v);
+                    after.extend_from_slice(b"\r\n");
+                }
+                after.extend_from_slice(b"\r\n");
+            }
+            sent.body_bytes += data.len() as u64;
+            sent.bytes += (before.len() + size.len() + data.len() + after.len()) as u64;
+            write_all(stream, &[before, &size, &data, &after], loc).await?;
+            if last {
+                return Ok(());
+            }
+            tokio::task::consume_budget().await;
+            continue;
+        }
+        run_filters(filters, &data, last, &mut out)?;
+        emit(
+            stream, loc, head, &mut first, &mut out, chunked, last, trailers, sent,
+        )
+        .await?;
+        if last {
+            return Ok(());
+        }
+        tokio::task::consume_budget().await;
+    }
 }
 
 fn run_filters(

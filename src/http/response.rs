@@ -4,7 +4,8 @@
 //! headers in nginx's order (Server, Date, Content-Type, Content-Length,
 //! Last-Modified, Location, Connection, Keep-Alive, then the rest) into a
 //! reused buffer. The body is sent by the connection: bytes with the head in
-//! one `writev`, a file range through the file-I/O layer.
+//! one `writev`, a file range through the file-I/O layer, a stream (a
+//! proxied body still arriving) piece by piece as it comes.
 
 use std::sync::Arc;
 
@@ -30,6 +31,38 @@ pub enum Body {
     },
     /// Several pieces in order (multipart/byteranges).
     Multi(Vec<Piece>),
+    /// A body still arriving (a proxied response): sent as it comes.
+    Stream(Box<dyn BodyStream>),
+}
+
+/// The source of a [`Body::Stream`]. The connection pulls pieces until
+/// `Ok(None)`; an error means the body is incomplete, and the connection
+/// is closed without finishing it (no last chunk), as nginx does when an
+/// upstream fails after the head was sent. Dropping the stream tells the
+/// producer that the client is gone.
+pub trait BodyStream: Send {
+    /// The next piece of the body (never empty), or `None` at its end.
+    fn next(&mut self) -> std::pin::Pin<Box<dyn StreamFuture<'_> + '_>>;
+    /// Whether `next` would answer without waiting (so the head can wait
+    /// for the first piece and leave in the same write).
+    fn ready(&self) -> bool;
+}
+
+/// The future of [`BodyStream::next`].
+pub trait StreamFuture<'a>:
+    std::future::Future<Output = std::io::Result<Option<bytes::Bytes>>> + Send + 'a
+{
+}
+
+impl<'a, F> StreamFuture<'a> for F where
+    F: std::future::Future<Output = std::io::Result<Option<bytes::Bytes>>> + Send + 'a
+{
+}
+
+impl std::fmt::Debug for dyn BodyStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BodyStream")
+    }
 }
 
 /// One piece of a [`Body::Multi`].
@@ -78,6 +111,13 @@ pub struct Response {
     pub trailers: Vec<(String, Vec<u8>)>,
     /// How file pieces of the body are read and sent (the location's `aio`).
     pub io: Option<crate::io::Policy>,
+    /// The range filter leaves this response alone, `Accept-Ranges` and
+    /// all: a proxied response neither from the cache nor under
+    /// `proxy_force_ranges` (nginx's `allow_ranges` unset).
+    pub ranges_off: bool,
+    /// At most one range is served; several get the whole body (nginx's
+    /// `single_range`: a response being cached, `proxy_force_ranges`).
+    pub single_range: bool,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {
@@ -99,6 +139,7 @@ impl Response {
             Body::Empty => 0,
             Body::Bytes(b) => b.len() as u64,
             Body::File { len, .. } => *len,
+            Body::Stream(_) => self.content_length.unwrap_or(0),
             Body::Multi(p) => p
                 .iter()
                 .map(|p| match p {
@@ -124,7 +165,9 @@ impl Response {
 
     /// Whether the body goes out with chunked transfer-encoding.
     pub fn chunked(&self, minor: u8) -> bool {
-        self.content_length.is_none() && !self.filters.is_empty() && minor >= 1
+        self.content_length.is_none()
+            && (!self.filters.is_empty() || matches!(self.body, Body::Stream(_)))
+            && minor >= 1
     }
 }
 

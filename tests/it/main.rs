@@ -15,6 +15,8 @@ mod map;
 mod open_file_cache;
 mod proxy;
 mod proxy_body;
+mod proxy_range;
+mod proxy_stream;
 mod runtime;
 mod seeds;
 mod smoke;

@@ -13,18 +13,33 @@
 //!   │        ▲ error/timeout before a response head: next peer                 │
 //!   │        │ (not for POST/LOCK/PATCH once sent, as nginx)                   │
 //!   │        └─────────────────────────────────────────────────────────────────┘
-//!   ├─ read the body: memory up to proxy_buffers, beyond that a temp file
-//!   │   (a cache temp file when the response is cacheable), written
-//!   │   through the file-I/O layer
-//!   └─ cacheable: header written, rename into place, node inserted
-//!       response: Body::Bytes from memory or Body::File from the temp file
+//!   ├─ the body part that came with the head, decoded: complete and not
+//!   │   being cached ──▶ Body::Bytes (the upstream connection kept alive)
+//!   └─ else Body::Stream: the head goes to the client now, and a Producer
+//!       task reads the rest as it arrives, independent of the client
 //! ```
 //!
-//! The engine sends bodies that are complete, so the upstream response is
-//! always fully buffered before the client gets its head (tern's
-//! `proxy_buffering off` behaves like `on`). That is also why an upstream
-//! failure half-way through a body becomes a 502/504 here, where nginx,
-//! having already sent the head, would cut the client connection.
+//! # Streaming the body (nginx's `proxy_buffering`)
+//!
+//! ```text
+//!  upstream ──Producer──▶ Pipe (queue of Seg) ──Consumer──▶ conn::write_streamed ──▶ client
+//!              │            Mem: up to proxy_buffers in all
+//!              │            File: temp file (unlinked at creation) up to
+//!              │                  proxy_max_temp_file_size written in all
+//!              └─ both full: stop reading upstream until the client takes data
+//! ```
+//!
+//! A fast upstream is read to its end and released (back to the keepalive
+//! cache when reusable) whatever the client's pace. `proxy_buffering off`
+//! has no file and proxy_buffer_size of memory. A response being cached is
+//! written whole to its cache temp file as it arrives (the client reads it
+//! back from there) and does not wait for the client; once complete it gets
+//! its header and is renamed into place, and only then does the client get
+//! the last piece, so a request that follows a complete response finds the
+//! entry. An upstream failure after the head closes the client connection
+//! (no error page, no last chunk) and removes the cache temp file; a client
+//! that leaves stops the reading (unless the response is being cached, as
+//! nginx) and so frees the upstream connection and the temp file.
 //!
 //! # Headers sent upstream (as nginx 1.22)
 //!
@@ -104,6 +119,7 @@ pub const DIRECTIVES: &[Spec] = &[
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
     row("proxy_intercept_errors", HSL, Args::Flag, set_flag),
+    row("proxy_force_ranges", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_headers", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_body", HSL, Args::Flag, set_flag),
     row("proxy_request_buffering", HSL, Args::Flag, set_flag),
@@ -250,6 +266,7 @@ const IGN_EXPIRES: u8 = 2;
 const IGN_CACHE_CONTROL: u8 = 4;
 const IGN_SET_COOKIE: u8 = 8;
 const IGN_VARY: u8 = 16;
+const IGN_X_ACCEL_BUFFERING: u8 = 32;
 
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
@@ -264,6 +281,11 @@ pub struct ProxyLoc {
     pub buffering: Option<bool>,
     pub buffers: Option<(usize, usize)>,
     pub buffer_size: Option<usize>,
+    /// `proxy_max_temp_file_size` (0: no temp files).
+    pub max_temp_file_size: Option<u64>,
+    /// `proxy_temp_file_write_size`: checked; tern writes each piece of
+    /// the body to the temp file as it arrives.
+    pub temp_file_write_size: Option<u64>,
     pub temp_path: Option<PathBuf>,
     pub cache: Option<CacheSel>,
     pub cache_key: Option<Template>,
@@ -282,6 +304,9 @@ pub struct ProxyLoc {
     /// body is read whole before the upstream is contacted).
     pub request_buffering: Option<bool>,
     pub set_body: Option<Template>,
+    /// `proxy_force_ranges`: byte ranges on proxied responses that do
+    /// not come from the cache.
+    pub force_ranges: Option<bool>,
 }
 
 impl ProxyLoc {
@@ -289,10 +314,10 @@ impl ProxyLoc {
         // `pass` is inherited too, so that an `if` block inside a proxied
         // location still proxies (nginx keeps the location's handler there).
         merge_opts!(self, p; pass, headers, http_version, connect_timeout, read_timeout,
-            send_timeout, buffering, buffers, buffer_size, temp_path, cache, cache_key,
+            send_timeout, buffering, buffers, buffer_size, max_temp_file_size, temp_file_write_size, temp_path, cache, cache_key,
             cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
             pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
-            request_buffering, set_body);
+            request_buffering, set_body, force_ranges);
     }
 }
 
@@ -422,6 +447,7 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
         "proxy_intercept_errors" => &mut p.intercept_errors,
         "proxy_pass_request_body" => &mut p.pass_request_body,
         "proxy_request_buffering" => &mut p.request_buffering,
+        "proxy_force_ranges" => &mut p.force_ranges,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -442,11 +468,14 @@ fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
     if d.name == "proxy_buffer_size" {
         return set_once(&mut l.modules.proxy.buffer_size, s as usize, d);
     }
-    // proxy_busy_buffers_size, proxy_max_temp_file_size and
-    // proxy_temp_file_write_size tune nginx's streaming of a body to the
-    // client while it arrives; tern buffers whole responses, so they have
-    // nothing to tune. Their values are still checked.
-    Ok(())
+    let p = &mut l.modules.proxy;
+    match d.name.as_str() {
+        "proxy_max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
+        "proxy_temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
+        // proxy_busy_buffers_size: nginx's share of the buffers that may be
+        // on their way to the client; tern's pieces are handed over whole.
+        _ => Ok(()),
+    }
 }
 
 fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -567,11 +596,10 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             "cache-control" => IGN_CACHE_CONTROL,
             "set-cookie" => IGN_SET_COOKIE,
             "vary" => IGN_VARY,
+            "x-accel-buffering" => IGN_X_ACCEL_BUFFERING,
             // These steer nginx features tern does not have; ignoring
             // them is what was asked.
-            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-buffering" | "x-accel-charset" => {
-                0
-            }
+            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-charset" => 0,
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
@@ -694,7 +722,11 @@ struct Limits {
     send: Duration,
     read: Duration,
     head_max: usize,
+    /// In-memory budget for a body on its way to the client: proxy_buffers
+    /// in all (proxy_buffer_size when not buffering).
     mem_max: usize,
+    /// proxy_max_temp_file_size (0: no temp file).
+    temp_max: u64,
 }
 
 /// The cache side of one request.
@@ -728,6 +760,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         read: Duration::from_millis(conf.read_timeout.unwrap_or(60_000)),
         head_max: conf.buffer_size.unwrap_or(4096).max(1024),
         mem_max: conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s)),
+        temp_max: conf.max_temp_file_size.unwrap_or(1024 * 1024 * 1024),
     };
 
     // Cache lookup.
@@ -773,8 +806,12 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                 b"BYPASS"
             } else {
                 match lookup(cx, &z, &md5, &key, &policy).await {
-                    Lookup::Hit(r) => {
+                    Lookup::Hit(mut r) => {
                         set_note(cx, "upstream_cache_status", b"HIT".to_vec());
+                        if conf.force_ranges.unwrap_or(false) {
+                            force_ranges(&mut r);
+                            r.single_range = false;
+                        }
                         return *r;
                     }
                     Lookup::Expired => b"EXPIRED",
@@ -815,113 +852,167 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         .filter(|c| !c.no_store)
         .and_then(|c| cache_validity(conf, resp.status, &resp.headers).map(|v| (c, v)));
 
-    // Read the body into memory / a temp file.
-    let mut sink = Sink::new(lim.mem_max);
-    if let Some((c, valid_until)) = &store {
-        let eh = entry_head(c, &resp, &relayed, *valid_until, 0);
-        match sink
-            .start_cache_file(cx, c, eh.header_len() as u64, &policy)
-            .await
-        {
-            Ok(()) => {}
-            Err(e) => {
-                // The response is still served; it just is not stored.
-                cx.log(
-                    Level::Crit,
-                    &format!(
-                        "cannot create cache temp file in \"{}\" {}",
-                        c.zone.conf.path.display(),
-                        crate::core::errno_text(&e)
-                    ),
-                );
-            }
+    // The body: what came with the head is decoded now; a body complete
+    // with it (and not being cached) is answered from memory, anything
+    // else streams to the client while it arrives (see `Producer`).
+    let url = upstream_url(&resp.peer_name, &req_uri);
+    let mut framing = match Framing::of(&resp) {
+        Ok(f) => f,
+        Err(f) => {
+            log_upstream(cx, Level::Error, &f.msg, &url);
+            return Response::status(f.status);
         }
-    }
-    let temp_dir = conf
-        .temp_path
-        .clone()
-        .unwrap_or_else(|| pass.temp_default.clone());
-    if let Err(f) = read_body(cx, &mut resp, &lim, &mut sink, &policy, &temp_dir).await {
-        let url = upstream_url(&resp.peer_name, &req_uri);
+    };
+    let mut first = Vec::new();
+    if let Err(f) = framing.feed(&std::mem::take(&mut resp.early), &mut first) {
         log_upstream(cx, Level::Error, &f.msg, &url);
-        sink.abandon(&policy).await;
         return Response::status(f.status);
     }
-    if let Some(addr) = resp.keep.take() {
-        up.put_idle(addr.0, addr.1);
+    if resp.status >= 300
+        && conf.intercept_errors.unwrap_or(false)
+        && has_error_page(loc, resp.status)
+    {
+        // proxy_intercept_errors: let error_page answer instead.
+        return Response::status(resp.status);
     }
-    let body_len = sink.written;
-
-    // Store: header, rename into place, node.
-    let mut from_file: Option<Arc<OpenFile>> = None;
-    let mut body_off = 0u64;
-    if let (Some((c, valid_until)), true) = (&store, sink.cache_file) {
-        let eh = entry_head(c, &resp, &relayed, *valid_until, body_len);
-        match sink.commit_cache(c, eh, &policy).await {
-            Ok((f, off)) => {
-                from_file = Some(f);
-                body_off = off;
-            }
-            Err(e) => {
-                cx.log(
-                    Level::Crit,
-                    &format!(
-                        "cache file \"{}\" could not be stored {}",
-                        c.zone.file_path(&c.md5).display(),
-                        crate::core::errno_text(&e)
-                    ),
-                );
-                sink.abandon(&policy).await;
-                if sink.mem.is_none() {
-                    return Response::status(500);
+    // proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
+    let mut buffering = conf.buffering.unwrap_or(true);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
+        match header(&resp.headers, "x-accel-buffering") {
+            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
+            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
+            _ => {}
+        }
+    }
+    let (mem_max, temp_max) = if buffering {
+        (lim.mem_max, lim.temp_max)
+    } else {
+        (lim.head_max, 0)
+    };
+    // nginx does not cache what it does not buffer.
+    let store = store.filter(|_| buffering);
+    let cache_out = match &store {
+        Some((c, valid_until)) => {
+            let eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+            let base = eh.header_len() as u64;
+            match start_cache_file(c, &policy).await {
+                Ok((file, path)) => Some(CacheOut {
+                    zone: c.zone.clone(),
+                    md5: c.md5,
+                    file,
+                    path,
+                    eh,
+                    base,
+                    written: 0,
+                    held: None,
+                }),
+                Err(e) => {
+                    // The response is still served; it just is not stored.
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cannot create cache temp file in \"{}\" {}",
+                            c.zone.conf.path.display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                    None
                 }
             }
         }
-    } else if sink.file.is_some() {
-        match sink.reopen_temp(&policy).await {
-            Ok(f) => from_file = Some(f),
-            Err(e) => {
-                cx.log(
-                    Level::Crit,
-                    &format!(
-                        "temp file could not be read {}",
-                        crate::core::errno_text(&e)
-                    ),
-                );
-                sink.abandon(&policy).await;
-                return Response::status(500);
-            }
-        }
-    }
+        None => None,
+    };
 
     let mut out = Response::status(resp.status);
     apply_headers(&mut out, relayed);
-    out.content_length = Some(body_len);
-    out.body = match (sink.mem.take(), from_file) {
-        (Some(m), _) => Body::Bytes(m),
-        (None, Some(f)) if body_len > 0 => {
-            out.io = Some(policy);
-            Body::File {
-                file: f,
-                offset: body_off,
-                len: body_len,
-            }
-        }
-        _ => Body::Bytes(Vec::new()),
-    };
+    // Ranges, as nginx: a response being cached may be cut to one range
+    // when upstream allows ranges, proxy_force_ranges cuts any; anything
+    // else passes as it came (the Range header went upstream).
+    if conf.force_ranges.unwrap_or(false) {
+        force_ranges(&mut out);
+    } else if store.is_some() {
+        out.single_range = true;
+    } else {
+        out.ranges_off = true;
+    }
     if head_only {
         out.content_length = resp.declared_len;
-    } else if resp.no_body {
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    }
+    if resp.no_body && cache_out.is_none() {
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    }
+    if framing.done() && cache_out.is_none() {
+        if reusable(&resp, &framing) {
+            if let Some(s) = resp.stream.take() {
+                up.put_idle(resp.peer, s);
+            }
+        }
+        out.content_length = Some(first.len() as u64);
+        out.body = Body::Bytes(first);
+        return out;
+    }
+    let Some(stream) = resp.stream.take() else {
+        log_upstream(cx, Level::Error, "upstream connection lost", &url);
+        return Response::status(502);
+    };
+    out.content_length = framing.length;
+    if out.content_length.is_none() && cx.req.minor == 0 {
+        // An HTTP/1.0 client learns the end from the close.
+        out.force_close = true;
+    }
+    let pipe = Arc::new(Pipe::default());
+    if let Some(c) = &cache_out {
+        pipe.lock().file = Some(c.file.clone());
+    }
+    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer));
+    let producer = Producer {
+        pipe: pipe.clone(),
+        stream,
+        framing,
+        read_timeout: lim.read,
+        mem_max,
+        temp_max,
+        temp_dir: conf
+            .temp_path
+            .clone()
+            .unwrap_or_else(|| pass.temp_default.clone()),
+        policy: policy.clone(),
+        temp: None,
+        temp_len: 0,
+        cache: cache_out,
+        keep,
+        log: UpLog::of(cx, &url),
+    };
+    tokio::spawn(producer.run(first));
+    if resp.no_body {
+        // Stored all the same (an empty entry); the client needs nothing.
         out.content_length = None;
+        out.force_close = false;
+        out.body = Body::Bytes(Vec::new());
+        return out;
     }
-    if out.status >= 300
-        && conf.intercept_errors.unwrap_or(false)
-        && has_error_page(loc, out.status)
-    {
-        // proxy_intercept_errors: let error_page answer instead.
-        return Response::status(out.status);
-    }
+    out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
     out
+}
+
+/// Opens the cache temp file next to the entry's final path.
+async fn start_cache_file(c: &CacheReq, policy: &Policy) -> io::Result<(Arc<File>, PathBuf)> {
+    c.zone.ensure_ready().await?;
+    let path = c.zone.temp_path(&c.md5);
+    let f = create_file(path.clone(), policy).await?;
+    Ok((f, path))
+}
+
+/// `proxy_force_ranges`: upstream's `Accept-Ranges` gives way to the
+/// range filter's mark (the filter writes its own header), one range at most.
+fn force_ranges(r: &mut Response) {
+    r.remove_header("accept-ranges");
+    r.headers
+        .push((Cow::Borrowed("Accept-Ranges"), b"bytes".to_vec()));
+    r.single_range = true;
 }
 
 fn has_error_page(loc: &LocConf, status: u16) -> bool {
@@ -1307,8 +1398,6 @@ struct UpResp {
     no_body: bool,
     /// The Content-Length upstream declared (for HEAD answers).
     declared_len: Option<u64>,
-    /// Set when the connection can go back to the keepalive cache.
-    keep: Option<(SocketAddr, TcpStream)>,
 }
 
 /// Tries peers until one answers with a response head.
@@ -1553,7 +1642,6 @@ async fn send_and_read(
                     early: buf[end..have].to_vec(),
                     peer: addr,
                     peer_name: String::new(),
-                    keep: None,
                 });
             }
             Err(httparse::Error::Version | httparse::Error::Status) => {
@@ -1585,290 +1673,536 @@ fn has_token(v: &[u8], tok: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(tok.as_bytes()))
 }
 
-/// Reads the body per its framing into the sink.
-async fn read_body(
-    cx: &Ctx<'_>,
-    r: &mut UpResp,
-    lim: &Limits,
-    sink: &mut Sink,
-    policy: &Policy,
-    temp_dir: &Path,
-) -> Result<(), Fail> {
-    let early = std::mem::take(&mut r.early);
-    if r.no_body {
-        return Ok(());
-    }
-    let chunked = r.minor >= 1
-        && header(&r.headers, "transfer-encoding").is_some_and(|v| has_token(v, "chunked"));
-    let length = if chunked {
-        None
-    } else {
-        match header(&r.headers, "content-length") {
-            Some(v) => Some(
-                std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        fail(
-                            502,
-                            "upstream sent invalid \"Content-Length\" header while reading response header from upstream",
-                            false,
-                        )
-                    })?,
-            ),
-            None => None,
+// ---- the response body: framing, and the pipe to the client -----------------
+
+/// How the upstream body ends: chunked, a length, or the connection's close.
+struct Framing {
+    dec: Option<crate::http::chunked::ChunkedDecoder>,
+    /// Bytes still expected with a Content-Length.
+    left: Option<u64>,
+    /// The declared Content-Length (what the client is told).
+    length: Option<u64>,
+    /// Bytes after the body's end arrived (the connection cannot be reused).
+    extra: bool,
+}
+
+impl Framing {
+    fn of(r: &UpResp) -> Result<Framing, Fail> {
+        if r.no_body {
+            return Ok(Framing {
+                dec: None,
+                left: Some(0),
+                length: None,
+                extra: false,
+            });
         }
-    };
-    let mut dec = chunked.then(crate::http::chunked::ChunkedDecoder::new);
-    let mut left = length;
-    let mut buf = early;
-    let mut rbuf = vec![0u8; 64 * 1024];
-    let mut extra = false;
-    loop {
-        if !buf.is_empty() {
-            let data: Vec<u8> = if let Some(d) = dec.as_mut() {
-                let mut out = Vec::new();
-                let used = d.decode(&buf, &mut out).map_err(|_| {
-                    fail(
-                        502,
-                        "upstream sent invalid chunked response while reading upstream",
-                        false,
-                    )
-                })?;
-                extra |= used < buf.len() && d.is_done();
-                out
-            } else if let Some(l) = left.as_mut() {
-                let take = (*l).min(buf.len() as u64) as usize;
-                extra |= take < buf.len();
-                *l -= take as u64;
-                buf.truncate(take);
-                std::mem::take(&mut buf)
-            } else {
-                std::mem::take(&mut buf)
-            };
-            buf.clear();
-            sink.push(cx, &data, policy, temp_dir).await.map_err(|e| {
+        let chunked = r.minor >= 1
+            && header(&r.headers, "transfer-encoding").is_some_and(|v| has_token(v, "chunked"));
+        let length = if chunked {
+            None
+        } else {
+            match header(&r.headers, "content-length") {
+                Some(v) => Some(
+                    std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u64>().ok())
+                        .ok_or_else(|| {
+                            fail(
+                                502,
+                                "upstream sent invalid \"Content-Length\" header while reading response header from upstream",
+                                false,
+                            )
+                        })?,
+                ),
+                None => None,
+            }
+        };
+        Ok(Framing {
+            dec: chunked.then(crate::http::chunked::ChunkedDecoder::new),
+            left: length,
+            length,
+            extra: false,
+        })
+    }
+
+    /// Decodes what arrived, appending body bytes to `out`.
+    fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
+        if let Some(d) = self.dec.as_mut() {
+            let used = d.decode(buf, out).map_err(|_| {
                 fail(
                     502,
-                    format!("temp file write failed {}", crate::core::errno_text(&e)),
+                    "upstream sent invalid chunked response while reading upstream",
                     false,
                 )
             })?;
+            self.extra |= used < buf.len() && d.is_done();
+        } else if let Some(l) = self.left.as_mut() {
+            let take = (*l).min(buf.len() as u64) as usize;
+            self.extra |= take < buf.len();
+            *l -= take as u64;
+            out.extend_from_slice(&buf[..take]);
+        } else {
+            out.extend_from_slice(buf);
         }
-        let done = match (&dec, left) {
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        match (&self.dec, self.left) {
             (Some(d), _) => d.is_done(),
             (None, Some(l)) => l == 0,
             (None, None) => false,
-        };
-        if done {
-            break;
         }
-        let Some(stream) = r.stream.as_mut() else {
-            return Err(fail(502, "upstream connection lost", false));
-        };
-        let n = timed_read(stream, &mut rbuf, lim.read, "while reading upstream", false).await?;
-        if n == 0 {
-            if dec.is_none() && left.is_none() {
-                // Delimited by close (HTTP/1.0 style): complete.
-                return Ok(());
-            }
-            return Err(fail(
-                502,
-                "upstream prematurely closed connection while reading upstream",
-                false,
-            ));
-        }
-        buf.extend_from_slice(&rbuf[..n]);
     }
+
+    /// The body ends with the connection (HTTP/1.0 style).
+    fn by_close(&self) -> bool {
+        self.dec.is_none() && self.left.is_none()
+    }
+}
+
+/// Whether the upstream connection can go back to the keepalive cache
+/// once its body was read whole.
+fn reusable(r: &UpResp, f: &Framing) -> bool {
     let close = header(&r.headers, "connection").is_some_and(|v| has_token(v, "close"))
         || (r.minor == 0
             && !header(&r.headers, "connection").is_some_and(|v| has_token(v, "keep-alive")));
-    if !extra && !close {
-        // Explicit framing, nothing extra, not closing: reusable.
-        if let Some(s) = r.stream.take() {
-            r.keep = Some((r.peer, s));
-        }
-    }
-    Ok(())
+    !f.extra && !close && !f.by_close()
 }
 
-/// Where the body goes: memory up to a limit, then a file.
-struct Sink {
-    mem: Option<Vec<u8>>,
-    mem_max: usize,
-    file: Option<(Arc<File>, PathBuf)>,
-    /// The file is a cache temp file (body at `base`).
-    cache_file: bool,
+/// A part of the body waiting for the client: in memory, or a range of
+/// the temp (or cache) file.
+enum Seg {
+    Mem(Bytes),
+    File(u64, u64),
+}
+
+#[derive(Default)]
+struct PipeState {
+    queue: std::collections::VecDeque<Seg>,
+    /// Bytes of `Seg::Mem` queued (bounded by proxy_buffers).
+    mem: usize,
+    /// The file `Seg::File` ranges are in.
+    file: Option<Arc<File>>,
+    /// Set once the body is complete (Ok) or broken (Err: what to tell
+    /// the connection).
+    end: Option<Result<(), String>>,
+    /// The client side was dropped (client gone, or it needed no body).
+    gone: bool,
+}
+
+/// The body on its way from the upstream reader ([`Producer`]) to the
+/// connection ([`Consumer`]).
+#[derive(Default)]
+struct Pipe {
+    state: std::sync::Mutex<PipeState>,
+    /// Data or the end was queued.
+    data: tokio::sync::Notify,
+    /// The consumer took data, or left.
+    room: tokio::sync::Notify,
+}
+
+impl Pipe {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PipeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, seg: Seg) {
+        {
+            let mut p = self.lock();
+            match (seg, p.queue.back_mut()) {
+                (Seg::File(o, l), Some(Seg::File(bo, bl))) if *bo + *bl == o => *bl += l,
+                (Seg::Mem(b), _) => {
+                    p.mem += b.len();
+                    p.queue.push_back(Seg::Mem(b));
+                }
+                (s, _) => p.queue.push_back(s),
+            }
+        }
+        self.data.notify_one();
+    }
+
+    fn finish(&self, end: Result<(), String>) {
+        self.lock().end = Some(end);
+        self.data.notify_one();
+    }
+}
+
+/// Pieces read back from a file are at most this big.
+const FILE_PIECE: u64 = 64 * 1024;
+
+/// The connection's end of the pipe: a [`BodyStream`].
+struct Consumer {
+    pipe: Arc<Pipe>,
+    policy: Policy,
+}
+
+impl Consumer {
+    async fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        loop {
+            let from_file = {
+                let mut p = self.pipe.lock();
+                match p.queue.pop_front() {
+                    Some(Seg::Mem(b)) => {
+                        p.mem -= b.len();
+                        drop(p);
+                        self.pipe.room.notify_one();
+                        return Ok(Some(b));
+                    }
+                    Some(Seg::File(off, len)) => {
+                        let n = len.min(FILE_PIECE);
+                        if len > n {
+                            p.queue.push_front(Seg::File(off + n, len - n));
+                        }
+                        p.file.clone().map(|f| (f, off, n))
+                    }
+                    None => match &p.end {
+                        Some(Ok(())) => return Ok(None),
+                        Some(Err(e)) => return Err(io::Error::other(e.clone())),
+                        None => None,
+                    },
+                }
+            };
+            if let Some((f, off, n)) = from_file {
+                let policy = self.policy.clone();
+                let data = cache::blocking(&policy, move || {
+                    use std::os::unix::fs::FileExt;
+                    let mut b = vec![0u8; n as usize];
+                    f.read_exact_at(&mut b, off)?;
+                    Ok(Bytes::from(b))
+                })
+                .await?;
+                self.pipe.room.notify_one();
+                return Ok(Some(data));
+            }
+            self.pipe.data.notified().await;
+        }
+    }
+}
+
+impl crate::http::response::BodyStream for Consumer {
+    fn next(&mut self) -> std::pin::Pin<Box<dyn crate::http::response::StreamFuture<'_> + '_>> {
+        Box::pin(self.next_piece())
+    }
+
+    fn ready(&self) -> bool {
+        let p = self.pipe.lock();
+        !p.queue.is_empty() || p.end.is_some()
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.pipe.lock().gone = true;
+        self.pipe.room.notify_one();
+        self.pipe.data.notify_one();
+    }
+}
+
+/// What an upstream error is logged with once the request's context is
+/// out of reach (the reader outlives the handler).
+struct UpLog {
+    logger: Arc<crate::core::log::Logger>,
+    conn: u64,
+    /// `, client: ..., server: ..., request: "..."`.
+    tail: String,
+    /// `, upstream: "..."` and `, host: "..."`.
+    upstream: String,
+    host: String,
+}
+
+impl UpLog {
+    fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
+        let client = cx
+            .conn
+            .remote
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|| "unix:".into());
+        UpLog {
+            logger: cx
+                .loc
+                .core
+                .logger
+                .clone()
+                .unwrap_or_else(crate::core::log::main_logger),
+            conn: cx.conn.id,
+            tail: format!(
+                ", client: {}, server: {}, request: \"{}\"",
+                client,
+                cx.server.srv.primary_name.clone().unwrap_or_default(),
+                String::from_utf8_lossy(&cx.req.line)
+            ),
+            upstream: format!(", upstream: \"{}\"", url),
+            host: cx
+                .req
+                .header("host")
+                .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
+                .unwrap_or_default(),
+        }
+    }
+
+    fn log(&self, level: Level, msg: &str, with_upstream: bool) {
+        let up = if with_upstream {
+            &self.upstream[..]
+        } else {
+            ""
+        };
+        self.logger.log(
+            level,
+            Some(self.conn),
+            format_args!("{}{}{}{}", msg, self.tail, up, self.host),
+        );
+    }
+}
+
+/// The cache entry being written as the body arrives.
+struct CacheOut {
+    zone: Arc<Zone>,
+    md5: [u8; 16],
+    file: Arc<File>,
+    path: PathBuf,
+    eh: EntryHead,
+    /// Where the body starts (the header's length).
     base: u64,
     written: u64,
+    /// The last range written, shown to the client only after the entry
+    /// is committed, so that a request made once this response is
+    /// complete finds the entry.
+    held: Option<(u64, u64)>,
 }
 
-impl Sink {
-    fn new(mem_max: usize) -> Sink {
-        Sink {
-            mem: Some(Vec::new()),
-            mem_max,
-            file: None,
-            cache_file: false,
-            base: 0,
-            written: 0,
+/// Why the reader stopped early.
+enum Stop {
+    Fail(Fail),
+    /// The client left and nothing needs the rest.
+    Gone,
+}
+
+impl From<Fail> for Stop {
+    fn from(f: Fail) -> Stop {
+        Stop::Fail(f)
+    }
+}
+
+/// Reads the upstream body as it comes, independent of the client: into
+/// memory up to proxy_buffers, then a temp file up to
+/// proxy_max_temp_file_size, then it waits for the client; a response
+/// being cached goes whole into its cache file.
+struct Producer {
+    pipe: Arc<Pipe>,
+    stream: TcpStream,
+    framing: Framing,
+    read_timeout: Duration,
+    mem_max: usize,
+    temp_max: u64,
+    temp_dir: PathBuf,
+    policy: Policy,
+    temp: Option<Arc<File>>,
+    temp_len: u64,
+    cache: Option<CacheOut>,
+    /// Where a complete, reusable connection goes.
+    keep: Option<(Arc<Upstream>, SocketAddr)>,
+    log: UpLog,
+}
+
+impl Producer {
+    async fn run(mut self, first: Vec<u8>) {
+        match self.pump(first).await {
+            Ok(()) => {
+                if let Some(c) = self.cache.take() {
+                    let held = c.held;
+                    if let Err((e, c)) = commit(c, &self.policy).await {
+                        self.log.log(
+                            Level::Crit,
+                            &format!(
+                                "cache file \"{}\" could not be stored {}",
+                                c.zone.file_path(&c.md5).display(),
+                                crate::core::errno_text(&e)
+                            ),
+                            false,
+                        );
+                    }
+                    if let Some((o, l)) = held {
+                        self.pipe.push(Seg::File(o, l));
+                    }
+                }
+                // Bytes after the body make the connection unusable.
+                if let Some((up, addr)) = self.keep.take().filter(|_| !self.framing.extra) {
+                    up.put_idle(addr, self.stream);
+                }
+                self.pipe.finish(Ok(()));
+            }
+            Err(stop) => {
+                if let Some(c) = self.cache.take() {
+                    // The client gets all that came; the entry never exists.
+                    if let Some((o, l)) = c.held {
+                        self.pipe.push(Seg::File(o, l));
+                    }
+                    let path = c.path;
+                    let _ =
+                        cache::blocking(&self.policy, move || std::fs::remove_file(&path)).await;
+                }
+                if let Stop::Fail(f) = stop {
+                    self.log.log(Level::Error, &f.msg, true);
+                    self.pipe.finish(Err(f.msg));
+                }
+            }
         }
     }
 
-    /// Opens the cache temp file next to the entry's final path.
-    async fn start_cache_file(
-        &mut self,
-        _cx: &Ctx<'_>,
-        c: &CacheReq,
-        header_len: u64,
-        policy: &Policy,
-    ) -> io::Result<()> {
-        c.zone.ensure_ready().await?;
-        let path = c.zone.temp_path(&c.md5);
-        let f = create_file(path.clone(), policy).await?;
-        self.file = Some((f, path));
-        self.cache_file = true;
-        self.base = header_len;
+    async fn pump(&mut self, first: Vec<u8>) -> Result<(), Stop> {
+        self.place(first).await?;
+        let mut rbuf = vec![0u8; 64 * 1024];
+        while !self.framing.done() {
+            let pipe = self.pipe.clone();
+            let caching = self.cache.is_some();
+            let n = tokio::select! {
+                r = timed_read(&mut self.stream, &mut rbuf, self.read_timeout, "while reading upstream", false) => r?,
+                // A client gone is noticed at once, also while upstream is
+                // silent; a response being cached is still read whole.
+                () = gone(&pipe), if !caching => return Err(Stop::Gone),
+            };
+            if n == 0 {
+                if self.framing.by_close() {
+                    return Ok(());
+                }
+                return Err(fail(
+                    502,
+                    "upstream prematurely closed connection while reading upstream",
+                    false,
+                )
+                .into());
+            }
+            let mut data = Vec::new();
+            self.framing.feed(&rbuf[..n], &mut data)?;
+            self.place(data).await?;
+        }
         Ok(())
     }
 
-    async fn push(
-        &mut self,
-        _cx: &Ctx<'_>,
-        data: &[u8],
-        policy: &Policy,
-        temp_dir: &Path,
-    ) -> io::Result<()> {
+    /// Queues a piece of the body for the client (see [`Producer`]).
+    async fn place(&mut self, data: Vec<u8>) -> Result<(), Stop> {
         if data.is_empty() {
             return Ok(());
         }
-        if let Some(m) = self.mem.as_mut() {
-            m.extend_from_slice(data);
-            if m.len() <= self.mem_max {
-                if let Some((f, _)) = &self.file {
-                    crate::io::write_at(
-                        f,
-                        self.base + self.written,
-                        Bytes::copy_from_slice(data),
-                        policy,
-                    )
-                    .await?;
-                }
-                self.written += data.len() as u64;
-                return Ok(());
+        let len = data.len() as u64;
+        if let Some(c) = self.cache.as_mut() {
+            let at = c.base + c.written;
+            crate::io::write_at(&c.file, at, Bytes::from(data), &self.policy)
+                .await
+                .map_err(temp_write_failed)?;
+            c.written += len;
+            if let Some((o, l)) = c.held.replace((at, len)) {
+                self.pipe.push(Seg::File(o, l));
             }
-            // Over the in-memory budget: everything so far goes to a file.
-            let all = self.mem.take().unwrap_or_default();
-            if self.file.is_none() {
-                let path = temp_dir.join(format!(
-                    "tern-proxy-{}-{}",
-                    std::process::id(),
-                    TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ));
-                let f = match create_file(path.clone(), policy).await {
-                    Ok(f) => f,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
-                        ) =>
-                    {
-                        cache::prepare_dir(temp_dir).await?;
-                        create_file(path.clone(), policy).await?
-                    }
-                    Err(e) => return Err(e),
-                };
-                self.file = Some((f, path));
-                self.base = 0;
-                crate::io::write_at(self.file_ref()?, 0, Bytes::from(all), policy).await?;
-            } else {
-                // A cache file already has the earlier bytes.
-                crate::io::write_at(
-                    self.file_ref()?,
-                    self.base + self.written,
-                    Bytes::copy_from_slice(data),
-                    policy,
-                )
-                .await?;
-            }
-            self.written += data.len() as u64;
             return Ok(());
         }
-        crate::io::write_at(
-            self.file_ref()?,
-            self.base + self.written,
-            Bytes::copy_from_slice(data),
-            policy,
-        )
-        .await?;
-        self.written += data.len() as u64;
-        Ok(())
-    }
-
-    fn file_ref(&self) -> io::Result<&Arc<File>> {
-        self.file
-            .as_ref()
-            .map(|(f, _)| f)
-            .ok_or_else(|| io::Error::other("no temp file"))
-    }
-
-    /// Writes the header, opens the file for reading, renames it into
-    /// place and records the node. Returns the read handle and body offset.
-    async fn commit_cache(
-        &mut self,
-        c: &CacheReq,
-        eh: EntryHead,
-        policy: &Policy,
-    ) -> io::Result<(Arc<OpenFile>, u64)> {
-        let (f, tmp) = self
-            .file
-            .take()
-            .ok_or_else(|| io::Error::other("no temp file"))?;
-        let head = eh.encode();
-        let off = head.len() as u64;
-        if off != self.base {
-            self.file = Some((f, tmp));
-            return Err(io::Error::other("cache header length changed"));
-        }
-        crate::io::write_at(&f, 0, Bytes::from(head), policy).await?;
-        drop(f);
-        let rd = match crate::io::open(&tmp, policy).await {
-            Ok(rd) => rd,
-            Err(e) => {
-                self.file = None;
-                let _ = cache::blocking(policy, move || std::fs::remove_file(&tmp)).await;
-                return Err(e);
+        loop {
+            {
+                let p = self.pipe.lock();
+                if p.gone {
+                    return Err(Stop::Gone);
+                }
+                if p.mem == 0 || p.mem + data.len() <= self.mem_max {
+                    drop(p);
+                    self.pipe.push(Seg::Mem(Bytes::from(data)));
+                    return Ok(());
+                }
             }
-        };
-        let dst = c.zone.file_path(&c.md5);
-        let t2 = tmp.clone();
-        if let Err(e) = cache::blocking(policy, move || std::fs::rename(&t2, &dst)).await {
-            let _ = cache::blocking(policy, move || std::fs::remove_file(&tmp)).await;
-            return Err(e);
-        }
-        c.zone
-            .insert(c.md5, eh.valid_until, disk_bytes(off + eh.body_len));
-        Ok((rd, off))
-    }
-
-    /// Opens the plain temp file for reading and unlinks it (the open
-    /// descriptor keeps the data until the response is sent).
-    async fn reopen_temp(&mut self, policy: &Policy) -> io::Result<Arc<OpenFile>> {
-        let (_, path) = self
-            .file
-            .take()
-            .ok_or_else(|| io::Error::other("no temp file"))?;
-        let rd = crate::io::open(&path, policy).await;
-        let _ = cache::blocking(policy, move || std::fs::remove_file(&path)).await;
-        rd
-    }
-
-    /// Deletes whatever temp file was started.
-    async fn abandon(&mut self, policy: &Policy) {
-        if let Some((_, path)) = self.file.take() {
-            let _ = cache::blocking(policy, move || std::fs::remove_file(&path)).await;
+            if self.temp_max > 0 && self.temp_len + len <= self.temp_max {
+                let f = match &self.temp {
+                    Some(f) => f.clone(),
+                    None => {
+                        let f = temp_file(&self.temp_dir, &self.policy)
+                            .await
+                            .map_err(temp_write_failed)?;
+                        self.pipe.lock().file = Some(f.clone());
+                        self.temp = Some(f.clone());
+                        f
+                    }
+                };
+                let at = self.temp_len;
+                crate::io::write_at(&f, at, Bytes::from(data), &self.policy)
+                    .await
+                    .map_err(temp_write_failed)?;
+                self.temp_len += len;
+                self.pipe.push(Seg::File(at, len));
+                return Ok(());
+            }
+            // Memory and temp file are full: upstream waits for the client.
+            self.pipe.room.notified().await;
         }
     }
+}
+
+/// Resolves once the consumer has left.
+async fn gone(pipe: &Pipe) {
+    loop {
+        if pipe.lock().gone {
+            return;
+        }
+        pipe.room.notified().await;
+    }
+}
+
+fn temp_write_failed(e: io::Error) -> Stop {
+    Stop::Fail(fail(
+        502,
+        format!("temp file write failed {}", crate::core::errno_text(&e)),
+        false,
+    ))
+}
+
+/// A plain temp file for a body that outgrew proxy_buffers, unlinked at
+/// once: it goes away with its last descriptor, however the response ends.
+async fn temp_file(dir: &Path, policy: &Policy) -> io::Result<Arc<File>> {
+    let path = dir.join(format!(
+        "tern-proxy-{}-{}",
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let f = match create_file(path.clone(), policy).await {
+        Ok(f) => f,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            cache::prepare_dir(dir).await?;
+            create_file(path.clone(), policy).await?
+        }
+        Err(e) => return Err(e),
+    };
+    cache::blocking(policy, move || std::fs::remove_file(&path)).await?;
+    Ok(f)
+}
+
+/// Completes a cache entry: its header, the rename into place, the node.
+async fn commit(mut c: CacheOut, policy: &Policy) -> Result<(), (io::Error, CacheOut)> {
+    c.eh.body_len = c.written;
+    let head = c.eh.encode();
+    if head.len() as u64 != c.base {
+        let _ = remove(&c.path, policy).await;
+        return Err((io::Error::other("cache header length changed"), c));
+    }
+    if let Err(e) = crate::io::write_at(&c.file, 0, Bytes::from(head), policy).await {
+        let _ = remove(&c.path, policy).await;
+        return Err((e, c));
+    }
+    let (src, dst) = (c.path.clone(), c.zone.file_path(&c.md5));
+    if let Err(e) = cache::blocking(policy, move || std::fs::rename(&src, &dst)).await {
+        let _ = remove(&c.path, policy).await;
+        return Err((e, c));
+    }
+    c.zone
+        .insert(c.md5, c.eh.valid_until, disk_bytes(c.base + c.written));
+    Ok(())
+}
+
+async fn remove(path: &Path, policy: &Policy) -> io::Result<()> {
+    let p = path.to_path_buf();
+    cache::blocking(policy, move || std::fs::remove_file(&p)).await
 }
 
 static TEMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -1879,6 +2213,7 @@ async fn create_file(path: PathBuf, policy: &Policy) -> io::Result<Arc<File>> {
         use std::os::unix::fs::OpenOptionsExt;
         let open = || {
             std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .mode(0o600)

@@ -21,6 +21,10 @@
 //!   order asked, each `CRLF--B CRLF Content-Type: T CRLF Content-Range:
 //!   bytes S-E/LEN CRLF CRLF data`, then `CRLF--B-- CRLF`.
 //!
+//! A proxied response is eligible only from the cache, while being cached
+//! (one range at most) or under `proxy_force_ranges` (one range at most);
+//! otherwise it passes untouched ([`Response::ranges_off`]), as nginx.
+//!
 //! It finally applies nginx's chunked-filter rule for trailers
 //! ([`super::headers::force_chunked_for_trailers`]), which in nginx runs
 //! right after this filter.
@@ -82,7 +86,7 @@ enum Parsed {
 }
 
 fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
-    if resp.status != 200 || resp.header("accept-ranges").is_none() {
+    if resp.status != 200 || resp.ranges_off || resp.header("accept-ranges").is_none() {
         return;
     }
     let Some(len) = resp.content_length else {
@@ -99,12 +103,23 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
     let parsed = match cx.req.header("range") {
         Some(v) if v.len() >= 7 && v[..6].eq_ignore_ascii_case(b"bytes=") => {
             if if_range_allows(cx, resp) {
-                parse(&v[6..], len, max.unwrap_or(u64::MAX))
+                let most = if resp.single_range {
+                    1
+                } else {
+                    max.unwrap_or(u64::MAX)
+                };
+                parse(&v[6..], len, most)
             } else {
                 Parsed::Whole
             }
         }
         _ => Parsed::Whole,
+    };
+    let parsed = match parsed {
+        // A body still arriving is cut to one range as it passes; several
+        // are never asked of one (single_range), but would need it whole.
+        Parsed::Ranges(r) if r.len() > 1 && matches!(resp.body, Body::Stream(_)) => Parsed::Whole,
+        p => p,
     };
     match parsed {
         Parsed::Whole => {
@@ -281,8 +296,33 @@ fn single(resp: &mut Response, s: u64, e: u64, len: u64) {
             len: e - s,
         },
         Body::Bytes(b) => Body::Bytes(slice(&b, s, e).to_vec()),
+        Body::Stream(src) => {
+            resp.filters.push(Box::new(Slice {
+                skip: s,
+                take: e - s,
+            }));
+            Body::Stream(src)
+        }
         other => cut_multi(other, &[(s, e)]),
     };
+}
+
+/// Cuts a streamed body to one range as it passes.
+struct Slice {
+    skip: u64,
+    take: u64,
+}
+
+impl response::BodyFilter for Slice {
+    fn filter(&mut self, input: &[u8], _last: bool, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let skip = self.skip.min(input.len() as u64) as usize;
+        self.skip -= skip as u64;
+        let rest = &input[skip..];
+        let take = self.take.min(rest.len() as u64) as usize;
+        self.take -= take as u64;
+        out.extend_from_slice(&rest[..take]);
+        Ok(())
+    }
 }
 
 fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
@@ -309,7 +349,7 @@ fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
                 len: e - s,
             }),
             Body::Bytes(b) => pieces.push(Piece::Bytes(slice(b, s, e).to_vec())),
-            Body::Multi(_) | Body::Empty => {
+            Body::Multi(_) | Body::Empty | Body::Stream(_) => {
                 if let Body::Multi(p) = cut_multi(clone_pieces(&body), &[(s, e)]) {
                     pieces.extend(p);
                 }
