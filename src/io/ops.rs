@@ -26,6 +26,7 @@ use bytes::Bytes;
 
 use super::conf::{AioConf, IoLoc, DEFAULT_POOL};
 use super::pool::{IoError, Pools, ThreadPool};
+use super::resident;
 use super::stats::{bump, Decision, DecisionCell, STATS};
 use super::sys::{self, Nowait, Residency};
 use super::uring;
@@ -254,7 +255,7 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
-    fn new(file: File) -> io::Result<OpenFile> {
+    pub(super) fn new(file: File) -> io::Result<OpenFile> {
         let m = Meta::of(&file.metadata()?);
         Ok(OpenFile {
             file,
@@ -667,33 +668,6 @@ fn warm(file: &File, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-thread_local! {
-    static PROBE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// True if `[off, off+len)` is resident, asked with `preadv2(RWF_NOWAIT)`
-/// into a per-thread scratch buffer (the fallback where `cachestat` is
-/// refused). Accurate, at the cost of one memcpy of the range.
-fn nowait_probe(file: &File, off: u64, len: u64, size: u64) -> bool {
-    const PIECE: usize = 512 * 1024;
-    let end = off.saturating_add(len).min(size);
-    PROBE.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < PIECE {
-            b.resize(PIECE, 0);
-        }
-        let mut at = off;
-        while at < end {
-            let n = usize::try_from(end - at).map_or(PIECE, |r| r.min(PIECE));
-            match sys::pread_nowait(file, &mut b[..n], at) {
-                Ok(Nowait::Done(k)) if k == n => at += n as u64,
-                _ => return false,
-            }
-        }
-        true
-    })
-}
-
 /// [`warm`] through the ring: reads the range into a scratch buffer (at
 /// most 1 MiB at a time) so the loop's `sendfile` finds it resident.
 async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<()> {
@@ -718,7 +692,7 @@ async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<(
 /// Sends `[offset, offset+len)` of `file` to `sock` with `sendfile(2)`, in
 /// chunks of at most `sendfile_max_chunk`, yielding to the runtime between
 /// chunks. With a pool, each chunk's residency is checked first
-/// (`cachestat`, or `mincore`); a cold chunk is read into the page cache by
+/// (`cachestat`, else [`resident::probe`]); a cold chunk is read into the page cache by
 /// the pool, then sent inline. Returns the bytes sent (= `len`); a file
 /// that shrank under us is `UnexpectedEof`.
 pub async fn send_file<S: SendSock>(
@@ -739,20 +713,17 @@ pub async fn send_file<S: SendSock>(
         let off = offset + sent;
         let n = (len - sent).min(max_chunk);
         if policy.pool().is_some() || policy.uring() {
-            let cold = match sys::residency(&file.file, off, n, file.size) {
-                Ok((r, probe)) => {
-                    match probe {
-                        sys::Probe::Cachestat => bump(&STATS.cachestat_calls),
-                        sys::Probe::Mincore => bump(&STATS.cachestat_fallbacks),
-                    }
+            let cold = match sys::cachestat_residency(&file.file, off, n, file.size) {
+                Ok(r) => {
+                    bump(&STATS.cachestat_calls);
                     r == Residency::Cold
                 }
                 // cachestat is refused for files the worker may not write
-                // and does not own (Linux 6.x; mincore then lies "resident"):
-                // ask RWF_NOWAIT instead.
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                // and does not own (Linux 6.x), or missing (< 6.5): ask
+                // the page tables or RWF_NOWAIT instead.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)) => {
                     bump(&STATS.cachestat_fallbacks);
-                    !nowait_probe(&file.file, off, n, file.size)
+                    !resident::probe(file, off, n).resident()
                 }
                 // Cannot tell: assume the worst, the pool is cheap next to a stall.
                 Err(_) => true,
@@ -873,7 +844,10 @@ mod tests {
         let f = File::open(path).expect("open for evict");
         let size = f.metadata().expect("meta").len();
         let _ = sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
-        matches!(sys::residency(&f, 0, size, size), Ok((Residency::Cold, _)))
+        matches!(
+            sys::cachestat_residency(&f, 0, size, size),
+            Ok(Residency::Cold)
+        )
     }
 
     fn pool(name: &str) -> Arc<ThreadPool> {
@@ -1251,24 +1225,6 @@ mod tests {
             assert!(busy.await.is_ok());
         });
         pool.shutdown_and_join();
-    }
-
-    #[test]
-    fn mincore_fallback_agrees_with_cachestat() {
-        let (tf, data) = make_file("mincore", 64 * 1024);
-        let size = data.len() as u64;
-        let f = File::open(&tf.0).expect("open");
-        let _ = std::fs::read(&tf.0).expect("warm");
-        assert_eq!(
-            sys::mincore_residency(&f, 0, size, size).expect("mincore"),
-            Residency::Resident
-        );
-        if evict(&tf.0) {
-            assert_eq!(
-                sys::mincore_residency(&f, 0, size, size).expect("mincore"),
-                Residency::Cold
-            );
-        }
     }
 
     #[test]
