@@ -1227,6 +1227,88 @@ mod tests {
         pool.shutdown_and_join();
     }
 
+    /// Runs `f` on a thread whose credentials are `nobody`'s (per-thread
+    /// `setresuid`, as tern's workers do); None when not run as root.
+    fn as_nobody<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        // As the master does before any thread drops privileges.
+        crate::io::resident::init();
+        std::thread::spawn(move || {
+            // SAFETY: raw per-thread credential syscalls with plain integer
+            // arguments; only this thread's credentials change.
+            let ok = unsafe {
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == 0
+                    && libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534) == 0
+                    && libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) == 0
+            };
+            ok.then(f)
+        })
+        .join()
+        .ok()
+        .flatten()
+    }
+
+    #[test]
+    fn send_file_as_nobody_where_cachestat_is_refused() {
+        let (tf, data) = make_file("nobody", 1_500_000);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let path = tf.0.clone();
+        let len = data.len() as u64;
+        let r = as_nobody(move || {
+            let f = File::open(&path).expect("open as nobody");
+            let refused = sys::cachestat_residency(&f, 0, len, len)
+                .err()
+                .and_then(|e| e.raw_os_error());
+            let mut policy = Policy::new(Aio::Threads(pool("nobody")));
+            policy.sendfile_max_chunk = 512 * 1024;
+            let mut runs = Vec::new();
+            for _ in 0..3 {
+                policy.reset_decision();
+                let before = STATS.snapshot();
+                let (sent, got) = rt().block_on(send_and_receive(&path, 0, len, &policy));
+                let after = STATS.snapshot();
+                runs.push((sent, got, policy.decision(), before, after));
+            }
+            (refused, runs)
+        });
+        let Some((refused, runs)) = r else {
+            eprintln!("not root: cannot switch a thread to nobody; skipping");
+            return;
+        };
+        if refused != Some(libc::EPERM) {
+            eprintln!("cachestat answers nobody here ({refused:?}); the fallback is not reached");
+        }
+        for (sent, got, _, _, _) in &runs {
+            assert_eq!(*sent, data.len() as u64);
+            assert!(*got == data, "bytes differ");
+        }
+        // Cold: the pool warmed it (the first chunk at least: its reads
+        // may bring the next ones in by readahead).
+        let (_, _, d, b, a) = &runs[0];
+        assert_eq!(*d, Decision::Offload);
+        assert!(a.sends_warmed > b.sends_warmed);
+        // Then resident: inline (the counters are process-wide, so only
+        // lower bounds hold while other tests run).
+        let (_, _, d, b, a) = &runs[1];
+        assert_eq!(*d, Decision::Inline);
+        assert!(a.sends_inline >= b.sends_inline + 3);
+        let (_, _, d, b, a) = &runs[2];
+        assert_eq!(*d, Decision::Inline);
+        if refused == Some(libc::EPERM) {
+            assert!(a.cachestat_fallbacks >= b.cachestat_fallbacks + 3);
+            assert!(a.residency_mapped > b.residency_mapped);
+        }
+        // The thread's mappings went with it: DONTNEED (which spares mapped
+        // pages) can evict the file again.
+        assert!(evict(&tf.0));
+    }
+
     #[test]
     fn policy_from_loc_resolves_pools() {
         let main = crate::io::IoMain {

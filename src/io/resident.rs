@@ -105,7 +105,11 @@ impl Cache {
         if !fresh {
             self.maps.remove(&key);
             if self.maps.len() >= MAX_MAPS {
-                let oldest = self.maps.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| *k);
+                let oldest = self
+                    .maps
+                    .iter()
+                    .min_by_key(|(_, e)| e.used)
+                    .map(|(k, _)| *k);
                 if let Some(k) = oldest {
                     self.maps.remove(&k);
                 }
@@ -280,9 +284,15 @@ mod tests {
     }
 
     fn warm(f: &OpenFile) {
-        let _ = std::fs::read(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f.file)));
+        let _ = std::fs::read(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&f.file)
+        ));
         // Twice: the first pass may leave readahead marks RWF_NOWAIT stops at.
-        let _ = std::fs::read(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f.file)));
+        let _ = std::fs::read(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&f.file)
+        ));
     }
 
     const CHUNK: u64 = 512 * 1024;
