@@ -713,20 +713,28 @@ pub async fn send_file<S: SendSock>(
         let off = offset + sent;
         let n = (len - sent).min(max_chunk);
         if policy.pool().is_some() || policy.uring() {
-            let cold = match sys::cachestat_residency(&file.file, off, n, file.size) {
-                Ok(r) => {
+            let asked = resident::cachestat_may_answer(file)
+                .then(|| sys::cachestat_residency(&file.file, off, n, file.size));
+            let cold = match asked {
+                Some(Ok(r)) => {
                     bump(&STATS.cachestat_calls);
                     r == Residency::Cold
                 }
                 // cachestat is refused for files the worker may not write
                 // and does not own (Linux 6.x), or missing (< 6.5): ask
                 // the page tables or RWF_NOWAIT instead.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)) => {
+                None => {
+                    bump(&STATS.cachestat_fallbacks);
+                    !resident::probe(file, off, n).resident()
+                }
+                Some(Err(e))
+                    if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)) =>
+                {
                     bump(&STATS.cachestat_fallbacks);
                     !resident::probe(file, off, n).resident()
                 }
                 // Cannot tell: assume the worst, the pool is cheap next to a stall.
-                Err(_) => true,
+                Some(Err(_)) => true,
             };
             if cold {
                 bump(&STATS.sends_warmed);
@@ -1307,6 +1315,42 @@ mod tests {
         // The thread's mappings went with it: DONTNEED (which spares mapped
         // pages) can evict the file again.
         assert!(evict(&tf.0));
+    }
+
+    #[test]
+    fn cachestat_prediction_matches_the_kernel() {
+        use std::os::unix::fs::PermissionsExt;
+        let (ro, _) = make_file("pred-ro", 100_000);
+        let (rw, _) = make_file("pred-rw", 100_000);
+        std::fs::set_permissions(&ro.0, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        std::fs::set_permissions(&rw.0, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let f = OpenFile::new(File::open(&ro.0).expect("open")).expect("fstat");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert!(resident::cachestat_may_answer(&f));
+        }
+        let paths = [(ro.0.clone(), false), (rw.0.clone(), true)];
+        let got = as_nobody(move || {
+            paths
+                .iter()
+                .map(|(p, _)| {
+                    let f = OpenFile::new(File::open(p).expect("open")).expect("fstat");
+                    let asked = sys::cachestat_residency(&f.file, 0, f.size, f.size)
+                        .map_err(|e| e.raw_os_error());
+                    (resident::cachestat_may_answer(&f), asked)
+                })
+                .collect::<Vec<_>>()
+        });
+        let Some(got) = got else {
+            eprintln!("not root: cannot switch a thread to nobody; skipping");
+            return;
+        };
+        // Root's 0644 file: predicted refused, and the kernel does refuse.
+        assert!(!got[0].0);
+        assert_eq!(got[0].1, Err(Some(libc::EPERM)));
+        // Writable by others: predicted answered, and it is.
+        assert!(got[1].0);
+        assert!(got[1].1.is_ok());
     }
 
     #[test]

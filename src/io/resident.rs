@@ -137,6 +137,25 @@ thread_local! {
     static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// This thread's effective uid, read once: tern's threads switch
+    /// credentials before their first request and never again.
+    static EUID: libc::uid_t = {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() }
+    };
+}
+
+/// Whether `cachestat(2)` may answer for `f` on this thread: false only
+/// when it surely answers EPERM (not root, not the owner, no write bit for
+/// group or others: the kernel wants ownership, CAP_FOWNER or write
+/// permission, and tern's descriptors are read-only), which saves a
+/// syscall per chunk. A wrong `true` costs that syscall, never accuracy.
+pub fn cachestat_may_answer(f: &OpenFile) -> bool {
+    let euid = EUID.with(|u| *u);
+    euid == 0 || f.uid == euid || f.mode & 0o022 != 0
+}
+
 /// How [`probe`] got its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
