@@ -7,7 +7,7 @@
 //! | [`stat`], [`lstat`] | inline | as [`open`] | `RESOLVE_CACHED` inline; EAGAIN -> inline (rare: the open-file cache is in front) |
 //! | [`read`] | inline `pread` | `preadv2(RWF_NOWAIT)` inline; EAGAIN or short -> the rest in the pool | same, the rest with `IORING_OP_READ` (buffered) |
 //! | [`read`] with `directio` | inline (blocking, as configured) | pool | aligned middle `IORING_OP_READ` on the O_DIRECT fd; head/tail buffered (inline when resident) |
-//! | [`send_file`] | inline `sendfile` | per chunk: `cachestat` resident -> inline; cold -> pool warms the range, then inline | cold -> the ring warms the range, then inline |
+//! | [`send_file`] | inline `sendfile` | per chunk: resident (`cachestat`, else [`resident::probe`]) -> inline; cold -> pool warms the range, then inline | cold -> the ring warms the range, then inline |
 //! | [`write_at`] | inline | pool if `aio_write on`, else inline | `IORING_OP_WRITE` if `aio_write on` |
 //!
 //! When the kernel has no io_uring, `aio on` is `aio threads` on the
