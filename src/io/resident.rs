@@ -53,7 +53,7 @@ pub const MAX_MAPS: usize = 64;
 /// A mapping unused this long is dropped.
 pub const IDLE: Duration = Duration::from_secs(10);
 /// Ranges up to this size are probed by copy.
-pub const COPY_MAX: u64 = 32 * 1024;
+pub const COPY_MAX: u64 = 16 * 1024;
 /// Bytes of the scratch buffer every copy lands in.
 const SCRATCH: usize = 16 * 1024;
 
@@ -84,6 +84,8 @@ struct Entry {
 struct Cache {
     maps: HashMap<(u64, u64), Entry>,
     next_sweep: Option<Instant>,
+    /// A task of this thread's runtime sweeps while anything is mapped.
+    sweeper: bool,
 }
 
 impl Cache {
@@ -93,6 +95,38 @@ impl Cache {
         }
         self.maps.retain(|_, e| now.duration_since(e.used) < IDLE);
         self.next_sweep = Some(now + Duration::from_secs(1));
+    }
+
+    /// Probing sweeps too, but a worker that stops sending large files
+    /// would keep its mappings (and deleted files' blocks) forever: on a
+    /// `current_thread` runtime (a worker's), a task on this same thread
+    /// sweeps every [`IDLE`] until nothing is left.
+    fn start_sweeper(&mut self) {
+        if self.sweeper {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
+            return;
+        }
+        self.sweeper = true;
+        rt.spawn(async {
+            loop {
+                tokio::time::sleep(IDLE).await;
+                let left = CACHE.with(|c| {
+                    let mut c = c.borrow_mut();
+                    c.next_sweep = None;
+                    c.sweep(Instant::now());
+                    c.sweeper = !c.maps.is_empty();
+                    c.sweeper
+                });
+                if !left {
+                    break;
+                }
+            }
+        });
     }
 
     /// The mapping of `f`, made (or remade, if the file changed) on demand.
@@ -116,6 +150,7 @@ impl Cache {
             }
             let len = usize::try_from(f.size.div_ceil(sys::page_size()) * sys::page_size()).ok()?;
             let map = Mapping::new(&f.file, len).ok()?;
+            self.start_sweeper();
             self.maps.insert(
                 key,
                 Entry {
@@ -370,6 +405,63 @@ mod tests {
         assert_eq!(probe(&f, 0, 1 << 20), Answer::Copied(false));
         assert_eq!(probe(&f, 0, CHUNK), Answer::Copied(false));
         forget_all();
+    }
+
+    #[test]
+    fn idle_mappings_are_swept() {
+        let tf = make_file("idle", 100_000);
+        let f = open(&tf.0);
+        let mut c = Cache::default();
+        let t0 = Instant::now();
+        assert!(c.get(&f, t0).is_some());
+        c.sweep(t0);
+        assert_eq!(c.maps.len(), 1);
+        // Not before the next sweep is due, even if idle by then.
+        c.next_sweep = Some(t0 + IDLE + Duration::from_secs(1));
+        c.sweep(t0 + IDLE);
+        assert_eq!(c.maps.len(), 1);
+        assert_eq!(c.next_sweep, Some(t0 + IDLE + Duration::from_secs(1)));
+        c.next_sweep = None;
+        c.sweep(t0 + IDLE - Duration::from_millis(1));
+        assert_eq!(c.maps.len(), 1);
+        // Unused for IDLE: gone.
+        c.next_sweep = None;
+        c.sweep(t0 + IDLE);
+        assert_eq!(c.maps.len(), 0);
+        // Outside a runtime no sweeper task is started.
+        assert!(!c.sweeper);
+    }
+
+    #[test]
+    fn a_worker_runtime_gets_a_sweeper_task() {
+        let tf = make_file("sweeper", 100_000);
+        let f = open(&tf.0);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        forget_all();
+        CACHE.with(|c| c.borrow_mut().sweeper = false);
+        rt.block_on(async {
+            CACHE.with(|c| assert!(c.borrow_mut().get(&f, Instant::now()).is_some()));
+            assert!(CACHE.with(|c| c.borrow().sweeper));
+            // One task only, however many files get mapped.
+            let before = tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks();
+            let tg = make_file("sweeper2", 100_000);
+            let g = open(&tg.0);
+            CACHE.with(|c| assert!(c.borrow_mut().get(&g, Instant::now()).is_some()));
+            assert_eq!(
+                tokio::runtime::Handle::current()
+                    .metrics()
+                    .num_alive_tasks(),
+                before
+            );
+            assert_eq!(before, 1);
+        });
+        forget_all();
+        CACHE.with(|c| c.borrow_mut().sweeper = false);
     }
 
     #[test]
