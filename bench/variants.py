@@ -19,7 +19,8 @@ byte-identical for both servers).
 --threads-as     replaces `aio threads;` of blocking-mix's `threads` variant
                  (e.g. `--threads-as 'aio on;'` for io_uring).
 
-Everything else is passed to bench.py unchanged; see BENCHMARKS.md for the
+These options may come before or after SCENARIO; everything else is passed
+to bench.py unchanged. See BENCHMARKS.md and bench/RESULTS-io.md for the
 exact commands used.
 """
 import importlib.util
@@ -34,16 +35,24 @@ SHARED = os.environ.get("TERN_SHARED_BENCH",
 def main():
     argv = sys.argv[1:]
     loc, http, against_loc, threads_as = [], [], [], None
-    while argv and argv[0] in ("--loc", "--http", "--against-loc", "--threads-as"):
-        flag, val, argv = argv[0], argv[1], argv[2:]
-        if flag == "--loc":
-            loc.append(val)
-        elif flag == "--http":
-            http.append(val)
-        elif flag == "--against-loc":
-            against_loc.append(val)
+    # Ours may come anywhere (before or after SCENARIO); the rest is bench.py's.
+    rest = []
+    while argv:
+        flag = argv[0]
+        if flag in ("--loc", "--http", "--against-loc", "--threads-as") and len(argv) > 1:
+            val, argv = argv[1], argv[2:]
+            if flag == "--loc":
+                loc.append(val)
+            elif flag == "--http":
+                http.append(val)
+            elif flag == "--against-loc":
+                against_loc.append(val)
+            else:
+                threads_as = val
         else:
-            threads_as = val
+            rest.append(flag)
+            argv = argv[1:]
+    argv = rest
     spec = importlib.util.spec_from_file_location("bench", os.path.join(SHARED, "bench.py"))
     bench = importlib.util.module_from_spec(spec)
     sys.modules["bench"] = bench

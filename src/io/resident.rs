@@ -408,6 +408,42 @@ mod tests {
     }
 
     #[test]
+    fn pagemap_scan_and_read_agree() {
+        init();
+        let Some(pm) = pagemap() else {
+            return;
+        };
+        let tf = make_file("scan", 1 << 20);
+        let f = open(&tf.0);
+        warm(&f);
+        let m = Mapping::new(&f.file, 1 << 20).expect("map");
+        let ps = sys::page_size();
+        let pages = (1 << 20) / ps;
+        // Nothing populated yet: absent. Then the first half.
+        let check = |off_pages: u64, n: u64| {
+            let addr = m.addr() + (off_pages * ps) as usize;
+            let read = sys::pagemap_read_present(pm, addr, n).expect("read");
+            let any = sys::pagemap_present(pm, addr, n).expect("scan");
+            assert_eq!(read, any, "pages {off_pages}+{n}");
+            read
+        };
+        assert!(!check(0, pages));
+        if m.populate(0, (1 << 19) as usize).is_err() {
+            return;
+        }
+        assert!(check(0, pages / 2));
+        assert!(check(1, pages / 2 - 1));
+        // Fault-around and large folios may have mapped more than asked:
+        // whatever the second half shows, both ways must say the same.
+        check(0, pages / 2 + 1);
+        check(pages / 2, pages / 2);
+        check(pages - 1, 1);
+        // More than one batch of the read path (512 entries).
+        m.populate(0, 1 << 20).expect("populate all");
+        assert!(check(0, pages));
+    }
+
+    #[test]
     fn idle_mappings_are_swept() {
         let tf = make_file("idle", 100_000);
         let f = open(&tf.0);

@@ -395,11 +395,102 @@ impl Drop for Mapping {
 }
 
 /// Are the page-table entries of `pages` pages from virtual address
-/// `addr` all present? Read from `/proc/self/pagemap` (`pagemap`, opened
-/// by the caller), bit 63 of each 8-byte entry. A present entry of a file
-/// mapping means the page is in the page cache right now (reclaim unmaps a
-/// page before freeing it); an absent one says nothing.
+/// `addr` all present? A present entry of a file mapping means the page is
+/// in the page cache right now (reclaim unmaps a page before it frees it);
+/// an absent one says nothing. Asked with the `PAGEMAP_SCAN` ioctl (Linux
+/// 6.7+: about 1 µs for 128 pages), else by reading the 8-byte entries of
+/// `/proc/self/pagemap` (bit 63; about 6 µs for 128 pages). `pagemap` is
+/// that file, opened by the caller.
 pub fn pagemap_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<bool> {
+    if !NO_PAGEMAP_SCAN.load(Ordering::Relaxed) {
+        match pagemap_scan_present(pagemap, addr, pages) {
+            Ok(Some(all)) => return Ok(all),
+            Ok(None) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY) | Some(libc::EINVAL)) => {
+                NO_PAGEMAP_SCAN.store(true, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    pagemap_read_present(pagemap, addr, pages)
+}
+
+static NO_PAGEMAP_SCAN: AtomicBool = AtomicBool::new(false);
+
+/// `PAGEMAP_SCAN` for the first page of the range whose entry is not
+/// present. `Some(true)`: none; `Some(false)`: one; `None`: the walk
+/// stopped early without saying (ask again another way).
+fn pagemap_scan_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<Option<bool>> {
+    /// Kernel ABI of `struct page_region`.
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct PageRegion {
+        start: u64,
+        end: u64,
+        categories: u64,
+    }
+    /// Kernel ABI of `struct pm_scan_arg`.
+    #[repr(C)]
+    struct PmScanArg {
+        size: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+        walk_end: u64,
+        vec: u64,
+        vec_len: u64,
+        max_pages: u64,
+        category_inverted: u64,
+        category_mask: u64,
+        category_anyof_mask: u64,
+        return_mask: u64,
+    }
+    const PAGE_IS_PRESENT: u64 = 1 << 3;
+    // _IOWR('f', 16, struct pm_scan_arg)
+    const PAGEMAP_SCAN: libc::c_ulong = (3 << 30)
+        | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16)
+        | ((b'f' as libc::c_ulong) << 8)
+        | 16;
+    let start = addr as u64;
+    let end = start + pages * page_size();
+    let mut region = [PageRegion::default(); 1];
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        flags: 0,
+        start,
+        end,
+        walk_end: 0,
+        vec: region.as_mut_ptr() as u64,
+        vec_len: 1,
+        max_pages: 1,
+        // Match pages whose PRESENT bit is *not* set.
+        category_inverted: PAGE_IS_PRESENT,
+        category_mask: PAGE_IS_PRESENT,
+        category_anyof_mask: 0,
+        return_mask: PAGE_IS_PRESENT,
+    };
+    // SAFETY: `arg` matches the kernel's struct (its size is passed in it)
+    // and `vec` points at `region`, room for `vec_len` = 1 entry; both
+    // outlive the call. The fd is kept open by `pagemap`.
+    let r = unsafe {
+        libc::ioctl(
+            pagemap.as_raw_fd(),
+            PAGEMAP_SCAN as _,
+            &mut arg as *mut PmScanArg,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(match r {
+        0 if arg.walk_end >= end => Some(true),
+        0 => None,
+        _ => Some(false),
+    })
+}
+
+/// [`pagemap_present`] by reading the entries (Linux < 6.7).
+pub fn pagemap_read_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<bool> {
     const BATCH: usize = 512;
     let ps = page_size();
     let mut ent = [0u64; BATCH];
