@@ -49,7 +49,7 @@ use super::stats::{bump, STATS};
 use super::sys::{self, Mapping, Nowait};
 
 /// Mappings kept per worker thread.
-pub const MAX_MAPS: usize = 64;
+pub const MAX_MAPS: usize = 256;
 /// A mapping unused this long is dropped.
 pub const IDLE: Duration = Duration::from_secs(10);
 /// Ranges up to this size are probed by copy.
