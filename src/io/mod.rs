@@ -12,8 +12,10 @@
 //!
 //! - reads: `preadv2(RWF_NOWAIT)` returns what is in the page cache without
 //!   waiting; an EAGAIN or a short read sends the rest to the pool;
-//! - `sendfile`: `cachestat(2)` (Linux 6.5+, else `mincore`) tells whether
-//!   the next chunk is resident; a cold chunk is first read into the page
+//! - `sendfile`: `cachestat(2)` (Linux 6.5+) tells whether the next chunk
+//!   is resident; where it is refused (files the worker user neither owns
+//!   nor may write) or missing, `resident.rs` asks the page tables of a
+//!   mapping of the file, or copies the chunk with `RWF_NOWAIT`; a cold chunk is first read into the page
 //!   cache by the pool, then sent inline, `sendfile_max_chunk` at a time
 //!   with a yield between chunks so one fast client cannot hog the loop;
 //! - `open`/`stat`: `openat2(RESOLVE_CACHED)` succeeds only from the
@@ -47,6 +49,7 @@ mod conf;
 pub mod directives;
 mod ops;
 mod pool;
+mod resident;
 mod stats;
 mod sys;
 mod uring;

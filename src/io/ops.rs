@@ -7,7 +7,7 @@
 //! | [`stat`], [`lstat`] | inline | as [`open`] | `RESOLVE_CACHED` inline; EAGAIN -> inline (rare: the open-file cache is in front) |
 //! | [`read`] | inline `pread` | `preadv2(RWF_NOWAIT)` inline; EAGAIN or short -> the rest in the pool | same, the rest with `IORING_OP_READ` (buffered) |
 //! | [`read`] with `directio` | inline (blocking, as configured) | pool | aligned middle `IORING_OP_READ` on the O_DIRECT fd; head/tail buffered (inline when resident) |
-//! | [`send_file`] | inline `sendfile` | per chunk: `cachestat` resident -> inline; cold -> pool warms the range, then inline | cold -> the ring warms the range, then inline |
+//! | [`send_file`] | inline `sendfile` | per chunk: resident (`cachestat`, else [`resident::probe`]) -> inline; cold -> pool warms the range, then inline | cold -> the ring warms the range, then inline |
 //! | [`write_at`] | inline | pool if `aio_write on`, else inline | `IORING_OP_WRITE` if `aio_write on` |
 //!
 //! When the kernel has no io_uring, `aio on` is `aio threads` on the
@@ -26,6 +26,7 @@ use bytes::Bytes;
 
 use super::conf::{AioConf, IoLoc, DEFAULT_POOL};
 use super::pool::{IoError, Pools, ThreadPool};
+use super::resident;
 use super::stats::{bump, Decision, DecisionCell, STATS};
 use super::sys::{self, Nowait, Residency};
 use super::uring;
@@ -290,7 +291,7 @@ impl Drop for OpenFile {
 }
 
 impl OpenFile {
-    fn new(file: File) -> io::Result<OpenFile> {
+    pub(super) fn new(file: File) -> io::Result<OpenFile> {
         let m = Meta::of(&file.metadata()?);
         Ok(OpenFile {
             file,
@@ -763,33 +764,6 @@ fn warm(file: &File, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-thread_local! {
-    static PROBE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// True if `[off, off+len)` is resident, asked with `preadv2(RWF_NOWAIT)`
-/// into a per-thread scratch buffer (the fallback where `cachestat` is
-/// refused). Accurate, at the cost of one memcpy of the range.
-fn nowait_probe(file: &File, off: u64, len: u64, size: u64) -> bool {
-    const PIECE: usize = 512 * 1024;
-    let end = off.saturating_add(len).min(size);
-    PROBE.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < PIECE {
-            b.resize(PIECE, 0);
-        }
-        let mut at = off;
-        while at < end {
-            let n = usize::try_from(end - at).map_or(PIECE, |r| r.min(PIECE));
-            match sys::pread_nowait(file, &mut b[..n], at) {
-                Ok(Nowait::Done(k)) if k == n => at += n as u64,
-                _ => return false,
-            }
-        }
-        true
-    })
-}
-
 /// [`warm`] through the ring: reads the range into a scratch buffer (at
 /// most 1 MiB at a time) so the loop's `sendfile` finds it resident.
 async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<()> {
@@ -814,7 +788,7 @@ async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<(
 /// Sends `[offset, offset+len)` of `file` to `sock` with `sendfile(2)`, in
 /// chunks of at most `sendfile_max_chunk`, yielding to the runtime between
 /// chunks. With a pool, each chunk's residency is checked first
-/// (`cachestat`, or `mincore`); a cold chunk is read into the page cache by
+/// (`cachestat`, else [`resident::probe`]); a cold chunk is read into the page cache by
 /// the pool, then sent inline. Returns the bytes sent (= `len`); a file
 /// that shrank under us is `UnexpectedEof`.
 pub async fn send_file<S: SendSock>(
@@ -835,23 +809,28 @@ pub async fn send_file<S: SendSock>(
         let off = offset + sent;
         let n = (len - sent).min(max_chunk);
         if policy.pool().is_some() || policy.uring() {
-            let cold = match sys::residency(&file.file, off, n, file.size) {
-                Ok((r, probe)) => {
-                    match probe {
-                        sys::Probe::Cachestat => bump(&STATS.cachestat_calls),
-                        sys::Probe::Mincore => bump(&STATS.cachestat_fallbacks),
-                    }
+            let asked = resident::cachestat_may_answer(file)
+                .then(|| sys::cachestat_residency(&file.file, off, n, file.size));
+            let cold = match asked {
+                Some(Ok(r)) => {
+                    bump(&STATS.cachestat_calls);
                     r == Residency::Cold
                 }
                 // cachestat is refused for files the worker may not write
-                // and does not own (Linux 6.x; mincore then lies "resident"):
-                // ask RWF_NOWAIT instead.
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                // and does not own (Linux 6.x), or missing (< 6.5): ask
+                // the page tables or RWF_NOWAIT instead.
+                None => {
                     bump(&STATS.cachestat_fallbacks);
-                    !nowait_probe(&file.file, off, n, file.size)
+                    !resident::probe(file, off, n).resident()
+                }
+                Some(Err(e))
+                    if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)) =>
+                {
+                    bump(&STATS.cachestat_fallbacks);
+                    !resident::probe(file, off, n).resident()
                 }
                 // Cannot tell: assume the worst, the pool is cheap next to a stall.
-                Err(_) => true,
+                Some(Err(_)) => true,
             };
             if cold {
                 bump(&STATS.sends_warmed);
@@ -969,7 +948,10 @@ mod tests {
         let f = File::open(path).expect("open for evict");
         let size = f.metadata().expect("meta").len();
         let _ = sys::fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
-        matches!(sys::residency(&f, 0, size, size), Ok((Residency::Cold, _)))
+        matches!(
+            sys::cachestat_residency(&f, 0, size, size),
+            Ok(Residency::Cold)
+        )
     }
 
     fn pool(name: &str) -> Arc<ThreadPool> {
@@ -1349,22 +1331,122 @@ mod tests {
         pool.shutdown_and_join();
     }
 
-    #[test]
-    fn mincore_fallback_agrees_with_cachestat() {
-        let (tf, data) = make_file("mincore", 64 * 1024);
-        let size = data.len() as u64;
-        let f = File::open(&tf.0).expect("open");
-        let _ = std::fs::read(&tf.0).expect("warm");
-        assert_eq!(
-            sys::mincore_residency(&f, 0, size, size).expect("mincore"),
-            Residency::Resident
-        );
-        if evict(&tf.0) {
-            assert_eq!(
-                sys::mincore_residency(&f, 0, size, size).expect("mincore"),
-                Residency::Cold
-            );
+    /// Runs `f` on a thread whose credentials are `nobody`'s (per-thread
+    /// `setresuid`, as tern's workers do); None when not run as root.
+    fn as_nobody<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
         }
+        // As the master does before any thread drops privileges.
+        crate::io::resident::init();
+        std::thread::spawn(move || {
+            // SAFETY: raw per-thread credential syscalls with plain integer
+            // arguments; only this thread's credentials change.
+            let ok = unsafe {
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == 0
+                    && libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534) == 0
+                    && libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) == 0
+            };
+            ok.then(f)
+        })
+        .join()
+        .ok()
+        .flatten()
+    }
+
+    #[test]
+    fn send_file_as_nobody_where_cachestat_is_refused() {
+        let (tf, data) = make_file("nobody", 1_500_000);
+        if !evict(&tf.0) {
+            eprintln!("page cache eviction not honoured here; skipping");
+            return;
+        }
+        let path = tf.0.clone();
+        let len = data.len() as u64;
+        let r = as_nobody(move || {
+            let f = File::open(&path).expect("open as nobody");
+            let refused = sys::cachestat_residency(&f, 0, len, len)
+                .err()
+                .and_then(|e| e.raw_os_error());
+            let mut policy = Policy::new(Aio::Threads(pool("nobody")));
+            policy.sendfile_max_chunk = 512 * 1024;
+            let mut runs = Vec::new();
+            for _ in 0..3 {
+                policy.reset_decision();
+                let before = STATS.snapshot();
+                let (sent, got) = rt().block_on(send_and_receive(&path, 0, len, &policy));
+                let after = STATS.snapshot();
+                runs.push((sent, got, policy.decision(), before, after));
+            }
+            (refused, runs)
+        });
+        let Some((refused, runs)) = r else {
+            eprintln!("not root: cannot switch a thread to nobody; skipping");
+            return;
+        };
+        if refused != Some(libc::EPERM) {
+            eprintln!("cachestat answers nobody here ({refused:?}); the fallback is not reached");
+        }
+        for (sent, got, _, _, _) in &runs {
+            assert_eq!(*sent, data.len() as u64);
+            assert!(*got == data, "bytes differ");
+        }
+        // Cold: the pool warmed it (the first chunk at least: its reads
+        // may bring the next ones in by readahead).
+        let (_, _, d, b, a) = &runs[0];
+        assert_eq!(*d, Decision::Offload);
+        assert!(a.sends_warmed > b.sends_warmed);
+        // Then resident: inline (the counters are process-wide, so only
+        // lower bounds hold while other tests run).
+        let (_, _, d, b, a) = &runs[1];
+        assert_eq!(*d, Decision::Inline);
+        assert!(a.sends_inline >= b.sends_inline + 3);
+        let (_, _, d, b, a) = &runs[2];
+        assert_eq!(*d, Decision::Inline);
+        if refused == Some(libc::EPERM) {
+            assert!(a.cachestat_fallbacks >= b.cachestat_fallbacks + 3);
+            assert!(a.residency_mapped > b.residency_mapped);
+        }
+        // The thread's mappings went with it: DONTNEED (which spares mapped
+        // pages) can evict the file again.
+        assert!(evict(&tf.0));
+    }
+
+    #[test]
+    fn cachestat_prediction_matches_the_kernel() {
+        use std::os::unix::fs::PermissionsExt;
+        let (ro, _) = make_file("pred-ro", 100_000);
+        let (rw, _) = make_file("pred-rw", 100_000);
+        std::fs::set_permissions(&ro.0, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        std::fs::set_permissions(&rw.0, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let f = OpenFile::new(File::open(&ro.0).expect("open")).expect("fstat");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert!(resident::cachestat_may_answer(&f));
+        }
+        let paths = [(ro.0.clone(), false), (rw.0.clone(), true)];
+        let got = as_nobody(move || {
+            paths
+                .iter()
+                .map(|(p, _)| {
+                    let f = OpenFile::new(File::open(p).expect("open")).expect("fstat");
+                    let asked = sys::cachestat_residency(&f.file, 0, f.size, f.size)
+                        .map_err(|e| e.raw_os_error());
+                    (resident::cachestat_may_answer(&f), asked)
+                })
+                .collect::<Vec<_>>()
+        });
+        let Some(got) = got else {
+            eprintln!("not root: cannot switch a thread to nobody; skipping");
+            return;
+        };
+        // Root's 0644 file: predicted refused, and the kernel does refuse.
+        assert!(!got[0].0);
+        assert_eq!(got[0].1, Err(Some(libc::EPERM)));
+        // Writable by others: predicted answered, and it is.
+        assert!(got[1].0);
+        assert!(got[1].1.is_ok());
     }
 
     #[test]

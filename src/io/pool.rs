@@ -309,8 +309,11 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// Starts every declared pool.
+    /// Starts every declared pool. Called by the master before any thread
+    /// drops privileges, which is also when the residency probe must open
+    /// `/proc/self/pagemap` (see `resident.rs`).
     pub fn start(main: &IoMain) -> io::Result<Pools> {
+        super::resident::init();
         Pools::default().reconcile(main)
     }
 

@@ -1,6 +1,7 @@
 //! Thin, safe wrappers over the Linux syscalls that `std` does not offer:
 //! `preadv2(RWF_NOWAIT)`, `openat2(RESOLVE_CACHED)`, `cachestat`,
-//! `mincore`, `sendfile`, `posix_fadvise`.
+//! `mmap`/`madvise` and `/proc/self/pagemap` (for [`super::resident`]),
+//! `sendfile`, `posix_fadvise`.
 //!
 //! Every `unsafe` block in the I/O layer lives here. Each wrapper takes safe
 //! Rust types (a `File`, a slice) whose lifetimes guarantee the fd and the
@@ -13,6 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -151,16 +153,9 @@ pub enum Residency {
     Cold,
 }
 
-/// Which mechanism answered a residency question.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
-    Cachestat,
-    Mincore,
-}
-
 const PAGE: u64 = 4096;
 
-fn page_size() -> u64 {
+pub fn page_size() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
@@ -170,35 +165,32 @@ fn page_size() -> u64 {
     }
 }
 
-/// Is `[offset, offset+len)` of `file` (of size `size`) in the page cache?
-/// Uses `cachestat(2)`; on ENOSYS falls back to `mincore(2)` over a
-/// temporary mapping of the range.
-pub fn residency(file: &File, offset: u64, len: u64, size: u64) -> io::Result<(Residency, Probe)> {
+/// Is `[offset, offset+len)` of `file` (of size `size`) in the page cache,
+/// according to `cachestat(2)`? Errors are the syscall's: EPERM where the
+/// caller may not write the file and does not own it (Linux 6.x), ENOSYS
+/// before Linux 6.5 (remembered, so later calls fail without a syscall).
+/// The caller then asks [`super::resident`], which always can tell.
+pub fn cachestat_residency(file: &File, offset: u64, len: u64, size: u64) -> io::Result<Residency> {
     let end = offset.saturating_add(len).min(size);
     if end <= offset {
-        return Ok((Residency::Resident, Probe::Cachestat));
+        return Ok(Residency::Resident);
+    }
+    if NO_CACHESTAT.load(Ordering::Relaxed) {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
     }
     let ps = page_size();
     let first = offset / ps;
     let last = end.div_ceil(ps);
-    let want = last - first;
-    if !NO_CACHESTAT.load(Ordering::Relaxed) {
-        match cachestat(file, first * ps, (last - first) * ps) {
-            Ok(cached) => {
-                let r = if cached >= want {
-                    Residency::Resident
-                } else {
-                    Residency::Cold
-                };
-                return Ok((r, Probe::Cachestat));
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+    match cachestat(file, first * ps, (last - first) * ps) {
+        Ok(cached) if cached >= last - first => Ok(Residency::Resident),
+        Ok(_) => Ok(Residency::Cold),
+        Err(e) => {
+            if e.raw_os_error() == Some(libc::ENOSYS) {
                 NO_CACHESTAT.store(true, Ordering::Relaxed);
             }
-            Err(e) => return Err(e),
+            Err(e)
         }
     }
-    mincore_range(file, first * ps, want, ps).map(|r| (r, Probe::Mincore))
 }
 
 /// Number of cached pages in the range (`nr_cache` of `struct cachestat`).
@@ -242,50 +234,284 @@ fn cachestat(_file: &File, _off: u64, _len: u64) -> io::Result<u64> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
-/// [`residency`] through `mincore` only (tests the fallback).
-#[cfg(test)]
-pub fn mincore_residency(file: &File, offset: u64, len: u64, size: u64) -> io::Result<Residency> {
-    let ps = page_size();
-    let end = offset.saturating_add(len).min(size);
-    let first = offset / ps;
-    mincore_range(file, first * ps, end.div_ceil(ps) - first, ps)
+/// `preadv2(RWF_NOWAIT)` of `len` bytes at `offset` whose data is thrown
+/// away: every iovec points at the same `scratch`, so the copy the kernel
+/// makes stays in a few cache lines instead of streaming through a buffer
+/// as large as the range. `Done(n)` is how many bytes were resident from
+/// `offset` on (short at the first page that is not, or at EOF).
+pub fn pread_nowait_discard(
+    file: &File,
+    scratch: &mut [u8],
+    offset: u64,
+    len: usize,
+) -> io::Result<Nowait<usize>> {
+    const IOVS: usize = 64;
+    if NO_RWF_NOWAIT.load(Ordering::Relaxed) {
+        return Ok(Nowait::Unsupported);
+    }
+    let piece = scratch.len().max(1);
+    let mut iov = [libc::iovec {
+        iov_base: scratch.as_mut_ptr().cast(),
+        iov_len: 0,
+    }; IOVS];
+    let mut done = 0usize;
+    while done < len {
+        let mut cnt = 0;
+        let mut want = 0usize;
+        while cnt < IOVS && done + want < len {
+            let n = (len - done - want).min(piece);
+            iov[cnt].iov_len = n;
+            want += n;
+            cnt += 1;
+        }
+        let off = i64::try_from(offset + done as u64)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: every iovec describes (part of) `scratch`, which is
+        // exclusively borrowed for the call; the kernel only writes bytes
+        // into it (aliasing iovecs are allowed, the data is discarded).
+        // The fd is kept open by `file`; `cnt` <= the array's length.
+        let r = unsafe {
+            libc::preadv2(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                cnt as libc::c_int,
+                off,
+                libc::RWF_NOWAIT,
+            )
+        };
+        match cvt(r) {
+            Ok(n) => {
+                done += n;
+                if n < want {
+                    break;
+                }
+            }
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EAGAIN) if done > 0 => break,
+                Some(libc::EAGAIN) => return Ok(Nowait::WouldBlock),
+                Some(libc::EOPNOTSUPP) => return Ok(Nowait::Unsupported),
+                Some(libc::ENOSYS) => {
+                    NO_RWF_NOWAIT.store(true, Ordering::Relaxed);
+                    return Ok(Nowait::Unsupported);
+                }
+                _ => return Err(e),
+            },
+        }
+    }
+    Ok(Nowait::Done(done))
 }
 
-fn mincore_range(file: &File, off: u64, pages: u64, ps: u64) -> io::Result<Residency> {
-    let len =
-        usize::try_from(pages * ps).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let moff =
-        libc::off_t::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a fresh shared read-only mapping chosen by the kernel
-    // (address NULL); no page is touched, so no fault can occur.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+/// `MADV_POPULATE_READ` (Linux 5.14+).
+const MADV_POPULATE_READ: libc::c_int = 22;
+
+/// A read-only shared mapping of a whole file that tern never reads
+/// through: it exists so that its page-table entries can be asked about
+/// ([`pagemap_present`]). Unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `len` bytes of `file` from offset 0 (`PROT_READ`, `MAP_SHARED`),
+    /// with `MADV_RANDOM` so faults never start readahead.
+    pub fn new(file: &File, len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a fresh mapping at an address chosen by the kernel; it
+        // aliases no Rust object and is never dereferenced.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let m = Mapping {
+            addr: p as usize,
             len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            moff,
+        };
+        // SAFETY: advice on exactly the mapping made above; no memory is touched.
+        unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
+        Ok(m)
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Maps the pages of `[off, off+len)` (page-aligned, inside the
+    /// mapping) into the page tables. Only call it for a range known to be
+    /// resident: for a page that is not, the fault reads it from the disk.
+    pub fn populate(&self, off: usize, len: usize) -> io::Result<()> {
+        if off.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: the range lies inside this mapping. MADV_POPULATE_READ
+        // faults pages in without touching them from user space; a page
+        // beyond EOF (file truncated) makes it fail with EFAULT instead of
+        // raising SIGBUS.
+        let r = unsafe { libc::madvise((self.addr + off) as *mut _, len, MADV_POPULATE_READ) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// `MADV_PAGEOUT` of the range: reclaims its pages (tests only).
+    #[cfg(test)]
+    pub fn pageout(&self, off: usize, len: usize) -> io::Result<()> {
+        const MADV_PAGEOUT: libc::c_int = 21;
+        if off.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a range inside this mapping; no memory is touched.
+        let r = unsafe { libc::madvise((self.addr + off) as *mut _, len, MADV_PAGEOUT) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `new`; nothing
+        // references it (it is never dereferenced).
+        unsafe { libc::munmap(self.addr as *mut _, self.len) };
+    }
+}
+
+/// Are the page-table entries of `pages` pages from virtual address
+/// `addr` all present? A present entry of a file mapping means the page is
+/// in the page cache right now (reclaim unmaps a page before it frees it);
+/// an absent one says nothing. Asked with the `PAGEMAP_SCAN` ioctl (Linux
+/// 6.7+: about 1 µs for 128 pages), else by reading the 8-byte entries of
+/// `/proc/self/pagemap` (bit 63; about 6 µs for 128 pages). `pagemap` is
+/// that file, opened by the caller.
+pub fn pagemap_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<bool> {
+    if !NO_PAGEMAP_SCAN.load(Ordering::Relaxed) {
+        match pagemap_scan_present(pagemap, addr, pages) {
+            Ok(Some(all)) => return Ok(all),
+            Ok(None) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY) | Some(libc::EINVAL)) => {
+                NO_PAGEMAP_SCAN.store(true, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    pagemap_read_present(pagemap, addr, pages)
+}
+
+static NO_PAGEMAP_SCAN: AtomicBool = AtomicBool::new(false);
+
+/// `PAGEMAP_SCAN` for the first page of the range whose entry is not
+/// present. `Some(true)`: none; `Some(false)`: one; `None`: the walk
+/// stopped early without saying (ask again another way).
+fn pagemap_scan_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<Option<bool>> {
+    /// Kernel ABI of `struct page_region`.
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct PageRegion {
+        start: u64,
+        end: u64,
+        categories: u64,
+    }
+    /// Kernel ABI of `struct pm_scan_arg`.
+    #[repr(C)]
+    struct PmScanArg {
+        size: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+        walk_end: u64,
+        vec: u64,
+        vec_len: u64,
+        max_pages: u64,
+        category_inverted: u64,
+        category_mask: u64,
+        category_anyof_mask: u64,
+        return_mask: u64,
+    }
+    const PAGE_IS_PRESENT: u64 = 1 << 3;
+    // _IOWR('f', 16, struct pm_scan_arg)
+    const PAGEMAP_SCAN: libc::c_ulong = (3 << 30)
+        | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16)
+        | ((b'f' as libc::c_ulong) << 8)
+        | 16;
+    let start = addr as u64;
+    let end = start + pages * page_size();
+    let mut region = [PageRegion::default(); 1];
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        flags: 0,
+        start,
+        end,
+        walk_end: 0,
+        vec: region.as_mut_ptr() as u64,
+        vec_len: 1,
+        max_pages: 1,
+        // Match pages whose PRESENT bit is *not* set.
+        category_inverted: PAGE_IS_PRESENT,
+        category_mask: PAGE_IS_PRESENT,
+        category_anyof_mask: 0,
+        return_mask: PAGE_IS_PRESENT,
+    };
+    // SAFETY: `arg` matches the kernel's struct (its size is passed in it)
+    // and `vec` points at `region`, room for `vec_len` = 1 entry; both
+    // outlive the call. The fd is kept open by `pagemap`.
+    let r = unsafe {
+        libc::ioctl(
+            pagemap.as_raw_fd(),
+            PAGEMAP_SCAN as _,
+            &mut arg as *mut PmScanArg,
         )
     };
-    if p == libc::MAP_FAILED {
+    if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut vec = vec![0u8; pages as usize];
-    // SAFETY: `p` is the mapping of `len` bytes made above, and `vec` holds
-    // one byte per page of it.
-    let r = unsafe { libc::mincore(p, len, vec.as_mut_ptr()) };
-    let err = io::Error::last_os_error();
-    // SAFETY: unmapping exactly the mapping made above; nothing references it.
-    unsafe { libc::munmap(p, len) };
-    if r < 0 {
-        return Err(err);
-    }
-    Ok(if vec.iter().all(|b| b & 1 == 1) {
-        Residency::Resident
-    } else {
-        Residency::Cold
+    Ok(match r {
+        0 if arg.walk_end >= end => Some(true),
+        0 => None,
+        _ => Some(false),
     })
+}
+
+/// [`pagemap_present`] by reading the entries (Linux < 6.7).
+pub fn pagemap_read_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<bool> {
+    const BATCH: usize = 512;
+    let ps = page_size();
+    let mut ent = [0u64; BATCH];
+    let mut vpn = addr as u64 / ps;
+    let mut left = pages;
+    while left > 0 {
+        let n = usize::try_from(left).map_or(BATCH, |l| l.min(BATCH));
+        // SAFETY: a view of the first `n` entries of `ent` as bytes: u64 has
+        // no invalid bit patterns and the slice borrows `ent` exclusively.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ent.as_mut_ptr().cast::<u8>(), n * 8) };
+        let got = pagemap.read_at(bytes, vpn * 8)?;
+        if got < n * 8 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if ent[..n].iter().any(|e| e >> 63 == 0) {
+            return Ok(false);
+        }
+        vpn += n as u64;
+        left -= n as u64;
+    }
+    Ok(true)
 }
 
 /// One `sendfile(2)` call; returns bytes sent (0 = EOF of the file).

@@ -292,3 +292,63 @@ fn lazily_started_default_pool_serves_when_started_as_root() {
         s.error_log()
     );
 }
+
+/// Bytes of resident memory of the server's mappings of `path` (smaps).
+fn mapped_rss_kb(pid: i32, path: &Path) -> Option<u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", pid)).ok()?;
+    let name = path.to_str()?;
+    let mut inside = false;
+    let mut total = None;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            inside = line.ends_with(name);
+            continue;
+        }
+        if inside {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().ok()?;
+                total = Some(total.unwrap_or(0) + kb);
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn sendfile_of_a_hot_file_is_inline_where_cachestat_is_refused() {
+    // Started as root, the workers run as nobody and the files are root's
+    // 0644: cachestat answers EPERM, so residency comes from the page
+    // tables of a mapping of the file (or a RWF_NOWAIT copy).
+    let p = Prefix::new();
+    let data = content(1_300_000, 11);
+    let path = p.write("html/hot", &data);
+    let s = Server::start_in(
+        p,
+        "error_log logs/error.log info;
+         http { server { listen 127.0.0.1:@PORT@; root html;
+           location / { aio threads; sendfile on; sendfile_max_chunk 256k; } } }",
+    );
+    evict(&path);
+    let r = s.get("/hot");
+    assert!(r.status == 200 && r.body == data, "status {}", r.status);
+    eventually(5, "offload line", || {
+        s.error_log().contains("tern io: offload pool \"default\"")
+    });
+    for _ in 0..3 {
+        let r = s.get("/hot");
+        assert!(r.status == 200 && r.body == data, "status {}", r.status);
+    }
+    eventually(5, "inline lines", || {
+        count(&s.error_log(), "tern io: inline pool \"default\"") == 3
+    });
+    assert_eq!(count(&s.error_log(), "tern io: offload"), 1);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // The worker mapped the file (so it could open /proc/self/pagemap,
+        // which the master opened before the workers dropped root) and
+        // populated the mapping's page tables.
+        let kb = mapped_rss_kb(s.pid(), &path);
+        assert!(kb.is_some_and(|kb| kb > 0), "{kb:?}");
+    }
+}
