@@ -9,6 +9,12 @@
 //! the function a connection is handed to.
 //! The configuration is read per request from the shared [`ArcSwap`], so
 //! a reload needs no message at all.
+//!
+//! An HTTP connection is a task while it works and for its first second
+//! of idleness; after that its socket waits in the worker's parking lot
+//! ([`crate::core::park`]) and [`spawn_http`] gives it a new task when
+//! bytes arrive. Its `worker_connections` slot ([`ConnSlot`]) travels
+//! with it, so the accounting does not see the difference.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
