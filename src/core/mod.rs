@@ -5,6 +5,7 @@ pub mod listen;
 pub mod log;
 pub mod master;
 pub mod modules;
+pub mod park;
 pub mod user;
 pub mod worker;
 

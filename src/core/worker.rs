@@ -9,6 +9,12 @@
 //! the function a connection is handed to.
 //! The configuration is read per request from the shared [`ArcSwap`], so
 //! a reload needs no message at all.
+//!
+//! An HTTP connection is a task while it works and for its first second
+//! of idleness; after that its socket waits in the worker's parking lot
+//! ([`crate::core::park`]) and [`spawn_http`] gives it a new task when
+//! bytes arrive. Its `worker_connections` slot ([`ConnSlot`]) travels
+//! with it, so the accounting does not see the difference.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,8 +25,9 @@ use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::core::conf::Config;
+use crate::core::park;
 use crate::http::conf::ListenAddr;
-use crate::http::conn::{self, ConnInfo};
+use crate::http::conn::{self, ConnInfo, IdleWait, Served};
 
 /// Counters shared by all workers (stub_status and metrics read them).
 #[derive(Debug, Default)]
@@ -166,7 +173,9 @@ pub fn run(
         freed: Notify::new(),
     });
     let local = tokio::task::LocalSet::new();
+    let lot_quit = shared.quit.clone();
     local.block_on(&rt, async move {
+        park::start(lot_quit);
         let mut stops: HashMap<ListenAddr, watch::Sender<bool>> = HashMap::new();
         loop {
             match ctrl.recv().await {
@@ -210,6 +219,9 @@ pub fn run(
             }
         }
     });
+    // Parked connections still open (worker_shutdown_timeout ran out)
+    // close with the worker.
+    park::stop();
 }
 
 async fn accept_loop(
@@ -299,18 +311,9 @@ async fn accept_loop(
                     listen: addr.clone(),
                     requests: 0,
                 };
-                let slot = ConnSlot::take(shared.clone());
-                let sh = shared.clone();
-                tokio::task::spawn_local(async move {
-                    // Released on drop: also when the task panics.
-                    let _slot = slot;
-                    match s {
-                        // TCP_NODELAY is set by the engine when the connection
-                        // turns keep-alive (as nginx), not per accept.
-                        Either::Tcp(t) => conn::serve(t, info, sh).await,
-                        Either::Unix(u) => conn::serve(u, info, sh).await,
-                    }
-                });
+                // TCP_NODELAY is set by the engine when the connection
+                // turns keep-alive (as nginx), not per accept.
+                spawn_http(s, info, ConnSlot::take(shared.clone()), None);
             }
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(0);
@@ -362,7 +365,33 @@ fn serve_stream(
     });
 }
 
-enum Either {
+/// Runs an HTTP connection as a task of this worker: a new one (`wait`
+/// None) or one the parking lot hands back with bytes to read. When the
+/// connection idles long enough, its socket goes to the parking lot and
+/// the task ends.
+pub(crate) fn spawn_http(s: Either, info: ConnInfo, slot: ConnSlot, wait: Option<IdleWait>) {
+    tokio::task::spawn_local(async move {
+        // Released on drop: also when the task panics.
+        let slot = slot;
+        let sh = slot.0.clone();
+        let idle = match s {
+            Either::Tcp(t) => match conn::serve(t, info, sh, wait).await {
+                Served::Idle(t, info, w) => Some((Either::Tcp(t), info, w)),
+                Served::Closed => None,
+            },
+            Either::Unix(u) => match conn::serve(u, info, sh, wait).await {
+                Served::Idle(u, info, w) => Some((Either::Unix(u), info, w)),
+                Served::Closed => None,
+            },
+        };
+        if let Some((s, info, w)) = idle {
+            park::park(s, info, slot, w);
+        }
+    });
+}
+
+/// An accepted socket of either kind.
+pub(crate) enum Either {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }

@@ -135,14 +135,46 @@ enum HeadResult {
     Reject(Reject),
 }
 
-/// Serves one connection until it closes.
+/// How long an idle connection waits inside its task before it is
+/// parked (see [`crate::core::park`]): a busy keep-alive client never pays
+/// for parking, a quiet one stops costing a task and an I/O registration.
+pub const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// The state of an idle wait that outlives the task it started in.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleWait {
+    /// When the wait times out (client_header_timeout before the first
+    /// request, keepalive_timeout after).
+    pub deadline: tokio::time::Instant,
+    /// Waiting for the first request (QUIT does not close it).
+    pub first: bool,
+    /// A timeout resets the connection (reset_timedout_connection).
+    pub reset: bool,
+}
+
+/// How [`serve`] ended.
+pub enum Served<S> {
+    /// The connection is done; dropping the stream closes it.
+    Closed,
+    /// Idle for [`PARK_AFTER`] with no request: the caller parks the
+    /// socket and calls [`serve`] again with the wait once bytes arrive.
+    Idle(S, ConnInfo, IdleWait),
+}
+
+/// Serves one connection until it closes or idles long enough to be
+/// parked. `resume` is the wait a parked connection was in.
 ///
 /// Only the idle wait lives in this function's own state; each request
 /// runs in a boxed future of its own ([`request`]). That future (phases,
 /// handlers, writers) is several KiB, and an idle keep-alive connection
 /// must not carry it: what stays per idle connection is this loop's few
-/// hundred bytes.
-pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerShared>) {
+/// hundred bytes, and after [`PARK_AFTER`] not even that.
+pub async fn serve<S: Stream>(
+    stream: S,
+    mut info: ConnInfo,
+    shared: Arc<WorkerShared>,
+    mut resume: Option<IdleWait>,
+) -> Served<S> {
     let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
     loop {
@@ -150,12 +182,19 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
         // Wait for the first byte: keepalive_timeout between requests.
         if buf.is_empty() {
             if *quit.borrow() && !first {
-                return;
+                return Served::Closed;
             }
             let Some((wait_ms, reset, size)) = idle_params(&shared, &info, first) else {
-                return;
+                return Served::Closed;
             };
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+            let now = tokio::time::Instant::now();
+            // A resumed wait keeps the deadline it was parked with.
+            let wait = resume.take().unwrap_or(IdleWait {
+                deadline: now + Duration::from_millis(wait_ms),
+                first,
+                reset,
+            });
+            let park_at = wait.deadline.min(now + PARK_AFTER);
             // Wait until bytes are really here (readiness alone can be
             // stale), so the configuration below is the one current when
             // the request arrived. Idle connections hold no buffer.
@@ -164,31 +203,34 @@ pub async fn serve<S: Stream>(stream: S, mut info: ConnInfo, shared: Arc<WorkerS
                     // Bytes first: polling the quit watch first would
                     // register a waiter on it for every request.
                     biased;
-                    r = tokio::time::timeout_at(deadline, stream.readable()) => match r {
+                    r = tokio::time::timeout_at(park_at, stream.readable()) => match r {
                         Ok(Ok(())) => {}
-                        Ok(Err(_)) => return,
+                        Ok(Err(_)) => return Served::Closed,
+                        Err(_) if park_at < wait.deadline => {
+                            return Served::Idle(stream, info, wait);
+                        }
                         Err(_) => {
-                            if first && reset {
+                            if wait.first && wait.reset {
                                 stream.set_linger_zero();
                             }
-                            return;
+                            return Served::Closed;
                         }
                     },
-                    _ = quit.changed(), if !first => return,
+                    _ = quit.changed(), if !first => return Served::Closed,
                 }
                 match first_read(&stream, size) {
                     Ok(Some(b)) => {
                         buf = b;
                         break;
                     }
-                    Ok(None) => return,
+                    Ok(None) => return Served::Closed,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return,
+                    Err(_) => return Served::Closed,
                 }
             }
         }
         if !Box::pin(request(&stream, &mut buf, &mut info, &shared, &quit)).await {
-            return;
+            return Served::Closed;
         }
         if buf.is_empty() {
             buf = Vec::new();

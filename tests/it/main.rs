@@ -9,6 +9,7 @@ mod autoindex;
 mod differential;
 mod engine;
 mod gzip;
+mod idle;
 mod io;
 mod limits;
 mod map;

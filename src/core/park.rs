@@ -1,0 +1,357 @@
+//! The parking lot: HTTP connections that idle for a while, kept outside
+//! tokio.
+//!
+//! A connection waiting for a request is a task holding a tokio socket:
+//! the task cell (~1.1 KiB, the `conn::serve` state machine in it) and
+//! tokio's I/O registration (256 bytes, cache-line aligned) come to about
+//! 1.6 KiB, three times what nginx spends on an idle keep-alive
+//! connection. So a connection that has waited [`crate::http::conn::PARK_AFTER`]
+//! without a byte hands its socket here and its task ends (busy
+//! keep-alive clients never get here, so the hot path does not pay for
+//! parking). The lot keeps the bare socket, its `ConnInfo`, its
+//! `worker_connections` slot and its wait (deadline, first request or
+//! not) in one slab entry, and watches the sockets with an epoll instance
+//! of its own, which is itself registered with tokio.
+//!
+//! ```text
+//!  conn task --idle PARK_AFTER--> park(): deregister from tokio, epoll_ctl ADD
+//!                                   |
+//!     readable / hang-up  <---------+---------> deadline passed: close
+//!     epoll_ctl DEL, register          (RST if first wait and
+//!     with tokio, new task:             reset_timedout_connection)
+//!     conn::serve(.., Some(wait))     QUIT: close all but first waits
+//! ```
+//!
+//! One task per worker (the lot's watcher) does the waking and the
+//! closing; deadlines sit in an ordered set, so it sleeps until exactly
+//! the earliest one. The lot is reached through a thread-local: every
+//! connection task of a worker runs on that worker's thread.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::core::worker::{self, ConnSlot, Either};
+use crate::http::conn::{ConnInfo, IdleWait};
+
+thread_local! {
+    static LOT: RefCell<Option<Rc<Lot>>> = const { RefCell::new(None) };
+}
+
+/// A parked connection.
+struct Entry {
+    fd: OwnedFd,
+    tcp: bool,
+    /// Tells this entry from a later one in the same place, so that a
+    /// stale epoll event cannot wake the wrong connection.
+    gen: u32,
+    wait: IdleWait,
+    info: ConnInfo,
+    slot: ConnSlot,
+}
+
+enum Place {
+    Used(Entry),
+    /// Next free place, or `NONE`.
+    Free(u32),
+}
+
+const NONE: u32 = u32::MAX;
+
+struct Places {
+    places: Vec<Place>,
+    free: u32,
+    gen: u32,
+    deadlines: BTreeSet<(Instant, u32)>,
+    /// When to give freed memory back (see [`trim`]); set by the first
+    /// park after the last trim.
+    trim_at: Option<Instant>,
+}
+
+impl Places {
+    fn put(&mut self, mut e: Entry) -> (u32, u32) {
+        self.gen = self.gen.wrapping_add(1);
+        e.gen = self.gen;
+        let deadline = e.wait.deadline;
+        let idx = if self.free == NONE {
+            self.places.push(Place::Used(e));
+            self.places.len() as u32 - 1
+        } else {
+            let idx = self.free;
+            let p = &mut self.places[idx as usize];
+            if let Place::Free(next) = *p {
+                self.free = next;
+            }
+            *p = Place::Used(e);
+            idx
+        };
+        self.deadlines.insert((deadline, idx));
+        (idx, self.gen)
+    }
+
+    /// Takes the entry at `idx` (of generation `gen`, if given).
+    fn take(&mut self, idx: u32, gen: Option<u32>) -> Option<Entry> {
+        let p = self.places.get_mut(idx as usize)?;
+        match p {
+            Place::Used(e) if gen.is_none_or(|g| g == e.gen) => {}
+            _ => return None,
+        }
+        let Place::Used(e) = std::mem::replace(p, Place::Free(self.free)) else {
+            return None;
+        };
+        self.free = idx;
+        self.deadlines.remove(&(e.wait.deadline, idx));
+        Some(e)
+    }
+}
+
+struct Lot {
+    epoll: AsyncFd<OwnedFd>,
+    places: RefCell<Places>,
+    /// Signalled when a parked entry has the earliest deadline.
+    sooner: Notify,
+    quit: watch::Receiver<bool>,
+}
+
+/// Sets up this worker's lot and its watcher task. Called from inside the
+/// worker's `LocalSet`. Without a lot (no epoll instance), idle
+/// connections simply stay in their tasks.
+pub fn start(quit: watch::Receiver<bool>) {
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        crate::elog!(
+            Alert,
+            "epoll_create1() failed {}",
+            crate::core::errno_text(&e)
+        );
+        return;
+    }
+    // SAFETY: `fd` was just returned by epoll_create1 and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: the OwnedFd stays inside the AsyncFd, open and unchanged,
+    // for the AsyncFd's whole life.
+    let epoll = match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+    {
+        Ok(a) => a,
+        Err(e) => {
+            crate::elog!(Alert, "epoll fd could not be registered: {}", e);
+            return;
+        }
+    };
+    let lot = Rc::new(Lot {
+        epoll,
+        places: RefCell::new(Places {
+            places: Vec::new(),
+            free: NONE,
+            gen: 0,
+            deadlines: BTreeSet::new(),
+            trim_at: None,
+        }),
+        sooner: Notify::new(),
+        quit,
+    });
+    LOT.with(|l| *l.borrow_mut() = Some(lot.clone()));
+    tokio::task::spawn_local(watch_lot(lot));
+}
+
+/// Closes every connection still parked (the worker is exiting).
+pub fn stop() {
+    if let Some(lot) = LOT.with(|l| l.borrow_mut().take()) {
+        let places = std::mem::take(&mut lot.places.borrow_mut().places);
+        drop(places);
+    }
+}
+
+/// Parks an idle connection whose task is ending.
+pub(crate) fn park(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait) {
+    let Some(lot) = LOT.with(|l| l.borrow().clone()) else {
+        worker::spawn_http(s, info, slot, Some(wait));
+        return;
+    };
+    if *lot.quit.borrow() && !wait.first {
+        return;
+    }
+    // Deregisters from tokio: the lot's epoll watches it from now on.
+    let fd = match s {
+        Either::Tcp(t) => t.into_std().map(|t| (OwnedFd::from(t), true)),
+        Either::Unix(u) => u.into_std().map(|u| (OwnedFd::from(u), false)),
+    };
+    let Ok((fd, tcp)) = fd else {
+        return;
+    };
+    let raw = fd.as_raw_fd();
+    let e = Entry {
+        fd,
+        tcp,
+        gen: 0,
+        wait,
+        info,
+        slot,
+    };
+    let mut places = lot.places.borrow_mut();
+    let earliest = places.deadlines.first().map(|&(d, _)| d);
+    let (idx, gen) = places.put(e);
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: (u64::from(gen) << 32) | u64::from(idx),
+    };
+    // SAFETY: both descriptors are open (the socket is owned by the entry
+    // just stored); `ev` is initialised.
+    let r = unsafe { libc::epoll_ctl(lot.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, raw, &mut ev) };
+    if r < 0 {
+        // Could not be watched: close it rather than leave it unheard.
+        let e = places.take(idx, Some(gen));
+        drop(places);
+        drop(e);
+        return;
+    }
+    let trim = places.trim_at.is_none();
+    if trim {
+        places.trim_at = Some(Instant::now() + TRIM_AFTER);
+    }
+    drop(places);
+    if trim || earliest.is_none_or(|d| wait.deadline < d) {
+        lot.sooner.notify_one();
+    }
+}
+
+/// How long after a park the memory its task freed is given back: long
+/// enough to batch the parks of a burst of connections into one trim.
+const TRIM_AFTER: Duration = Duration::from_millis(250);
+
+/// Gives free heap pages back to the system. A parked connection's task
+/// cell and tokio registration are freed in the middle of the heap, among
+/// live allocations, where malloc keeps them resident; without this the
+/// memory parking saves would stay in the worker's RSS until reused.
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and releases the allocator's free
+    // memory; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+async fn watch_lot(lot: Rc<Lot>) {
+    let mut quit = lot.quit.clone();
+    let mut quitting = *quit.borrow_and_update();
+    if quitting {
+        close_waiting(&lot);
+    }
+    loop {
+        let (next, trim_at) = {
+            let places = lot.places.borrow();
+            let next = places.deadlines.first().map(|&(d, _)| d);
+            (next, places.trim_at)
+        };
+        tokio::select! {
+            r = lot.epoll.readable() => match r {
+                Ok(mut guard) => {
+                    if !wake_ready(&lot) {
+                        guard.clear_ready();
+                    }
+                }
+                // The runtime is going away.
+                Err(_) => return,
+            },
+            _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
+                expire(&lot);
+            }
+            _ = tokio::time::sleep_until(trim_at.unwrap_or_else(Instant::now)), if trim_at.is_some() => {
+                lot.places.borrow_mut().trim_at = None;
+                trim();
+            }
+            _ = lot.sooner.notified() => {}
+            _ = quit.changed(), if !quitting => {
+                quitting = true;
+                close_waiting(&lot);
+            }
+        }
+    }
+}
+
+/// Hands every connection the lot's epoll reports back to a task.
+/// Returns false when there was nothing to report.
+fn wake_ready(lot: &Lot) -> bool {
+    const N: usize = 64;
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; N];
+    // SAFETY: `evs` has room for N events; timeout 0 does not block.
+    let n = unsafe { libc::epoll_wait(lot.epoll.as_raw_fd(), evs.as_mut_ptr(), N as i32, 0) };
+    if n <= 0 {
+        return false;
+    }
+    for ev in &evs[..n as usize] {
+        let key = { ev.u64 };
+        let e = lot
+            .places
+            .borrow_mut()
+            .take(key as u32, Some((key >> 32) as u32));
+        let Some(e) = e else { continue };
+        // SAFETY: both descriptors are open; DEL takes no event.
+        unsafe {
+            libc::epoll_ctl(
+                lot.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                e.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+            );
+        }
+        let s = if e.tcp {
+            tokio::net::TcpStream::from_std(std::net::TcpStream::from(e.fd)).map(Either::Tcp)
+        } else {
+            tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(e.fd))
+                .map(Either::Unix)
+        };
+        // Not registered with tokio: dropping the socket closes it.
+        if let Ok(s) = s {
+            worker::spawn_http(s, e.info, e.slot, Some(e.wait));
+        }
+    }
+    true
+}
+
+/// Closes the connections whose wait timed out.
+fn expire(lot: &Lot) {
+    let now = Instant::now();
+    loop {
+        let e = {
+            let mut places = lot.places.borrow_mut();
+            match places.deadlines.first() {
+                Some(&(d, idx)) if d <= now => places.take(idx, None),
+                _ => break,
+            }
+        };
+        let Some(e) = e else { continue };
+        if e.wait.first && e.wait.reset {
+            let _ = socket2::SockRef::from(&e.fd).set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+/// QUIT: closes every connection waiting for a next request (one still
+/// waiting for its first request stays, as in `conn::serve`).
+fn close_waiting(lot: &Lot) {
+    let closed: Vec<Entry> = {
+        let mut places = lot.places.borrow_mut();
+        let waiting: Vec<u32> = places
+            .places
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p, Place::Used(e) if !e.wait.first))
+            .map(|(i, _)| i as u32)
+            .collect();
+        waiting
+            .into_iter()
+            .filter_map(|i| places.take(i, None))
+            .collect()
+    };
+    drop(closed);
+}
