@@ -233,10 +233,31 @@ const TRIM_AFTER: Duration = Duration::from_millis(250);
 /// memory parking saves would stay in the worker's RSS until reused.
 fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks and releases the allocator's free
-    // memory; it takes no pointers.
-    unsafe {
-        libc::malloc_trim(0);
+    {
+        // malloc_trim walks every arena and can take milliseconds on a big
+        // heap: it runs on a thread of its own, never on a worker's event
+        // loop. One pending request covers any that come while it is queued.
+        static TRIMMER: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<()>>> =
+            std::sync::OnceLock::new();
+        let tx = TRIMMER.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+            std::thread::Builder::new()
+                .name("tern-trim".into())
+                .spawn(move || {
+                    while rx.recv().is_ok() {
+                        // SAFETY: malloc_trim only walks and releases the
+                        // allocator's free memory; it takes no pointers.
+                        unsafe {
+                            libc::malloc_trim(0);
+                        }
+                    }
+                })
+                .ok()
+                .map(|_| tx)
+        });
+        if let Some(tx) = tx {
+            let _ = tx.try_send(());
+        }
     }
 }
 
