@@ -493,19 +493,23 @@ fn pagemap_scan_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<O
 pub fn pagemap_read_present(pagemap: &File, addr: usize, pages: u64) -> io::Result<bool> {
     const BATCH: usize = 512;
     let ps = page_size();
-    let mut ent = [0u64; BATCH];
+    let mut buf = [0u8; BATCH * 8];
     let mut vpn = addr as u64 / ps;
     let mut left = pages;
     while left > 0 {
         let n = usize::try_from(left).map_or(BATCH, |l| l.min(BATCH));
-        // SAFETY: a view of the first `n` entries of `ent` as bytes: u64 has
-        // no invalid bit patterns and the slice borrows `ent` exclusively.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(ent.as_mut_ptr().cast::<u8>(), n * 8) };
+        let bytes = &mut buf[..n * 8];
         let got = pagemap.read_at(bytes, vpn * 8)?;
         if got < n * 8 {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        if ent[..n].iter().any(|e| e >> 63 == 0) {
+        // Bit 63 of each 8-byte entry: the page is present.
+        let absent = bytes.chunks_exact(8).any(|e| {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(e);
+            u64::from_ne_bytes(v) >> 63 == 0
+        });
+        if absent {
             return Ok(false);
         }
         vpn += n as u64;
