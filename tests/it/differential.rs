@@ -8,11 +8,8 @@
 //! installs it.
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
 
 use crate::harness::*;
-
-const NGINX: &str = "/usr/sbin/nginx";
 
 const CONF: &str = r#"
 worker_processes 1;
@@ -379,46 +376,6 @@ fn corpus() -> Vec<String> {
     reqs
 }
 
-/// The reference nginx, stopped when dropped (also when a test panics).
-struct Nginx(Child);
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_nginx(p: &Prefix, port: u16) -> Option<Nginx> {
-    let conf = p.write("conf/nginx.conf", conf_text(CONF, port));
-    let child = Command::new(NGINX)
-        .arg("-p")
-        .arg(format!("{}/", p.dir.display()))
-        .arg("-c")
-        .arg(&conf)
-        .arg("-e")
-        .arg(p.path("logs/error.log"))
-        .args([
-            "-g",
-            // One process: killing the child then stops all of nginx (with
-            // a master, SIGKILL would leave its worker running).
-            &format!(
-                "daemon off; master_process off; pid {}/logs/nginx.pid;",
-                p.dir.display()
-            ),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let nginx = Nginx(child);
-    eventually(10, "nginx listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    Some(nginx)
-}
-
 /// Sends `req` and reads until the server closes or stays silent for a
 /// moment (some requests in the corpus keep the connection open).
 fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
@@ -471,17 +428,13 @@ fn normalize(raw: &[u8], port: u16) -> String {
 
 #[test]
 fn same_bytes_as_nginx() {
-    if !std::path::Path::new(NGINX).exists() {
-        eprintln!(
-            "skipped: {} not installed (.ci/run installs nginx-light)",
-            NGINX
-        );
+    if !nginx_installed() {
         return;
     }
     let pn = Prefix::new();
     files(&pn);
     let nport = free_port();
-    let Some(nginx) = start_nginx(&pn, nport) else {
+    let Some(nginx) = start_nginx(&pn, CONF, nport) else {
         panic!("nginx did not start");
     };
     let pt = Prefix::new();

@@ -449,3 +449,60 @@ pub fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// The reference nginx the differential tests compare with.
+pub const NGINX: &str = "/usr/sbin/nginx";
+
+/// Whether the reference nginx is installed; says so when a test skips.
+pub fn nginx_installed() -> bool {
+    let ok = Path::new(NGINX).exists();
+    if !ok {
+        eprintln!(
+            "skipped: {} not installed (.ci/run installs nginx-light)",
+            NGINX
+        );
+    }
+    ok
+}
+
+/// The reference nginx, stopped when dropped (also when a test panics).
+pub struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the reference nginx in `p` on `body` (`@PORT@` = `port`) and
+/// waits until it listens. `None` if it could not be started.
+pub fn start_nginx(p: &Prefix, body: &str, port: u16) -> Option<Nginx> {
+    let conf = p.write("conf/nginx.conf", conf_text(body, port));
+    let child = Command::new(NGINX)
+        .arg("-p")
+        .arg(format!("{}/", p.dir.display()))
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(p.path("logs/error.log"))
+        .args([
+            "-g",
+            // One process: killing the child then stops all of nginx (with
+            // a master, SIGKILL would leave its worker running).
+            &format!(
+                "daemon off; master_process off; pid {}/logs/nginx.pid;",
+                p.dir.display()
+            ),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let nginx = Nginx(child);
+    eventually(10, "nginx listening", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    Some(nginx)
+}

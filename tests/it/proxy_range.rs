@@ -121,9 +121,7 @@ fn cached_responses_are_cut() {
 /// nginx is not installed).
 #[test]
 fn same_answers_as_nginx() {
-    const NGINX: &str = "/usr/sbin/nginx";
-    if !std::path::Path::new(NGINX).exists() {
-        eprintln!("skipped: {} not installed", NGINX);
+    if !nginx_installed() {
         return;
     }
     let o = origin();
@@ -141,28 +139,9 @@ fn same_answers_as_nginx() {
     );
     let pn = Prefix::new();
     let nport = free_port();
-    let nconf = pn.write("conf/nginx.conf", conf_text(&conf, nport));
-    let Ok(mut nginx) = std::process::Command::new(NGINX)
-        .arg("-p")
-        .arg(format!("{}/", pn.dir.display()))
-        .arg("-c")
-        .arg(&nconf)
-        .arg("-e")
-        .arg(pn.path("logs/error.log"))
-        .args([
-            "-g",
-            &format!("daemon off; pid {}/logs/nginx.pid;", pn.dir.display()),
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    else {
+    let Some(nginx) = start_nginx(&pn, &conf, nport) else {
         panic!("nginx did not start");
     };
-    eventually(10, "nginx listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", nport)).is_ok()
-    });
     let tern = Server::start(&conf);
     // The error page names the server (and so its length differs); the
     // multipart boundary is a counter nginx also spends on temp files.
@@ -200,8 +179,7 @@ fn same_answers_as_nginx() {
             }
         }
     }
-    let _ = nginx.kill();
-    let _ = nginx.wait();
+    drop(nginx);
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
 }
 

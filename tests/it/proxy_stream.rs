@@ -513,9 +513,7 @@ fn observe(port: u16, path: &str, minor: u8) -> String {
 
 #[test]
 fn streamed_endings_as_nginx() {
-    const NGINX: &str = "/usr/sbin/nginx";
-    if !std::path::Path::new(NGINX).exists() {
-        eprintln!("skipped: {} not installed", NGINX);
+    if !nginx_installed() {
         return;
     }
     let port = origin(|head, mut c| {
@@ -547,28 +545,9 @@ fn streamed_endings_as_nginx() {
     );
     let pn = Prefix::new();
     let nport = free_port();
-    let nconf = pn.write("conf/nginx.conf", conf_text(&conf, nport));
-    let Ok(mut nginx) = std::process::Command::new(NGINX)
-        .arg("-p")
-        .arg(format!("{}/", pn.dir.display()))
-        .arg("-c")
-        .arg(&nconf)
-        .arg("-e")
-        .arg(pn.path("logs/error.log"))
-        .args([
-            "-g",
-            &format!("daemon off; pid {}/logs/nginx.pid;", pn.dir.display()),
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    else {
+    let Some(nginx) = start_nginx(&pn, &conf, nport) else {
         panic!("nginx did not start");
     };
-    eventually(10, "nginx listening", || {
-        TcpStream::connect(("127.0.0.1", nport)).is_ok()
-    });
     let tern = Server::start(&conf);
     let mut diffs = Vec::new();
     for path in ["/short", "/chunkbad", "/chunk", "/close"] {
@@ -583,7 +562,6 @@ fn streamed_endings_as_nginx() {
             }
         }
     }
-    let _ = nginx.kill();
-    let _ = nginx.wait();
+    drop(nginx);
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
 }
