@@ -52,6 +52,8 @@ mod pool;
 mod resident;
 mod stats;
 mod sys;
+#[cfg(test)]
+mod test_files;
 mod uring;
 
 pub use conf::{

@@ -913,35 +913,9 @@ pub async fn write_at(
 mod tests {
     use super::*;
     use crate::io::conf::PoolConf;
-    use std::io::Write;
-    use std::sync::atomic::AtomicUsize;
     use tokio::io::AsyncReadExt;
 
-    static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-    /// A file under /var/tmp (a real disk: tmpfs ignores DONTNEED).
-    struct TestFile(PathBuf);
-
-    impl Drop for TestFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-
-    fn make_file(tag: &str, len: usize) -> (TestFile, Vec<u8>) {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = PathBuf::from(format!(
-            "/var/tmp/tern-io-{}-{}-{}",
-            std::process::id(),
-            tag,
-            n
-        ));
-        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
-        let mut f = File::create(&path).expect("create test file");
-        f.write_all(&data).expect("write test file");
-        f.sync_all().expect("sync test file");
-        (TestFile(path), data)
-    }
+    use crate::io::test_files::make_file;
 
     /// Drops the file's pages; returns false if the kernel kept them.
     fn evict(path: &Path) -> bool {

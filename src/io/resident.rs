@@ -294,33 +294,12 @@ mod tests {
     use super::*;
     use crate::io::sys::Residency;
     use std::io::Write;
-    use std::path::{Path, PathBuf};
-    use std::sync::atomic::AtomicUsize;
+    use std::path::Path;
 
-    static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-    /// A file under /var/tmp (a real disk: tmpfs ignores DONTNEED).
-    struct TestFile(PathBuf);
-
-    impl Drop for TestFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
+    use crate::io::test_files::TestFile;
 
     fn make_file(tag: &str, len: usize) -> TestFile {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = PathBuf::from(format!(
-            "/var/tmp/tern-res-{}-{}-{}",
-            std::process::id(),
-            tag,
-            n
-        ));
-        let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 509) as u8).collect();
-        let mut f = File::create(&path).expect("create test file");
-        f.write_all(&data).expect("write test file");
-        f.sync_all().expect("sync test file");
-        TestFile(path)
+        crate::io::test_files::make_file(tag, len).0
     }
 
     fn open(path: &Path) -> OpenFile {
