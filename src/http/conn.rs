@@ -829,8 +829,9 @@ async fn write_body<S: Stream>(
 /// of a few KiB costs less than the calls it saves; bigger bodies keep
 /// sendfile's zero copy (measured: at 16 KiB sendfile after a MSG_MORE
 /// head costs ~1 µs/request less than the copy; see
-/// bench/RESULTS-hot-path.md).
-const INLINE_FILE_MAX: u64 = 4 * 1024;
+/// bench/RESULTS-hot-path.md). It is the size whose bytes a cached
+/// descriptor keeps, so with open_file_cache these reads cost no syscall.
+const INLINE_FILE_MAX: u64 = crate::io::SMALL_CONTENT_MAX;
 
 #[allow(clippy::too_many_arguments)]
 async fn write_body_with<S: Stream>(

@@ -63,7 +63,7 @@ pub use conf::{
 pub use directives::DIRECTIVES;
 pub use ops::{
     lstat, open, read, send_file, stat, take_uring_notice, write_at, Aio, Meta, OpenFile, Policy,
-    SendSock, URING_FALLBACK_NOTICE,
+    SendSock, SMALL_CONTENT_MAX, URING_FALLBACK_NOTICE,
 };
 pub use pool::{set_thread_init, IoError, Pools, ThreadPool};
 pub use stats::{Decision, IoStats, IoStatsSnapshot, PoolStats, STATS};
