@@ -6,6 +6,7 @@ pub mod log;
 pub mod master;
 pub mod modules;
 pub mod park;
+pub mod sock;
 pub mod user;
 pub mod worker;
 

@@ -37,6 +37,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use crate::core::sock::LazySock;
 use crate::core::worker::{self, ConnSlot, Either};
 use crate::http::conn::{ConnInfo, IdleWait};
 
@@ -325,16 +326,14 @@ fn wake_ready(lot: &Lot) -> bool {
                 std::ptr::null_mut(),
             );
         }
+        // Back to a task as a bare socket: it joins tokio's epoll only
+        // if the request does not arrive whole.
         let s = if e.tcp {
-            tokio::net::TcpStream::from_std(std::net::TcpStream::from(e.fd)).map(Either::Tcp)
+            Either::Tcp(LazySock::raw(std::net::TcpStream::from(e.fd)))
         } else {
-            tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(e.fd))
-                .map(Either::Unix)
+            Either::Unix(LazySock::raw(std::os::unix::net::UnixStream::from(e.fd)))
         };
-        // Not registered with tokio: dropping the socket closes it.
-        if let Ok(s) = s {
-            worker::spawn_http(s, e.info, e.slot, Some(e.wait));
-        }
+        worker::spawn_http(s, e.info, e.slot, Some(e.wait));
     }
     true
 }

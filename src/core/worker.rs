@@ -17,6 +17,7 @@
 //! with it, so the accounting does not see the difference.
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::core::conf::Config;
 use crate::core::park;
+use crate::core::sock::LazySock;
 use crate::http::conf::ListenAddr;
 use crate::http::conn::{self, ConnInfo, IdleWait, Served};
 
@@ -232,11 +234,21 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     enum L {
-        Tcp(tokio::net::TcpListener),
+        // Accepted with a bare accept4 (see `core::sock`): tokio's
+        // TcpListener would register every connection it returns.
+        Tcp(tokio::io::unix::AsyncFd<std::net::TcpListener>),
         Unix(tokio::net::UnixListener),
     }
     let l = match sock {
-        ListenSock::Tcp(s) => tokio::net::TcpListener::from_std(s).map(L::Tcp),
+        ListenSock::Tcp(s) => s.set_nonblocking(true).and_then(|()| {
+            // SAFETY: the listener stays inside the AsyncFd, open and
+            // unchanged, for the AsyncFd's whole life.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(s, tokio::io::Interest::READABLE)
+            }
+            .map(L::Tcp)
+            .map_err(|e| e.into())
+        }),
         ListenSock::Unix(s) => tokio::net::UnixListener::from_std(s).map(L::Unix),
     };
     let l = match l {
@@ -248,24 +260,25 @@ async fn accept_loop(
     };
     let mut warned = false;
     loop {
+        // A stream session needs a second slot for its upstream side;
+        // waiting for both here keeps a client in the backlog instead of
+        // accepting it only to close it for want of that slot.
+        let need = if proto == Proto::Stream { 2 } else { 1 };
         loop {
             let limit = shared.config.load().main.connections();
-            // A stream session needs a second slot for its upstream side;
-            // waiting for both here keeps a client in the backlog instead
-            // of accepting it only to close it for want of that slot.
-            let need = if proto == Proto::Stream {
-                limit.min(2)
-            } else {
-                1
-            };
-            // Registered before the check, for the same reason as in `run`.
-            let freed = shared.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
+            let need = need.min(limit);
             if shared.active.load(Ordering::Acquire) + need <= limit {
                 // Alert again the next time the limit is hit, as nginx does.
                 warned = false;
                 break;
+            }
+            // Registered before the second check: a connection that closes
+            // in between would otherwise notify nobody.
+            let freed = shared.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if shared.active.load(Ordering::Acquire) + need <= limit {
+                continue;
             }
             if !warned {
                 crate::elog!(Alert, "{} worker_connections are not enough", limit);
@@ -277,11 +290,22 @@ async fn accept_loop(
                 _ = stop.changed() => return,
             }
         }
+        // Accepting first: the stop watch is only polled (and a waiter
+        // registered on it) when no connection is waiting.
         let accepted = tokio::select! {
+            biased;
             r = async {
                 match &l {
-                    L::Tcp(t) => t.accept().await.map(|(s, p)| (Either::Tcp(s), Some(p))),
-                    L::Unix(u) => u.accept().await.map(|(s, _)| (Either::Unix(s), None)),
+                    L::Tcp(t) => t
+                        .async_io(tokio::io::Interest::READABLE, |t| {
+                            crate::core::sock::accept_raw(t.as_raw_fd())
+                        })
+                        .await
+                        .map(|(s, p)| (Either::Tcp(LazySock::raw(s)), p)),
+                    L::Unix(u) => u
+                        .accept()
+                        .await
+                        .map(|(s, _)| (Either::Unix(LazySock::registered(s)), None)),
                 }
             } => r,
             _ = stop.changed() => return,
@@ -300,7 +324,7 @@ async fn accept_loop(
                     // local address: no getsockname() per connection.
                     Either::Tcp(t) => match &addr {
                         ListenAddr::Inet(a) if !a.ip().is_unspecified() => Some(*a),
-                        _ => t.local_addr().ok(),
+                        _ => t.local_addr(),
                     },
                     Either::Unix(_) => None,
                 };
@@ -353,9 +377,10 @@ fn serve_stream(
     // Taken now, while the accept loop's check still holds.
     let slot = shared.take_slot();
     let sock = match s {
-        Either::Tcp(t) => crate::stream::proxy::Sock::Tcp(t),
-        Either::Unix(u) => crate::stream::proxy::Sock::Unix(u),
+        Either::Tcp(t) => t.into_registered().map(crate::stream::proxy::Sock::Tcp),
+        Either::Unix(u) => u.into_registered().map(crate::stream::proxy::Sock::Unix),
     };
+    let Ok(sock) = sock else { return };
     let sh = shared.clone();
     let addr = addr.clone();
     tokio::task::spawn_local(async move {
@@ -392,8 +417,8 @@ pub(crate) fn spawn_http(s: Either, info: ConnInfo, slot: ConnSlot, wait: Option
 
 /// An accepted socket of either kind.
 pub(crate) enum Either {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
+    Tcp(LazySock<tokio::net::TcpStream>),
+    Unix(LazySock<tokio::net::UnixStream>),
 }
 
 /// One connection's share of `worker_connections`, given back on drop so
