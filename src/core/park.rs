@@ -1,5 +1,5 @@
-//! The parking lot: HTTP connections that idle for a while, kept outside
-//! tokio.
+//! The parking lot: HTTP connections that wait for a request, kept
+//! outside tokio.
 //!
 //! A connection waiting for a request is a task holding a tokio socket:
 //! the task cell (~1.1 KiB, the `conn::serve` state machine in it) and
@@ -8,19 +8,28 @@
 //! connection. So a connection that has waited [`crate::http::conn::PARK_AFTER`]
 //! without a byte hands its socket here and its task ends (busy
 //! keep-alive clients never get here, so the hot path does not pay for
-//! parking). The lot keeps the bare socket, its `ConnInfo`, its
-//! `worker_connections` slot and its wait (deadline, first request or
-//! not) in one slab entry, and watches the sockets with an epoll instance
-//! of its own, which is itself registered with tokio.
+//! parking). A connection just accepted waits here for its first request
+//! too ([`wait_first`]): it costs one `EPOLL_CTL_ADD`, as in nginx, and
+//! neither a task nor a tokio registration (whose removal on close would
+//! be one more `epoll_ctl`) until its bytes are there. The lot keeps the
+//! bare socket, its `ConnInfo`, its `worker_connections` slot and its
+//! wait (deadline, first request or not) in one slab entry, and watches
+//! the sockets with an epoll instance of its own, which is itself
+//! registered with tokio.
 //!
 //! ```text
-//!  conn task --idle PARK_AFTER--> park(): deregister from tokio, epoll_ctl ADD
-//!                                   |
-//!     readable / hang-up  <---------+---------> deadline passed: close
-//!     epoll_ctl DEL, register          (RST if first wait and
-//!     with tokio, new task:             reset_timedout_connection)
+//!  accept --------------> wait_first() --+
+//!  conn task --idle PARK_AFTER--> park(): deregister from tokio
+//!                                        |  epoll_ctl ADD (or MOD), one-shot
+//!     readable / hang-up  <--------------+---------> deadline passed: close
+//!     new task with the bare socket        (RST if first wait and
+//!     (core::sock::LazySock):               reset_timedout_connection)
 //!     conn::serve(.., Some(wait))     QUIT: close all but first waits
 //! ```
+//!
+//! Sockets are watched one-shot: an event disables the socket in the
+//! lot's set instead of removing it (no `EPOLL_CTL_DEL`); closing it
+//! removes it, and parking it again re-arms it.
 //!
 //! One task per worker (the lot's watcher) does the waking and the
 //! closing; deadlines sit in an ordered set, so it sleeps until exactly
@@ -173,6 +182,19 @@ pub fn stop() {
 
 /// Parks an idle connection whose task is ending.
 pub(crate) fn park(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait) {
+    put(s, info, slot, wait, true);
+}
+
+/// Parks a connection just accepted until its first request arrives: it
+/// gets a task only once there is something to read. No task ended, so
+/// there is no memory to give back.
+pub(crate) fn wait_first(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait) {
+    put(s, info, slot, wait, false);
+}
+
+/// Parks a connection; `trim`: schedule a [`trim`] for the memory its
+/// task freed.
+fn put(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait, trim: bool) {
     let Some(lot) = LOT.with(|l| l.borrow().clone()) else {
         worker::spawn_http(s, info, slot, Some(wait));
         return;
@@ -200,13 +222,21 @@ pub(crate) fn park(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait) {
     let mut places = lot.places.borrow_mut();
     let earliest = places.deadlines.first().map(|&(d, _)| d);
     let (idx, gen) = places.put(e);
+    // One-shot: after its event the socket stays in the set, disabled,
+    // so waking it needs no EPOLL_CTL_DEL (its close removes it); a
+    // socket parked again is re-armed with MOD.
     let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
+        events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
         u64: (u64::from(gen) << 32) | u64::from(idx),
     };
+    let epfd = lot.epoll.as_raw_fd();
     // SAFETY: both descriptors are open (the socket is owned by the entry
     // just stored); `ev` is initialised.
-    let r = unsafe { libc::epoll_ctl(lot.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, raw, &mut ev) };
+    let mut r = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, raw, &mut ev) };
+    if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+        // SAFETY: as above.
+        r = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, raw, &mut ev) };
+    }
     if r < 0 {
         // Could not be watched: close it rather than leave it unheard.
         let e = places.take(idx, Some(gen));
@@ -214,7 +244,7 @@ pub(crate) fn park(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait) {
         drop(e);
         return;
     }
-    let trim = places.trim_at.is_none();
+    let trim = trim && places.trim_at.is_none();
     if trim {
         places.trim_at = Some(Instant::now() + TRIM_AFTER);
     }
@@ -301,7 +331,7 @@ async fn watch_lot(lot: Rc<Lot>) {
 }
 
 /// Hands every connection the lot's epoll reports back to a task.
-/// Returns false when there was nothing to report.
+/// Returns whether more may be waiting (a full batch was taken).
 fn wake_ready(lot: &Lot) -> bool {
     const N: usize = 64;
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; N];
@@ -310,6 +340,10 @@ fn wake_ready(lot: &Lot) -> bool {
     if n <= 0 {
         return false;
     }
+    // A batch that was not full emptied the ready list: any later event
+    // raises a new edge on the lot's descriptor, so the caller can clear
+    // its readiness now instead of asking again and finding nothing.
+    let more = n as usize == N;
     for ev in &evs[..n as usize] {
         let key = { ev.u64 };
         let e = lot
@@ -317,15 +351,6 @@ fn wake_ready(lot: &Lot) -> bool {
             .borrow_mut()
             .take(key as u32, Some((key >> 32) as u32));
         let Some(e) = e else { continue };
-        // SAFETY: both descriptors are open; DEL takes no event.
-        unsafe {
-            libc::epoll_ctl(
-                lot.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                e.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-            );
-        }
         // Back to a task as a bare socket: it joins tokio's epoll only
         // if the request does not arrive whole.
         let s = if e.tcp {
@@ -335,7 +360,7 @@ fn wake_ready(lot: &Lot) -> bool {
         };
         worker::spawn_http(s, e.info, e.slot, Some(e.wait));
     }
-    true
+    more
 }
 
 /// Closes the connections whose wait timed out.

@@ -337,7 +337,15 @@ async fn accept_loop(
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.
-                spawn_http(s, info, ConnSlot::take(shared.clone()), None);
+                let slot = ConnSlot::take(shared.clone());
+                // A TCP client's request usually follows the handshake
+                // by a moment: the connection waits for it in the parking
+                // lot's epoll (one EPOLL_CTL_ADD, as nginx) and gets its
+                // task when the bytes are there.
+                match (&s, conn::first_wait(&shared, &info)) {
+                    (Either::Tcp(_), Some(wait)) => park::wait_first(s, info, slot, wait),
+                    _ => spawn_http(s, info, slot, None),
+                }
             }
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(0);

@@ -458,6 +458,26 @@ async fn request<S: Stream>(
     true
 }
 
+/// The wait of a connection just accepted for its first request, or None
+/// when its listener accepts only once data has arrived (`deferred`), so
+/// the request is there to be read at once.
+pub(crate) fn first_wait(shared: &WorkerShared, info: &ConnInfo) -> Option<IdleWait> {
+    let deferred = {
+        let config = shared.config.load();
+        let http = config.http.as_ref()?;
+        http.addr_for(&info.listen, info.local)?.listen.deferred
+    };
+    if deferred {
+        return None;
+    }
+    let (wait_ms, reset, _) = idle_params(shared, info, true)?;
+    Some(IdleWait {
+        deadline: tokio::time::Instant::now() + Duration::from_millis(wait_ms),
+        first: true,
+        reset,
+    })
+}
+
 /// The idle wait before a request (client_header_timeout for the first,
 /// keepalive_timeout after), whether a timeout resets the connection, and
 /// the first read buffer's size (client_header_buffer_size).
