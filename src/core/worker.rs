@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::core::conf::Config;
 use crate::core::park;
-use crate::core::sock::LazySock;
+use crate::core::sock::{LazySock, Registrable};
 use crate::http::conf::ListenAddr;
 use crate::http::conn::{self, ConnInfo, IdleWait, Served};
 
@@ -403,24 +403,34 @@ fn serve_stream(
 /// connection idles long enough, its socket goes to the parking lot and
 /// the task ends.
 pub(crate) fn spawn_http(s: Either, info: ConnInfo, slot: ConnSlot, wait: Option<IdleWait>) {
-    tokio::task::spawn_local(async move {
-        // Released on drop: also when the task panics.
-        let slot = slot;
-        let sh = slot.0.clone();
-        let idle = match s {
-            Either::Tcp(t) => match conn::serve(t, info, sh, wait).await {
-                Served::Idle(t, info, w) => Some((Either::Tcp(t), info, w)),
-                Served::Closed => None,
-            },
-            Either::Unix(u) => match conn::serve(u, info, sh, wait).await {
-                Served::Idle(u, info, w) => Some((Either::Unix(u), info, w)),
-                Served::Closed => None,
-            },
-        };
-        if let Some((s, info, w)) = idle {
-            park::park(s, info, slot, w);
+    // One task type per socket kind: a single async block matching on
+    // the kind laid both `serve` futures out side by side (3.5 KiB per
+    // task instead of ~1 KiB), all of it allocated and copied per
+    // connection.
+    match s {
+        Either::Tcp(t) => {
+            tokio::task::spawn_local(run_http(t, info, slot, wait, Either::Tcp));
         }
-    });
+        Either::Unix(u) => {
+            tokio::task::spawn_local(run_http(u, info, slot, wait, Either::Unix));
+        }
+    }
+}
+
+async fn run_http<T: Registrable>(
+    s: LazySock<T>,
+    info: ConnInfo,
+    slot: ConnSlot,
+    wait: Option<IdleWait>,
+    kind: fn(LazySock<T>) -> Either,
+) where
+    for<'a> &'a T::Std: std::io::Read + std::io::Write,
+{
+    // `slot` is released on drop: also when the task panics.
+    let sh = slot.0.clone();
+    if let Served::Idle(s, info, w) = conn::serve(s, info, sh, wait).await {
+        park::park(kind(s), info, slot, w);
+    }
 }
 
 /// An accepted socket of either kind.
