@@ -157,15 +157,33 @@ impl<T: Registrable> AsRawFd for LazySock<T> {
     }
 }
 
+impl<T: Registrable> LazySock<T> {
+    /// A raw call's result: one that would block registers the socket, so
+    /// that the caller's next wait has an event to wait for.
+    fn raw_result<R>(&self, r: io::Result<R>) -> io::Result<R> {
+        if matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+            self.reg()?;
+        }
+        r
+    }
+}
+
 impl<T: Registrable> crate::io::SendSock for LazySock<T> {
     fn writable(&self) -> impl Future<Output = io::Result<()>> {
-        let reg = self.reg();
-        async move { crate::io::SendSock::writable(reg?).await }
+        // Unregistered means no write has been refused yet: try it. (A
+        // refused raw write registers the socket, see `raw_result`.)
+        let reg = self.registered.get();
+        async move {
+            match reg {
+                Some(t) => crate::io::SendSock::writable(t).await,
+                None => Ok(()),
+            }
+        }
     }
     fn try_io<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
         match self.registered.get() {
             Some(t) => crate::io::SendSock::try_io(t, f),
-            None => f(),
+            None => self.raw_result(f()),
         }
     }
 }
@@ -185,7 +203,7 @@ where
             let mut s = s;
             s.read(buf)
         }) {
-            Some(r) => r,
+            Some(r) => self.raw_result(r),
             None => self.reg()?.try_read(buf),
         }
     }
@@ -194,7 +212,7 @@ where
             let mut s = s;
             s.write_vectored(bufs)
         }) {
-            Some(r) => r,
+            Some(r) => self.raw_result(r),
             None => self.reg()?.try_write_vectored(bufs),
         }
     }
@@ -204,7 +222,7 @@ where
         }
         match self.registered.get() {
             Some(t) => t.try_write_more(bufs),
-            None => send_more(self.fd, bufs),
+            None => self.raw_result(send_more(self.fd, bufs)),
         }
     }
     fn set_nodelay(&self, on: bool) {
