@@ -32,12 +32,13 @@
 //! removes it, and parking it again re-arms it.
 //!
 //! One task per worker (the lot's watcher) does the waking and the
-//! closing; deadlines sit in an ordered set, so it sleeps until exactly
+//! closing; deadlines sit in a heap, so it sleeps until exactly
 //! the earliest one. The lot is reached through a thread-local: every
 //! connection task of a worker runs on that worker's thread.
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Duration;
@@ -78,7 +79,17 @@ struct Places {
     places: Vec<Place>,
     free: u32,
     gen: u32,
-    deadlines: BTreeSet<(Instant, u32)>,
+    /// (deadline, place, generation), earliest first. An entry is not
+    /// removed when its connection wakes (that would be a search): a
+    /// stale one is recognised by its generation when it comes up, and
+    /// the heap is rebuilt from the live entries when stale ones pile up.
+    /// One contiguous buffer: a tree's nodes, allocated as connections
+    /// park, would land in the holes their freed tasks leave and keep
+    /// those pages from being given back (idle: ~610 against ~360 bytes
+    /// per connection).
+    deadlines: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    /// Entries in `places` now.
+    live: usize,
     /// When to give freed memory back (see [`trim`]); set by the first
     /// park after the last trim.
     trim_at: Option<Instant>,
@@ -101,7 +112,19 @@ impl Places {
             *p = Place::Used(e);
             idx
         };
-        self.deadlines.insert((deadline, idx));
+        self.deadlines.push(Reverse((deadline, idx, self.gen)));
+        self.live += 1;
+        if self.deadlines.len() > 2 * self.live + 1024 {
+            self.deadlines = self
+                .places
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| match p {
+                    Place::Used(e) => Some(Reverse((e.wait.deadline, i as u32, e.gen))),
+                    Place::Free(_) => None,
+                })
+                .collect();
+        }
         (idx, self.gen)
     }
 
@@ -116,8 +139,21 @@ impl Places {
             return None;
         };
         self.free = idx;
-        self.deadlines.remove(&(e.wait.deadline, idx));
+        self.live -= 1;
         Some(e)
+    }
+
+    /// The earliest deadline of a parked entry (stale heap tops dropped).
+    fn earliest(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((d, idx, gen))) = self.deadlines.peek() {
+            match self.places.get(idx as usize) {
+                Some(Place::Used(e)) if e.gen == gen => return Some(d),
+                _ => {
+                    self.deadlines.pop();
+                }
+            }
+        }
+        None
     }
 }
 
@@ -162,7 +198,8 @@ pub fn start(quit: watch::Receiver<bool>) {
             places: Vec::new(),
             free: NONE,
             gen: 0,
-            deadlines: BTreeSet::new(),
+            deadlines: BinaryHeap::new(),
+            live: 0,
             trim_at: None,
         }),
         sooner: Notify::new(),
@@ -220,7 +257,7 @@ fn put(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait, trim: bool) {
         slot,
     };
     let mut places = lot.places.borrow_mut();
-    let earliest = places.deadlines.first().map(|&(d, _)| d);
+    let earliest = places.earliest();
     let (idx, gen) = places.put(e);
     // One-shot: after its event the socket stays in the set, disabled,
     // so waking it needs no EPOLL_CTL_DEL (its close removes it); a
@@ -300,8 +337,8 @@ async fn watch_lot(lot: Rc<Lot>) {
     }
     loop {
         let (next, trim_at) = {
-            let places = lot.places.borrow();
-            let next = places.deadlines.first().map(|&(d, _)| d);
+            let mut places = lot.places.borrow_mut();
+            let next = places.earliest();
             (next, places.trim_at)
         };
         tokio::select! {
@@ -369,8 +406,11 @@ fn expire(lot: &Lot) {
     loop {
         let e = {
             let mut places = lot.places.borrow_mut();
-            match places.deadlines.first() {
-                Some(&(d, idx)) if d <= now => places.take(idx, None),
+            match places.deadlines.peek() {
+                Some(&Reverse((d, idx, gen))) if d <= now => {
+                    places.deadlines.pop();
+                    places.take(idx, Some(gen))
+                }
                 _ => break,
             }
         };
