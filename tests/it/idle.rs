@@ -176,3 +176,36 @@ fn parked_unix_socket_connection_is_served() {
         std::thread::sleep(PARKED);
     }
 }
+
+#[test]
+fn deadlines_survive_many_short_connections() {
+    // Every new connection waits for its first request in the lot; once
+    // served its deadline entry goes stale, and after a few thousand the
+    // lot rebuilds its deadline heap. A connection parked before all of
+    // them must still be closed at its own deadline, and one parked after
+    // them at its own.
+    let s = Server::start(
+        "http { client_header_timeout 3s; keepalive_timeout 3s;
+            server { listen 127.0.0.1:@PORT@; location / { return 200 ok; } } }",
+    );
+    let mut silent = s.connect();
+    for i in 0..2500 {
+        let mut c = s.connect();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let r = read_response(&mut c).expect("response");
+        assert_eq!(r.body, b"ok", "request {i}");
+    }
+    let mut kept = s.connect();
+    assert_eq!(get(&mut kept, "/").body, b"ok");
+    assert_eq!(
+        wait_close(&mut silent).ok(),
+        Some(0),
+        "first-request wait timed out"
+    );
+    assert_eq!(
+        wait_close(&mut kept).ok(),
+        Some(0),
+        "keep-alive wait timed out"
+    );
+}
