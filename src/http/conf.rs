@@ -368,12 +368,18 @@ impl AddrConf {
         };
         let host = std::str::from_utf8(host).unwrap_or("");
         let host = host.strip_suffix('.').unwrap_or(host);
-        let lower = host.to_ascii_lowercase();
+        // The engine's hosts are lowercase already (request::validate_host).
+        let lower: std::borrow::Cow<'_, str> = if host.bytes().any(|c| c.is_ascii_uppercase()) {
+            host.to_ascii_lowercase().into()
+        } else {
+            host.into()
+        };
+        let lower: &str = &lower;
         for s in &self.servers {
             if s.srv
                 .names
                 .iter()
-                .any(|n| matches!(n, ServerName::Exact(e) if *e == lower))
+                .any(|n| matches!(n, ServerName::Exact(e) if e == lower))
             {
                 return s;
             }
@@ -383,7 +389,7 @@ impl AddrConf {
             for n in &s.srv.names {
                 if let ServerName::Leading { suffix, also_bare } = n {
                     let hit =
-                        lower.ends_with(suffix.as_str()) || (*also_bare && lower == suffix[1..]);
+                        lower.ends_with(suffix.as_str()) || (*also_bare && lower == &suffix[1..]);
                     if hit && best.is_none_or(|(_, l)| suffix.len() > l) {
                         best = Some((s, suffix.len()));
                     }

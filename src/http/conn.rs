@@ -462,15 +462,12 @@ async fn request<S: Stream>(
 /// when its listener accepts only once data has arrived (`deferred`), so
 /// the request is there to be read at once.
 pub(crate) fn first_wait(shared: &WorkerShared, info: &ConnInfo) -> Option<IdleWait> {
-    let deferred = {
-        let config = shared.config.load();
-        let http = config.http.as_ref()?;
-        http.addr_for(&info.listen, info.local)?.listen.deferred
-    };
-    if deferred {
+    let config = shared.config.load();
+    let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
+    if addr.listen.deferred {
         return None;
     }
-    let (wait_ms, reset, _) = idle_params(shared, info, true)?;
+    let (wait_ms, reset, _) = idle_params_of(&addr, true);
     Some(IdleWait {
         deadline: tokio::time::Instant::now() + Duration::from_millis(wait_ms),
         first: true,
@@ -483,8 +480,11 @@ pub(crate) fn first_wait(shared: &WorkerShared, info: &ConnInfo) -> Option<IdleW
 /// the first read buffer's size (client_header_buffer_size).
 fn idle_params(shared: &WorkerShared, info: &ConnInfo, first: bool) -> Option<(u64, bool, usize)> {
     let config = shared.config.load();
-    let http = config.http.as_ref()?;
-    let addr = http.addr_for(&info.listen, info.local)?;
+    let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
+    Some(idle_params_of(&addr, first))
+}
+
+fn idle_params_of(addr: &AddrConf, first: bool) -> (u64, bool, usize) {
     let wait_ms = if first {
         addr.default.srv.header_timeout_ms()
     } else {
@@ -500,7 +500,7 @@ fn idle_params(shared: &WorkerShared, info: &ConnInfo, first: bool) -> Option<(u
         .core
         .reset_timedout_connection
         .unwrap_or(false);
-    Some((wait_ms, reset, addr.default.srv.header_buffer().max(1)))
+    (wait_ms, reset, addr.default.srv.header_buffer().max(1))
 }
 
 /// Reads until a complete head is in `buf`; returns its length.
