@@ -16,8 +16,10 @@
 //! bytes arrive. Its `worker_connections` slot ([`ConnSlot`]) travels
 //! with it, so the accounting does not see the difference.
 
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -398,21 +400,82 @@ fn serve_stream(
     });
 }
 
-/// Runs an HTTP connection as a task of this worker: a new one (`wait`
-/// None) or one the parking lot hands back with bytes to read. When the
-/// connection idles long enough, its socket goes to the parking lot and
-/// the task ends.
+/// Runs an HTTP connection on this worker: a new one (`wait` None) or one
+/// the parking lot hands back with bytes to read. When the connection
+/// idles long enough, its socket goes to the parking lot.
+///
+/// Connections run on the worker's runners: tasks that serve one
+/// connection after another. A task per connection would cost, for every
+/// connection, a 128-byte-aligned task cell (glibc's slow `memalign`
+/// path), its registration in the task list and its teardown; a runner
+/// pays that once. A connection queues here and wakes an idle runner, or
+/// gets a new one when all are busy, so no connection waits for another.
 pub(crate) fn spawn_http(s: Either, info: ConnInfo, slot: ConnSlot, wait: Option<IdleWait>) {
-    // One task type per socket kind: a single async block matching on
-    // the kind laid both `serve` futures out side by side (3.5 KiB per
-    // task instead of ~1 KiB), all of it allocated and copied per
-    // connection.
-    match s {
-        Either::Tcp(t) => {
-            tokio::task::spawn_local(run_http(t, info, slot, wait, Either::Tcp));
-        }
-        Either::Unix(u) => {
-            tokio::task::spawn_local(run_http(u, info, slot, wait, Either::Unix));
+    let runners = RUNNERS.with(Rc::clone);
+    runners.jobs.borrow_mut().push_back(Job {
+        s,
+        info,
+        slot,
+        wait,
+    });
+    let idle = runners.idle.get();
+    if idle > 0 {
+        // Every runner counted idle is already waiting on `wake` (it
+        // counts itself and starts waiting in one step), so this wakes
+        // one of them.
+        runners.idle.set(idle - 1);
+        runners.wake.notify_one();
+    } else {
+        tokio::task::spawn_local(runner(runners));
+    }
+}
+
+/// A connection waiting for a runner.
+struct Job {
+    s: Either,
+    info: ConnInfo,
+    slot: ConnSlot,
+    wait: Option<IdleWait>,
+}
+
+/// This worker's runners and the connections queued for them.
+#[derive(Default)]
+struct Runners {
+    jobs: RefCell<VecDeque<Job>>,
+    /// Runners waiting for a connection.
+    idle: Cell<usize>,
+    wake: Notify,
+}
+
+thread_local! {
+    static RUNNERS: Rc<Runners> = Rc::new(Runners::default());
+}
+
+/// Runners kept waiting after a burst; more end when their queue is empty.
+const MAX_IDLE_RUNNERS: usize = 64;
+
+async fn runner(runners: Rc<Runners>) {
+    loop {
+        let job = runners.jobs.borrow_mut().pop_front();
+        match job {
+            Some(Job {
+                s,
+                info,
+                slot,
+                wait,
+            }) => match s {
+                Either::Tcp(t) => run_http(t, info, slot, wait, Either::Tcp).await,
+                Either::Unix(u) => run_http(u, info, slot, wait, Either::Unix).await,
+            },
+            None => {
+                let idle = runners.idle.get();
+                if idle >= MAX_IDLE_RUNNERS {
+                    return;
+                }
+                let woken = runners.wake.notified();
+                runners.idle.set(idle + 1);
+                woken.await;
+            }
         }
     }
 }
@@ -426,7 +489,7 @@ async fn run_http<T: Registrable>(
 ) where
     for<'a> &'a T::Std: std::io::Read + std::io::Write,
 {
-    // `slot` is released on drop: also when the task panics.
+    // `slot` is released on drop: also when the connection panics.
     let sh = slot.0.clone();
     if let Served::Idle(s, info, w) = conn::serve(s, info, sh, wait).await {
         park::park(kind(s), info, slot, w);
