@@ -156,11 +156,12 @@ pub enum Served<S> {
 /// Serves one connection until it closes or idles long enough to be
 /// parked. `resume` is the wait a parked connection was in.
 ///
-/// Only the idle wait lives in this function's own state; each request
-/// runs in a boxed future of its own ([`request`]). That future (phases,
-/// handlers, writers) is several KiB, and an idle keep-alive connection
-/// must not carry it: what stays per idle connection is this loop's few
-/// hundred bytes, and after [`PARK_AFTER`] not even that.
+/// The request future ([`request`]: phases, handlers, writers, ~3 KiB)
+/// lives inside this one, not in a box of its own: the future runs on one
+/// of the worker's reusable runners (`core::worker`), so its size is paid
+/// once per runner, while a box was a large allocation (glibc's slow path)
+/// and a copy on every request. An idle connection gives its runner back
+/// after [`PARK_AFTER`], when it is parked.
 pub async fn serve<S: Stream>(
     stream: S,
     mut info: ConnInfo,
@@ -237,7 +238,7 @@ pub async fn serve<S: Stream>(
                 }
             }
         }
-        if !Box::pin(request(&stream, &mut buf, &mut info, &shared, &quit)).await {
+        if !request(&stream, &mut buf, &mut info, &shared, &quit).await {
             return Served::Closed;
         }
         if buf.is_empty() {
