@@ -1,16 +1,16 @@
 //! The parking lot: HTTP connections that wait for a request, kept
 //! outside tokio.
 //!
-//! A connection waiting for a request is a task holding a tokio socket:
-//! the task cell (~1.1 KiB, the `conn::serve` state machine in it) and
-//! tokio's I/O registration (256 bytes, cache-line aligned) come to about
-//! 1.6 KiB, three times what nginx spends on an idle keep-alive
-//! connection. So a connection that has waited [`crate::http::conn::PARK_AFTER`]
-//! without a byte hands its socket here and its task ends (busy
-//! keep-alive clients never get here, so the hot path does not pay for
-//! parking). A connection just accepted waits here for its first request
-//! too ([`wait_first`]): it costs one `EPOLL_CTL_ADD`, as in nginx, and
-//! neither a task nor a tokio registration (whose removal on close would
+//! A connection waiting for a request inside the engine holds a runner
+//! (a task of `core::worker` with the `conn::serve` state machine in it,
+//! ~4 KiB) and tokio's I/O registration (256 bytes, cache-line aligned):
+//! several times what nginx spends on an idle keep-alive connection. So a
+//! connection that has waited [`crate::http::conn::PARK_AFTER`] without a
+//! byte hands its socket here and gives its runner back (busy keep-alive
+//! clients never get here, so the hot path does not pay for parking). A
+//! connection just accepted waits here for its first request too
+//! ([`wait_first`]): it costs one `EPOLL_CTL_ADD`, as in nginx, and
+//! neither a runner nor a tokio registration (whose removal on close would
 //! be one more `epoll_ctl`) until its bytes are there. The lot keeps the
 //! bare socket, its `ConnInfo`, its `worker_connections` slot and its
 //! wait (deadline, first request or not) in one slab entry, and watches
@@ -19,10 +19,10 @@
 //!
 //! ```text
 //!  accept --------------> wait_first() --+
-//!  conn task --idle PARK_AFTER--> park(): deregister from tokio
+//!  conn on a runner --idle PARK_AFTER--> park(): deregister from tokio
 //!                                        |  epoll_ctl ADD (or MOD), one-shot
 //!     readable / hang-up  <--------------+---------> deadline passed: close
-//!     new task with the bare socket        (RST if first wait and
+//!     back to a runner, bare socket        (RST if first wait and
 //!     (core::sock::LazySock):               reset_timedout_connection)
 //!     conn::serve(.., Some(wait))     QUIT: close all but first waits
 //! ```
