@@ -69,7 +69,9 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
         return;
     }
     let req = cx.req;
-    let etag = resp.header("etag").map(<[u8]>::to_vec);
+    // Borrowed from the response when a conditional header needs it (no
+    // copy on the common request that has none).
+    let etag = || resp.header("etag").map(<[u8]>::to_vec);
     let lm = resp.last_modified;
     if let Some(v) = req.header("if-unmodified-since") {
         let ok = match (lm, parse_http_date(v)) {
@@ -81,7 +83,7 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
         }
     }
     if let Some(v) = req.header("if-match") {
-        if !etag_matches(v, etag.as_deref(), false) {
+        if !etag_matches(v, etag().as_deref(), false) {
             return precondition_failed(cx, resp);
         }
     }
@@ -97,7 +99,7 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
         }
     }
     if let Some(v) = inm {
-        if !etag_matches(v, etag.as_deref(), true) {
+        if !etag_matches(v, etag().as_deref(), true) {
             return;
         }
     }
