@@ -284,6 +284,28 @@ pub fn normalize_path(raw_path: &[u8], merge_slashes: bool) -> Result<Vec<u8>, B
     Ok(out)
 }
 
+/// Whether [`normalize_path`] would return `raw_path` unchanged: it starts
+/// with `/` and has no `%`, `?` or `#`, no `.` or `..` segment and, when
+/// `merge_slashes`, no `//`. This is the usual request, which can then keep
+/// the path as sent.
+pub fn is_normal(raw_path: &[u8], merge_slashes: bool) -> bool {
+    if raw_path.first() != Some(&b'/') || memchr::memchr3(b'%', b'?', b'#', raw_path).is_some() {
+        return false;
+    }
+    memchr::memchr_iter(b'/', raw_path).all(|i| {
+        let at = |k: usize| raw_path.get(i + k).copied();
+        match at(1) {
+            Some(b'/') => !merge_slashes,
+            Some(b'.') => match at(2) {
+                None | Some(b'/') => false,
+                Some(b'.') => !matches!(at(3), None | Some(b'/')),
+                Some(_) => true,
+            },
+            _ => true,
+        }
+    })
+}
+
 /// `$arg_NAME`: find `name` in an args string `a=1&b=2` and return its raw
 /// (not decoded) value. As nginx's `ngx_http_arg`, the name matches
 /// case-insensitively, must start the string or follow `&`, and must be
@@ -534,9 +556,13 @@ mod tests {
         let mut buf = vec![b'/'];
         fn rec(buf: &mut Vec<u8>, alpha: &[u8], depth: usize) {
             for m in [true, false] {
-                if let Ok(v) = normalize_path(buf, m) {
+                let r = normalize_path(buf, m);
+                if let Ok(v) = &r {
                     assert_eq!(v.first(), Some(&b'/'), "{:?}", buf);
                 }
+                // is_normal is exactly "normalisation changes nothing".
+                let same = r.as_deref() == Ok(buf.as_slice());
+                assert_eq!(is_normal(buf, m), same, "{:?} merge={m}", buf);
             }
             if depth == 0 {
                 return;
