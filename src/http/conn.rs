@@ -594,19 +594,16 @@ fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
         });
     }
     let first_nl = first_nl?;
-    let line = buf[..first_nl]
-        .strip_suffix(b"\r")
-        .unwrap_or(&buf[..first_nl])
-        .to_vec();
     let too_long = buf.len() > limit
         || buf[first_nl + 1..]
             .split(|&c| c == b'\n')
             .any(|l| l.len() > large);
     if too_long {
+        let line = &buf[..first_nl];
         return Some(Reject {
             status: 494,
             log: "client sent too long header line",
-            line: Some(line),
+            line: Some(line.strip_suffix(b"\r").unwrap_or(line).to_vec()),
         });
     }
     None
