@@ -552,7 +552,7 @@ impl VarCtx for Ctx<'_> {
             Var::Http(name) => match name.as_str() {
                 "cookie" => {
                     let mut first = true;
-                    for h in r.headers().filter(|h| h.lname == "cookie") {
+                    for h in r.headers().filter(|h| h.is("cookie")) {
                         if !first {
                             out.extend_from_slice(b"; ");
                         }
@@ -679,7 +679,7 @@ impl VarCtx for Ctx<'_> {
 }
 
 fn cookie<'r>(r: &'r Request, name: &[u8]) -> Option<&'r [u8]> {
-    for h in r.headers().filter(|h| h.lname == "cookie") {
+    for h in r.headers().filter(|h| h.is("cookie")) {
         for part in h.value.split(|&c| c == b';') {
             let part = part.trim_ascii_start();
             if let Some(rest) = part.strip_prefix(name) {

@@ -28,27 +28,34 @@ struct Span {
 }
 
 impl Span {
-    fn of(buf: &[u8], start: usize, end: usize) -> Span {
-        // parse_head refuses a buffer whose offsets would not fit.
-        let c = |n: usize| u32::try_from(n.min(buf.len())).unwrap_or(0);
-        Span {
-            start: c(start),
-            end: c(end),
+    /// The range of `part` within `base`, None when `part` is elsewhere (a
+    /// constant, such as the `/` of an absolute target without a path).
+    /// parse_head refuses a head whose offsets would not fit in u32.
+    fn within(base: &[u8], part: &[u8]) -> Option<Span> {
+        let start = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
+        let end = start.checked_add(part.len())?;
+        if end > base.len() {
+            return None;
         }
+        Some(Span {
+            start: u32::try_from(start).ok()?,
+            end: u32::try_from(end).ok()?,
+        })
+    }
+
+    fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
     }
 
     fn get(self, buf: &[u8]) -> &[u8] {
-        buf.get(self.start as usize..self.end as usize)
-            .unwrap_or_default()
+        buf.get(self.range()).unwrap_or_default()
     }
 }
 
-/// One header line's name, lowercased name and value, as ranges of the
-/// request's buffer.
+/// One header line's name and value, as ranges of the request's buffer.
 #[derive(Debug, Clone, Copy)]
 struct Hdr {
     name: Span,
-    lname: Span,
     value: Span,
 }
 
@@ -56,16 +63,32 @@ struct Hdr {
 #[derive(Debug, Clone, Copy)]
 pub struct Header<'r> {
     /// The name as sent.
-    pub name: &'r str,
-    /// The name lowercased, for lookups.
-    pub lname: &'r str,
+    pub name: &'r [u8],
     pub value: &'r [u8],
 }
 
-/// A parsed request head. The head's bytes are kept once, in one buffer,
-/// followed by what parsing derived from them when that differs from the
-/// bytes sent (lowercased header names and host, a normalised path); the
-/// parts are ranges of that buffer, read through the accessors.
+impl Header<'_> {
+    /// Whether the name, lowercased, is `lname`.
+    pub fn is(&self, lname: &str) -> bool {
+        name_is(self.name, lname)
+    }
+}
+
+/// `name` lowercased equals `lname` (a lookup name, lowercase): header
+/// names are compared without a lowercased copy of each.
+fn name_is(name: &[u8], lname: &str) -> bool {
+    name.len() == lname.len()
+        && name
+            .iter()
+            .zip(lname.bytes())
+            .all(|(&a, b)| a.to_ascii_lowercase() == b)
+}
+
+/// A parsed request head. The head's bytes are kept once, in one buffer
+/// (the connection's read buffer when the head was all it held); the parts
+/// are ranges of it, read through the accessors. What parsing derives and
+/// the head does not contain as such (a host with capitals lowercased, a
+/// path that normalising changed) is appended to the same buffer.
 #[derive(Debug, Clone)]
 pub struct Request {
     pub method: Method,
@@ -88,9 +111,10 @@ pub struct Request {
 }
 
 impl Request {
-    /// The method as sent (upper-case letters, `_` and `-`).
+    /// The method as sent (upper-case letters, `_` and `-`: parse_head
+    /// refuses anything else, so it is always valid UTF-8).
     pub fn method_raw(&self) -> &str {
-        ascii(self.method_raw.get(&self.buf))
+        std::str::from_utf8(self.method_raw.get(&self.buf)).unwrap_or_default()
     }
 
     /// The request line as sent, for `$request` and the error log.
@@ -122,24 +146,18 @@ impl Request {
     /// under `ignore_invalid_headers`).
     pub fn headers(&self) -> impl Iterator<Item = Header<'_>> + '_ {
         self.headers.iter().map(|h| Header {
-            name: ascii(h.name.get(&self.buf)),
-            lname: ascii(h.lname.get(&self.buf)),
+            name: h.name.get(&self.buf),
             value: h.value.get(&self.buf),
         })
     }
 
-    /// The value of the first header named `lname` (lowercase).
+    /// The value of the first header whose lowercased name is `lname`.
     pub fn header(&self, lname: &str) -> Option<&[u8]> {
         self.headers
             .iter()
-            .find(|h| h.lname.get(&self.buf) == lname.as_bytes())
+            .find(|h| name_is(h.name.get(&self.buf), lname))
             .map(|h| h.value.get(&self.buf))
     }
-}
-
-/// Names and methods are ASCII tokens (httparse and parse_head check them).
-fn ascii(b: &[u8]) -> &str {
-    std::str::from_utf8(b).unwrap_or_default()
 }
 
 /// Why a head was refused: the status to answer and the error-log text.
@@ -159,73 +177,12 @@ fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
     }
 }
 
-/// Where a part of the head is: `base`'s range `part`, or not in `base`
-/// (a constant, such as the `/` of an absolute target without path).
-fn locate(base: &[u8], part: &[u8]) -> Option<(usize, usize)> {
-    let start = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
-    let end = start.checked_add(part.len())?;
-    (end <= base.len()).then_some((start, end))
-}
-
-/// A part of the request still to be placed in the buffer.
-enum Part {
-    /// These bytes of the head, as they are.
-    Same(usize, usize),
-    /// These bytes of the head, lowercased.
-    Lower(usize, usize),
-    /// Other bytes (a normalised path that differs from the one sent).
-    Other(Vec<u8>),
-}
-
-impl Part {
-    fn of(base: &[u8], part: &[u8]) -> Part {
-        match locate(base, part) {
-            Some((s, e)) => Part::Same(s, e),
-            None => Part::Other(part.to_vec()),
-        }
-    }
-
-    fn lower(base: &[u8], part: &[u8]) -> Part {
-        match locate(base, part) {
-            Some((s, e)) if part.iter().any(u8::is_ascii_uppercase) => Part::Lower(s, e),
-            Some((s, e)) => Part::Same(s, e),
-            None => Part::Other(part.to_ascii_lowercase()),
-        }
-    }
-
-    /// Bytes it adds to the buffer.
-    fn extra(&self) -> usize {
-        match self {
-            Part::Same(..) => 0,
-            Part::Lower(s, e) => e - s,
-            Part::Other(v) => v.len(),
-        }
-    }
-
-    fn place(self, buf: &mut Vec<u8>) -> Span {
-        let at = buf.len();
-        match self {
-            Part::Same(s, e) => return Span::of(buf, s, e),
-            Part::Lower(s, e) => {
-                if s <= e && e <= at {
-                    buf.extend_from_within(s..e);
-                }
-                if let Some(added) = buf.get_mut(at..) {
-                    added.make_ascii_lowercase();
-                }
-            }
-            Part::Other(v) => buf.extend_from_slice(&v),
-        }
-        Span::of(buf, at, buf.len())
-    }
-}
-
 /// Parses a complete head: `head` holds exactly its bytes (the request
-/// line and headers, ending with the blank line), and becomes the
-/// request's buffer (with room to spare, it costs no allocation).
+/// line and headers, ending with the blank line) and becomes the request's
+/// buffer.
 pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
-    // Ranges are u32; a head this large is refused long before (the
-    // large_client_header_buffers limit), this only keeps them exact.
+    // Ranges are u32 and derived bytes may follow the head; a head this
+    // large is refused long before (large_client_header_buffers).
     if head.len() > (u32::MAX / 4) as usize {
         return Err(reject(400, "client sent invalid request", None));
     }
@@ -286,26 +243,28 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     };
     let minor = req.version.unwrap_or(0);
     let raw_target = req.path.unwrap_or("").as_bytes();
+    // httparse's slices are of `buf`, so these always succeed.
+    let in_head = |part: &[u8]| {
+        Span::within(buf, part).ok_or_else(|| reject(400, "client sent invalid request", None))
+    };
+    let method_raw = in_head(method_raw.as_bytes())?;
+    let raw_uri = in_head(raw_target)?;
+    let line_span = in_head(line)?;
     let target = uri::split_target(raw_target)
         .map_err(|_| reject(400, "client sent invalid request", Some(line)))?;
+    let args = target.query.map(in_head).transpose()?;
     let merge = srv.merge_slashes.unwrap_or(true);
     // The path as sent when normalising would not change it (the usual
-    // case), else its normalised copy.
-    let path = if uri::is_normal(target.path, merge) {
-        Part::of(buf, target.path)
-    } else {
-        Part::Other(
-            uri::normalize_path(target.path, merge)
-                .map_err(|_| reject(400, "client sent invalid request", Some(line)))?,
-        )
+    // case); else its normalised copy, appended to the buffer below.
+    let path = match Span::within(buf, target.path) {
+        Some(p) if uri::is_normal(target.path, merge) => Ok(p),
+        _ => Err(uri::normalize_path(target.path, merge)
+            .map_err(|_| reject(400, "client sent invalid request", Some(line)))?),
     };
-    let mut host: Option<Part> = match target.host {
-        Some(h) => Some(Part::lower(
-            buf,
-            validate_host(h).ok_or_else(|| {
-                reject(400, "client sent invalid host in request line", Some(line))
-            })?,
-        )),
+    let mut host = match target.host {
+        Some(h) => Some(in_head(validate_host(h).ok_or_else(|| {
+            reject(400, "client sent invalid host in request line", Some(line))
+        })?)?),
         None => None,
     };
     let underscores = srv.underscores_in_headers.unwrap_or(false);
@@ -316,8 +275,6 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     let mut seen_host = false;
     let mut connection: Option<&[u8]> = None;
     let mut expect_continue = false;
-    // Bytes the lowercased names add to the buffer.
-    let mut extra = 0;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let valid_name = name
@@ -326,7 +283,7 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         if !valid_name && ignore_invalid {
             continue;
         }
-        if name.eq_ignore_ascii_case(b"host") {
+        if name_is(name, "host") {
             if seen_host {
                 return Err(reject(400, "client sent duplicate host header", Some(line)));
             }
@@ -334,9 +291,9 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
             let v = validate_host(h.value)
                 .ok_or_else(|| reject(400, "client sent invalid host header", Some(line)))?;
             if host.is_none() {
-                host = Some(Part::lower(buf, v));
+                host = Some(in_head(v)?);
             }
-        } else if name.eq_ignore_ascii_case(b"content-length") {
+        } else if name_is(name, "content-length") {
             if content_length.is_some() {
                 return Err(reject(400, "client sent duplicate header line", Some(line)));
             }
@@ -352,28 +309,19 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
                     )
                 })?;
             content_length = Some(n as u64);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+        } else if name_is(name, "transfer-encoding") {
             if te.is_some() {
                 return Err(reject(400, "client sent duplicate header line", Some(line)));
             }
             te = Some(h.value);
-        } else if name.eq_ignore_ascii_case(b"connection") {
+        } else if name_is(name, "connection") {
             connection = Some(h.value);
-        } else if name.eq_ignore_ascii_case(b"expect") {
+        } else if name_is(name, "expect") {
             expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
         }
-        let (Some((ns, ne)), Some((vs, ve))) = (locate(buf, name), locate(buf, h.value)) else {
-            // httparse's slices are of `buf`; nothing else can occur.
-            return Err(reject(400, "client sent invalid header line", Some(line)));
-        };
-        if name.iter().any(u8::is_ascii_uppercase) {
-            extra += name.len();
-        }
-        let name = Span::of(buf, ns, ne);
         headers.push(Hdr {
-            name,
-            lname: name,
-            value: Span::of(buf, vs, ve),
+            name: in_head(name)?,
+            value: in_head(h.value)?,
         });
     }
     if minor >= 1 && !seen_host && target.host.is_none() {
@@ -413,20 +361,28 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         Some(c) if contains_token(c, b"keep-alive") => true,
         _ => minor >= 1,
     };
-    let method_raw = Part::of(buf, method_raw.as_bytes());
-    let line = Part::of(buf, line);
-    let raw_uri = Part::of(buf, raw_target);
-    let args = target.query.map(|q| Part::of(buf, q));
-    // Derived bytes go after the head: one allocation at most, none when
-    // the buffer has room.
-    extra += path.extra() + host.as_ref().map_or(0, Part::extra);
-    head.reserve(extra);
-    for h in &mut headers {
-        let name = h.name.get(&head);
-        if name.iter().any(u8::is_ascii_uppercase) {
-            h.lname = Part::Lower(h.name.start as usize, h.name.end as usize).place(&mut head);
+    // Derived bytes that differ from the head's go after it.
+    let uri = match path {
+        Ok(p) => p,
+        Err(normalised) => {
+            let start = head.len();
+            head.extend_from_slice(&normalised);
+            appended(&head, start)?
         }
-    }
+    };
+    let host = match host {
+        Some(h) if h.get(&head).iter().any(u8::is_ascii_uppercase) => {
+            let start = head.len();
+            if h.range().end <= start {
+                head.extend_from_within(h.range());
+            }
+            if let Some(added) = head.get_mut(start..) {
+                added.make_ascii_lowercase();
+            }
+            Some(appended(&head, start)?)
+        }
+        h => h,
+    };
     Ok(Request {
         method,
         minor,
@@ -435,15 +391,24 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         keepalive,
         expect_continue: expect_continue && minor >= 1,
         head_len,
-        method_raw: method_raw.place(&mut head),
-        line: line.place(&mut head),
-        raw_uri: raw_uri.place(&mut head),
-        uri: path.place(&mut head),
-        args: args.map(|a| a.place(&mut head)),
-        host: host.map(|h| h.place(&mut head)),
-        headers,
         buf: head,
+        method_raw,
+        line: line_span,
+        raw_uri,
+        uri,
+        args,
+        host,
+        headers,
     })
+}
+
+/// The range of what was appended to the buffer from `start` on.
+fn appended(buf: &[u8], start: usize) -> Result<Span, Reject> {
+    let span = |n: usize| u32::try_from(n).ok();
+    match (span(start), span(buf.len())) {
+        (Some(start), Some(end)) => Ok(Span { start, end }),
+        _ => Err(reject(400, "client sent invalid request", None)),
+    }
 }
 
 /// True for a request line ending in `HTTP/<major>.<minor>` with major > 1.
@@ -506,4 +471,79 @@ pub fn validate_host(h: &[u8]) -> Option<&[u8]> {
         return None;
     }
     Some(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(head: &str) -> Result<Request, Reject> {
+        parse_head(head.as_bytes().to_vec(), &SrvConf::default())
+    }
+
+    #[test]
+    fn parts_are_the_bytes_sent() {
+        let r = parse(
+            "GET /a/b.txt?x=1&y HTTP/1.1\r\nHost: example.com:8080\r\n\
+             User-Agent: t\r\nX-Dup: 1\r\nx-dup: 2\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.method, Method::Get);
+        assert_eq!(r.method_raw(), "GET");
+        assert_eq!(r.line(), b"GET /a/b.txt?x=1&y HTTP/1.1");
+        assert_eq!(r.raw_uri(), b"/a/b.txt?x=1&y");
+        assert_eq!(r.uri(), b"/a/b.txt");
+        assert_eq!(r.args(), Some(&b"x=1&y"[..]));
+        assert_eq!(r.host(), Some(&b"example.com"[..]));
+        assert_eq!(r.header("user-agent"), Some(&b"t"[..]));
+        // The first of repeated headers; lookups ignore the case sent.
+        assert_eq!(r.header("x-dup"), Some(&b"1"[..]));
+        assert_eq!(r.header("User-Agent"), None, "lookup names are lowercase");
+        let names: Vec<&[u8]> = r.headers().map(|h| h.name).collect();
+        assert_eq!(names, [&b"Host"[..], b"User-Agent", b"X-Dup", b"x-dup"]);
+        assert!(r.headers().nth(1).unwrap().is("user-agent"));
+        assert!(r.keepalive);
+        assert_eq!(r.head_len, r.buf.len());
+    }
+
+    #[test]
+    fn derived_parts_follow_the_head() {
+        // A path that normalising changes and a host with capitals.
+        let r = parse("GET /a/./b/../%63//d? HTTP/1.1\r\nHost: WWW.Example.COM.\r\n\r\n").unwrap();
+        assert_eq!(r.uri(), b"/a/c/d");
+        assert_eq!(r.raw_uri(), b"/a/./b/../%63//d?");
+        assert_eq!(r.args(), Some(&b""[..]));
+        assert_eq!(r.host(), Some(&b"www.example.com"[..]));
+        assert_eq!(r.header("host"), Some(&b"WWW.Example.COM."[..]));
+        // An absolute target: its host wins, its missing path is "/".
+        let r = parse("GET http://Foo.example HTTP/1.1\r\nHost: bar\r\n\r\n").unwrap();
+        assert_eq!(r.uri(), b"/");
+        assert_eq!(r.args(), None);
+        assert_eq!(r.host(), Some(&b"foo.example"[..]));
+        assert_eq!(r.raw_uri(), b"http://Foo.example");
+    }
+
+    #[test]
+    fn connection_and_transfer_encoding_ignore_case() {
+        let r =
+            parse("GET / HTTP/1.1\r\nHost: h\r\nConnection: Keep-Alive, CLOSE\r\n\r\n").unwrap();
+        assert!(!r.keepalive);
+        let r = parse("GET / HTTP/1.0\r\nConnection: KEEP-ALIVE\r\n\r\n").unwrap();
+        assert!(r.keepalive);
+        let r = parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\n\r\n").unwrap();
+        assert!(r.chunked);
+        let e = parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n").unwrap_err();
+        assert_eq!(e.status, 501);
+        let e = parse("GET / HTTP/1.1\r\nHost: h\r\nhOsT: h\r\n\r\n").unwrap_err();
+        assert_eq!(e.log, "client sent duplicate host header");
+        assert_eq!(e.line.as_deref(), Some(&b"GET / HTTP/1.1"[..]));
+    }
+
+    #[test]
+    fn invalid_names_are_left_out() {
+        let r = parse("GET / HTTP/1.1\r\nHost: h\r\nX_Under: 1\r\nX-Ok: 2\r\n\r\n").unwrap();
+        assert_eq!(r.headers().count(), 2);
+        assert_eq!(r.header("x_under"), None);
+        assert_eq!(r.header("x-ok"), Some(&b"2"[..]));
+    }
 }

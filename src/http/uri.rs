@@ -289,21 +289,24 @@ pub fn normalize_path(raw_path: &[u8], merge_slashes: bool) -> Result<Vec<u8>, B
 /// `merge_slashes`, no `//`. This is the usual request, which can then keep
 /// the path as sent.
 pub fn is_normal(raw_path: &[u8], merge_slashes: bool) -> bool {
-    if raw_path.first() != Some(&b'/') || memchr::memchr3(b'%', b'?', b'#', raw_path).is_some() {
+    if raw_path.first() != Some(&b'/') {
         return false;
     }
-    memchr::memchr_iter(b'/', raw_path).all(|i| {
-        let at = |k: usize| raw_path.get(i + k).copied();
-        match at(1) {
-            Some(b'/') => !merge_slashes,
-            Some(b'.') => match at(2) {
-                None | Some(b'/') => false,
-                Some(b'.') => !matches!(at(3), None | Some(b'/')),
-                Some(_) => true,
-            },
-            _ => true,
-        }
-    })
+    // One pass (paths are short: memchr's setup would cost more). `seg`
+    // is what the current segment holds so far: 0 none, 1 ".", 2 "..",
+    // 3 anything else.
+    let mut seg = 3;
+    for &c in raw_path {
+        seg = match (c, seg) {
+            (b'%' | b'?' | b'#', _) => return false,
+            (b'/', 0) if merge_slashes => return false,
+            (b'/', 1 | 2) => return false,
+            (b'/', _) => 0,
+            (b'.', 0 | 1) => seg + 1,
+            _ => 3,
+        };
+    }
+    !matches!(seg, 1 | 2)
 }
 
 /// `$arg_NAME`: find `name` in an args string `a=1&b=2` and return its raw

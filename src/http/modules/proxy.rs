@@ -1327,10 +1327,10 @@ fn request_head(
     }
     if conf.pass_request_headers.unwrap_or(true) {
         for hd in cx.req.headers() {
-            if set_names.iter().any(|n| n == hd.lname) {
+            if set_names.iter().any(|n| hd.is(n)) {
                 continue;
             }
-            push_header(&mut h, hd.name.as_bytes(), hd.value);
+            push_header(&mut h, hd.name, hd.value);
         }
     }
     h.extend_from_slice(b"\r\n");
