@@ -327,14 +327,12 @@ async fn request<S: Stream>(
     };
     info.requests += 1;
     // The request keeps the head's bytes: the read buffer itself when the
-    // head is all it holds (the usual case; its spare room takes what
-    // parsing derives), else a copy, and the rest stays in `buf`.
+    // head is all it holds (the usual case: no copy, no allocation), else
+    // a copy, and what follows (a body, a pipelined request) stays in `buf`.
     let head = if end == buf.len() {
         std::mem::take(buf)
     } else {
-        // Room for the derived bytes (at most the head's size in practice).
-        let mut head = Vec::with_capacity(2 * end);
-        head.extend_from_slice(&buf[..end]);
+        let head = buf[..end].to_vec();
         buf.drain(..end);
         head
     };

@@ -5,6 +5,14 @@
 //! Host required for HTTP/1.1 and validated, `Content-Length` and
 //! `Transfer-Encoding` checked against request smuggling, the target split
 //! and normalised into `$uri` and `$args`.
+//!
+//! A `Request` costs one allocation, its list of header ranges: it keeps
+//! the head's bytes in one buffer (the connection's read buffer, handed
+//! over, when the head is all that was read) and every part (line, method,
+//! target, path, args, host, header names and values) is a `u32` range of
+//! it. Header names are not lowercased: lookups compare them lowercased.
+//! Only a path that normalising changes and a host with capitals are
+//! copied, appended to the same buffer.
 
 use crate::http::conf::SrvConf;
 use crate::http::uri;
