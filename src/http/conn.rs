@@ -327,15 +327,24 @@ async fn request<S: Stream>(
         }
     };
     info.requests += 1;
-    let req = match request::parse_head(&buf[..end], dsrv) {
+    // The request keeps the head's bytes: the read buffer itself when the
+    // head is all it holds (the usual case: no copy, no allocation), else
+    // a copy, and what follows (a body, a pipelined request) stays in `buf`.
+    let head = if end == buf.len() {
+        std::mem::take(buf)
+    } else {
+        let head = buf[..end].to_vec();
+        buf.drain(..end);
+        head
+    };
+    let req = match request::parse_head(head, dsrv) {
         Ok(r) => r,
         Err(r) => {
             Box::pin(reject_and_close(stream, &addr, info, r)).await;
             return false;
         }
     };
-    buf.drain(..end);
-    let server = addr.select(req.host.as_deref()).clone();
+    let server = addr.select(req.host()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     // A handler that needs the body (proxy_pass) reads it through this;
     // the read buffer comes back after the phases (see http::body).
@@ -403,7 +412,7 @@ async fn request<S: Stream>(
                 let r = Reject {
                     status: 400,
                     log: "client sent invalid chunked body",
-                    line: Some(req.line.clone()),
+                    line: Some(req.line().to_vec()),
                 };
                 Box::pin(reject_and_close(stream, &addr, info, r)).await;
                 return false;

@@ -12,6 +12,7 @@
 //!    [`crate::http::conn`]
 //! 7. log: [`crate::http::modules::log_phase`]
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::unix::ffi::OsStrExt;
@@ -34,10 +35,11 @@ pub struct Ctx<'a> {
     pub server: &'a Arc<Server>,
     pub conn: &'a ConnInfo,
     pub shared: &'a WorkerShared,
-    /// The current URI (changes on internal redirects and rewrites).
-    pub uri: Vec<u8>,
+    /// The current URI (changes on internal redirects and rewrites);
+    /// the request's until then.
+    pub uri: Cow<'a, [u8]>,
     /// The current args (rewrites may change them).
-    pub args: Option<Vec<u8>>,
+    pub args: Option<Cow<'a, [u8]>>,
     pub loc: Arc<LocConf>,
     /// Regex captures of the last regex match, as byte ranges of `capture_src`.
     pub captures: Vec<Option<(usize, usize)>>,
@@ -125,8 +127,8 @@ impl<'a> Ctx<'a> {
             server,
             conn,
             shared,
-            uri: req.uri.clone(),
-            args: req.args.clone(),
+            uri: Cow::Borrowed(req.uri()),
+            args: req.args().map(Cow::Borrowed),
             loc: server.conf.clone(),
             captures: Vec::new(),
             capture_src: Vec::new(),
@@ -199,9 +201,13 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             if let Some(q) = u.iter().position(|&b| b == b'?') {
                 let args = u[q + 1..].to_vec();
                 u.truncate(q);
-                cx.args = if args.is_empty() { None } else { Some(args) };
+                cx.args = if args.is_empty() {
+                    None
+                } else {
+                    Some(args.into())
+                };
             }
-            cx.uri = u;
+            cx.uri = u.into();
             cx.internal = true;
             Entry::Find
         };
@@ -249,7 +255,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
             let srv_conf = cx.server.conf.clone();
             match rewrite::run(cx, &srv_conf.modules.rewrite.ops).await {
                 Step::Done(r) => return *r,
-                Step::Redirect(u) => cx.uri = u,
+                Step::Redirect(u) => cx.uri = u.into(),
                 Step::Named(n) => named = Some(n),
                 Step::Next | Step::Delay(_) => {}
             }
@@ -362,7 +368,7 @@ fn find_location(cx: &mut Ctx<'_>) {
             if !f.captures.is_empty() {
                 set_named_captures(cx, &f.capture_names, &f.captures, &cx.uri.clone());
                 cx.captures = f.captures;
-                cx.capture_src = cx.uri.clone();
+                cx.capture_src = cx.uri.to_vec();
             }
             cx.loc_prefix_len = match &f.loc.m {
                 crate::http::conf::LocMatch::Prefix { prefix, .. }
@@ -435,7 +441,7 @@ impl Ctx<'_> {
             );
             return Some(Response::status(500));
         }
-        self.uri = uri;
+        self.uri = uri.into();
         self.internal = true;
         None
     }
@@ -479,7 +485,7 @@ impl Ctx<'_> {
                 msg,
                 client,
                 server,
-                String::from_utf8_lossy(&self.req.line),
+                String::from_utf8_lossy(self.req.line()),
                 upstream,
                 host
             ),
@@ -521,7 +527,7 @@ impl VarCtx for Ctx<'_> {
         let r = self.req;
         match v {
             Var::Uri => out.extend_from_slice(&self.uri),
-            Var::RequestUri => out.extend_from_slice(&r.raw_uri),
+            Var::RequestUri => out.extend_from_slice(r.raw_uri()),
             Var::Args => match &self.args {
                 Some(a) if !a.is_empty() => out.extend_from_slice(a),
                 _ => return false,
@@ -531,7 +537,7 @@ impl VarCtx for Ctx<'_> {
                     out.push(b'?')
                 }
             }
-            Var::Host => match &r.host {
+            Var::Host => match r.host() {
                 Some(h) => out.extend_from_slice(h),
                 None => out.extend_from_slice(
                     self.server
@@ -546,12 +552,12 @@ impl VarCtx for Ctx<'_> {
             Var::Http(name) => match name.as_str() {
                 "cookie" => {
                     let mut first = true;
-                    for h in r.headers.iter().filter(|h| h.lname == "cookie") {
+                    for h in r.headers().filter(|h| h.is("cookie")) {
                         if !first {
                             out.extend_from_slice(b"; ");
                         }
                         first = false;
-                        out.extend_from_slice(&h.value);
+                        out.extend_from_slice(h.value);
                     }
                     return !first;
                 }
@@ -591,8 +597,8 @@ impl VarCtx for Ctx<'_> {
                 b"HTTP/1.1"
             }),
             Var::Scheme => out.extend_from_slice(b"http"),
-            Var::Request => out.extend_from_slice(&r.line),
-            Var::RequestMethod => out.extend_from_slice(r.method_raw.as_bytes()),
+            Var::Request => out.extend_from_slice(r.line()),
+            Var::RequestMethod => out.extend_from_slice(r.method_raw().as_bytes()),
             Var::RequestLength => response::push_num(out, r.head_len as u64),
             Var::DocumentRoot => out.extend_from_slice(&self.root()),
             Var::RequestFilename => out.extend_from_slice(&self.request_filename()),
@@ -673,7 +679,7 @@ impl VarCtx for Ctx<'_> {
 }
 
 fn cookie<'r>(r: &'r Request, name: &[u8]) -> Option<&'r [u8]> {
-    for h in r.headers.iter().filter(|h| h.lname == "cookie") {
+    for h in r.headers().filter(|h| h.is("cookie")) {
         for part in h.value.split(|&c| c == b';') {
             let part = part.trim_ascii_start();
             if let Some(rest) = part.strip_prefix(name) {

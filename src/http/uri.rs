@@ -284,6 +284,31 @@ pub fn normalize_path(raw_path: &[u8], merge_slashes: bool) -> Result<Vec<u8>, B
     Ok(out)
 }
 
+/// Whether [`normalize_path`] would return `raw_path` unchanged: it starts
+/// with `/` and has no `%`, `?` or `#`, no `.` or `..` segment and, when
+/// `merge_slashes`, no `//`. This is the usual request, which can then keep
+/// the path as sent.
+pub fn is_normal(raw_path: &[u8], merge_slashes: bool) -> bool {
+    if raw_path.first() != Some(&b'/') {
+        return false;
+    }
+    // One pass (paths are short: memchr's setup would cost more). `seg`
+    // is what the current segment holds so far: 0 none, 1 ".", 2 "..",
+    // 3 anything else.
+    let mut seg = 3;
+    for &c in raw_path {
+        seg = match (c, seg) {
+            (b'%' | b'?' | b'#', _) => return false,
+            (b'/', 0) if merge_slashes => return false,
+            (b'/', 1 | 2) => return false,
+            (b'/', _) => 0,
+            (b'.', 0 | 1) => seg + 1,
+            _ => 3,
+        };
+    }
+    !matches!(seg, 1 | 2)
+}
+
 /// `$arg_NAME`: find `name` in an args string `a=1&b=2` and return its raw
 /// (not decoded) value. As nginx's `ngx_http_arg`, the name matches
 /// case-insensitively, must start the string or follow `&`, and must be
@@ -534,9 +559,13 @@ mod tests {
         let mut buf = vec![b'/'];
         fn rec(buf: &mut Vec<u8>, alpha: &[u8], depth: usize) {
             for m in [true, false] {
-                if let Ok(v) = normalize_path(buf, m) {
+                let r = normalize_path(buf, m);
+                if let Ok(v) = &r {
                     assert_eq!(v.first(), Some(&b'/'), "{:?}", buf);
                 }
+                // is_normal is exactly "normalisation changes nothing".
+                let same = r.as_deref() == Ok(buf.as_slice());
+                assert_eq!(is_normal(buf, m), same, "{:?} merge={m}", buf);
             }
             if depth == 0 {
                 return;

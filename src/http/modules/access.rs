@@ -90,7 +90,7 @@ fn matches(addr: &Addr, peer: Option<IpAddr>) -> bool {
 /// The access-phase handler.
 pub fn access(cx: &mut Ctx<'_>) -> Step {
     if let Some(le) = cx.loc.modules.access.limit_except.clone() {
-        let m = cx.req.method_raw.as_str();
+        let m = cx.req.method_raw();
         let listed = le
             .methods
             .iter()

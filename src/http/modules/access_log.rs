@@ -780,7 +780,7 @@ fn err_ctx(cx: &Ctx<'_>) -> ErrCtx {
             " while logging request, client: {}, server: {}, request: \"{}\"{}",
             client,
             server,
-            String::from_utf8_lossy(&cx.req.line),
+            String::from_utf8_lossy(cx.req.line()),
             host
         ),
     }

@@ -838,7 +838,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         policy: &policy,
         // nginx does not pass these to the next server once sent to one
         // (proxy_next_upstream without non_idempotent).
-        non_idempotent: matches!(cx.req.method_raw.as_str(), "POST" | "LOCK" | "PATCH"),
+        non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
     };
     let got = fetch(cx, &up, &lim, &send, &req_uri, head_only).await;
     let mut resp = match got {
@@ -1200,11 +1200,12 @@ fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
 /// current URI (escaped) with the location prefix replaced by the
 /// proxy_pass URI, plus the args.
 fn upstream_uri(cx: &Ctx<'_>, pass: &Pass) -> Vec<u8> {
-    let unchanged =
-        cx.uri == cx.req.uri && cx.args == cx.req.args && cx.req.raw_uri.starts_with(b"/");
+    let unchanged = *cx.uri == *cx.req.uri()
+        && cx.args.as_deref() == cx.req.args()
+        && cx.req.raw_uri().starts_with(b"/");
     let mut out = Vec::new();
     match &pass.uri {
-        None if unchanged => return cx.req.raw_uri.clone(),
+        None if unchanged => return cx.req.raw_uri().to_vec(),
         None => crate::http::uri::escape_uri(&cx.uri, &mut out),
         Some(u) => {
             out.extend_from_slice(u);
@@ -1283,7 +1284,7 @@ fn request_head(
         // An error_page redirect turned the request into a GET.
         b"GET"
     } else {
-        cx.req.method_raw.as_bytes()
+        cx.req.method_raw().as_bytes()
     };
     let mut h = Vec::with_capacity(512);
     h.extend_from_slice(method);
@@ -1325,11 +1326,11 @@ fn request_head(
         set_names.extend(CLEARED_WHEN_CACHING.iter().map(|s| s.to_string()));
     }
     if conf.pass_request_headers.unwrap_or(true) {
-        for hd in &cx.req.headers {
-            if set_names.contains(&hd.lname) {
+        for hd in cx.req.headers() {
+            if set_names.iter().any(|n| hd.is(n)) {
                 continue;
             }
-            push_header(&mut h, hd.name.as_bytes(), &hd.value);
+            push_header(&mut h, hd.name, hd.value);
         }
     }
     h.extend_from_slice(b"\r\n");
@@ -1930,7 +1931,7 @@ impl UpLog {
                 ", client: {}, server: {}, request: \"{}\"",
                 client,
                 cx.server.srv.primary_name.clone().unwrap_or_default(),
-                String::from_utf8_lossy(&cx.req.line)
+                String::from_utf8_lossy(cx.req.line())
             ),
             upstream: format!(", upstream: \"{}\"", url),
             host: cx

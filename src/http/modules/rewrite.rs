@@ -138,9 +138,9 @@ pub async fn run(cx: &mut Ctx<'_>, ops: &[Op]) -> Step {
     let flow = Box::pin(run_ops(cx, ops)).await;
     match flow {
         Flow::Stop(s) => s,
-        Flow::Last => Step::Redirect(cx.uri.clone()),
+        Flow::Last => Step::Redirect(cx.uri.to_vec()),
         Flow::Break => Step::Next,
-        Flow::Continue if cx.uri != before => Step::Redirect(cx.uri.clone()),
+        Flow::Continue if cx.uri != before => Step::Redirect(cx.uri.to_vec()),
         Flow::Continue => Step::Next,
     }
 }
@@ -221,7 +221,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                     cx.args = if new_args.is_empty() {
                         None
                     } else {
-                        Some(new_args)
+                        Some(new_args.into())
                     };
                 }
                 if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
@@ -234,7 +234,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                         ),
                     );
                 }
-                cx.uri = target;
+                cx.uri = target.into();
                 match flag {
                     Flag::Last => return Flow::Last,
                     Flag::Break => return Flow::Break,
@@ -339,7 +339,7 @@ pub fn absolute_location(cx: &Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
     }
     let mut out = b"http://".to_vec();
     let primary = cx.server.srv.primary_name.as_deref().unwrap_or("");
-    match &cx.req.host {
+    match cx.req.host() {
         Some(h) if !rw.server_name_in_redirect.unwrap_or(false) => out.extend_from_slice(h),
         _ if !primary.is_empty() => out.extend_from_slice(primary.as_bytes()),
         _ => out.extend_from_slice(

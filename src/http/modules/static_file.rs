@@ -38,9 +38,9 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         Err(e) => return Step::done(open_error(cx, &path, &e)),
     };
     if file.is_dir {
-        let mut loc = cx.uri.clone();
+        let mut loc = cx.uri.to_vec();
         loc.push(b'/');
-        if let Some(a) = &cx.req.args {
+        if let Some(a) = cx.req.args() {
             loc.push(b'?');
             loc.extend_from_slice(a);
         }
@@ -119,7 +119,7 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
         } else {
             let mut p = dir.clone();
             p.extend_from_slice(&name);
-            let mut u = cx.uri.clone();
+            let mut u = cx.uri.to_vec();
             u.extend_from_slice(&name);
             (p, u)
         };

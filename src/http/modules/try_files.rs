@@ -70,7 +70,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Step {
         if hit {
             // A directory hit leaves the URI without its slash, so the static
             // handler answers with nginx's 301 to "dir/".
-            cx.uri = name;
+            cx.uri = name.into();
             return Step::Next;
         }
     }
@@ -82,7 +82,11 @@ pub async fn run(cx: &mut Ctx<'_>) -> Step {
             if let Some(q) = u.iter().position(|&b| b == b'?') {
                 let args = u[q + 1..].to_vec();
                 u.truncate(q);
-                cx.args = if args.is_empty() { None } else { Some(args) };
+                cx.args = if args.is_empty() {
+                    None
+                } else {
+                    Some(args.into())
+                };
             }
             Step::Redirect(u)
         }
