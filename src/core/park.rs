@@ -291,6 +291,26 @@ fn put(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait, trim: bool) {
     }
 }
 
+/// Takes a woken socket out of the lot's epoll set, where it stays
+/// disabled after its one-shot event: a socket about to live in tokio's
+/// set (a keep-alive connection) would otherwise make every one of its
+/// wake-ups visit both sets. A connection that just closes skips this.
+pub(crate) fn unwatch(fd: std::os::fd::RawFd) {
+    let Some(lot) = LOT.with(|l| l.borrow().clone()) else {
+        return;
+    };
+    // SAFETY: both descriptors are open (the caller owns `fd`); DEL takes
+    // no event. A socket not in the set gets ENOENT, which is harmless.
+    unsafe {
+        libc::epoll_ctl(
+            lot.epoll.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd,
+            std::ptr::null_mut(),
+        );
+    }
+}
+
 /// How long after a park the memory its task freed is given back: long
 /// enough to batch the parks of a burst of connections into one trim.
 const TRIM_AFTER: Duration = Duration::from_millis(250);
@@ -391,9 +411,11 @@ fn wake_ready(lot: &Lot) -> bool {
         // Back to a task as a bare socket: it joins tokio's epoll only
         // if the request does not arrive whole.
         let s = if e.tcp {
-            Either::Tcp(LazySock::raw(std::net::TcpStream::from(e.fd)))
+            Either::Tcp(LazySock::from_lot(std::net::TcpStream::from(e.fd)))
         } else {
-            Either::Unix(LazySock::raw(std::os::unix::net::UnixStream::from(e.fd)))
+            Either::Unix(LazySock::from_lot(std::os::unix::net::UnixStream::from(
+                e.fd,
+            )))
         };
         worker::spawn_http(s, e.info, e.slot, Some(e.wait));
     }

@@ -71,6 +71,10 @@ pub struct LazySock<T: Registrable> {
     raw: RefCell<Option<T::Std>>,
     registered: OnceCell<T>,
     fd: RawFd,
+    /// Still in the parking lot's epoll set, disabled (one-shot): taken
+    /// out when the socket registers with tokio, since every wake-up of a
+    /// socket walks all the sets it is in.
+    in_lot: bool,
 }
 
 impl<T: Registrable> LazySock<T> {
@@ -81,6 +85,15 @@ impl<T: Registrable> LazySock<T> {
             raw: RefCell::new(Some(s)),
             registered: OnceCell::new(),
             fd,
+            in_lot: false,
+        }
+    }
+
+    /// A bare socket the parking lot has just woken (see `in_lot`).
+    pub fn from_lot(s: T::Std) -> LazySock<T> {
+        LazySock {
+            in_lot: true,
+            ..LazySock::raw(s)
         }
     }
 
@@ -91,6 +104,7 @@ impl<T: Registrable> LazySock<T> {
             raw: RefCell::new(None),
             registered: OnceCell::from(t),
             fd,
+            in_lot: false,
         }
     }
 
@@ -105,6 +119,9 @@ impl<T: Registrable> LazySock<T> {
             .ok()
             .and_then(|mut r| r.take())
             .ok_or_else(|| io::Error::other("socket is being used"))?;
+        if self.in_lot {
+            crate::core::park::unwatch(self.fd);
+        }
         let t = T::register(s)?;
         Ok(self.registered.get_or_init(|| t))
     }
