@@ -36,7 +36,7 @@ use crate::http::conn::Stream;
 /// A tokio socket type that can be made from, and turned back into, its
 /// std counterpart.
 pub trait Registrable: Stream + AsFd + Sized {
-    type Std: AsFd + AsRawFd + From<OwnedFd> + Into<OwnedFd>;
+    type Std: AsFd + AsRawFd;
     /// Whether `TCP_*` options apply.
     const TCP: bool;
     fn register(s: Self::Std) -> io::Result<Self>;
@@ -166,15 +166,7 @@ impl<T: Registrable> LazySock<T> {
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.with_sock(|s| s.local_addr().ok()?.as_socket())?
     }
-}
 
-impl<T: Registrable> AsRawFd for LazySock<T> {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd
-    }
-}
-
-impl<T: Registrable> LazySock<T> {
     /// A raw call's result: one that would block registers the socket, so
     /// that the caller's next wait has an event to wait for.
     fn raw_result<R>(&self, r: io::Result<R>) -> io::Result<R> {
@@ -182,6 +174,12 @@ impl<T: Registrable> LazySock<T> {
             self.reg()?;
         }
         r
+    }
+}
+
+impl<T: Registrable> AsRawFd for LazySock<T> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
     }
 }
 

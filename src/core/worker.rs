@@ -265,10 +265,13 @@ async fn accept_loop(
         // A stream session needs a second slot for its upstream side;
         // waiting for both here keeps a client in the backlog instead of
         // accepting it only to close it for want of that slot.
-        let need = if proto == Proto::Stream { 2 } else { 1 };
         loop {
             let limit = shared.config.load().main.connections();
-            let need = need.min(limit);
+            let need = if proto == Proto::Stream {
+                limit.min(2)
+            } else {
+                1
+            };
             if shared.active.load(Ordering::Acquire) + need <= limit {
                 // Alert again the next time the limit is hit, as nginx does.
                 warned = false;

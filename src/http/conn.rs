@@ -197,35 +197,27 @@ pub async fn serve<S: Stream>(
             // stale), so the configuration below is the one current when
             // the request arrived. Idle connections hold no buffer.
             loop {
-                if std::mem::take(&mut read_now) {
-                    match first_read(&stream, size) {
-                        Ok(Some(b)) => {
-                            buf = b;
-                            break;
-                        }
-                        Ok(None) => return Served::Closed,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(_) => return Served::Closed,
-                    }
-                }
-                tokio::select! {
-                    // Bytes first: polling the quit watch first would
-                    // register a waiter on it for every request.
-                    biased;
-                    r = tokio::time::timeout_at(park_at, stream.readable()) => match r {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => return Served::Closed,
-                        Err(_) if park_at < wait.deadline => {
-                            return Served::Idle(stream, info, wait);
-                        }
-                        Err(_) => {
-                            if wait.first && wait.reset {
-                                stream.set_linger_zero();
+                // An unregistered socket reads before its first wait.
+                if !std::mem::take(&mut read_now) {
+                    tokio::select! {
+                        // Bytes first: polling the quit watch first would
+                        // register a waiter on it for every request.
+                        biased;
+                        r = tokio::time::timeout_at(park_at, stream.readable()) => match r {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return Served::Closed,
+                            Err(_) if park_at < wait.deadline => {
+                                return Served::Idle(stream, info, wait);
                             }
-                            return Served::Closed;
-                        }
-                    },
-                    _ = quit.changed(), if !first => return Served::Closed,
+                            Err(_) => {
+                                if wait.first && wait.reset {
+                                    stream.set_linger_zero();
+                                }
+                                return Served::Closed;
+                            }
+                        },
+                        _ = quit.changed(), if !first => return Served::Closed,
+                    }
                 }
                 match first_read(&stream, size) {
                     Ok(Some(b)) => {
