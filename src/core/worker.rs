@@ -180,6 +180,7 @@ pub fn run(
     let lot_quit = shared.quit.clone();
     local.block_on(&rt, async move {
         park::start(lot_quit);
+        tokio::task::spawn_local(crate::io::reuse_sweeper());
         let mut stops: HashMap<ListenAddr, watch::Sender<bool>> = HashMap::new();
         loop {
             match ctrl.recv().await {

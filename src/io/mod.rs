@@ -50,6 +50,7 @@ pub mod directives;
 mod ops;
 mod pool;
 mod resident;
+mod reuse;
 mod stats;
 mod sys;
 #[cfg(test)]
@@ -66,5 +67,7 @@ pub use ops::{
     SendSock, SMALL_CONTENT_MAX, URING_FALLBACK_NOTICE,
 };
 pub use pool::{set_thread_init, IoError, Pools, ThreadPool};
+pub use reuse::{open_reusing, sweeper as reuse_sweeper};
 pub use stats::{Decision, IoStats, IoStatsSnapshot, PoolStats, STATS};
+pub use sys::coarse_ms;
 pub use uring::available as uring_available;

@@ -168,7 +168,7 @@ impl Policy {
         matches!(self.aio, Aio::Uring)
     }
 
-    fn inline(&self) {
+    pub(super) fn inline(&self) {
         self.decision.record(Decision::Inline);
     }
 
@@ -295,18 +295,13 @@ impl Meta {
     /// every field (birth time, mount id); measured on the 1 KiB path at
     /// ~0.5 µs per call against ~0.03 µs for `fstat`.
     pub fn of_file(file: &File) -> io::Result<Meta> {
-        use std::os::fd::AsRawFd;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: the descriptor is open (borrowed from `file`) and `st` has
-        // room for one `struct stat`, which fstat fills on success.
-        let r = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fstat succeeded, so `st` is initialised.
-        let st = unsafe { st.assume_init() };
+        sys::fstat(file).map(|st| Meta::of_stat(&st))
+    }
+
+    /// The attributes in a `struct stat`.
+    pub(super) fn of_stat(st: &libc::stat) -> Meta {
         let fmt = st.st_mode & libc::S_IFMT;
-        Ok(Meta {
+        Meta {
             size: st.st_size as u64,
             mtime: st.st_mtime,
             mtime_nsec: st.st_mtime_nsec,
@@ -319,7 +314,7 @@ impl Meta {
             is_dir: fmt == libc::S_IFDIR,
             is_file: fmt == libc::S_IFREG,
             is_symlink: fmt == libc::S_IFLNK,
-        })
+        }
     }
 }
 

@@ -104,6 +104,53 @@ pub fn open_cached(path: &Path, flags: libc::c_int) -> io::Result<Nowait<File>> 
     Ok(Nowait::Done(unsafe { File::from_raw_fd(r as RawFd) }))
 }
 
+/// `fstat(fd)`. (std's `File::metadata` asks `statx` for every field,
+/// birth time and mount id included: measured on the 1 KiB path at
+/// ~0.5 µs per call against ~0.03 µs for `fstat`.)
+pub fn fstat(file: &File) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: the descriptor is open (borrowed from `file`) and `st` has
+    // room for one `struct stat`, which fstat fills on success.
+    let r = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so `st` is initialised.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `stat(path)` (symlinks followed), blocking.
+pub fn stat(path: &Path) -> io::Result<libc::stat> {
+    let c = cpath(path)?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `c` is NUL-terminated and outlives the call; `st` has room
+    // for one `struct stat`, which stat fills on success.
+    let r = unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: stat succeeded, so `st` is initialised.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// Milliseconds of a monotonic clock that is read from the vDSO without a
+/// syscall (`CLOCK_MONOTONIC_COARSE`): its few-ms resolution is far below
+/// the second granularity of the expiries it times.
+pub fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE
+    // exists on every Linux tern supports, and on failure `ts` stays 0.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts);
+    }
+    (ts.tv_sec as u64)
+        .wrapping_mul(1000)
+        .wrapping_add(ts.tv_nsec as u64 / 1_000_000)
+}
+
 /// Plain blocking `open(path, flags)`.
 pub fn open(path: &Path, flags: libc::c_int) -> io::Result<File> {
     let c = cpath(path)?;

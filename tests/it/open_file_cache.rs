@@ -238,6 +238,52 @@ fn eviction_at_max_closes_descriptors() {
     fds_settle(&s, base + 4, "hits");
 }
 
+/// Without a cache, each worker keeps its last few files open and checks
+/// them with a `stat` of the path (`src/io/reuse.rs`): the next request
+/// must see every change at once, as with an open per request.
+#[test]
+fn without_cache_every_change_is_served_at_once() {
+    let p = Prefix::new();
+    let f = p.write("html/c.txt", "aaaa");
+    let s = Server::start_in(
+        p,
+        "http { access_log off; server { listen 127.0.0.1:@PORT@; root html; } }",
+    );
+    assert_eq!(s.get("/c.txt").body, b"aaaa");
+    assert_eq!(s.get("/c.txt").body, b"aaaa");
+    // Same inode, same size, old mtime put back: ctime still moves.
+    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
+    std::fs::write(&f, "bbbb").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    assert_eq!(s.get("/c.txt").body, b"bbbb");
+    // Longer, in place.
+    std::fs::write(&f, "cccccc").unwrap();
+    let r = s.get("/c.txt");
+    assert_eq!(
+        (r.body.as_slice(), r.header("Content-Length")),
+        (&b"cccccc"[..], Some("6"))
+    );
+    // Replaced by rename.
+    s.prefix.write("html/c.tmp", "renamed over");
+    std::fs::rename(s.prefix.path("html/c.tmp"), &f).unwrap();
+    assert_eq!(s.get("/c.txt").body, b"renamed over");
+    // Deleted, then recreated.
+    std::fs::remove_file(&f).unwrap();
+    assert_eq!(s.get("/c.txt").status, 404);
+    s.prefix.write("html/c.txt", "again");
+    assert_eq!(s.get("/c.txt").body, b"again");
+    // Turned into a directory.
+    std::fs::remove_file(&f).unwrap();
+    std::fs::create_dir(&f).unwrap();
+    assert_eq!(s.get("/c.txt").status, 301);
+}
+
+/// The files kept without a cache are closed once idle (about a second).
 #[test]
 fn cache_off_holds_no_descriptors() {
     let p = Prefix::new();

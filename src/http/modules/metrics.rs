@@ -167,8 +167,12 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
         ),
         (
             "tern_io_opens_total",
-            "File opens by how they ran.",
-            &[("inline", io.opens_inline), ("offloaded", io.opens_offloaded)],
+            "File opens by how they ran (reused: a kept descriptor still names the file).",
+            &[
+                ("inline", io.opens_inline),
+                ("offloaded", io.opens_offloaded),
+                ("reused", io.opens_reused),
+            ],
         ),
         (
             "tern_io_stats_total",

@@ -287,7 +287,7 @@ pub async fn open(
     let conf = &cx.loc.modules.open_file_cache;
     match conf.cache() {
         Some(cache) => cache.open(path, policy, conf.params()).await,
-        None => crate::io::open(path, policy).await,
+        None => crate::io::open_reusing(path, policy).await,
     }
 }
 
@@ -398,22 +398,8 @@ fn count_open(delta: i64) {
 // ---------------------------------------------------------------------------
 // The cache
 
-/// Milliseconds of a monotonic clock. The coarse clock is read from the
-/// vDSO without a syscall; its few-ms resolution is far below the
-/// second granularity of `valid` and `inactive`.
 fn now_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE
-    // exists on every Linux tern supports, and on failure `ts` stays 0.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts);
-    }
-    (ts.tv_sec as u64)
-        .wrapping_mul(1000)
-        .wrapping_add(ts.tv_nsec as u64 / 1_000_000)
+    crate::io::coarse_ms()
 }
 
 /// Errors that describe the path, not the server's state: worth caching.
