@@ -961,18 +961,8 @@ async fn write_pieces<S: Stream>(
                         }
                         pending.clear();
                     }
-                    let mut off = *offset;
-                    let end = offset + len;
-                    while off < end {
-                        let chunk = (end - off).min(1 << 20);
-                        let n = timeout(to, crate::io::send_file(stream, file, off, chunk, policy))
-                            .await
-                            .map_err(|_| {
-                                io::Error::new(io::ErrorKind::TimedOut, "send_timeout")
-                            })??;
-                        off += n;
-                        sent.body_bytes += n;
-                    }
+                    let progress = &mut sent.body_bytes;
+                    crate::io::send_file(stream, file, *offset, *len, policy, to, progress).await?;
                 } else {
                     let mut off = *offset;
                     let end = offset + len;

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use super::conf::{AioConf, IoLoc, DEFAULT_POOL};
@@ -817,15 +819,19 @@ async fn warm_uring(file: &Arc<OpenFile>, offset: u64, len: u64) -> io::Result<(
 /// chunks of at most `sendfile_max_chunk`, yielding to the runtime between
 /// chunks. With a pool, each chunk's residency is checked first
 /// (`cachestat`, else [`resident::probe`]); a cold chunk is read into the page cache by
-/// the pool, then sent inline. Returns the bytes sent (= `len`); a file
-/// that shrank under us is `UnexpectedEof`.
+/// the pool, then sent inline. Bytes are added to `progress` as they go
+/// out (so an aborted transfer still logs what was sent); a wait for the
+/// client longer than `send_timeout` is `TimedOut`; a file that shrank
+/// under us is `UnexpectedEof`.
 pub async fn send_file<S: SendSock>(
     sock: &S,
     file: &Arc<OpenFile>,
     offset: u64,
     len: u64,
     policy: &Policy,
-) -> io::Result<u64> {
+    send_timeout: Duration,
+    progress: &mut u64,
+) -> io::Result<()> {
     let max_chunk = if policy.sendfile_max_chunk == 0 {
         u64::MAX
     } else {
@@ -880,7 +886,13 @@ pub async fn send_file<S: SendSock>(
         }
         let mut done = 0u64;
         while done < n {
-            sock.writable().await?;
+            // nginx's send_timeout: a limit on each wait for the client,
+            // not on the whole transfer (a slow reader that keeps reading
+            // is served to the end).
+            match tokio::time::timeout(send_timeout, sock.writable()).await {
+                Ok(r) => r?,
+                Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+            }
             let want = usize::try_from(n - done)
                 .unwrap_or(usize::MAX)
                 .min(0x7fff_f000);
@@ -891,7 +903,10 @@ pub async fn send_file<S: SendSock>(
                         "file was truncated while being sent",
                     ))
                 }
-                Ok(k) => done += k as u64,
+                Ok(k) => {
+                    done += k as u64;
+                    *progress += k as u64;
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -905,7 +920,7 @@ pub async fn send_file<S: SendSock>(
             tokio::task::yield_now().await;
         }
     }
-    Ok(sent)
+    Ok(())
 }
 
 /// Writes all of `data` at `offset` of a temp file (proxy buffering,
@@ -1164,9 +1179,18 @@ mod tests {
         });
         let (server, _) = listener.accept().await.expect("accept");
         let f = open(path, policy).await.expect("open");
-        let sent = send_file(&server, &f, off, len, policy)
-            .await
-            .expect("send_file");
+        let mut sent = 0;
+        send_file(
+            &server,
+            &f,
+            off,
+            len,
+            policy,
+            Duration::from_secs(60),
+            &mut sent,
+        )
+        .await
+        .expect("send_file");
         drop(server);
         (sent, client.await.expect("client task"))
     }

@@ -425,6 +425,65 @@ fn send_timeout_closes_a_stalled_client() {
     );
 }
 
+/// nginx's send_timeout bounds each wait for the client, not the whole
+/// transfer: with sendfile, a reader slower than a megabyte per
+/// send_timeout that never pauses that long gets the whole file, and one
+/// that stops reading is cut off.
+#[test]
+fn send_timeout_with_sendfile_is_per_wait() {
+    let p = Prefix::new();
+    let size = 2usize << 20;
+    p.write("html/big", vec![b'y'; size]);
+    p.write("html/huge", vec![b'z'; 32 << 20]);
+    let s = Server::start_in(
+        p,
+        "http { sendfile on; server { listen 127.0.0.1:@PORT@ sndbuf=64k; root html; \
+         send_timeout 500ms; } }",
+    );
+    let connect = || {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(64 << 10).unwrap();
+        sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into())
+            .unwrap();
+        let c: TcpStream = sock.into();
+        c
+    };
+    // ~64 KiB per 40 ms: a megabyte takes ~650 ms, longer than send_timeout.
+    let mut c = connect();
+    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let started = Instant::now();
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("read failed after {} bytes: {e}", got.len()),
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    let body = find(&got, b"\r\n\r\n").map(|i| got.len() - i - 4);
+    assert_eq!(body, Some(size), "slow reader cut off");
+    assert!(
+        started.elapsed() > Duration::from_millis(1000),
+        "not slow enough to test anything"
+    );
+
+    let mut c = connect();
+    c.write_all(b"GET /huge HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let got = read_to_close(&mut c);
+    assert!(
+        got.len() < 32 << 20,
+        "stalled reader got it all: no send_timeout"
+    );
+}
+
 #[test]
 fn server_selection_by_host_and_address() {
     let p = Prefix::new();
