@@ -93,6 +93,8 @@ http {
         location /deny/ { deny 127.0.0.1; }
         location /allow/ { allow 10.0.0.0/8; allow 127.0.0.0/8; deny all; }
         location /sym/ { disable_symlinks on; }
+        location /own/ { disable_symlinks if_not_owner; }
+        location /from/ { disable_symlinks on from=$document_root; }
         location /nolog/ { log_not_found off; }
         location /hdr/ { add_header X-A "1"; add_header X-B "$uri" always; expires 1h; }
         location /exp/ { expires epoch; add_header X-C c; }
@@ -155,6 +157,23 @@ fn files(p: &Prefix) {
     let _ = std::os::unix::fs::symlink("../a.txt", p.path("html/sym/link.txt"));
     let _ = std::fs::create_dir_all(p.path("html/symdir"));
     let _ = std::os::unix::fs::symlink("../sym", p.path("html/sym/dirlink"));
+    // if_not_owner: links owned as their target pass, others do not (the
+    // lchown needs root; without it both links pass in both servers).
+    p.write("html/own/t.txt", "own\n");
+    for (link, to) in [
+        ("same", "t.txt"),
+        ("other", "t.txt"),
+        ("sub", "../sym"),
+        ("osub", "../sym"),
+    ] {
+        let l = p.path(&format!("html/own/{link}"));
+        let _ = std::os::unix::fs::symlink(to, &l);
+        if link.starts_with('o') {
+            let _ = std::os::unix::fs::lchown(&l, Some(65534), Some(65534));
+        }
+    }
+    p.write("html/from/f.txt", "from\n");
+    let _ = std::os::unix::fs::symlink("f.txt", p.path("html/from/link"));
     p.write("html/hdr/f.txt", "hdr\n");
     p.write("html/exp/f.txt", "exp\n");
     p.write("html/cs/f.html", "<p>cs</p>\n");
@@ -238,6 +257,16 @@ fn corpus() -> Vec<String> {
         "/try/dir",
         "/try/nothing",
         "/try2/here.txt",
+        "/sym/real.txt",
+        "/sym/link.txt",
+        "/sym/dirlink/real.txt",
+        "/own/t.txt",
+        "/own/same",
+        "/own/other",
+        "/own/sub/real.txt",
+        "/own/osub/real.txt",
+        "/from/f.txt",
+        "/from/link",
         "/try2/nothing",
         "/try3/nothing",
         "/ep/nothing",

@@ -27,13 +27,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     if let Some(r) = super::gzip_static::try_serve(cx, &path).await {
         return Step::done(r);
     }
-    let file = match super::open_file_cache::open(
-        cx,
-        Path::new(std::ffi::OsStr::from_bytes(&path)),
-        &policy,
-    )
-    .await
-    {
+    let file = match open_checked(cx, &path, &policy).await {
         Ok(f) => f,
         Err(e) => return Step::done(open_error(cx, &path, &e)),
     };
@@ -123,22 +117,14 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
             u.extend_from_slice(&name);
             (p, u)
         };
-        match super::open_file_cache::open(
-            cx,
-            Path::new(std::ffi::OsStr::from_bytes(&path)),
-            policy,
-        )
-        .await
-        {
+        match open_checked(cx, &path, policy).await {
             Ok(f) if !f.is_dir => return Step::Redirect(uri),
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
             Err(e) => return Step::done(open_error(cx, &path, &e)),
         }
     }
-    match super::open_file_cache::open(cx, Path::new(std::ffi::OsStr::from_bytes(&dir)), policy)
-        .await
-    {
+    match open_checked(cx, &dir, policy).await {
         Ok(f) if f.is_dir => {
             if let Some(r) = super::autoindex::handle(cx, &dir).await {
                 return Step::done(r);
@@ -233,6 +219,18 @@ impl StaticLoc {
     }
 }
 
+/// Opens `path` (through the location's open-file cache) after the
+/// `disable_symlinks` check: a refused path fails as nginx's open would
+/// (ELOOP, answered 403; ENOTDIR for a directory component, 404).
+async fn open_checked(
+    cx: &Ctx<'_>,
+    path: &[u8],
+    policy: &crate::io::Policy,
+) -> io::Result<std::sync::Arc<crate::io::OpenFile>> {
+    symlink_check(cx, path, policy).await?;
+    super::open_file_cache::open(cx, Path::new(std::ffi::OsStr::from_bytes(path)), policy).await
+}
+
 /// With `disable_symlinks on|if_not_owner`: refuses a path any of whose
 /// components (after the `from=` part) is a symbolic link (owned by
 /// someone else than its target, for if_not_owner), as nginx does with
@@ -277,8 +275,17 @@ pub async fn symlink_check(
                         continue;
                     }
                 }
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
             }
-            return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            // nginx opens a directory component with O_DIRECTORY|O_NOFOLLOW,
+            // which a symlink fails with ENOTDIR (404), and the last one
+            // with O_NOFOLLOW, which fails with ELOOP (403).
+            let errno = if next < path.len() {
+                libc::ENOTDIR
+            } else {
+                libc::ELOOP
+            };
+            return Err(io::Error::from_raw_os_error(errno));
         }
     }
     Ok(())

@@ -58,11 +58,17 @@ pub async fn run(cx: &mut Ctx<'_>) -> Step {
         } else {
             path.extend_from_slice(&name);
         }
-        let m = crate::io::stat(
-            std::path::Path::new(std::ffi::OsStr::from_bytes(&path)),
-            &policy,
-        )
-        .await;
+        // A path refused by disable_symlinks is a miss, as in nginx.
+        let m = match super::static_file::symlink_check(cx, &path, &policy).await {
+            Ok(()) => {
+                crate::io::stat(
+                    std::path::Path::new(std::ffi::OsStr::from_bytes(&path)),
+                    &policy,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
         let hit = match m {
             Ok(m) => m.is_dir == *dir,
             Err(_) => false,
