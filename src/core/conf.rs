@@ -73,6 +73,9 @@ pub struct Compiler {
     pub unsupported: Vec<String>,
     /// Variables of the http block (builtin and user-defined).
     pub vars: crate::http::vars::VarTable,
+    /// The main level's thread pools, for locations' `aio threads=NAME`
+    /// (known before the http block is compiled).
+    pub io_main: crate::io::IoMain,
 }
 
 impl Compiler {
@@ -245,6 +248,7 @@ pub fn compile(
         conf_prefix: conf_prefix.to_path_buf(),
         unsupported: Vec::new(),
         vars: Default::default(),
+        io_main: Default::default(),
     };
     let mut main = MainConf::default();
     let mut http: Option<Arc<crate::http::conf::HttpConf>> = None;
@@ -312,6 +316,7 @@ pub fn compile(
         .without_location());
     }
     if let Some(d) = http_dir {
+        cx.io_main = main.io.clone();
         http = Some(Arc::new(crate::http::conf::compile_http(
             &d, &mut cx, &main,
         )?));

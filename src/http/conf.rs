@@ -490,6 +490,7 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
     http_loc.core.defaults(cx);
     http_loc.modules.defaults();
     finish_loc(&mut http_loc)?;
+    cx.io_main.check_loc(&http_loc.io)?;
     let mut servers = Vec::new();
     for sd in server_dirs {
         servers.push(Arc::new(compile_server(
@@ -566,6 +567,7 @@ fn compile_server(
     let own_error_log = loc.core.error_log.is_some();
     srv.merge(http_srv);
     loc.merge(http_loc);
+    cx.io_main.check_loc(&loc.io)?;
     crate::http::modules::rewrite::finish_ifs(&mut loc);
     if own_error_log {
         loc.core.logger = None;
@@ -772,6 +774,8 @@ fn compile_location(
     }
     let own_error_log = loc.core.error_log.is_some();
     loc.merge(parent);
+    // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
+    cx.io_main.check_loc(&loc.io)?;
     crate::http::modules::rewrite::finish_ifs(&mut loc);
     if own_error_log {
         loc.core.logger = None;

@@ -966,8 +966,11 @@ async fn write_pieces<S: Stream>(
                 } else {
                     let mut off = *offset;
                     let end = offset + len;
+                    // Read `output_buffers`' size at a time (one buffer
+                    // at a time: it goes out before the next is read).
+                    let piece = loc.io.output_buffers().1.max(1) as u64;
                     while off < end {
-                        let n = (end - off).min(32768);
+                        let n = (end - off).min(piece);
                         let data = crate::io::read(file, off, n as usize, policy).await?;
                         pending.extend_from_slice(&data);
                         write_all(stream, &[&pending], loc).await?;

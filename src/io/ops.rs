@@ -63,8 +63,15 @@ pub struct Policy {
     /// cache in front makes misses rare, and offloading every open would
     /// cost a hand-off on each request.
     pub offload_cold_open: bool,
+    /// `read_ahead` set (non-zero): files over [`READ_AHEAD_MIN`] are
+    /// opened with `POSIX_FADV_SEQUENTIAL`, as nginx does on Linux (which
+    /// ignores the size).
+    pub read_ahead: bool,
     decision: DecisionCell,
 }
+
+/// nginx's `NGX_MIN_READ_AHEAD`: smaller files get no read-ahead advice.
+pub const READ_AHEAD_MIN: u64 = 128 * 1024;
 
 impl Clone for Policy {
     fn clone(&self) -> Policy {
@@ -75,6 +82,7 @@ impl Clone for Policy {
             directio_alignment: self.directio_alignment,
             sendfile_max_chunk: self.sendfile_max_chunk,
             offload_cold_open: self.offload_cold_open,
+            read_ahead: self.read_ahead,
             decision: DecisionCell::default(),
         };
         p.decision.record(self.decision.get());
@@ -111,6 +119,7 @@ impl Policy {
             directio_alignment: d.directio_alignment(),
             sendfile_max_chunk: d.sendfile_max_chunk(),
             offload_cold_open: true,
+            read_ahead: d.read_ahead() > 0,
             decision: DecisionCell::default(),
         }
     }
@@ -145,6 +154,7 @@ impl Policy {
             directio_alignment: loc.directio_alignment(),
             sendfile_max_chunk: loc.sendfile_max_chunk(),
             offload_cold_open: true,
+            read_ahead: loc.read_ahead() > 0,
             decision: DecisionCell::default(),
         })
     }
@@ -401,6 +411,15 @@ where
 /// Opens `path` read-only (`O_NONBLOCK|O_CLOEXEC`) and `fstat`s it.
 /// Directories open fine (`is_dir`).
 pub async fn open(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
+    let f = open_plain(path, policy).await?;
+    if policy.read_ahead && !f.is_dir && f.size > READ_AHEAD_MIN {
+        // Advice only: a refusal changes nothing the client sees.
+        let _ = sys::fadvise(&f.file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+    }
+    Ok(f)
+}
+
+async fn open_plain(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
     if policy.uring() && policy.offload_cold_open {
         match sys::open_cached(path, OPEN_FLAGS)? {
             Nowait::Done(f) => {

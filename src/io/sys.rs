@@ -576,8 +576,8 @@ pub fn sendfile(sock: RawFd, file: &File, offset: u64, count: usize) -> io::Resu
     cvt(r)
 }
 
-/// `posix_fadvise(fd, off, len, advice)` (tests evict files with it).
-#[cfg(test)]
+/// `posix_fadvise(fd, off, len, advice)`: `read_ahead`'s sequential
+/// advice; tests evict files with it.
 pub fn fadvise(file: &File, off: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
     let o = libc::off_t::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let l = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;

@@ -94,6 +94,7 @@ http {
         location /allow/ { allow 10.0.0.0/8; allow 127.0.0.0/8; deny all; }
         location /sym/ { disable_symlinks on; }
         location /own/ { disable_symlinks if_not_owner; }
+        location /gzs/ { gzip_static on; disable_symlinks on; }
         location /from/ { disable_symlinks on from=$document_root; }
         location /nolog/ { log_not_found off; }
         location /hdr/ { add_header X-A "1"; add_header X-B "$uri" always; expires 1h; }
@@ -172,6 +173,10 @@ fn files(p: &Prefix) {
             let _ = std::os::unix::fs::lchown(&l, Some(65534), Some(65534));
         }
     }
+    // gzip_static beside disable_symlinks: the .gz is a symlink.
+    p.write("html/gzs/l.txt", "plain\n");
+    p.write("html/gzreal.gz", "not really gzip\n");
+    let _ = std::os::unix::fs::symlink("../gzreal.gz", p.path("html/gzs/l.txt.gz"));
     p.write("html/from/f.txt", "from\n");
     let _ = std::os::unix::fs::symlink("f.txt", p.path("html/from/link"));
     p.write("html/hdr/f.txt", "hdr\n");
@@ -349,6 +354,10 @@ fn corpus() -> Vec<String> {
         }
     }
     reqs.push("GET / HTTP/1.1\r\nConnection: close\r\n\r\n".into());
+    reqs.push(
+        "GET /gzs/l.txt HTTP/1.1\r\nHost: main.test\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+            .into(),
+    );
     reqs.push("GET /vars HTTP/1.1\r\nHost: MAIN.test.\r\nConnection: close\r\nCookie: a=1; c=see\r\nUser-Agent: ua/1\r\n\r\n".into());
     reqs.push(
         "GET /set/ HTTP/1.1\r\nHost: main.test\r\nX-Test: hdr\r\nConnection: close\r\n\r\n".into(),

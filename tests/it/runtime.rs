@@ -63,6 +63,10 @@ fn config_errors_in_nginx_wording() {
             "invalid return code \"1000\" in @:2",
         ),
         ("http {}\n", "no \"events\" section in configuration"),
+        (
+            "events {}\nthread_pool one threads=1;\nhttp {\n server {\n  location / {\n   aio threads=two;\n  }\n }\n}\n",
+            "unknown thread pool \"two\" in @:6",
+        ),
     ];
     for (conf, want) in cases {
         let p = Prefix::new();

@@ -100,8 +100,8 @@ pub const DIRECTIVES: &[Spec] = &[
 ];
 
 /// Called by the static handler for a regular file at `path`: returns a
-/// response serving `path.gz` instead, when gzip_static applies (or an
-/// error response when the `.gz` exists but cannot be opened).
+/// response serving `path.gz` instead, when gzip_static applies. A `.gz`
+/// that exists but cannot be opened is logged and the plain file is served.
 pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
     if !matches!(cx.req.method, Method::Get | Method::Head) {
         return None;
@@ -123,23 +123,37 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
     };
     let mut gz = path.to_vec();
     gz.extend_from_slice(b".gz");
-    let file = match super::open_file_cache::open(
-        cx,
-        Path::new(std::ffi::OsStr::from_bytes(&gz)),
-        &policy,
-    )
-    .await
-    {
-        Ok(f) => f,
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG)
-            ) =>
-        {
-            return None
+    let opened = match super::static_file::symlink_check(cx, &gz, &policy).await {
+        Ok(()) => {
+            super::open_file_cache::open(cx, Path::new(std::ffi::OsStr::from_bytes(&gz)), &policy)
+                .await
         }
-        Err(e) => return Some(super::static_file::open_error(cx, &gz, &e)),
+        Err(e) => Err(e),
+    };
+    let file = match opened {
+        Ok(f) => f,
+        // As nginx: a .gz that cannot be opened (refused by
+        // disable_symlinks included) is logged, and the plain file served.
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(0);
+            if !matches!(errno, libc::ENOENT | libc::ENOTDIR | libc::ENAMETOOLONG) {
+                let level = if errno == libc::EACCES {
+                    Level::Error
+                } else {
+                    Level::Crit
+                };
+                cx.log(
+                    level,
+                    &format!(
+                        "open() \"{}\" failed ({}: {})",
+                        String::from_utf8_lossy(&gz),
+                        errno,
+                        crate::core::strerror(errno)
+                    ),
+                );
+            }
+            return None;
+        }
     };
     gzip::mark_vary(cx);
     if !ok || file.is_dir {
