@@ -361,7 +361,9 @@ async fn accept_loop(
                     || errno == libc::ENOBUFS
                     || errno == libc::ENOMEM
                 {
-                    // Out of descriptors: stop accepting for a while rather than spin.
+                    // Out of descriptors: give back the files kept for
+                    // reuse, and stop accepting for a while rather than spin.
+                    crate::io::drop_kept_files();
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }

@@ -67,7 +67,7 @@ pub use ops::{
     SendSock, SMALL_CONTENT_MAX, URING_FALLBACK_NOTICE,
 };
 pub use pool::{set_thread_init, IoError, Pools, ThreadPool};
-pub use reuse::{open_reusing, sweeper as reuse_sweeper};
+pub use reuse::{drop_all as drop_kept_files, open_reusing, sweeper as reuse_sweeper};
 pub use stats::{Decision, IoStats, IoStatsSnapshot, PoolStats, STATS};
 pub use sys::coarse_ms;
 pub use uring::available as uring_available;

@@ -200,6 +200,12 @@ fn sweep(now: u64) -> usize {
     left
 }
 
+/// Closes every file this worker keeps (its descriptors are wanted for
+/// connections: `accept` ran out of them).
+pub fn drop_all() {
+    let _gone = TABLE.with(|t| std::mem::take(&mut t.borrow_mut().kept));
+}
+
 /// Files kept by this thread now (tests).
 #[cfg(test)]
 fn kept_count() -> usize {
@@ -272,6 +278,15 @@ mod tests {
         });
         assert_eq!(kept_count(), MAX_KEPT);
         assert_eq!(sweep(sys::coarse_ms()), MAX_KEPT, "all used just now");
+        drop_all();
+        assert_eq!(kept_count(), 0);
+        rt().block_on(async {
+            for i in 0..MAX_KEPT {
+                open_reusing(&dir.join(format!("f{i}")), &policy)
+                    .await
+                    .unwrap();
+            }
+        });
         assert_eq!(sweep(sys::coarse_ms() + IDLE_MS), 0);
         assert_eq!(kept_count(), 0);
         let _ = std::fs::remove_dir_all(&dir);
