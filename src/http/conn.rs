@@ -416,8 +416,11 @@ async fn request<S: Stream>(
         resp.linger = true;
     }
     // Pipelined requests we will not answer: linger so that the client
-    // reads this response before the close, as nginx does.
-    let linger_after = resp.linger || (!keepalive && !buf.is_empty());
+    // reads this response before the close, as nginx does; `always`
+    // lingers whatever the client seems to be doing.
+    let linger_after = resp.linger
+        || (!keepalive && !buf.is_empty())
+        || loc.core.lingering_close == Some(crate::http::conf::Lingering::Always);
     let head_only = req.method == crate::http::request::Method::Head;
     let result = write_response(
         stream,

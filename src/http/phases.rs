@@ -65,6 +65,9 @@ pub struct Ctx<'a> {
     pub error_paged: bool,
     /// The request body, when one was announced (set by the engine).
     pub body: Option<crate::http::body::ReqBody<'a>>,
+    /// In the log phase: error lines name it (`while logging request`),
+    /// as nginx's do.
+    pub logging: std::cell::Cell<bool>,
 }
 
 /// What went out, for the log phase's variables.
@@ -144,6 +147,7 @@ impl<'a> Ctx<'a> {
             method: req.method,
             error_paged: false,
             body: None,
+            logging: std::cell::Cell::new(false),
         }
     }
 
@@ -395,14 +399,17 @@ pub fn set_named_captures(
     for (i, n) in names.iter().enumerate() {
         let Some(n) = n else { continue };
         if let Some(Var::User(v)) = cx.http.main.vars.lookup(n) {
+            // A group that took no part in the match is empty, not unset,
+            // as PCRE's -1 offsets give nginx a found empty value.
             let val = caps
                 .get(i)
                 .copied()
                 .flatten()
                 .and_then(|(s, e)| src.get(s..e))
-                .map(<[u8]>::to_vec);
+                .unwrap_or_default()
+                .to_vec();
             if let Some(slot) = cx.user_vars.borrow_mut().get_mut(v) {
-                *slot = val;
+                *slot = Some(val);
             }
         }
     }
@@ -481,8 +488,13 @@ impl Ctx<'_> {
             level,
             Some(self.conn.id),
             format_args!(
-                "{}, client: {}, server: {}, request: \"{}\"{}{}",
+                "{}{}, client: {}, server: {}, request: \"{}\"{}{}",
                 msg,
+                if self.logging.get() {
+                    " while logging request"
+                } else {
+                    ""
+                },
                 client,
                 server,
                 String::from_utf8_lossy(self.req.line()),
@@ -667,9 +679,24 @@ impl VarCtx for Ctx<'_> {
                     out.extend_from_slice(v);
                     return true;
                 }
-                match self.http.main.vars.def(*i) {
-                    Some(d) => return d.eval(self, out),
-                    None => return false,
+                let vars = &self.http.main.vars;
+                if let Some(d) = vars.def(*i) {
+                    return d.eval(self, out);
+                }
+                if !vars.set_only(*i) {
+                    return false;
+                }
+                if self.loc.modules.rewrite.uninitialized_variable_warn != Some(false) {
+                    self.log(
+                        Level::Warn,
+                        &format!("using uninitialized \"{}\" variable", vars.name(*i)),
+                    );
+                }
+                // nginx keeps the empty value it substituted, so a request
+                // warns once per variable, and the value counts as found
+                // (an access log shows it empty, not "-").
+                if let Some(slot) = self.user_vars.borrow_mut().get_mut(*i) {
+                    *slot = Some(Vec::new());
                 }
             }
             Var::Module(m) => return modules::module_var(self, *m, out),

@@ -118,6 +118,11 @@ pub struct Response {
     /// At most one range is served; several get the whole body (nginx's
     /// `single_range`: a response being cached, `proxy_force_ranges`).
     pub single_range: bool,
+    /// A `; charset=` in `content_type` is the body's own charset (nginx's
+    /// `headers_out.charset`: a proxied or cached response, autoindex's
+    /// xml), not part of a configured type, so the charset filter leaves
+    /// it as it is unless `override_charset on`.
+    pub charset_param: bool,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {

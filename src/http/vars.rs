@@ -119,6 +119,9 @@ pub struct VarTable {
     index: HashMap<String, usize>,
     defined: Vec<bool>,
     defs: Vec<Option<std::sync::Arc<dyn UserVar>>>,
+    /// Declared by `set`: without a value in a request such a variable is
+    /// "uninitialized" (empty, with nginx's warning).
+    by_set: Vec<bool>,
 }
 
 impl VarTable {
@@ -131,6 +134,7 @@ impl VarTable {
         self.names.push(name.to_string());
         self.defined.push(false);
         self.defs.push(None);
+        self.by_set.push(false);
         self.index.insert(name.to_string(), i);
         i
     }
@@ -140,6 +144,20 @@ impl VarTable {
         let i = self.user(name);
         self.defined[i] = true;
         i
+    }
+
+    /// Declares a variable `set` gives a value to.
+    pub fn define_set(&mut self, name: &str) -> usize {
+        let i = self.define(name);
+        self.by_set[i] = true;
+        i
+    }
+
+    /// Whether user variable `i` is declared by `set` and computed by
+    /// nothing else: where `set` has not run, nginx's rewrite module gives
+    /// it an empty value and warns (`uninitialized_variable_warn`).
+    pub fn set_only(&self, i: usize) -> bool {
+        self.by_set.get(i).copied().unwrap_or(false) && self.def(i).is_none()
     }
 
     /// Declares a computed variable (`map`, `split_clients`); a name may

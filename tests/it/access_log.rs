@@ -388,3 +388,55 @@ fn reload_writes_out_buffers_of_a_dropped_log() {
     s.get("/after");
     assert_eq!(wait_for(&s, "logs/b.log", 2), "/buffered\n/after\n");
 }
+
+#[test]
+fn uninitialized_set_variable_is_empty_and_warned_once() {
+    // Lines as the real nginx 1.22.1 wrote them for this config: a
+    // variable only `set` declares (here in /never) is empty where `set`
+    // did not run,
+    // warned about once per request (the log phase says so), not at all
+    // under `uninitialized_variable_warn off`; a regex capture never warns.
+    let s = start(
+        "error_log logs/error.log warn;
+        http { log_format f \"[$x] [$y] [$cap]\"; access_log logs/u.log f;
+            server { listen 127.0.0.1:@PORT@;
+                location /never { set $x 2; return 204; }
+                location /set { set $y 1; return 200 \"y=$y\\n\"; }
+                location /use { return 200 \"x=[$x] again=[$x]\\n\"; }
+                location /off { uninitialized_variable_warn off; return 200 \"[$x]\\n\"; }
+                location /cap { if ($arg_a ~ ^(?<cap>z)?$) { } return 200 \"[$cap]\\n\"; }
+            } }",
+    );
+    let body = |path: &str| {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+        req(&s, &head).body_str()
+    };
+    assert_eq!(body("/use"), "x=[] again=[]\n");
+    assert_eq!(body("/set"), "y=1\n");
+    assert_eq!(body("/off"), "[]\n");
+    assert_eq!(body("/cap"), "[]\n");
+    let log = wait_for(&s, "logs/u.log", 4);
+    // An unmatched capture is not found ("-"); one that took no part in
+    // a match is empty.
+    assert_eq!(log, "[] [] [-]\n[] [1] [-]\n[] [] [-]\n[] [] []\n");
+    let warns: Vec<String> = s
+        .error_log()
+        .lines()
+        .filter(|l| l.contains("[warn]"))
+        .map(|l| {
+            let from = l.find("using").unwrap_or(0);
+            let to = l.find(", server:").unwrap_or(l.len());
+            l[from..to].to_string()
+        })
+        .collect();
+    assert_eq!(
+        warns,
+        [
+            "using uninitialized \"x\" variable, client: 127.0.0.1",
+            "using uninitialized \"y\" variable while logging request, client: 127.0.0.1",
+            "using uninitialized \"x\" variable while logging request, client: 127.0.0.1",
+            "using uninitialized \"x\" variable while logging request, client: 127.0.0.1",
+            "using uninitialized \"y\" variable while logging request, client: 127.0.0.1",
+        ]
+    );
+}

@@ -100,10 +100,28 @@ http {
         location /hdr/ { add_header X-A "1"; add_header X-B "$uri" always; expires 1h; }
         location /exp/ { expires epoch; add_header X-C c; }
         location /cs/ { charset utf-8; }
+        location = /cs/r302 { charset utf-8; return 302 /x; }
+        location = /cs/typed { charset utf-8; default_type "text/html; v=1"; return 200 "t\n"; }
+        location /csp/ {
+            charset utf-8;
+            proxy_set_header Host up.test;
+            location /csp/off/ { proxy_pass http://127.0.0.1:@PORT@/; }
+            location /csp/on/ { override_charset on; proxy_pass http://127.0.0.1:@PORT@/; }
+            location /csp/same/ { charset KOI8-R; override_charset on; proxy_pass http://127.0.0.1:@PORT@/; }
+        }
         location /ai/ { autoindex on; }
         location /aij/ { autoindex on; autoindex_format json; alias html/ai/; }
         location /mapv { return 200 "$mapped $bucket\n"; }
         location /nr/ { max_ranges 1; }
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name up.test;
+        location /koi { default_type "text/html; charset=koi8-r"; return 200 "koi\n"; }
+        location /quoted { default_type "text/html;charset=\"KOI8-r\""; return 200 "q\n"; }
+        location /css { default_type "text/css; charset=koi8-r"; return 200 "css\n"; }
+        location /params { default_type "text/html; v=1"; return 200 "p\n"; }
+        location /plain { default_type text/html; return 200 "plain\n"; }
     }
     server {
         listen 127.0.0.1:@PORT@;
@@ -302,6 +320,20 @@ fn corpus() -> Vec<String> {
         "/files/sub",
         "/files/sub/",
         "/files/sub/index.html",
+        "/cs/r302",
+        "/cs/typed",
+        "/csp/off/koi",
+        "/csp/off/quoted",
+        "/csp/off/css",
+        "/csp/off/params",
+        "/csp/off/plain",
+        "/csp/on/koi",
+        "/csp/on/quoted",
+        "/csp/on/plain",
+        "/csp/same/koi",
+        "/csp/same/quoted",
+        "/csp/same/css",
+        "/csp/same/plain",
     ];
     let hosts = [
         "main.test",

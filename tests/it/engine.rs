@@ -301,3 +301,45 @@ fn return_codes_text_and_urls() {
         "{got}"
     );
 }
+
+/// Whether the server still reads after answering a `Connection: close`
+/// request with nothing more to come: bytes the client sends after the
+/// response are drained by a lingering close, while a closed socket
+/// answers them with a reset (the second write or the read then fails).
+fn lingers_after_close(port: u16, path: &str) -> bool {
+    let mut s = connect(port);
+    let req = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).expect("write");
+    let got = read_to_close(&mut s);
+    assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"), "{path}: {got:?}");
+    let _ = s.write(b"x");
+    std::thread::sleep(Duration::from_millis(200));
+    let second = s.write(b"y");
+    let mut b = [0u8; 8];
+    let read = s.read(&mut b);
+    second.is_ok() && matches!(read, Ok(0))
+}
+
+#[test]
+fn lingering_close_always_lingers_without_pending_input() {
+    // `on` lingers only when more input looks likely (an unread body,
+    // pipelined bytes); `always` whatever the client did; `off` never.
+    let conf = "http { lingering_timeout 5s; server { listen 127.0.0.1:@PORT@;
+        location /on { return 200 \"on\\n\"; }
+        location /always { lingering_close always; return 200 \"always\\n\"; }
+        location /off { lingering_close off; return 200 \"off\\n\"; }
+    } }";
+    let want = [("/on", false), ("/always", true), ("/off", false)];
+    let s = Server::start(conf);
+    for (path, linger) in want {
+        assert_eq!(lingers_after_close(s.port, path), linger, "tern {path}");
+    }
+    if nginx_installed() {
+        let p = Prefix::new();
+        let port = free_port();
+        let _nginx = start_nginx(&p, conf, port).expect("nginx starts");
+        for (path, linger) in want {
+            assert_eq!(lingers_after_close(port, path), linger, "nginx {path}");
+        }
+    }
+}

@@ -478,3 +478,45 @@ fn interim_response_in_the_same_segment_as_the_final_one() {
         r.head
     );
 }
+
+#[test]
+fn upstream_charset_is_kept_and_never_doubled() {
+    // nginx 1.22.1 on the same config: the upstream's charset stays (no
+    // second `charset=`); with override_charset on, a different one would
+    // need a charset_map, so it stays too and the error is logged, and the
+    // same one is respelled as the directive writes it.
+    let o = Origin::start(|head| {
+        let ct = if head.contains("/q") {
+            "text/html;charset=\"UTF-8\""
+        } else {
+            "text/html; charset=koi8-r"
+        };
+        // koi8-r for "аб": bytes a recoding would have changed.
+        let mut r = format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nContent-Length: 3\r\n\r\n")
+            .into_bytes();
+        r.extend_from_slice(b"\xc1\xc2\n");
+        Some(r)
+    });
+    let conf = format!(
+        "http {{ server {{ listen 127.0.0.1:@PORT@; charset utf-8;
+            location /off/ {{ proxy_pass http://127.0.0.1:{p}/; }}
+            location /on/ {{ override_charset on; proxy_pass http://127.0.0.1:{p}/; }}
+        }} }}",
+        p = o.port
+    );
+    let s = Server::start(&conf);
+    let ct = |path: &str| s.get(path).header("Content-Type").map(str::to_string);
+    assert_eq!(ct("/off/k").as_deref(), Some("text/html; charset=koi8-r"));
+    assert_eq!(ct("/off/q").as_deref(), Some("text/html;charset=\"UTF-8\""));
+    let r = s.get("/on/k");
+    assert_eq!(r.header("Content-Type"), Some("text/html; charset=koi8-r"));
+    assert_eq!(r.body, b"\xc1\xc2\n");
+    assert_eq!(ct("/on/q").as_deref(), Some("text/html; charset=utf-8"));
+    let log = s.error_log();
+    assert_eq!(
+        log.matches("no \"charset_map\" between the charsets \"koi8-r\" and \"utf-8\"")
+            .count(),
+        1,
+        "{log}"
+    );
+}

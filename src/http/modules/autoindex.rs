@@ -275,6 +275,7 @@ pub async fn handle(cx: &mut Ctx<'_>, dir: &[u8]) -> Option<Response> {
         Format::Xml => ("text/xml; charset=utf-8", xml(&entries)),
     };
     r.content_type = Some(ctype.into());
+    r.charset_param = format == Format::Xml;
     if cx.req.method == Method::Head {
         // Only the head goes out; nginx does not announce chunking for it.
         return Some(r);

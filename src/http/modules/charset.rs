@@ -4,6 +4,19 @@
 //! Appends `; charset=NAME` to the Content-Type of any response (error
 //! pages included) whose type is in `charset_types` (`text/html` always is;
 //! `*` is any type), as nginx does, the name spelled as in the directive.
+//! The type is compared whole, parameters and all, as nginx compares it: a
+//! configured `text/html; foo=bar` is not `text/html`. 301 and 302 get no
+//! charset (nginx's `ngx_http_set_charset`).
+//!
+//! A response that carries its own charset (a proxied or cached one whose
+//! Content-Type has `; charset=`, see `Response::charset_param`) keeps it
+//! as it is: nginx adds no second one. With `override_charset on` that
+//! charset is the source: the same name as `charset` (any case, quotes
+//! removed) is rewritten to the directive's spelling, as nginx does; a
+//! different one would need recoding, which nginx does only through a
+//! `charset_map`, and tern has none (below), so the response goes out
+//! untouched with its own charset and `no "charset_map"` is logged, which
+//! is also what nginx does when it has no map for the pair.
 //!
 //! Recoding is not implemented: `charset_map` stays unsupported (a config
 //! using it, such as `include koi-utf`, is refused at startup naming the
@@ -12,8 +25,6 @@
 //! when both are written at the same level, and otherwise does what nginx
 //! does at run time without a map: logs `no "charset_map" between the
 //! charsets ...` and leaves the Content-Type alone.
-//! `override_charset` is accepted; it only matters for a charset that came
-//! from upstream, and tern has no proxy yet, so it changes nothing.
 
 use std::sync::Arc;
 
@@ -152,16 +163,52 @@ pub const DIRECTIVES: &[Spec] = &[
     },
 ];
 
-/// Whether the media type (before any `;`) is one the charset applies to.
+/// Whether the Content-Type is one the charset applies to. nginx looks
+/// the whole value up in its `charset_types` hash, so a type with
+/// parameters matches only `*`.
 fn type_matches(ct: &str, types: Option<&[String]>) -> bool {
-    let base = ct.split(';').next().unwrap_or("").trim();
-    if base.eq_ignore_ascii_case("text/html") {
+    if ct.eq_ignore_ascii_case("text/html") {
         return true;
     }
     match types {
-        Some(t) => t.iter().any(|t| t == "*" || base.eq_ignore_ascii_case(t)),
-        None => DEFAULT_TYPES.iter().any(|t| base.eq_ignore_ascii_case(t)),
+        Some(t) => t.iter().any(|t| t == "*" || ct.eq_ignore_ascii_case(t)),
+        None => DEFAULT_TYPES.iter().any(|t| ct.eq_ignore_ascii_case(t)),
     }
+}
+
+/// Splits a response's own Content-Type as nginx's upstream module does
+/// (`ngx_http_upstream_copy_content_type`): the length of the type before
+/// the `;` that introduces `charset=`, and the charset, which runs to the
+/// end of the value less one pair of quotes.
+fn own_charset(ct: &str) -> Option<(usize, &str)> {
+    let b = ct.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b';' {
+            i += 1;
+            continue;
+        }
+        let semi = i;
+        i += 1;
+        while b.get(i) == Some(&b' ') {
+            i += 1;
+        }
+        let rest = b.get(i..).unwrap_or_default();
+        if rest.len() >= 8 && rest[..8].eq_ignore_ascii_case(b"charset=") {
+            let mut s = i + 8;
+            let mut e = b.len();
+            if b.get(s) == Some(&b'"') {
+                s += 1;
+            }
+            if e > s && b[e - 1] == b'"' {
+                e -= 1;
+            }
+            return Some((semi, ct.get(s..e).unwrap_or_default()));
+        }
+        // nginx's loop steps past the character after the spaces too.
+        i += 1;
+    }
+    None
 }
 
 /// Header filter (see `phases::HEADER_FILTERS` for the order).
@@ -171,6 +218,23 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
     let Some(ct) = resp.content_type.as_deref().filter(|c| !c.is_empty()) else {
         return;
     };
+    if matches!(conf.charset, None | Some(Charset::Off)) {
+        return;
+    }
+    let own = if resp.charset_param {
+        own_charset(ct)
+    } else {
+        None
+    };
+    match own {
+        // An empty `charset=` is none to nginx, but the type it measured
+        // ends before it, so the header goes out as it came.
+        Some((_, "")) => return,
+        Some(_) if !conf.override_charset.unwrap_or(false) => return,
+        Some(_) => {}
+        None if !type_matches(ct, conf.types.as_deref().map(|v| v.as_slice())) => return,
+        None => {}
+    }
     let name = match &conf.charset {
         None | Some(Charset::Off) => return,
         Some(Charset::Name(n)) => n.clone(),
@@ -183,11 +247,14 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
             String::from_utf8_lossy(&v).into_owned()
         }
     };
-    if !type_matches(ct, conf.types.as_deref().map(|v| v.as_slice())) {
-        return;
-    }
-    if let Some(src) = &conf.source {
+    let (base, src) = match own {
+        Some((base, cs)) => (Some(base), Some(cs.to_string())),
+        None => (None, conf.source.clone()),
+    };
+    if let Some(src) = src {
         if !src.eq_ignore_ascii_case(&name) {
+            // Recoding would need a charset_map; the body keeps its bytes,
+            // so the header keeps the charset that describes them.
             cx.log(
                 Level::Error,
                 &format!(
@@ -198,7 +265,17 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
             return;
         }
     }
-    resp.content_type = Some(format!("{}; charset={}", ct, name));
+    let mut ct = ct.to_string();
+    if let Some(base) = base {
+        ct.truncate(base);
+    }
+    // nginx declares no charset on these redirects: Netscape 4 applied
+    // it to the page redirected to.
+    if !matches!(resp.status, 301 | 302) {
+        ct.push_str("; charset=");
+        ct.push_str(&name);
+    }
+    resp.content_type = Some(ct);
 }
 
 #[cfg(test)]
@@ -214,5 +291,28 @@ mod tests {
         assert!(type_matches("text/css", Some(&["*".into()])));
         assert!(type_matches("TEXT/CSS", Some(&["text/css".into()])));
         assert!(!type_matches("text/plain", Some(&["text/css".into()])));
+        assert!(!type_matches("text/html; foo=bar", None));
+        assert!(type_matches("text/html; foo=bar", Some(&["*".into()])));
+    }
+
+    #[test]
+    fn own() {
+        assert_eq!(own_charset("text/html"), None);
+        assert_eq!(own_charset("text/html; foo=bar"), None);
+        assert_eq!(
+            own_charset("text/html; charset=koi8-r"),
+            Some((9, "koi8-r"))
+        );
+        assert_eq!(
+            own_charset("text/html;charset=\"KOI8-R\""),
+            Some((9, "KOI8-R"))
+        );
+        assert_eq!(
+            own_charset("text/html; a=b; Charset=x; y=z"),
+            Some((14, "x; y=z"))
+        );
+        assert_eq!(own_charset("text/html;  "), None);
+        assert_eq!(own_charset("text/html; charset="), Some((9, "")));
+        assert_eq!(own_charset("a;charset=\""), Some((1, "")));
     }
 }

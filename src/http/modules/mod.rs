@@ -92,6 +92,7 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
 
 /// The log phase.
 pub fn log_phase(cx: &Ctx<'_>) {
+    cx.logging.set(true);
     access_log::log(cx);
 }
 

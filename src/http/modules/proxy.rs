@@ -1181,6 +1181,7 @@ fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
     for (n, v) in headers {
         if n.eq_ignore_ascii_case("content-type") {
             r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
+            r.charset_param = true;
         } else if n.eq_ignore_ascii_case("last-modified") {
             match std::str::from_utf8(&v)
                 .ok()

@@ -10,6 +10,12 @@
 //! with its enclosing level after that level is complete, see
 //! [`finish_ifs`]) and runs the block's ops, then execution continues after
 //! the block, as nginx does.
+//!
+//! A variable only `set` declares has no value where no `set` ran for it
+//! in the request: it reads as empty, and the first read logs nginx's
+//! `using uninitialized "NAME" variable` warning unless
+//! `uninitialized_variable_warn off` (see `VarCtx for Ctx` in
+//! `http/phases.rs`, which evaluates user variables).
 
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -440,7 +446,7 @@ fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
             d,
         ));
     }
-    let var = cx.vars.define(name);
+    let var = cx.vars.define_set(name);
     let value = cx.template(arg(d, 1), d)?;
     l.modules.rewrite.ops.push(Op::Set { var, value });
     Ok(())
