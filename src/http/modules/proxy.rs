@@ -947,7 +947,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if framing.done() && cache_out.is_none() {
         if reusable(&resp, &framing) {
             if let Some(s) = resp.stream.take() {
-                up.put_idle(resp.peer, s);
+                up.put_idle(resp.peer, s, resp.requests);
             }
         }
         out.content_length = Some(first.len() as u64);
@@ -967,7 +967,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if let Some(c) = &cache_out {
         pipe.lock().file = Some(c.file.clone());
     }
-    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer));
+    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
     let producer = Producer {
         pipe: pipe.clone(),
         stream,
@@ -1395,6 +1395,9 @@ struct UpResp {
     early: Vec<u8>,
     peer: SocketAddr,
     peer_name: String,
+    /// Requests the connection has carried, this one included
+    /// (`keepalive_requests`).
+    requests: u64,
     /// No body follows (HEAD, 1xx, 204, 304).
     no_body: bool,
     /// The Content-Length upstream declared (for HEAD answers).
@@ -1470,9 +1473,14 @@ async fn exchange(
     // the peer, as nginx does. A timeout is not a stale connection (the
     // peer may be working on the request): as nginx, it is the attempt's
     // result, and is not sent again here.
-    if let Some(s) = up.take_idle(addr) {
+    if let Some((s, served)) = up.take_idle(addr) {
         match send_and_read(s, addr, lim, send, head_only).await {
-            Ok(r) => return Ok(r),
+            Ok(r) => {
+                return Ok(UpResp {
+                    requests: served + 1,
+                    ..r
+                })
+            }
             Err(f) if f.status == 504 => return Err(Fail { sent: true, ..f }),
             Err(_) => {}
         }
@@ -1643,6 +1651,7 @@ async fn send_and_read(
                     early: buf[end..have].to_vec(),
                     peer: addr,
                     peer_name: String::new(),
+                    requests: 1,
                 });
             }
             Err(httparse::Error::Version | httparse::Error::Status) => {
@@ -2001,8 +2010,9 @@ struct Producer {
     temp: Option<Arc<File>>,
     temp_len: u64,
     cache: Option<CacheOut>,
-    /// Where a complete, reusable connection goes.
-    keep: Option<(Arc<Upstream>, SocketAddr)>,
+    /// Where a complete, reusable connection goes, and the requests it
+    /// has carried.
+    keep: Option<(Arc<Upstream>, SocketAddr, u64)>,
     log: UpLog,
 }
 
@@ -2028,8 +2038,8 @@ impl Producer {
                     }
                 }
                 // Bytes after the body make the connection unusable.
-                if let Some((up, addr)) = self.keep.take().filter(|_| !self.framing.extra) {
-                    up.put_idle(addr, self.stream);
+                if let Some((up, addr, n)) = self.keep.take().filter(|_| !self.framing.extra) {
+                    up.put_idle(addr, self.stream, n);
                 }
                 self.pipe.finish(Ok(()));
             }

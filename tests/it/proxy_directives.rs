@@ -1,0 +1,184 @@
+//! Proxy and upstream directives that were once accepted without effect:
+//! upstream `keepalive_requests`, `proxy_cache_path ... min_free=`,
+//! `proxy_temp_path` levels, and directives inside `limit_except`. Where
+//! the reference nginx is installed, the configuration checks and the
+//! connection counts are compared with it.
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::harness::*;
+
+/// An origin that keeps each connection open and answers every request on
+/// it: `/big` with 300 KB (more than one read, so tern streams it), any
+/// other path with `hello`. Counts the connections it accepted.
+fn keepalive_origin() -> (u16, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind origin");
+    let port = l.local_addr().expect("addr").port();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c2 = conns.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            c2.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                loop {
+                    while let Some(end) = find(&buf, b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        let body = if head.starts_with(b"GET /big") {
+                            vec![b'x'; 300_000]
+                        } else {
+                            b"hello".to_vec()
+                        };
+                        let mut resp =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len())
+                                .into_bytes();
+                        resp.extend_from_slice(&body);
+                        if c.write_all(&resp).is_err() {
+                            return;
+                        }
+                    }
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (port, conns)
+}
+
+fn keepalive_conf(origin: u16) -> String {
+    format!(
+        "worker_processes 1;
+        http {{ access_log off;
+            upstream ka {{ server 127.0.0.1:{}; keepalive 4; keepalive_requests 2; }}
+            server {{ listen 127.0.0.1:@PORT@;
+                location / {{ proxy_pass http://ka; proxy_http_version 1.1;
+                    proxy_set_header Connection \"\"; }} }} }}",
+        origin
+    )
+}
+
+/// Five small answers then four streamed ones; returns the upstream
+/// connections opened for them. `p`: the server's prefix, whose error
+/// log a failure shows.
+fn connections_for_nine_requests(port: u16, conns: &AtomicUsize, p: &Prefix) -> usize {
+    let get = |path: &str| {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let got = raw(port, req.as_bytes());
+        Resp::parse(&got).unwrap_or_else(|| {
+            panic!(
+                "{path}: no response in {:?}; error.log: {}",
+                String::from_utf8_lossy(&got),
+                std::fs::read_to_string(p.path("logs/error.log")).unwrap_or_default()
+            )
+        })
+    };
+    for _ in 0..5 {
+        let r = get("/s");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+    }
+    for _ in 0..4 {
+        let r = get("/big");
+        assert_eq!((r.status, r.body.len()), (200, 300_000));
+    }
+    conns.load(Ordering::SeqCst)
+}
+
+#[test]
+fn upstream_keepalive_requests_closes_a_connection_after_n_requests() {
+    // keepalive_requests 2: small answers 1+2, 3+4, 5 and the first
+    // streamed one, then 2 streamed per connection: 3 + 2 connections
+    // (without the cap, one connection serves all nine).
+    let (oport, conns) = keepalive_origin();
+    let s = Server::start(&keepalive_conf(oport));
+    assert_eq!(connections_for_nine_requests(s.port, &conns, &s.prefix), 5);
+
+    if nginx_installed() {
+        let (oport, conns) = keepalive_origin();
+        let p = Prefix::new();
+        let nport = free_port();
+        let Some(_n) = start_nginx(&p, &keepalive_conf(oport), nport) else {
+            return;
+        };
+        assert_eq!(connections_for_nine_requests(nport, &conns, &p), 5, "nginx");
+    }
+}
+
+/// `-t` on `http { BODY }`: whether it passed, and stderr.
+fn check(bin: &str, body: &str) -> (bool, String) {
+    let p = Prefix::new();
+    let f = p.write(
+        "conf/t.conf",
+        format!(
+            "pid {}/t.pid;\nevents {{}}\nhttp {{ access_log off;\n{}\n}}\n",
+            p.dir.display(),
+            body
+        ),
+    );
+    let out = std::process::Command::new(bin)
+        .arg("-p")
+        .arg(format!("{}/", p.dir.display()))
+        .arg("-e")
+        .arg(p.path("logs/error.log"))
+        .arg("-t")
+        .arg("-c")
+        .arg(&f)
+        .output()
+        .expect("run -t");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), err)
+}
+
+/// Each case: the http block's body and the error (None: accepted), which
+/// both tern and nginx must print for line 4.
+fn same_checks_as_nginx(cases: &[(&str, Option<&str>)]) {
+    let nginx = nginx_installed();
+    for (body, want) in cases {
+        let bins: &[&str] = if nginx { &[BIN, NGINX] } else { &[BIN] };
+        for bin in bins {
+            let (ok, err) = check(bin, body);
+            match want {
+                None => assert!(ok, "{bin}: {body}: {err}"),
+                Some(msg) => {
+                    assert!(!ok, "{bin}: {body} accepted");
+                    assert!(
+                        err.contains(&format!("[emerg] ")) && err.contains(msg),
+                        "{bin}: {body}: {err}"
+                    );
+                    assert!(err.contains("t.conf:4"), "{bin}: {body}: {err}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn upstream_keepalive_requests_is_checked_like_nginx() {
+    let ups = |v: &str| format!("upstream u {{ server 127.0.0.1:1; keepalive 2; {} }}", v);
+    same_checks_as_nginx(&[
+        (
+            &ups("keepalive_requests abc;"),
+            Some("\"keepalive_requests\" directive invalid number"),
+        ),
+        (
+            &ups("keepalive_requests -1;"),
+            Some("\"keepalive_requests\" directive invalid number"),
+        ),
+        (
+            &ups("keepalive_requests 99999999999999999999;"),
+            Some("\"keepalive_requests\" directive invalid number"),
+        ),
+        (
+            &ups("keepalive_requests 5; keepalive_requests 6;"),
+            Some("\"keepalive_requests\" directive is duplicate"),
+        ),
+        (&ups("keepalive_requests 0;"), None),
+        (&ups("keepalive_requests 4294967296;"), None),
+    ]);
+}
