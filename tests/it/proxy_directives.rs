@@ -182,3 +182,54 @@ fn upstream_keepalive_requests_is_checked_like_nginx() {
         (&ups("keepalive_requests 4294967296;"), None),
     ]);
 }
+
+#[test]
+fn proxy_temp_path_levels_are_checked_like_nginx() {
+    let bad = Some("\"proxy_temp_path\" directive invalid value");
+    same_checks_as_nginx(&[
+        ("proxy_temp_path /tmp/x 0;", bad),
+        ("proxy_temp_path /tmp/x a;", bad),
+        ("proxy_temp_path /tmp/x +1;", bad),
+        ("proxy_temp_path /tmp/x 11;", bad),
+        ("proxy_temp_path /tmp/x 5 6;", bad),
+        ("proxy_temp_path /tmp/x 4 4 4;", bad),
+        (
+            "proxy_temp_path /tmp/x 1 2 2 2;",
+            Some("invalid number of arguments in \"proxy_temp_path\" directive"),
+        ),
+        ("proxy_temp_path /tmp/x 3;", None),
+        ("proxy_temp_path /tmp/x 10;", None),
+        ("proxy_temp_path /tmp/x 1 2;", None),
+        ("proxy_temp_path /tmp/x 3 3 3;", None),
+        ("proxy_temp_path /tmp/x 01;", None),
+    ]);
+    // nginx's sum of the levels wraps around here and it accepts them;
+    // tern refuses levels that cannot fit.
+    for d in ["proxy_temp_path", "client_body_temp_path"] {
+        let (ok, err) = check(
+            BIN,
+            &format!("{d} /tmp/x 9223372036854775807 9223372036854775807 2;"),
+        );
+        assert!(!ok, "{d} accepted");
+        assert!(
+            err.contains(&format!("\"{d}\" directive invalid value")) && err.contains("t.conf:4"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn proxy_temp_path_with_levels_still_buffers_to_its_directory() {
+    // Levels have no effect (temp files are unlinked at once), but a
+    // response larger than the buffers still goes through the directory.
+    let (oport, _conns) = keepalive_origin();
+    let s = Server::start(&format!(
+        "http {{ access_log off; server {{ listen 127.0.0.1:@PORT@;
+            location / {{ proxy_pass http://127.0.0.1:{}; proxy_buffers 2 4k;
+                proxy_temp_path ptemp 1 2; }} }} }}",
+        oport
+    ));
+    let r = s.get("/big");
+    assert_eq!((r.status, r.body.len()), (200, 300_000));
+    assert!(exists(&s.prefix.path("ptemp")));
+}

@@ -479,6 +479,10 @@ fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
 }
 
 fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    // Checked as nginx does, then unused: proxy temp files are unlinked as
+    // soon as they are created, so no directory tree of them ever builds
+    // up that levels would spread out (DIFFERENCES.md).
+    crate::http::body::temp_levels(d)?;
     let p = cx.path(arg(d, 0));
     cache::allow_dir(&p);
     set_once(&mut l.modules.proxy.temp_path, p, d)
