@@ -233,3 +233,68 @@ fn proxy_temp_path_with_levels_still_buffers_to_its_directory() {
     assert_eq!((r.status, r.body.len()), (200, 300_000));
     assert!(exists(&s.prefix.path("ptemp")));
 }
+
+#[test]
+fn proxy_cache_path_min_free_is_checked_like_nginx() {
+    let cp = |v: &str| format!("proxy_cache_path cache keys_zone=z:1m {};", v);
+    same_checks_as_nginx(&[
+        (
+            &cp("min_free=abc"),
+            Some("invalid min_free value \"min_free=abc\""),
+        ),
+        (
+            &cp("min_free=-1"),
+            Some("invalid min_free value \"min_free=-1\""),
+        ),
+        (
+            &cp("min_free="),
+            Some("invalid min_free value \"min_free=\""),
+        ),
+        (
+            &cp("min_free=1x"),
+            Some("invalid min_free value \"min_free=1x\""),
+        ),
+        (&cp("min_free=0"), None),
+        (&cp("min_free=10m"), None),
+        (&cp("min_free=1K"), None),
+        (&cp("min_free=10g"), None),
+        (&cp("min_free=10m min_free=20m"), None),
+    ]);
+}
+
+fn min_free_conf(origin: u16, min_free: &str) -> String {
+    format!(
+        "http {{ access_log off;
+            proxy_cache_path cache levels=1:2 keys_zone=z:1m min_free={};
+            server {{ listen 127.0.0.1:@PORT@;
+                location / {{ proxy_pass http://127.0.0.1:{}; proxy_cache z;
+                    proxy_cache_key $request_uri; proxy_cache_valid 200 10m;
+                    add_header X-Cache $upstream_cache_status; }} }} }}",
+        min_free, origin
+    )
+}
+
+fn cache_entry(p: &Prefix, key: &str) -> std::path::PathBuf {
+    let h = tern::cache::md5::hex(&tern::cache::md5::digest(key.as_bytes()));
+    p.path(&format!("cache/{}/{}/{}", &h[31..], &h[29..31], h))
+}
+
+#[test]
+fn cache_manager_evicts_while_free_space_is_below_min_free() {
+    let (oport, _conns) = keepalive_origin();
+    // More than any test machine's disk has free: the manager keeps
+    // evicting, so an entry lasts about a second.
+    let s = Server::start(&min_free_conf(oport, "9000000g"));
+    assert_eq!(s.get("/a").header("X-Cache"), Some("MISS"));
+    let f = cache_entry(&s.prefix, "/a");
+    assert!(exists(&f), "no cache file at {}", f.display());
+    eventually(5, "the entry evicted for min_free", || !exists(&f));
+    assert_eq!(s.get("/a").header("X-Cache"), Some("MISS"));
+
+    // A threshold the file system meets: entries stay.
+    let s = Server::start(&min_free_conf(oport, "1k"));
+    assert_eq!(s.get("/b").header("X-Cache"), Some("MISS"));
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(exists(&cache_entry(&s.prefix, "/b")));
+    assert_eq!(s.get("/b").header("X-Cache"), Some("HIT"));
+}

@@ -611,12 +611,13 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
 }
 
 /// `proxy_cache_path PATH [levels=] keys_zone=NAME:SIZE [inactive=]
-/// [max_size=] [use_temp_path=] [loader_*= manager_*= min_free=]`.
+/// [max_size=] [min_free=] [use_temp_path=] [loader_*= manager_*=]`.
 fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let path = cx.path(arg(d, 0));
     let mut levels = Vec::new();
     let mut zone: Option<(String, usize)> = None;
     let mut max_size = None;
+    let mut min_free = 0;
     let mut inactive = 600;
     let bad = |a: &str| ConfError::at(format!("invalid parameter \"{}\"", a), d);
     for a in d.args.iter().skip(1).map(|a| a.value.as_str()) {
@@ -649,6 +650,9 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
                 Some(value::offset(v).ok_or_else(|| {
                     ConfError::at(format!("invalid max_size value \"{}\"", a), d)
                 })?);
+        } else if let Some(v) = a.strip_prefix("min_free=") {
+            min_free = value::offset(v)
+                .ok_or_else(|| ConfError::at(format!("invalid min_free value \"{}\"", a), d))?;
         } else if let Some(v) = a.strip_prefix("inactive=") {
             inactive = value::time_secs(v)
                 .ok_or_else(|| ConfError::at(format!("invalid inactive value \"{}\"", a), d))?;
@@ -665,7 +669,6 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
                 ));
             }
         } else if [
-            "min_free=",
             "manager_files=",
             "manager_sleep=",
             "manager_threshold=",
@@ -704,6 +707,7 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
         size,
         max_size,
         inactive_secs: inactive,
+        min_free,
     });
     hm.modules.proxy.zones.insert(name, z);
     Ok(())
