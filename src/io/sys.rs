@@ -146,7 +146,7 @@ pub fn fs_available(path: &Path) -> io::Result<u64> {
     }
     // SAFETY: statvfs succeeded, so `st` is initialised.
     let st = unsafe { st.assume_init() };
-    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Milliseconds of a monotonic clock that is read from the vDSO without a
