@@ -148,7 +148,7 @@ fn same_checks_as_nginx(cases: &[(&str, Option<&str>)]) {
                 Some(msg) => {
                     assert!(!ok, "{bin}: {body} accepted");
                     assert!(
-                        err.contains(&format!("[emerg] ")) && err.contains(msg),
+                        err.contains("[emerg] ") && err.contains(msg),
                         "{bin}: {body}: {err}"
                     );
                     assert!(err.contains("t.conf:4"), "{bin}: {body}: {err}");
@@ -297,4 +297,111 @@ fn cache_manager_evicts_while_free_space_is_below_min_free() {
     std::thread::sleep(std::time::Duration::from_millis(2500));
     assert!(exists(&cache_entry(&s.prefix, "/b")));
     assert_eq!(s.get("/b").header("X-Cache"), Some("HIT"));
+}
+
+fn limit_except_conf(origin: u16) -> String {
+    format!(
+        "http {{ access_log off; log_format le \"LE $request_method $uri $status\";
+            server {{ listen 127.0.0.1:@PORT@;
+                location /r {{ return 200 \"ret\\n\"; limit_except GET {{ allow all; }} }}
+                location /d {{ deny 127.0.0.1; limit_except GET {{ allow all; }} }}
+                location /l {{ limit_except GET {{ access_log logs/le.log le; }}
+                    return 200 \"l\\n\"; }}
+                location /p {{ limit_except GET {{ proxy_pass http://127.0.0.1:{o}; }} }}
+                location /q {{ proxy_pass http://127.0.0.1:{o}; limit_except GET {{ deny all; }} }}
+            }} }}",
+        o = origin
+    )
+}
+
+/// Status and (for 200) body of each method on each path.
+fn limit_except_answers(port: u16) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in ["GET", "HEAD", "POST", "DELETE"] {
+        for path in ["/r", "/d", "/l", "/p", "/q"] {
+            let req = format!(
+                "{m} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let r = Resp::parse(&raw(port, req.as_bytes())).expect("a response");
+            let body = if r.status == 200 {
+                r.body_str()
+            } else {
+                String::new()
+            };
+            out.push(format!("{m} {path} {} {}", r.status, body.trim_end()));
+        }
+    }
+    out
+}
+
+fn limit_except_prefix() -> Prefix {
+    let p = Prefix::new();
+    for f in ["r", "d", "l", "p"] {
+        p.write(&format!("html/{f}"), format!("static {f}\n"));
+    }
+    p
+}
+
+#[test]
+fn limit_except_block_is_the_configuration_of_unlisted_methods() {
+    let (oport, _conns) = keepalive_origin();
+    let s = Server::start_in(limit_except_prefix(), &limit_except_conf(oport));
+    let got = limit_except_answers(s.port);
+    let want = [
+        "GET /r 200 ret",
+        "GET /d 403 ",
+        "GET /l 200 l",
+        "GET /p 200 static p",
+        "GET /q 200 hello",
+        "HEAD /r 200 ",
+        "HEAD /d 403 ",
+        "HEAD /l 200 ",
+        "HEAD /p 200 ",
+        "HEAD /q 200 ",
+        // Unlisted: the block's configuration, without the location's
+        // return (a static file, which POST may not have), with its rules
+        // instead of the location's, its proxy_pass and its access_log.
+        "POST /r 405 ",
+        "POST /d 405 ",
+        "POST /l 405 ",
+        "POST /p 200 hello",
+        "POST /q 403 ",
+        "DELETE /r 405 ",
+        "DELETE /d 405 ",
+        "DELETE /l 405 ",
+        "DELETE /p 200 hello",
+        "DELETE /q 403 ",
+    ];
+    assert_eq!(got, want);
+    // Access-log lines are written by a writer thread.
+    let log = "LE POST /l 405\nLE DELETE /l 405\n";
+    let path = s.prefix.path("logs/le.log");
+    eventually(5, "the limit_except access log", || {
+        std::fs::read_to_string(&path).unwrap_or_default() == log
+    });
+
+    if nginx_installed() {
+        let (oport, _conns) = keepalive_origin();
+        let p = limit_except_prefix();
+        let nport = free_port();
+        let Some(_n) = start_nginx(&p, &limit_except_conf(oport), nport) else {
+            return;
+        };
+        assert_eq!(limit_except_answers(nport), want, "nginx");
+        assert_eq!(p.read("logs/le.log"), log, "nginx");
+    }
+}
+
+#[test]
+fn proxy_pass_with_uri_in_limit_except_is_refused_like_nginx() {
+    same_checks_as_nginx(&[
+        (
+            "server { location /x { limit_except GET { proxy_pass http://127.0.0.1:1/y; } } }",
+            Some("\"proxy_pass\" cannot have URI part in location given by regular expression, or inside named location, or inside \"if\" statement, or inside \"limit_except\" block"),
+        ),
+        (
+            "server { location /x { limit_except GET { proxy_pass http://127.0.0.1:1; } } }",
+            None,
+        ),
+    ]);
 }
