@@ -57,7 +57,17 @@
 //!   runs each new zone's **loader** (scan the tree, adopt complete entries,
 //!   delete leftovers of a crashed run), then every second the **manager**
 //!   (forget entries unused for `inactive`, evict LRU above `max_size`,
-//!   unlink the files). It also creates the cache directory and hands it to
+//!   evict LRU while the file system has less than `min_free` available,
+//!   unlink the files).
+//!
+//! `min_free`: the manager asks `statvfs` for the space available to
+//! unprivileged users (as nginx's `ngx_fs_available`) and, below the
+//! threshold, evicts least recently used entries whose sizes add up to the
+//! shortfall; the next pass, a second later, looks again. nginx evicts one
+//! entry at a time and looks again after each (up to `manager_files` per
+//! round); the outcome is the same, sooner. As in nginx, space that other
+//! files take counts too: if evicting cannot bring it back, the cache
+//! empties. It also creates the cache directory and hands it to
 //!   the user workers run as, like nginx's master does for its paths:
 //!   workers cannot create directories in a root-owned prefix.
 //!
@@ -94,6 +104,8 @@ pub struct PathConf {
     pub size: usize,
     pub max_size: Option<u64>,
     pub inactive_secs: u64,
+    /// `min_free` in bytes (0: not checked).
+    pub min_free: u64,
 }
 
 impl PathConf {
@@ -133,6 +145,7 @@ pub struct Zone {
     /// `max_size` in bytes (`u64::MAX` = unlimited).
     max_size: AtomicU64,
     inactive_secs: AtomicU64,
+    min_free: AtomicU64,
     inner: Mutex<Inner>,
     /// Nodes the zone may hold (nginx: about 8000 per megabyte).
     max_nodes: usize,
@@ -156,6 +169,7 @@ impl Zone {
             loaded: AtomicBool::new(false),
             max_size: AtomicU64::new(u64::MAX),
             inactive_secs: AtomicU64::new(600),
+            min_free: AtomicU64::new(0),
             conf,
         };
         z.set_limits(&z.conf.clone());
@@ -166,6 +180,7 @@ impl Zone {
         self.max_size
             .store(c.max_size.unwrap_or(u64::MAX), Ordering::Relaxed);
         self.inactive_secs.store(c.inactive_secs, Ordering::Relaxed);
+        self.min_free.store(c.min_free, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -272,13 +287,27 @@ impl Zone {
         Ok(())
     }
 
-    /// One manager pass: forget inactive entries, evict LRU over max_size.
-    /// Returns the files to unlink.
-    fn manage(&self) -> Vec<[u8; 16]> {
+    /// The shortfall of the cache's file system below `min_free` (0 when
+    /// not configured, not short, or the directory cannot be examined yet).
+    fn free_shortfall(&self) -> u64 {
+        let min = self.min_free.load(Ordering::Relaxed);
+        if min == 0 {
+            return 0;
+        }
+        crate::io::fs_available(&self.conf.path).map_or(0, |free| min.saturating_sub(free))
+    }
+
+    /// One manager pass: forget inactive entries, evict LRU over max_size,
+    /// then LRU entries adding up to `short` bytes (the file system's
+    /// shortfall below min_free). Returns the files to unlink.
+    fn manage(&self, short: u64) -> Vec<[u8; 16]> {
         let now = now_secs();
         let mut g = self.lock();
         let inner = &mut *g;
         let mut out = std::mem::take(&mut inner.doomed);
+        // What this pass frees for inactive and max_size counts towards
+        // the min_free shortfall too.
+        let before = inner.disk;
         let inactive = self.inactive_secs.load(Ordering::Relaxed) as i64;
         let stale: Vec<[u8; 16]> = inner
             .nodes
@@ -303,6 +332,15 @@ impl Zone {
                     inner.disk = inner.disk.saturating_sub(n.disk);
                     out.push(k);
                 }
+            }
+        }
+        while before.saturating_sub(inner.disk) < short {
+            let Some((_, k)) = inner.lru.pop_first() else {
+                break;
+            };
+            if let Some(n) = inner.nodes.remove(&k) {
+                inner.disk = inner.disk.saturating_sub(n.disk);
+                out.push(k);
             }
         }
         out
@@ -455,7 +493,7 @@ fn keeper(rx: mpsc::Receiver<Msg>) {
         zones.retain(|w| w.strong_count() > 0);
         for w in &zones {
             if let Some(z) = w.upgrade() {
-                for k in z.manage() {
+                for k in z.manage(z.free_shortfall()) {
                     // Skip a key that came back since it was evicted: its
                     // path now holds a fresh entry.
                     if z.still_absent(&k) {
@@ -586,6 +624,7 @@ mod tests {
             size,
             max_size,
             inactive_secs: 600,
+            min_free: 0,
         })
     }
 
@@ -598,7 +637,7 @@ mod tests {
         assert!(z.touch(&k(1)).is_some());
         z.insert(k(3), 0, 100);
         // 300 > 250: the least recently used (2) goes.
-        assert_eq!(z.manage(), vec![k(2)]);
+        assert_eq!(z.manage(0), vec![k(2)]);
         assert!(z.touch(&k(2)).is_none());
         assert_eq!(z.disk_size(), 200);
     }
@@ -611,6 +650,23 @@ mod tests {
         }
         assert_eq!(z.len(), 8);
         assert!(z.touch(&[0; 16]).is_none());
-        assert_eq!(z.manage(), vec![[0; 16]]);
+        assert_eq!(z.manage(0), vec![[0; 16]]);
+    }
+
+    #[test]
+    fn free_space_shortfall_evicts_lru_entries_covering_it() {
+        let z = test_zone(None, 1 << 20);
+        let k = |i: u8| [i; 16];
+        for i in 1..=4 {
+            z.insert(k(i), 0, 100);
+        }
+        assert!(z.touch(&k(1)).is_some());
+        // 150 bytes short: the two least recently used (2, 3) go.
+        assert_eq!(z.manage(150), vec![k(2), k(3)]);
+        assert_eq!(z.len(), 2);
+        assert_eq!(z.manage(0), Vec::<[u8; 16]>::new());
+        // More short than the cache holds: all of it goes.
+        assert_eq!(z.manage(u64::MAX), vec![k(4), k(1)]);
+        assert!(z.is_empty());
     }
 }

@@ -128,19 +128,26 @@ impl BodyLoc {
     }
 }
 
-fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    // As nginx: each level at least 1, all of them within the ten
-    // characters of a temp file name.
+/// The level arguments of a `*_temp_path DIR [L1 [L2 [L3]]]` directive,
+/// checked as nginx's path slot does: each level at least 1, all of them
+/// within the ten characters of a temp file name.
+pub fn temp_levels(d: &Directive) -> ConfResult<Vec<usize>> {
     let mut levels = Vec::new();
     for i in 1..d.args.len() {
+        // Bounded first, so that the sum below cannot overflow.
         match value::number(arg(d, i)) {
-            Some(n) if n >= 1 => levels.push(n as usize),
+            Some(n) if (1..=10).contains(&n) => levels.push(n as usize),
             _ => return Err(crate::config::registry::slot_invalid(d)),
         }
     }
     if levels.iter().sum::<usize>() > 10 {
         return Err(crate::config::registry::slot_invalid(d));
     }
+    Ok(levels)
+}
+
+fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let levels = temp_levels(d)?;
     let t = TempDir::plain(cx.path(arg(d, 0)));
     set_once(
         &mut l.modules.body.temp_path,

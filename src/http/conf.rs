@@ -781,6 +781,8 @@ fn compile_location(
         loc.core.logger = None;
         finish_loc(&mut loc)?;
     }
+    // After the location's own error log is open: the block logs there.
+    crate::http::modules::access::finish_limit_except(&mut loc);
     let loc = Arc::new(loc);
     let mut nested = Locations::default();
     let mut named = HashMap::new();

@@ -356,6 +356,7 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
     match cx.server.named.get(name) {
         Some(l) => {
             cx.loc = l.conf.clone();
+            crate::http::modules::access::limit_except(cx);
             cx.internal = true;
             cx.loc_prefix_len = 0;
             cx.alias = matches!(cx.loc.core.root, Some((_, true)));
@@ -386,6 +387,7 @@ fn find_location(cx: &mut Ctx<'_>) {
             cx.loc_prefix_len = 0;
         }
     }
+    crate::http::modules::access::limit_except(cx);
     cx.alias = matches!(cx.loc.core.root, Some((_, true)));
 }
 

@@ -1,7 +1,7 @@
 //! Thin, safe wrappers over the Linux syscalls that `std` does not offer:
 //! `preadv2(RWF_NOWAIT)`, `openat2(RESOLVE_CACHED)`, `cachestat`,
 //! `mmap`/`madvise` and `/proc/self/pagemap` (for [`super::resident`]),
-//! `sendfile`, `posix_fadvise`.
+//! `sendfile`, `posix_fadvise`, `statvfs`.
 //!
 //! Every `unsafe` block in the I/O layer lives here. Each wrapper takes safe
 //! Rust types (a `File`, a slice) whose lifetimes guarantee the fd and the
@@ -131,6 +131,22 @@ pub fn stat(path: &Path) -> io::Result<libc::stat> {
     }
     // SAFETY: stat succeeded, so `st` is initialised.
     Ok(unsafe { st.assume_init() })
+}
+
+/// Bytes an unprivileged user may still write on the file system holding
+/// `path` (nginx's `ngx_fs_available`), blocking.
+pub fn fs_available(path: &Path) -> io::Result<u64> {
+    let c = cpath(path)?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is NUL-terminated and outlives the call; `st` has room
+    // for one `struct statvfs`, which statvfs fills on success.
+    let r = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded, so `st` is initialised.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Milliseconds of a monotonic clock that is read from the vDSO without a

@@ -16,6 +16,7 @@ mod map;
 mod open_file_cache;
 mod proxy;
 mod proxy_body;
+mod proxy_directives;
 mod proxy_range;
 mod proxy_stream;
 mod runtime;

@@ -1,9 +1,17 @@
 //! `allow`, `deny` and `limit_except`: the access phase's address rules.
 //!
 //! Rules are checked in order and the first match decides; no match
-//! allows. `limit_except METHODS { ... }` holds rules (and other settings)
-//! that apply to every method not listed (GET implies HEAD), as nginx's
-//! limit_except configuration does.
+//! allows.
+//!
+//! `limit_except METHODS { ... }` is, as in nginx, a nameless location of
+//! its own: its directives (`allow`, `deny`, `access_log`, `proxy_pass`)
+//! merged over the enclosing location's configuration. A request whose
+//! method is not listed (GET implies HEAD) runs with that configuration
+//! instead of the location's from the moment the location is chosen
+//! ([`limit_except`]): so the block's rules replace the location's rather
+//! than adding to them, its `proxy_pass` or `access_log` applies, and,
+//! as nginx's merge does not inherit them, the location's `rewrite`,
+//! `return`, `set` and `if` do not run for such a request.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -34,7 +42,43 @@ pub struct Rule {
 pub struct LimitExcept {
     /// Methods (uppercase names) that are *not* limited.
     pub methods: Vec<String>,
+    /// The block's own settings.
+    raw: Arc<LocConf>,
+    /// The block's settings over the enclosing location's (set once that
+    /// location is merged, [`finish_limit_except`]).
     pub conf: Arc<LocConf>,
+}
+
+/// After a location's configuration is merged: give its `limit_except`
+/// block its final configuration.
+pub fn finish_limit_except(l: &mut LocConf) {
+    let Some(le) = l.modules.access.limit_except.take() else {
+        return;
+    };
+    let mut c = (*le.raw).clone();
+    c.merge(l);
+    l.modules.access.limit_except = Some(Arc::new(LimitExcept {
+        methods: le.methods.clone(),
+        raw: le.raw.clone(),
+        conf: Arc::new(c),
+    }));
+}
+
+/// Once a location is chosen: a method its `limit_except` does not list
+/// switches the request to the block's configuration (nginx's
+/// `ngx_http_update_location_config`).
+pub fn limit_except(cx: &mut Ctx<'_>) {
+    let Some(le) = cx.loc.modules.access.limit_except.clone() else {
+        return;
+    };
+    let m = cx.req.method_raw();
+    let listed = le
+        .methods
+        .iter()
+        .any(|x| x == m || (x == "GET" && cx.method == Method::Head));
+    if !listed {
+        cx.loc = le.conf.clone();
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -89,18 +133,6 @@ fn matches(addr: &Addr, peer: Option<IpAddr>) -> bool {
 
 /// The access-phase handler.
 pub fn access(cx: &mut Ctx<'_>) -> Step {
-    if let Some(le) = cx.loc.modules.access.limit_except.clone() {
-        let m = cx.req.method_raw();
-        let listed = le
-            .methods
-            .iter()
-            .any(|x| x == m || (x == "GET" && cx.method == Method::Head));
-        if !listed {
-            if let Some(step) = check(cx, le.conf.modules.access.rules.as_deref()) {
-                return step;
-            }
-        }
-    }
     let rules = cx.loc.modules.access.rules.clone();
     check(cx, rules.as_deref()).unwrap_or(Step::Next)
 }
@@ -198,10 +230,28 @@ pub fn compile_limit_except(
     for k in d.block.as_deref().unwrap_or(&[]) {
         let spec = crate::core::conf::lookup(k, ctx::LMT)?;
         crate::http::conf::apply(cx, hm, None, &mut raw, k, &spec)?;
+        // The block has no location name for a URI part to replace.
+        if k.name == "proxy_pass"
+            && raw
+                .modules
+                .proxy
+                .pass
+                .as_ref()
+                .is_some_and(|p| p.uri.is_some())
+        {
+            return Err(ConfError::at(
+                "\"proxy_pass\" cannot have URI part in location given by regular expression, \
+                 or inside named location, or inside \"if\" statement, or inside \
+                 \"limit_except\" block",
+                k,
+            ));
+        }
     }
+    let raw = Arc::new(raw);
     parent.modules.access.limit_except = Some(Arc::new(LimitExcept {
         methods,
-        conf: Arc::new(raw),
+        conf: raw.clone(),
+        raw,
     }));
     Ok(())
 }

@@ -479,6 +479,10 @@ fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
 }
 
 fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    // Checked as nginx does, then unused: proxy temp files are unlinked as
+    // soon as they are created, so no directory tree of them ever builds
+    // up that levels would spread out (DIFFERENCES.md).
+    crate::http::body::temp_levels(d)?;
     let p = cx.path(arg(d, 0));
     cache::allow_dir(&p);
     set_once(&mut l.modules.proxy.temp_path, p, d)
@@ -607,12 +611,13 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
 }
 
 /// `proxy_cache_path PATH [levels=] keys_zone=NAME:SIZE [inactive=]
-/// [max_size=] [use_temp_path=] [loader_*= manager_*= min_free=]`.
+/// [max_size=] [min_free=] [use_temp_path=] [loader_*= manager_*=]`.
 fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let path = cx.path(arg(d, 0));
     let mut levels = Vec::new();
     let mut zone: Option<(String, usize)> = None;
     let mut max_size = None;
+    let mut min_free = 0;
     let mut inactive = 600;
     let bad = |a: &str| ConfError::at(format!("invalid parameter \"{}\"", a), d);
     for a in d.args.iter().skip(1).map(|a| a.value.as_str()) {
@@ -645,6 +650,9 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
                 Some(value::offset(v).ok_or_else(|| {
                     ConfError::at(format!("invalid max_size value \"{}\"", a), d)
                 })?);
+        } else if let Some(v) = a.strip_prefix("min_free=") {
+            min_free = value::offset(v)
+                .ok_or_else(|| ConfError::at(format!("invalid min_free value \"{}\"", a), d))?;
         } else if let Some(v) = a.strip_prefix("inactive=") {
             inactive = value::time_secs(v)
                 .ok_or_else(|| ConfError::at(format!("invalid inactive value \"{}\"", a), d))?;
@@ -661,7 +669,6 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
                 ));
             }
         } else if [
-            "min_free=",
             "manager_files=",
             "manager_sleep=",
             "manager_threshold=",
@@ -700,6 +707,7 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
         size,
         max_size,
         inactive_secs: inactive,
+        min_free,
     });
     hm.modules.proxy.zones.insert(name, z);
     Ok(())
@@ -947,7 +955,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if framing.done() && cache_out.is_none() {
         if reusable(&resp, &framing) {
             if let Some(s) = resp.stream.take() {
-                up.put_idle(resp.peer, s);
+                up.put_idle(resp.peer, s, resp.requests);
             }
         }
         out.content_length = Some(first.len() as u64);
@@ -967,7 +975,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if let Some(c) = &cache_out {
         pipe.lock().file = Some(c.file.clone());
     }
-    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer));
+    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
     let producer = Producer {
         pipe: pipe.clone(),
         stream,
@@ -1396,6 +1404,9 @@ struct UpResp {
     early: Vec<u8>,
     peer: SocketAddr,
     peer_name: String,
+    /// Requests the connection has carried, this one included
+    /// (`keepalive_requests`).
+    requests: u64,
     /// No body follows (HEAD, 1xx, 204, 304).
     no_body: bool,
     /// The Content-Length upstream declared (for HEAD answers).
@@ -1471,9 +1482,14 @@ async fn exchange(
     // the peer, as nginx does. A timeout is not a stale connection (the
     // peer may be working on the request): as nginx, it is the attempt's
     // result, and is not sent again here.
-    if let Some(s) = up.take_idle(addr) {
+    if let Some((s, served)) = up.take_idle(addr) {
         match send_and_read(s, addr, lim, send, head_only).await {
-            Ok(r) => return Ok(r),
+            Ok(r) => {
+                return Ok(UpResp {
+                    requests: served + 1,
+                    ..r
+                })
+            }
             Err(f) if f.status == 504 => return Err(Fail { sent: true, ..f }),
             Err(_) => {}
         }
@@ -1644,6 +1660,7 @@ async fn send_and_read(
                     early: buf[end..have].to_vec(),
                     peer: addr,
                     peer_name: String::new(),
+                    requests: 1,
                 });
             }
             Err(httparse::Error::Version | httparse::Error::Status) => {
@@ -2002,8 +2019,9 @@ struct Producer {
     temp: Option<Arc<File>>,
     temp_len: u64,
     cache: Option<CacheOut>,
-    /// Where a complete, reusable connection goes.
-    keep: Option<(Arc<Upstream>, SocketAddr)>,
+    /// Where a complete, reusable connection goes, and the requests it
+    /// has carried.
+    keep: Option<(Arc<Upstream>, SocketAddr, u64)>,
     log: UpLog,
 }
 
@@ -2029,8 +2047,8 @@ impl Producer {
                     }
                 }
                 // Bytes after the body make the connection unusable.
-                if let Some((up, addr)) = self.keep.take().filter(|_| !self.framing.extra) {
-                    up.put_idle(addr, self.stream);
+                if let Some((up, addr, n)) = self.keep.take().filter(|_| !self.framing.extra) {
+                    up.put_idle(addr, self.stream, n);
                 }
                 self.pipe.finish(Ok(()));
             }

@@ -1,4 +1,5 @@
-//! `upstream NAME { server ADDR [weight= max_fails= fail_timeout= backup down]; keepalive N; }`
+//! `upstream NAME { server ADDR [weight= max_fails= fail_timeout= backup down]; keepalive N;
+//! keepalive_timeout T; keepalive_requests N; }`
 //! and the implicit one-server upstream of `proxy_pass http://HOST:PORT`.
 //!
 //! # Peer selection
@@ -28,7 +29,11 @@
 //!
 //! `keepalive N` caches up to N idle connections per worker. Sockets are
 //! registered with the worker's own tokio reactor, so the cache is
-//! thread-local: a worker only reuses connections it opened.
+//! thread-local: a worker only reuses connections it opened. Each cached
+//! connection carries the number of requests it has served: one that
+//! reached `keepalive_requests` (default 1000, as nginx) is closed instead
+//! of cached, so an upstream that leaks per-connection state sees it
+//! released.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -122,6 +127,9 @@ pub struct Upstream {
     /// `keepalive N`: idle connections cached per worker (0 = none).
     pub keepalive: usize,
     pub keepalive_timeout: Duration,
+    /// `keepalive_requests`: requests one connection may serve before it
+    /// is closed instead of cached.
+    pub keepalive_requests: u64,
     /// Whether this came from an `upstream` block (affects `$proxy_host`
     /// and error wording only).
     pub explicit: bool,
@@ -141,6 +149,9 @@ pub struct Attempt {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// nginx's default `keepalive_requests` (since 1.19.10; 100 before).
+const KEEPALIVE_REQUESTS: u64 = 1000;
+
 impl Upstream {
     fn new(name: String, peers: Vec<Peer>, backup: Vec<Peer>, explicit: bool) -> Upstream {
         let state = peers
@@ -159,6 +170,7 @@ impl Upstream {
             backup,
             keepalive: 0,
             keepalive_timeout: Duration::from_secs(60),
+            keepalive_requests: KEEPALIVE_REQUESTS,
             explicit,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(state),
@@ -274,8 +286,9 @@ impl Upstream {
         }
     }
 
-    /// An idle cached connection to `peer`, if this worker has one.
-    pub fn take_idle(&self, addr: SocketAddr) -> Option<TcpStream> {
+    /// An idle cached connection to `peer`, if this worker has one, with
+    /// the number of requests it has served.
+    pub fn take_idle(&self, addr: SocketAddr) -> Option<(TcpStream, u64)> {
         if self.keepalive == 0 {
             return None;
         }
@@ -283,15 +296,18 @@ impl Upstream {
             let mut m = m.borrow_mut();
             let list = m.get_mut(&self.id)?;
             let now = Instant::now();
-            list.retain(|(_, _, t)| now.duration_since(*t) < self.keepalive_timeout);
-            let i = list.iter().rposition(|(a, _, _)| *a == addr)?;
-            Some(list.remove(i).1)
+            list.retain(|e| now.duration_since(e.since) < self.keepalive_timeout);
+            let i = list.iter().rposition(|e| e.addr == addr)?;
+            let e = list.remove(i);
+            Some((e.stream, e.requests))
         })
     }
 
-    /// Caches an idle connection (dropping the oldest beyond `keepalive`).
-    pub fn put_idle(&self, addr: SocketAddr, s: TcpStream) {
-        if self.keepalive == 0 {
+    /// Caches an idle connection that has served `requests` requests
+    /// (dropping the oldest beyond `keepalive`); one that has served
+    /// `keepalive_requests` is dropped, which closes it.
+    pub fn put_idle(&self, addr: SocketAddr, s: TcpStream, requests: u64) {
+        if self.keepalive == 0 || requests >= self.keepalive_requests {
             return;
         }
         IDLE.with(|m| {
@@ -300,12 +316,24 @@ impl Upstream {
             if list.len() >= self.keepalive {
                 list.remove(0);
             }
-            list.push((addr, s, Instant::now()));
+            list.push(Idle {
+                addr,
+                stream: s,
+                since: Instant::now(),
+                requests,
+            });
         });
     }
 }
 
-type IdleList = Vec<(SocketAddr, TcpStream, Instant)>;
+struct Idle {
+    addr: SocketAddr,
+    stream: TcpStream,
+    since: Instant,
+    requests: u64,
+}
+
+type IdleList = Vec<Idle>;
 
 thread_local! {
     /// This worker's idle upstream connections, by upstream id.
@@ -337,6 +365,7 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfRes
     let mut backup = Vec::new();
     let mut keepalive = 0usize;
     let mut keepalive_timeout = Duration::from_secs(60);
+    let mut keepalive_requests: Option<u64> = None;
     for k in d.block.as_deref().unwrap_or(&[]) {
         crate::core::conf::lookup(k, ctx::UPS)?;
         match k.name.as_str() {
@@ -362,9 +391,11 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfRes
                         .ok_or_else(|| crate::config::registry::slot_invalid(k))?,
                 );
             }
-            // Accepted for compatibility; tern does not cap requests per
-            // upstream connection.
-            "keepalive_requests" => {}
+            "keepalive_requests" => {
+                let n = value::number(arg(k, 0))
+                    .ok_or_else(|| crate::config::registry::slot_invalid_number(k))?;
+                crate::config::registry::set_once(&mut keepalive_requests, n, k)?;
+            }
             _ => {
                 return Err(ConfError::at(
                     format!("\"{}\" directive is not allowed here", k.name),
@@ -382,6 +413,7 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfRes
     let mut u = Upstream::new(name.clone(), peers, backup, true);
     u.keepalive = keepalive;
     u.keepalive_timeout = keepalive_timeout;
+    u.keepalive_requests = keepalive_requests.unwrap_or(KEEPALIVE_REQUESTS);
     hm.modules.upstream.upstreams.insert(name, Arc::new(u));
     Ok(())
 }
