@@ -12,10 +12,24 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
 
-/// A free loopback TCP port (bound then released).
+/// A free loopback TCP port (bound then released), never handed out twice
+/// in one test run. Taken below the kernel's ephemeral range (32768+ by
+/// default): a port from `bind(:0)` is released here and could be given
+/// by the kernel to another test's origin or client socket before this
+/// test uses it (a "dead" upstream port that suddenly answers).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind :0");
-    l.local_addr().expect("local addr").port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free port left");
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);

@@ -286,8 +286,10 @@ fn cache_manager_evicts_while_free_space_is_below_min_free() {
     // evicting, so an entry lasts about a second.
     let s = Server::start(&min_free_conf(oport, "9000000g"));
     assert_eq!(s.get("/a").header("X-Cache"), Some("MISS"));
+    // The manager may evict it before this test looks (it checks every
+    // second), so only its going is asserted; the second server below
+    // shows that such an entry is written and kept otherwise.
     let f = cache_entry(&s.prefix, "/a");
-    assert!(exists(&f), "no cache file at {}", f.display());
     eventually(5, "the entry evicted for min_free", || !exists(&f));
     assert_eq!(s.get("/a").header("X-Cache"), Some("MISS"));
 
