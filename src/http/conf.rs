@@ -772,6 +772,9 @@ fn compile_location(
             _ => apply(cx, hm, None, &mut loc, k, &spec)?,
         }
     }
+    if matches!(m, LocMatch::Regex { .. } | LocMatch::Named(_)) {
+        crate::http::modules::proxy::check_no_uri_part(&loc, d.block.as_deref().unwrap_or(&[]))?;
+    }
     let own_error_log = loc.core.error_log.is_some();
     loc.merge(parent);
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.

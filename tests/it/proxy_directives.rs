@@ -407,3 +407,36 @@ fn proxy_pass_with_uri_in_limit_except_is_refused_like_nginx() {
         ),
     ]);
 }
+
+#[test]
+fn proxy_pass_with_uri_where_no_prefix_is_refused_like_nginx() {
+    let msg = "\"proxy_pass\" cannot have URI part in location given by regular expression, or inside named location, or inside \"if\" statement, or inside \"limit_except\" block";
+    same_checks_as_nginx(&[
+        (
+            "server { location ~ ^/r/ { proxy_pass http://127.0.0.1:1/y; } }",
+            Some(msg),
+        ),
+        (
+            "server { location @n { proxy_pass http://127.0.0.1:1/y; } }",
+            Some(msg),
+        ),
+        (
+            "server { location / { if ($arg_a) { proxy_pass http://127.0.0.1:1/y; } } }",
+            Some(msg),
+        ),
+        (
+            "server { location ~ ^/r/ { proxy_pass http://127.0.0.1:1; } }",
+            None,
+        ),
+        (
+            "server { location @n { proxy_pass http://127.0.0.1:1; } }",
+            None,
+        ),
+        // A prefix location, and a regex one nested in it: the URI part
+        // belongs to the prefix location only.
+        (
+            "server { location /p/ { proxy_pass http://127.0.0.1:1/y/; location ~ z { } } }",
+            None,
+        ),
+    ]);
+}

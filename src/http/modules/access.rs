@@ -230,23 +230,9 @@ pub fn compile_limit_except(
     for k in d.block.as_deref().unwrap_or(&[]) {
         let spec = crate::core::conf::lookup(k, ctx::LMT)?;
         crate::http::conf::apply(cx, hm, None, &mut raw, k, &spec)?;
-        // The block has no location name for a URI part to replace.
-        if k.name == "proxy_pass"
-            && raw
-                .modules
-                .proxy
-                .pass
-                .as_ref()
-                .is_some_and(|p| p.uri.is_some())
-        {
-            return Err(ConfError::at(
-                "\"proxy_pass\" cannot have URI part in location given by regular expression, \
-                 or inside named location, or inside \"if\" statement, or inside \
-                 \"limit_except\" block",
-                k,
-            ));
-        }
     }
+    // The block has no location name for a URI part to replace.
+    super::proxy::check_no_uri_part(&raw, d.block.as_deref().unwrap_or(&[]))?;
     let raw = Arc::new(raw);
     parent.modules.access.limit_except = Some(Arc::new(LimitExcept {
         methods,

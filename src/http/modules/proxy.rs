@@ -321,6 +321,30 @@ impl ProxyLoc {
     }
 }
 
+/// nginx's refusal of a `proxy_pass` with a URI part where there is no
+/// location prefix for it to replace: a regex or named location, an `if`
+/// block, a `limit_except` block. `own` is the block's own configuration
+/// (before merging), `block` its directives (for the line).
+pub fn check_no_uri_part(own: &LocConf, block: &[Directive]) -> ConfResult<()> {
+    if own
+        .modules
+        .proxy
+        .pass
+        .as_ref()
+        .is_none_or(|p| p.uri.is_none())
+    {
+        return Ok(());
+    }
+    let d = block.iter().find(|k| k.name == "proxy_pass");
+    let msg = "\"proxy_pass\" cannot have URI part in location given by regular expression, \
+               or inside named location, or inside \"if\" statement, or inside \
+               \"limit_except\" block";
+    Err(match d {
+        Some(d) => ConfError::at(msg, d),
+        None => ConfError::new(msg.to_string()),
+    })
+}
+
 fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     if l.modules.proxy.pass.is_some() {
         return Err(crate::config::registry::duplicate(d));

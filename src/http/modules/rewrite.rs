@@ -573,6 +573,7 @@ pub fn compile_if(
             _ => crate::http::conf::apply(cx, hm, None, &mut raw, k, &spec)?,
         }
     }
+    super::proxy::check_no_uri_part(&raw, d.block.as_deref().unwrap_or(&[]))?;
     parent.modules.rewrite.ops.push(Op::If {
         cond,
         raw: Box::new(raw),
