@@ -776,7 +776,14 @@ fn compile_location(
         crate::http::modules::proxy::check_no_uri_part(&loc, d.block.as_deref().unwrap_or(&[]))?;
     }
     let own_error_log = loc.core.error_log.is_some();
+    let own_pass = loc.modules.proxy.pass.is_some();
     loc.merge(parent);
+    // A content handler belongs to its location: nginx does not pass the
+    // enclosing location's proxy_pass on to a nested one (only to its
+    // `if` and `limit_except` blocks, which merge on their own).
+    if !own_pass {
+        loc.modules.proxy.pass = None;
+    }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;
     crate::http::modules::rewrite::finish_ifs(&mut loc);

@@ -94,6 +94,7 @@ http {
         location /allow/ { allow 10.0.0.0/8; allow 127.0.0.0/8; deny all; }
         location /sym/ { disable_symlinks on; }
         location /own/ { disable_symlinks if_not_owner; }
+        location /pn/ { proxy_pass http://127.0.0.1:1; location /pn/in/ { } }
         location /gzs/ { gzip_static on; disable_symlinks on; }
         location /from/ { disable_symlinks on from=$document_root; }
         location /nolog/ { log_not_found off; }
@@ -195,6 +196,7 @@ fn files(p: &Prefix) {
     p.write("html/gzs/l.txt", "plain\n");
     p.write("html/gzreal.gz", "not really gzip\n");
     let _ = std::os::unix::fs::symlink("../gzreal.gz", p.path("html/gzs/l.txt.gz"));
+    p.write("html/pn/in/f.txt", "nested, not proxied\n");
     p.write("html/from/f.txt", "from\n");
     let _ = std::os::unix::fs::symlink("f.txt", p.path("html/from/link"));
     p.write("html/hdr/f.txt", "hdr\n");
@@ -283,6 +285,8 @@ fn corpus() -> Vec<String> {
         "/sym/real.txt",
         "/sym/link.txt",
         "/sym/dirlink/real.txt",
+        "/pn/in/f.txt",
+        "/pn/x",
         "/own/t.txt",
         "/own/same",
         "/own/other",
