@@ -422,6 +422,13 @@ fn set_ignored_main(_: &mut MainConf, _: &Directive, _: &mut Compiler) -> ConfRe
     Ok(())
 }
 
+/// Accepted without effect (no accept mutex), but its time is checked.
+fn check_accept_mutex_delay(_: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::config::value::time_ms(registry::arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| registry::slot_invalid(d))
+}
+
 const MAIN_DIRECTIVES: &[Spec] = &[
     Spec {
         name: "worker_processes",
@@ -514,7 +521,7 @@ const MAIN_DIRECTIVES: &[Spec] = &[
         name: "accept_mutex_delay",
         ctx: ctx::EVENTS,
         args: Args::take(1),
-        set: Setter::Main(set_ignored_main),
+        set: Setter::Main(check_accept_mutex_delay),
     },
     Spec {
         name: "use",
@@ -539,11 +546,14 @@ const UNSUPPORTED: &[Spec] = &[
         args: Args::take(1),
         set: Setter::Unsupported,
     },
+    // Modules are built into tern: a distribution's `load_module` lines
+    // (Debian's modules-enabled/*.conf) name nothing tern needs to load.
+    // A module tern lacks shows up as its directives being refused.
     Spec {
         name: "load_module",
         ctx: ctx::MAIN,
         args: Args::take(1),
-        set: Setter::Unsupported,
+        set: Setter::Main(set_ignored_main),
     },
     Spec {
         name: "worker_cpu_affinity",

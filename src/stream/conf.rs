@@ -140,8 +140,9 @@ pub enum StreamSetter {
     Ups(fn(&mut UpsBuild, &Directive, &mut Compiler) -> ConfResult<()>),
     /// `server` and `upstream` blocks, handled by the walker itself.
     Block,
-    /// Accepted for compatibility; has no effect in tern (the reason is at the row).
-    Ignored,
+    /// Accepted for compatibility; has no effect in tern (the reason is at
+    /// the row). The function checks the value as nginx would.
+    Ignored(fn(&Directive) -> ConfResult<()>),
     /// nginx has it, tern does not yet: a startup error naming it.
     Unsupported,
 }
@@ -256,7 +257,7 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         "zone",
         ctx::STREAM_UPS,
         Args::take12(),
-        StreamSetter::Ignored
+        StreamSetter::Ignored(check_zone)
     ),
     // tern proxies without reading ahead (no preread-phase module), so
     // these bound nothing; accepted so that existing configs load.
@@ -264,20 +265,25 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         "preread_buffer_size",
         SS,
         Args::take(1),
-        StreamSetter::Ignored
+        StreamSetter::Ignored(check_size)
     ),
-    row!("preread_timeout", SS, Args::take(1), StreamSetter::Ignored),
+    row!(
+        "preread_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Ignored(check_time)
+    ),
     row!(
         "variables_hash_max_size",
         ctx::STREAM,
         Args::take(1),
-        StreamSetter::Ignored
+        StreamSetter::Ignored(check_number)
     ),
     row!(
         "variables_hash_bucket_size",
         ctx::STREAM,
         Args::take(1),
-        StreamSetter::Ignored
+        StreamSetter::Ignored(check_number)
     ),
     row!(
         "hash",
@@ -422,6 +428,36 @@ fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
     Ok(*spec)
 }
 
+// Checks of the directives accepted without effect: a value nginx would
+// refuse is refused here too, in nginx's words.
+fn check_size(d: &Directive) -> ConfResult<()> {
+    crate::config::value::size(arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| crate::config::registry::slot_invalid(d))
+}
+
+fn check_time(d: &Directive) -> ConfResult<()> {
+    crate::config::value::time_ms(arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| crate::config::registry::slot_invalid(d))
+}
+
+fn check_number(d: &Directive) -> ConfResult<()> {
+    crate::config::value::number(arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
+}
+
+fn check_zone(d: &Directive) -> ConfResult<()> {
+    match d.args.get(1) {
+        Some(a) if crate::config::value::size(&a.value).is_none() => Err(ConfError::at(
+            format!("invalid zone size \"{}\"", a.value),
+            d,
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Compiles a `stream {}` directive.
 pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf> {
     let mut m = MainBuild::default();
@@ -435,7 +471,7 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
             StreamSetter::Proxy(f) => f(&mut m.proxy, k, cx)?,
             StreamSetter::Block if k.name == "upstream" => upstream_block(&mut m, k, cx)?,
             StreamSetter::Block => m.servers.push((server_block(k, cx)?, k.clone())),
-            StreamSetter::Ignored => {}
+            StreamSetter::Ignored(check) => check(k)?,
             // lookup() only returns these in other contexts.
             StreamSetter::Srv(_) | StreamSetter::Ups(_) | StreamSetter::Unsupported => {
                 return Err(ConfError::at(
@@ -524,7 +560,7 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
         match spec.set {
             StreamSetter::Srv(f) => f(&mut sb, k, cx)?,
             StreamSetter::Proxy(f) => f(&mut sb.proxy, k, cx)?,
-            StreamSetter::Ignored => {}
+            StreamSetter::Ignored(check) => check(k)?,
             _ => {
                 return Err(ConfError::at(
                     format!("\"{}\" directive is not allowed here", k.name),
@@ -546,7 +582,7 @@ fn upstream_block(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfRe
         let spec = lookup(k, ctx::STREAM_UPS)?;
         match spec.set {
             StreamSetter::Ups(f) => f(&mut ub, k, cx)?,
-            StreamSetter::Ignored => {}
+            StreamSetter::Ignored(check) => check(k)?,
             _ => {
                 return Err(ConfError::at(
                     format!("\"{}\" directive is not allowed here", k.name),

@@ -67,6 +67,31 @@ fn config_errors_in_nginx_wording() {
             "events {}\nthread_pool one threads=1;\nhttp {\n server {\n  location / {\n   aio threads=two;\n  }\n }\n}\n",
             "unknown thread pool \"two\" in @:6",
         ),
+        // Accepted without effect, but checked as nginx checks them.
+        (
+            "events {}\nhttp {\n types_hash_max_size 2k;\n}\n",
+            "\"types_hash_max_size\" directive invalid number in @:3",
+        ),
+        (
+            "events {}\nhttp { ssl_protocols TLSv1.2 TLSv9; }\n",
+            "invalid value \"TLSv9\" in @:2",
+        ),
+        (
+            "events {}\nhttp { server { ssl_session_timeout abc; } }\n",
+            "\"ssl_session_timeout\" directive invalid value in @:2",
+        ),
+        (
+            "events { accept_mutex_delay x; }\n",
+            "\"accept_mutex_delay\" directive invalid value in @:1",
+        ),
+        (
+            "events {}\nstream { variables_hash_bucket_size 64k; }\n",
+            "\"variables_hash_bucket_size\" directive invalid number in @:2",
+        ),
+        (
+            "events {}\nstream { preread_timeout abc; }\n",
+            "\"preread_timeout\" directive invalid value in @:2",
+        ),
     ];
     for (conf, want) in cases {
         let p = Prefix::new();
@@ -94,6 +119,31 @@ fn config_errors_in_nginx_wording() {
         assert_eq!(o.status.code(), Some(1));
         assert!(stderr(&o).contains(&want), "{}", stderr(&o));
     }
+}
+
+/// A distribution's stock nginx.conf (shaped like Debian's): modules
+/// loaded by `load_module`, hash sizes and http-level `ssl_*` settings
+/// with no ssl listener. It loads, and serves.
+#[test]
+fn distribution_config_loads_and_serves() {
+    let p = Prefix::new();
+    p.write("html/index.html", "stock\n");
+    p.write(
+        "conf/modules-enabled/50-mod-stream.conf",
+        "load_module modules/ngx_stream_module.so;\n",
+    );
+    let s = Server::start_in(
+        p,
+        "worker_processes auto;\ninclude modules-enabled/*.conf;\nevents { worker_connections 768; }\n\
+         http {\n sendfile on;\n tcp_nopush on;\n types_hash_max_size 2048;\n\
+         server_names_hash_bucket_size 64;\n default_type application/octet-stream;\n\
+         ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;\n ssl_prefer_server_ciphers on;\n\
+         access_log off;\n gzip on;\n\
+         server { listen 127.0.0.1:@PORT@ default_server; root html; index index.html;\n\
+         server_name _; location / { try_files $uri $uri/ =404; } }\n}\n",
+    );
+    let r = s.get("/");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"stock\n"[..]));
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub mod charset;
 pub mod error_page;
 pub mod gzip;
 pub mod gzip_static;
+pub mod hash_sizes;
 pub mod headers;
 pub mod index;
 pub mod limit_conn;
@@ -22,6 +23,7 @@ pub mod open_file_cache;
 pub mod proxy;
 pub mod range;
 pub mod rewrite;
+pub mod ssl_settings;
 pub mod static_file;
 pub mod stub_status;
 pub mod try_files;
@@ -58,6 +60,8 @@ pub const TABLES: &[&[Spec]] = &[
     proxy::DIRECTIVES,
     upstream::DIRECTIVES,
     crate::http::body::DIRECTIVES,
+    hash_sizes::DIRECTIVES,
+    ssl_settings::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -249,12 +253,8 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "add_header": HSL, "add_trailer": HSL, "expires": HSL, "etag": ctx::HSL, "if_modified_since": ctx::HSL, "max_ranges": ctx::HSL,
     "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "msie_padding": ctx::HSL, "msie_refresh": ctx::HSL, "log_not_found": ctx::HSL,
     "log_subrequest": ctx::HSL, "chunked_transfer_encoding": ctx::HSL,
-    "stub_status": ctx::SRV | ctx::LOC, "ssl_certificate": ctx::HTTP | ctx::SRV, "ssl_certificate_key": ctx::HTTP | ctx::SRV,
-    "ssl_protocols": ctx::HTTP | ctx::SRV, "ssl_ciphers": ctx::HTTP | ctx::SRV, "http2": ctx::HTTP | ctx::SRV,
+    "stub_status": ctx::SRV | ctx::LOC, "http2": ctx::HTTP | ctx::SRV,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "real_ip_header": ctx::HSL, "set_real_ip_from": ctx::HSL, "ssi": HSL,
     "sub_filter": ctx::HSL,
-    "server_names_hash_bucket_size": H, "server_names_hash_max_size": H, "types_hash_max_size": H,
-    "types_hash_bucket_size": H, "variables_hash_max_size": H, "variables_hash_bucket_size": H,
-    "map_hash_bucket_size": H, "map_hash_max_size": H,
 ];
