@@ -38,6 +38,7 @@ pub struct MainConf {
     pub master_process: Option<bool>,
     pub user: Option<(String, Option<String>)>,
     pub worker_shutdown_timeout_ms: Option<u64>,
+    pub cpu_affinity: Option<crate::core::affinity::CpuAffinity>,
     pub events_seen: bool,
     pub io: crate::io::IoMain,
 }
@@ -306,6 +307,13 @@ pub fn compile(
             )),
         },
     )?;
+    if let Some(w) = main
+        .cpu_affinity
+        .as_ref()
+        .and_then(|a| a.mismatch_warning(main.workers()))
+    {
+        crate::elog!(Warn, "{}", w);
+    }
     if !main.events_seen {
         let file = conf_file.to_path_buf();
         return Err(ConfError {
@@ -559,7 +567,7 @@ const UNSUPPORTED: &[Spec] = &[
         name: "worker_cpu_affinity",
         ctx: ctx::MAIN,
         args: Args::AtLeast(1),
-        set: Setter::Unsupported,
+        set: Setter::Main(crate::core::affinity::set_worker_cpu_affinity),
     },
     Spec {
         name: "worker_priority",

@@ -1,5 +1,6 @@
 //! Process-level machinery: compiled main configuration, master, workers,
 //! listeners, signals and logs.
+pub mod affinity;
 pub mod conf;
 pub mod listen;
 pub mod log;

@@ -151,6 +151,7 @@ pub fn run(
     pools: Arc<ArcSwap<crate::io::Pools>>,
     mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
 ) {
+    crate::core::affinity::bind_worker(&config.load().main, worker);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -92,6 +92,14 @@ fn config_errors_in_nginx_wording() {
             "events {}\nstream { preread_timeout abc; }\n",
             "\"preread_timeout\" directive invalid value in @:2",
         ),
+        (
+            "events {}\nworker_cpu_affinity 0102;\n",
+            "invalid character \"2\" in \"worker_cpu_affinity\" in @:2",
+        ),
+        (
+            "events {}\nworker_cpu_affinity auto 01 10;\n",
+            "invalid number of arguments in \"worker_cpu_affinity\" directive in @:2",
+        ),
     ];
     for (conf, want) in cases {
         let p = Prefix::new();
@@ -144,6 +152,41 @@ fn distribution_config_loads_and_serves() {
     );
     let r = s.get("/");
     assert_eq!((r.status, r.body.as_slice()), (200, &b"stock\n"[..]));
+}
+
+/// worker_cpu_affinity binds each worker thread (rightmost mask
+/// character = CPU 0, as nginx).
+#[test]
+fn worker_cpu_affinity_binds_worker_threads() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("one CPU: nothing to bind apart");
+        return;
+    }
+    let s = Server::start(
+        "worker_processes 2;\nworker_cpu_affinity 10 01;\n\
+         http { server { listen 127.0.0.1:@PORT@; return 200 ok; } }",
+    );
+    let allowed = |name: &str| {
+        std::fs::read_dir(format!("/proc/{}/task", s.pid()))
+            .unwrap()
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+            })
+            .and_then(|t| std::fs::read_to_string(t.path().join("status")).ok())
+            .and_then(|st| {
+                st.lines().find_map(|l| {
+                    l.strip_prefix("Cpus_allowed_list:")
+                        .map(|v| v.trim().to_string())
+                })
+            })
+    };
+    // The listener accepts before the worker threads have started.
+    eventually(5, "worker 0 on CPU 1, worker 1 on CPU 0", || {
+        allowed("tern-worker-0").as_deref() == Some("1")
+            && allowed("tern-worker-1").as_deref() == Some("0")
+    });
+    assert_eq!(s.get("/").status, 200);
 }
 
 #[test]
