@@ -68,6 +68,11 @@ pub struct Ctx<'a> {
     /// In the log phase: error lines name it (`while logging request`),
     /// as nginx's do.
     pub logging: std::cell::Cell<bool>,
+    /// The client's address as this request sees it: the connection's,
+    /// or the one `set_real_ip_from` trusts a header for (`realip.rs`).
+    pub remote: Option<std::net::SocketAddr>,
+    /// The realip module has had its one chance.
+    pub realip_done: bool,
 }
 
 /// What went out, for the log phase's variables.
@@ -148,6 +153,8 @@ impl<'a> Ctx<'a> {
             error_paged: false,
             body: None,
             logging: std::cell::Cell::new(false),
+            remote: conn.remote,
+            realip_done: false,
         }
     }
 
@@ -256,6 +263,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
     let mut named = None;
     match entry {
         Entry::Start => {
+            modules::realip::apply(cx, true);
             let srv_conf = cx.server.conf.clone();
             match rewrite::run(cx, &srv_conf.modules.rewrite.ops).await {
                 Step::Done(r) => return *r,
@@ -309,6 +317,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
         if cx.loc.core.internal && !cx.internal {
             return Response::status(404);
         }
+        modules::realip::apply(cx, false);
         let mut again = false;
         for a in ACCESS {
             match a(cx) {
@@ -473,7 +482,6 @@ impl Ctx<'_> {
             return;
         }
         let client = self
-            .conn
             .remote
             .map(|a| a.ip().to_string())
             .unwrap_or_else(|| "unix:".into());
@@ -588,13 +596,15 @@ impl VarCtx for Ctx<'_> {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,
             },
-            Var::RemoteAddr => push_addr(out, self.conn.remote, false),
-            Var::BinaryRemoteAddr => match self.conn.remote {
+            Var::RemoteAddr => push_addr(out, self.remote, false),
+            Var::RealIpRemoteAddr => push_addr(out, self.conn.remote, false),
+            Var::RealIpRemotePort => push_addr(out, self.conn.remote, true),
+            Var::BinaryRemoteAddr => match self.remote {
                 Some(SocketAddr::V4(a)) => out.extend_from_slice(&a.ip().octets()),
                 Some(SocketAddr::V6(a)) => out.extend_from_slice(&a.ip().octets()),
                 None => {}
             },
-            Var::RemotePort => push_addr(out, self.conn.remote, true),
+            Var::RemotePort => push_addr(out, self.remote, true),
             Var::ServerAddr => push_addr(out, self.conn.local, false),
             Var::ServerPort => push_addr(out, self.conn.local, true),
             Var::ServerName => out.extend_from_slice(

@@ -28,6 +28,10 @@ pub enum Var {
     RemoteAddr,
     BinaryRemoteAddr,
     RemotePort,
+    /// The connection's address and port, whatever realip made of
+    /// `$remote_addr`.
+    RealIpRemoteAddr,
+    RealIpRemotePort,
     ServerAddr,
     ServerPort,
     ServerName,
@@ -82,6 +86,8 @@ fn builtin(name: &str) -> Option<Var> {
         "remote_addr" => Var::RemoteAddr,
         "binary_remote_addr" => Var::BinaryRemoteAddr,
         "remote_port" => Var::RemotePort,
+        "realip_remote_addr" => Var::RealIpRemoteAddr,
+        "realip_remote_port" => Var::RealIpRemotePort,
         "server_addr" => Var::ServerAddr,
         "server_port" => Var::ServerPort,
         "server_name" => Var::ServerName,

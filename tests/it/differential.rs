@@ -126,6 +126,32 @@ http {
     }
     server {
         listen 127.0.0.1:@PORT@;
+        server_name rip.test;
+        set_real_ip_from 127.0.0.1;
+        set_real_ip_from 10.0.0.0/8;
+        real_ip_header X-Forwarded-For;
+        real_ip_recursive on;
+        location / { return 200 "ra=$remote_addr rra=$realip_remote_addr\n"; }
+        location /deny/ { deny 192.0.2.7; return 200 "allowed $remote_addr\n"; }
+        location /loc/ {
+            set_real_ip_from 127.0.0.1;
+            real_ip_header X-Real-IP;
+            return 200 "loc ra=$remote_addr\n";
+        }
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name rip2.test;
+        location / {
+            set_real_ip_from 127.0.0.1;
+            real_ip_header X-Real-IP;
+            deny 192.0.2.9;
+            try_files /nonexistent @show;
+        }
+        location @show { return 200 "named ra=$remote_addr\n"; }
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
         server_name *.wild.test;
         return 200 "wild $host\n";
     }
@@ -390,6 +416,38 @@ fn corpus() -> Vec<String> {
         }
     }
     reqs.push("GET / HTTP/1.1\r\nConnection: close\r\n\r\n".into());
+    for (path, hdrs) in [
+        ("/", ""),
+        ("/", "X-Forwarded-For: 192.0.2.1\r\n"),
+        ("/", "X-Forwarded-For: 192.0.2.1, 10.1.2.3\r\n"),
+        (
+            "/",
+            "X-Forwarded-For: 198.51.100.5, 192.0.2.1, 10.1.2.3\r\n",
+        ),
+        ("/", "X-Forwarded-For: 10.0.0.1, 10.1.2.3\r\n"),
+        (
+            "/",
+            "X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-For: 10.9.9.9\r\n",
+        ),
+        ("/", "X-Forwarded-For: junk\r\n"),
+        ("/", "X-Forwarded-For: 2001:db8::1\r\n"),
+        ("/", "X-Real-IP: 192.0.2.44\r\n"),
+        ("/deny/", "X-Forwarded-For: 192.0.2.7\r\n"),
+        ("/deny/", "X-Forwarded-For: 192.0.2.8\r\n"),
+        (
+            "/loc/",
+            "X-Forwarded-For: 192.0.2.1\r\nX-Real-IP: 192.0.2.2\r\n",
+        ),
+    ] {
+        reqs.push(format!(
+            "GET {path} HTTP/1.1\r\nHost: rip.test\r\n{hdrs}Connection: close\r\n\r\n"
+        ));
+    }
+    for hdrs in ["X-Real-IP: 192.0.2.9\r\n", "X-Real-IP: 192.0.2.10\r\n", ""] {
+        reqs.push(format!(
+            "GET /x HTTP/1.1\r\nHost: rip2.test\r\n{hdrs}Connection: close\r\n\r\n"
+        ));
+    }
     reqs.push(
         "GET /gzs/l.txt HTTP/1.1\r\nHost: main.test\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
             .into(),

@@ -96,7 +96,8 @@ impl AccessLoc {
     }
 }
 
-fn matches(addr: &Addr, peer: Option<IpAddr>) -> bool {
+/// Whether `peer` (None: a unix socket) is in `addr`.
+pub(crate) fn matches_addr(addr: &Addr, peer: Option<IpAddr>) -> bool {
     match (addr, peer) {
         (Addr::All, _) => true,
         (Addr::Unix, None) => true,
@@ -138,9 +139,9 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
 }
 
 fn check(cx: &Ctx<'_>, rules: Option<&[Rule]>) -> Option<Step> {
-    let peer = cx.conn.remote.map(|a| a.ip());
+    let peer = cx.remote.map(|a| a.ip());
     for r in rules? {
-        if matches(&r.addr, peer) {
+        if matches_addr(&r.addr, peer) {
             if r.allow {
                 return None;
             }
@@ -151,7 +152,7 @@ fn check(cx: &Ctx<'_>, rules: Option<&[Rule]>) -> Option<Step> {
     None
 }
 
-fn parse_addr(d: &Directive) -> ConfResult<Addr> {
+pub(crate) fn parse_addr(d: &Directive) -> ConfResult<Addr> {
     let v = arg(d, 0);
     if v == "all" {
         return Ok(Addr::All);

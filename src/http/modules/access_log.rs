@@ -757,7 +757,6 @@ struct ErrCtx {
 
 fn err_ctx(cx: &Ctx<'_>) -> ErrCtx {
     let client = cx
-        .conn
         .remote
         .map(|a| a.ip().to_string())
         .unwrap_or_else(|| "unix:".into());

@@ -22,6 +22,7 @@ pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
 pub mod range;
+pub mod realip;
 pub mod rewrite;
 pub mod ssl_settings;
 pub mod static_file;
@@ -62,6 +63,7 @@ pub const TABLES: &[&[Spec]] = &[
     crate::http::body::DIRECTIVES,
     hash_sizes::DIRECTIVES,
     ssl_settings::DIRECTIVES,
+    realip::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -152,6 +154,7 @@ pub struct ModLoc {
     pub error_page: error_page::ErrorPageLoc,
     pub proxy: proxy::ProxyLoc,
     pub body: crate::http::body::BodyLoc,
+    pub realip: realip::RealIpLoc,
 }
 
 impl ModLoc {
@@ -172,6 +175,7 @@ impl ModLoc {
         self.stub_status.merge(&p.stub_status);
         self.try_files.merge(&p.try_files);
         self.access.merge(&p.access);
+        self.realip.merge(&p.realip);
         self.static_file.merge(&p.static_file);
         self.error_page.merge(&p.error_page);
         self.proxy.merge(&p.proxy);
@@ -255,6 +259,6 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "log_subrequest": ctx::HSL, "chunked_transfer_encoding": ctx::HSL,
     "stub_status": ctx::SRV | ctx::LOC, "http2": ctx::HTTP | ctx::SRV,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
-    "auth_basic_user_file": HSL | ctx::LMT, "real_ip_header": ctx::HSL, "set_real_ip_from": ctx::HSL, "ssi": HSL,
+    "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,
     "sub_filter": ctx::HSL,
 ];

@@ -170,7 +170,7 @@ pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
             out.extend_from_slice(x);
             out.extend_from_slice(b", ");
         }
-        match cx.conn.remote {
+        match cx.remote {
             Some(a) => out.extend_from_slice(a.ip().to_string().as_bytes()),
             None => out.extend_from_slice(b"unix:"),
         }
@@ -1957,7 +1957,6 @@ struct UpLog {
 impl UpLog {
     fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
         let client = cx
-            .conn
             .remote
             .map(|a| a.ip().to_string())
             .unwrap_or_else(|| "unix:".into());
