@@ -10,6 +10,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_v2_module", false, false),
     ("http_gzip_static_module", false, true),
     ("http_gunzip_module", false, true),
+    ("http_realip_module", false, true),
     ("stream", false, true),
     ("http_charset_module", true, true),
     ("http_gzip_module", true, true),
