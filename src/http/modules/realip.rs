@@ -93,11 +93,13 @@ pub fn apply(cx: &mut Ctx<'_>, server_level: bool) {
     if cx.realip_done {
         return;
     }
-    let conf = if server_level {
-        cx.server.conf.modules.realip.clone()
+    // An Arc clone, not a copy of the settings: this runs per request.
+    let level = if server_level {
+        cx.server.conf.clone()
     } else {
-        cx.loc.modules.realip.clone()
+        cx.loc.clone()
     };
+    let conf = &level.modules.realip;
     let Some(from) = conf.from.as_deref() else {
         return;
     };
@@ -106,7 +108,7 @@ pub fn apply(cx: &mut Ctx<'_>, server_level: bool) {
     if !trusted(from, peer) {
         return;
     }
-    if let Some(ip) = real_addr(cx, &conf, from) {
+    if let Some(ip) = real_addr(cx, conf, from) {
         // The port is the connection's (nginx keeps it too).
         let port = cx.conn.remote.map_or(0, |a| a.port());
         cx.remote = Some(SocketAddr::new(ip, port));
