@@ -228,6 +228,11 @@ fn main() {
     if o.test {
         if !o.quiet {
             eprintln!("tern: the configuration file {} syntax is ok", name);
+        }
+        for w in &cfg.warnings {
+            eprintln!("tern: [warn] {}", w);
+        }
+        if !o.quiet {
             eprintln!("tern: configuration file {} test is successful", name);
         }
         if o.dump {

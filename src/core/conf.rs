@@ -61,6 +61,10 @@ pub struct Config {
     pub tree: Tree,
     pub prefix: PathBuf,
     pub conf_file: PathBuf,
+    /// nginx's `[warn]` lines of the configuration check: printed by `-t`
+    /// between "syntax is ok" and "test is successful", logged at start
+    /// and reload.
+    pub warnings: Vec<String>,
 }
 
 /// State available to directive setters while compiling.
@@ -77,6 +81,8 @@ pub struct Compiler {
     /// The main level's thread pools, for locations' `aio threads=NAME`
     /// (known before the http block is compiled).
     pub io_main: crate::io::IoMain,
+    /// See [`Config::warnings`].
+    pub warnings: Vec<String>,
 }
 
 impl Compiler {
@@ -250,6 +256,7 @@ pub fn compile(
         unsupported: Vec::new(),
         vars: Default::default(),
         io_main: Default::default(),
+        warnings: Vec::new(),
     };
     let mut main = MainConf::default();
     let mut http: Option<Arc<crate::http::conf::HttpConf>> = None;
@@ -312,7 +319,7 @@ pub fn compile(
         .as_ref()
         .and_then(|a| a.mismatch_warning(main.workers()))
     {
-        crate::elog!(Warn, "{}", w);
+        cx.warnings.push(w.to_string());
     }
     if !main.events_seen {
         let file = conf_file.to_path_buf();
@@ -340,6 +347,7 @@ pub fn compile(
         tree,
         prefix: prefix.to_path_buf(),
         conf_file: conf_file.to_path_buf(),
+        warnings: cx.warnings,
     })
 }
 

@@ -193,6 +193,9 @@ pub fn run(src: Source, cfg: Config) -> i32 {
             return 1;
         }
     }
+    for w in &cfg.warnings {
+        crate::elog!(Warn, "{}", w);
+    }
     if let Some(n) = cfg.main.worker_rlimit_nofile {
         let r = libc::rlimit {
             rlim_cur: n,
@@ -463,6 +466,9 @@ fn reload(
     config.store(Arc::new(new));
     pools.store(Arc::new(new_pools));
     log::set_main_logger(logger);
+    for w in &config.load().warnings {
+        crate::elog!(Warn, "{}", w);
+    }
     let removed: Vec<ListenAddr> = bound
         .keys()
         .filter(|a| !want.iter().any(|(l, _)| &l.addr == *a))

@@ -189,6 +189,23 @@ fn worker_cpu_affinity_binds_worker_threads() {
     assert_eq!(s.get("/").status, 200);
 }
 
+/// A configuration check's warnings print between nginx's two `-t` lines.
+#[test]
+fn test_prints_warnings_between_its_lines() {
+    let p = Prefix::new();
+    let f = p.write("conf/nginx.conf", "worker_cpu_affinity 01 10;\nevents {}\n");
+    let o = p.run(&["-c", f.to_str().unwrap(), "-t"]);
+    assert_eq!(o.status.code(), Some(0));
+    let want = format!(
+        "tern: the configuration file {f} syntax is ok\n\
+         tern: [warn] the number of \"worker_processes\" is not equal to the number of \
+         \"worker_cpu_affinity\" masks, using last mask for remaining worker processes\n\
+         tern: configuration file {f} test is successful\n",
+        f = f.display()
+    );
+    assert_eq!(stderr(&o), want);
+}
+
 #[test]
 fn command_line_g_errors() {
     let p = Prefix::new();
