@@ -568,11 +568,12 @@ fn compile_server(
     srv.merge(http_srv);
     loc.merge(http_loc);
     cx.io_main.check_loc(&loc.io)?;
-    crate::http::modules::rewrite::finish_ifs(&mut loc);
+    // The level's own error log first: its `if` blocks log there too.
     if own_error_log {
         loc.core.logger = None;
         finish_loc(&mut loc)?;
     }
+    crate::http::modules::rewrite::finish_ifs(&mut loc);
     if srv.listen.is_empty() {
         // SAFETY: geteuid has no preconditions.
         let port = if unsafe { libc::geteuid() } == 0 {
@@ -786,11 +787,12 @@ fn compile_location(
     }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;
-    crate::http::modules::rewrite::finish_ifs(&mut loc);
+    // The location's own error log first: its `if` blocks log there too.
     if own_error_log {
         loc.core.logger = None;
         finish_loc(&mut loc)?;
     }
+    crate::http::modules::rewrite::finish_ifs(&mut loc);
     // After the location's own error log is open: the block logs there.
     crate::http::modules::access::finish_limit_except(&mut loc);
     let loc = Arc::new(loc);

@@ -189,6 +189,23 @@ fn worker_cpu_affinity_binds_worker_threads() {
     assert_eq!(s.get("/").status, 200);
 }
 
+/// A location's own error_log also takes the lines of requests that its
+/// `if` blocks handle.
+#[test]
+fn if_blocks_log_to_their_locations_error_log() {
+    let s = Server::start(
+        "http { access_log off; server { listen 127.0.0.1:@PORT@; root html; \
+         location /x/ { error_log logs/x.log; if ($arg_a) { } } } }",
+    );
+    assert_eq!(s.get("/x/through-if?a=1").status, 404);
+    assert_eq!(s.get("/x/plain").status, 404);
+    eventually(5, "both lines in logs/x.log", || {
+        let x = std::fs::read_to_string(s.prefix.path("logs/x.log")).unwrap_or_default();
+        x.contains("through-if") && x.contains("/x/plain")
+    });
+    assert!(!s.error_log().contains("through-if"), "{}", s.error_log());
+}
+
 /// A configuration check's warnings print between nginx's two `-t` lines.
 #[test]
 fn test_prints_warnings_between_its_lines() {
