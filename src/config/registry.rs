@@ -143,6 +143,26 @@ pub fn slot_invalid_number(d: &Directive) -> ConfError {
     ConfError::at(format!("\"{}\" directive invalid number", d.name), d)
 }
 
+/// Argument `i` as nginx's size slot (`k`/`m`/`g`), or its error.
+pub fn size_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    super::value::size(arg(d, i)).ok_or_else(|| slot_invalid(d))
+}
+
+/// Argument `i` as nginx's msec slot (a time in milliseconds).
+pub fn msec_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    super::value::time_ms(arg(d, i)).ok_or_else(|| slot_invalid(d))
+}
+
+/// Argument `i` as nginx's sec slot (a time in seconds).
+pub fn sec_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    super::value::time_secs(arg(d, i)).ok_or_else(|| slot_invalid(d))
+}
+
+/// Argument `i` as nginx's num slot (a plain decimal number).
+pub fn num_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    super::value::number(arg(d, i)).ok_or_else(|| slot_invalid_number(d))
+}
+
 /// `invalid value "V"`: an argument outside a fixed set of words.
 pub fn enum_invalid(d: &Directive, v: &str) -> ConfError {
     ConfError::at(format!("invalid value \"{}\"", v), d)

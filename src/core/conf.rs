@@ -440,9 +440,7 @@ fn set_ignored_main(_: &mut MainConf, _: &Directive, _: &mut Compiler) -> ConfRe
 
 /// Accepted without effect (no accept mutex), but its time is checked.
 fn check_accept_mutex_delay(_: &mut MainConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    crate::config::value::time_ms(registry::arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| registry::slot_invalid(d))
+    registry::msec_arg(d, 0).map(drop)
 }
 
 const MAIN_DIRECTIVES: &[Spec] = &[

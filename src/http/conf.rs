@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use regex::bytes::Regex;
 
-use crate::config::registry::{self, arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::registry::{
+    self, arg, ctx, flag, msec_arg, set_once, size_arg, Args, Setter, Spec,
+};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec, MainConf};
 use crate::core::log::Logger;
@@ -1088,14 +1090,6 @@ fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResu
         s.names.push(entry);
     }
     Ok(())
-}
-
-fn size_arg(d: &Directive, i: usize) -> ConfResult<u64> {
-    value::size(arg(d, i)).ok_or_else(|| registry::slot_invalid(d))
-}
-
-fn msec_arg(d: &Directive, i: usize) -> ConfResult<u64> {
-    value::time_ms(arg(d, i)).ok_or_else(|| registry::slot_invalid(d))
 }
 
 macro_rules! srv_size {

@@ -431,21 +431,15 @@ fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
 // Checks of the directives accepted without effect: a value nginx would
 // refuse is refused here too, in nginx's words.
 fn check_size(d: &Directive) -> ConfResult<()> {
-    crate::config::value::size(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| crate::config::registry::slot_invalid(d))
+    crate::config::registry::size_arg(d, 0).map(drop)
 }
 
 fn check_time(d: &Directive) -> ConfResult<()> {
-    crate::config::value::time_ms(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| crate::config::registry::slot_invalid(d))
+    crate::config::registry::msec_arg(d, 0).map(drop)
 }
 
 fn check_number(d: &Directive) -> ConfResult<()> {
-    crate::config::value::number(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
+    crate::config::registry::num_arg(d, 0).map(drop)
 }
 
 fn check_zone(d: &Directive) -> ConfResult<()> {

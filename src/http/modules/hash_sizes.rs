@@ -9,24 +9,17 @@
 //! there is nothing to size. Distribution configs carry them (Debian's
 //! stock nginx.conf has `types_hash_max_size 2048;`), so they must load.
 
-use crate::config::registry::{arg, ctx, slot_invalid_number, Args, Setter, Spec};
-use crate::config::{value, ConfResult, Directive};
+use crate::config::registry::{ctx, num_arg, Args, Setter, Spec};
+use crate::config::{ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::conf::{HttpMain, LocConf};
 
-/// nginx's number slot: a non-negative decimal number, no units.
-fn number(d: &Directive) -> ConfResult<()> {
-    value::number(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| slot_invalid_number(d))
-}
-
 fn check_http(_: &mut HttpMain, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    number(d)
+    num_arg(d, 0).map(drop)
 }
 
 fn check_loc(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    number(d)
+    num_arg(d, 0).map(drop)
 }
 
 const fn http(name: &'static str) -> Spec {

@@ -9,8 +9,8 @@
 //! every server (Debian's stock nginx.conf has `ssl_protocols` and
 //! `ssl_prefer_server_ciphers`). Certificate files are not read.
 
-use crate::config::registry::{arg, ctx, flag, slot_invalid, Args, Setter, Spec};
-use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::config::registry::{ctx, flag, sec_arg, size_arg, Args, Setter, Spec};
+use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::conf::SrvConf;
 
@@ -36,15 +36,11 @@ fn protocols(_: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 }
 
 fn time(_: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    value::time_secs(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| slot_invalid(d))
+    sec_arg(d, 0).map(drop)
 }
 
 fn size(_: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    value::size(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| slot_invalid(d))
+    size_arg(d, 0).map(drop)
 }
 
 const HS: u32 = ctx::HTTP | ctx::SRV;
