@@ -351,6 +351,20 @@ impl OpenFile {
         })
     }
 
+    /// Whether `m`, a later `stat` of the path this file was opened by,
+    /// shows this very file (dev, inode) with the size, mtime and ctime
+    /// it had when opened. The callers that keep descriptors (the
+    /// open-file cache, `reuse.rs`) reuse one only then.
+    pub fn unchanged_by(&self, m: &Meta) -> bool {
+        m.dev == self.dev
+            && m.ino == self.ino
+            && m.size == self.size
+            && m.mtime == self.mtime
+            && m.mtime_nsec == self.mtime_nsec
+            && m.ctime == self.ctime
+            && m.ctime_nsec == self.ctime_nsec
+    }
+
     /// Called by the open-file cache for a descriptor it keeps: small
     /// contents read from now on are kept with it.
     pub fn keep_content(&self) {

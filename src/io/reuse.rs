@@ -94,54 +94,36 @@ thread_local! {
 
 /// Whether a `stat` of the path says the kept file is still what the path names.
 fn unchanged(m: &Meta, f: &OpenFile) -> bool {
-    m.is_file
-        && m.dev == f.dev
-        && m.ino == f.ino
-        && m.size == f.size
-        && m.mtime == f.mtime
-        && m.mtime_nsec == f.mtime_nsec
-        && m.ctime == f.ctime
-        && m.ctime_nsec == f.ctime_nsec
-        && m.mode == f.mode
-        && m.uid == f.uid
+    m.is_file && f.unchanged_by(m) && m.mode == f.mode && m.uid == f.uid
 }
 
 /// [`ops::open`] for a location without `open_file_cache`: the same
 /// result, from a kept descriptor when the path still names its file.
 pub async fn open_reusing(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
     let key = path.as_os_str().as_bytes();
-    let kept = TABLE.with(|t| {
-        let t = t.borrow();
-        t.kept
-            .iter()
-            .position(|k| *k.path == *key)
-            .map(|i| (i, Arc::clone(&t.kept[i].file)))
+    // Lookup, stat and update in one borrow: the stat is a plain
+    // syscall, nothing awaits or touches the table meanwhile.
+    let found = TABLE.with(|t| {
+        let mut t = t.borrow_mut();
+        let i = t.kept.iter().position(|k| *k.path == *key)?;
+        let mut k = t.kept.remove(i);
+        if sys::stat(path).is_ok_and(|st| unchanged(&Meta::of_stat(&st), &k.file)) {
+            k.used_ms = sys::coarse_ms();
+            let file = Arc::clone(&k.file);
+            t.kept.insert(0, k);
+            Some(Ok(file))
+        } else {
+            // Closed once the borrow ends.
+            Some(Err(k))
+        }
     });
-    if let Some((i, file)) = kept {
-        let same = sys::stat(path).is_ok_and(|st| unchanged(&Meta::of_stat(&st), &file));
-        // Dropped after the table's borrow ends: closing runs no table code.
-        let _gone = TABLE.with(|t| {
-            let mut t = t.borrow_mut();
-            // The table may have changed while this request waited for
-            // nothing (no await since the lookup), but stay exact anyway.
-            let i = match t.kept.get(i) {
-                Some(k) if Arc::ptr_eq(&k.file, &file) => i,
-                _ => t.kept.iter().position(|k| Arc::ptr_eq(&k.file, &file))?,
-            };
-            if same {
-                let mut k = t.kept.remove(i);
-                k.used_ms = sys::coarse_ms();
-                t.kept.insert(0, k);
-                None
-            } else {
-                Some(t.kept.remove(i))
-            }
-        });
-        if same {
+    match found {
+        Some(Ok(file)) => {
             bump(&STATS.opens_reused);
             policy.inline();
             return Ok(file);
         }
+        stale => drop(stale),
     }
     let file = ops::open(path, policy).await?;
     if !file.is_dir {

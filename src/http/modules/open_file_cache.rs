@@ -812,16 +812,7 @@ impl Cache {
             Plan::Revalidate(old) => {
                 count(|s| &s.revalidations);
                 match crate::io::stat(path, policy).await {
-                    Ok(m)
-                        if m.ino == old.ino
-                            && m.dev == old.dev
-                            && m.size == old.size
-                            && m.mtime == old.mtime
-                            && m.mtime_nsec == old.mtime_nsec
-                            && m.ctime == old.ctime
-                            && m.ctime_nsec == old.ctime_nsec
-                            && m.is_dir == old.is_dir =>
-                    {
+                    Ok(m) if old.unchanged_by(&m) && m.is_dir == old.is_dir => {
                         count(|s| &s.hits);
                         self.refresh(shard, key, &old, now);
                         return Ok(old);
