@@ -14,9 +14,6 @@
 //! the encoding and streams through an inflater (bounded per input slice;
 //! see [`Inflater`]).
 
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-
 use flate2::{Decompress, FlushDecompress, Status};
 
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
@@ -123,14 +120,7 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
     };
     let mut gz = path.to_vec();
     gz.extend_from_slice(b".gz");
-    let opened = match super::static_file::symlink_check(cx, &gz, &policy).await {
-        Ok(()) => {
-            super::open_file_cache::open(cx, Path::new(std::ffi::OsStr::from_bytes(&gz)), &policy)
-                .await
-        }
-        Err(e) => Err(e),
-    };
-    let file = match opened {
+    let file = match super::static_file::open_checked(cx, &gz, &policy).await {
         Ok(f) => f,
         // As nginx: a .gz that cannot be opened (refused by
         // disable_symlinks included) is logged, and the plain file served.

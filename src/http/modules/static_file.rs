@@ -222,7 +222,7 @@ impl StaticLoc {
 /// Opens `path` (through the location's open-file cache) after the
 /// `disable_symlinks` check: a refused path fails as nginx's open would
 /// (ELOOP, answered 403; ENOTDIR for a directory component, 404).
-async fn open_checked(
+pub(super) async fn open_checked(
     cx: &Ctx<'_>,
     path: &[u8],
     policy: &crate::io::Policy,
