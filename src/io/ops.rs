@@ -989,6 +989,7 @@ pub async fn write_at(
 mod tests {
     use super::*;
     use crate::io::conf::PoolConf;
+    use crate::io::test_files::rt;
     use tokio::io::AsyncReadExt;
 
     use crate::io::test_files::make_file;
@@ -1013,13 +1014,6 @@ mod tests {
             line: 0,
         };
         Arc::new(ThreadPool::start(pc).expect("pool"))
-    }
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
     }
 
     #[test]

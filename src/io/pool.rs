@@ -391,6 +391,7 @@ impl Pools {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::test_files::rt;
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -401,16 +402,6 @@ mod tests {
             max_queue,
             file: None,
             line: 0,
-        }
-    }
-
-    fn rt() -> tokio::runtime::Runtime {
-        match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(r) => r,
-            Err(e) => panic!("runtime: {e}"),
         }
     }
 

@@ -197,15 +197,9 @@ fn kept_count() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::test_files::rt;
     use crate::io::Aio;
     use std::io::Write;
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
 
     fn write(path: &Path, data: &[u8]) {
         let mut f = std::fs::File::create(path).unwrap();

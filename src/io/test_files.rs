@@ -1,5 +1,6 @@
-//! Test files for the I/O layer's unit tests: on a real disk (tmpfs
-//! ignores `posix_fadvise(DONTNEED)`), removed when dropped.
+//! Helpers of the I/O layer's unit tests: test files on a real disk
+//! (tmpfs ignores `posix_fadvise(DONTNEED)`), removed when dropped, and a
+//! worker-like runtime.
 
 use std::fs::File;
 use std::io::Write;
@@ -15,6 +16,14 @@ impl Drop for TestFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// A `current_thread` runtime with I/O and timers, as a worker's.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// Writes `len` bytes of a non-repeating pattern to a new file, synced to

@@ -371,15 +371,9 @@ pub async fn open(path: CString, flags: libc::c_int) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::test_files::rt;
     use std::io::Write;
     use std::os::fd::AsRawFd;
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    }
 
     #[test]
     fn reads_writes_and_opens_through_the_ring() {

@@ -42,6 +42,20 @@ fn until(s: &Server, path: &str, what: &str, ok: impl Fn(&Resp) -> bool) -> Dura
     }
 }
 
+/// Rewrites `f` in place with `data`, then puts its old mtime back (the
+/// size stays if `data` is as long: only the ctime tells).
+fn rewrite_keeping_mtime(f: &std::path::Path, data: &str) -> std::time::SystemTime {
+    let mtime = std::fs::metadata(f).unwrap().modified().unwrap();
+    std::fs::write(f, data).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    mtime
+}
+
 fn body_is(want: &'static str) -> impl Fn(&Resp) -> bool {
     move |r: &Resp| r.status == 200 && r.body == want.as_bytes()
 }
@@ -74,14 +88,7 @@ fn small_file_rewritten_with_its_old_mtime_is_served_new_after_valid() {
     let s = server(p, VALID_1S);
     assert_eq!(s.get("/s.txt").body, b"aaaa");
     assert_eq!(s.get("/s.txt").body, b"aaaa");
-    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
-    std::fs::write(&f, "bbbb").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&f)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    let mtime = rewrite_keeping_mtime(&f, "bbbb");
     assert_eq!(std::fs::metadata(&f).unwrap().modified().unwrap(), mtime);
     until(&s, "/s.txt", "the new bytes", body_is("bbbb"));
     let r = s.get("/s.txt");
@@ -252,14 +259,7 @@ fn without_cache_every_change_is_served_at_once() {
     assert_eq!(s.get("/c.txt").body, b"aaaa");
     assert_eq!(s.get("/c.txt").body, b"aaaa");
     // Same inode, same size, old mtime put back: ctime still moves.
-    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
-    std::fs::write(&f, "bbbb").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&f)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    rewrite_keeping_mtime(&f, "bbbb");
     assert_eq!(s.get("/c.txt").body, b"bbbb");
     // Longer, in place.
     std::fs::write(&f, "cccccc").unwrap();

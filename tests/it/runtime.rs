@@ -532,6 +532,26 @@ fn timeouts() {
     );
 }
 
+/// A client with a receive buffer of `rcvbuf` bytes.
+fn connect_small_rcvbuf(port: u16, rcvbuf: usize) -> TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(rcvbuf).unwrap();
+    sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+        .unwrap();
+    sock.into()
+}
+
+/// Asks for `path` (32 MiB), reads nothing for 1.2 s, then reads what
+/// the server sent before it closed: less than all of it once
+/// send_timeout has cut the stalled client off.
+fn bytes_to_a_stalled_reader(c: &mut TcpStream, path: &str) -> usize {
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    read_to_close(c).len()
+}
+
 #[test]
 fn send_timeout_closes_a_stalled_client() {
     let p = Prefix::new();
@@ -540,18 +560,9 @@ fn send_timeout_closes_a_stalled_client() {
         p,
         "http { server { listen 127.0.0.1:@PORT@; root html; send_timeout 300ms; } }",
     );
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into())
-        .unwrap();
-    let mut c: TcpStream = sock.into();
-    c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let got = read_to_close(&mut c);
+    let mut c = connect_small_rcvbuf(s.port, 4096);
     assert!(
-        got.len() < 32 << 20,
+        bytes_to_a_stalled_reader(&mut c, "/big") < 32 << 20,
         "the whole body arrived: send_timeout not applied"
     );
 }
@@ -571,17 +582,8 @@ fn send_timeout_with_sendfile_is_per_wait() {
         "http { sendfile on; server { listen 127.0.0.1:@PORT@ sndbuf=64k; root html; \
          send_timeout 500ms; } }",
     );
-    let connect = || {
-        let sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        sock.set_recv_buffer_size(64 << 10).unwrap();
-        sock.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], s.port)).into())
-            .unwrap();
-        let c: TcpStream = sock.into();
-        c
-    };
     // ~64 KiB per 40 ms: a megabyte takes ~650 ms, longer than send_timeout.
-    let mut c = connect();
+    let mut c = connect_small_rcvbuf(s.port, 64 << 10);
     c.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         .unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -603,14 +605,9 @@ fn send_timeout_with_sendfile_is_per_wait() {
         "not slow enough to test anything"
     );
 
-    let mut c = connect();
-    c.write_all(b"GET /huge HTTP/1.1\r\nHost: a\r\n\r\n")
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let got = read_to_close(&mut c);
+    let mut c = connect_small_rcvbuf(s.port, 64 << 10);
     assert!(
-        got.len() < 32 << 20,
+        bytes_to_a_stalled_reader(&mut c, "/huge") < 32 << 20,
         "stalled reader got it all: no send_timeout"
     );
 }
