@@ -26,3 +26,4 @@ mod static_headers;
 mod status;
 mod stream;
 mod upgrade;
+mod upstream_balance;

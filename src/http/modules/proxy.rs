@@ -1003,6 +1003,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     let producer = Producer {
         pipe: pipe.clone(),
         stream,
+        _lease: resp.lease.take(),
         framing,
         read_timeout: lim.read,
         mem_max,
@@ -1435,6 +1436,9 @@ struct UpResp {
     no_body: bool,
     /// The Content-Length upstream declared (for HEAD answers).
     declared_len: Option<u64>,
+    /// The peer counts as busy (least_conn, max_conns) while this lives:
+    /// it moves to the body's producer.
+    lease: Option<upstream::Lease>,
 }
 
 /// Tries peers until one answers with a response head.
@@ -1446,10 +1450,11 @@ async fn fetch(
     uri: &[u8],
     head_only: bool,
 ) -> Result<UpResp, u16> {
-    let mut at = up.attempt();
+    let mut at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
     let mut last = 502;
     let mut tried = false;
-    while let Some(pid) = up.next(&mut at) {
+    while let Some(lease) = up.next(&mut at) {
+        let pid = lease.id();
         let Some(peer) = up.peer(pid) else { break };
         tried = true;
         append_note(cx, "upstream_addr", peer.name.as_bytes());
@@ -1458,6 +1463,7 @@ async fn fetch(
             Ok(mut r) => {
                 up.succeeded(pid);
                 r.peer_name = peer.name.clone();
+                r.lease = Some(lease);
                 return Ok(r);
             }
             Err(f) => {
@@ -1685,6 +1691,7 @@ async fn send_and_read(
                     peer: addr,
                     peer_name: String::new(),
                     requests: 1,
+                    lease: None,
                 });
             }
             Err(httparse::Error::Version | httparse::Error::Status) => {
@@ -2033,6 +2040,8 @@ impl From<Fail> for Stop {
 struct Producer {
     pipe: Arc<Pipe>,
     stream: TcpStream,
+    /// Dropped with the producer, when the body is done.
+    _lease: Option<upstream::Lease>,
     framing: Framing,
     read_timeout: Duration,
     mem_max: usize,
