@@ -13,6 +13,7 @@ mod idle;
 mod io;
 mod limits;
 mod map;
+mod next_upstream;
 mod open_file_cache;
 mod proxy;
 mod proxy_body;

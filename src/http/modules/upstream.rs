@@ -333,6 +333,11 @@ impl Upstream {
         at
     }
 
+    /// How many peers one request may try (nginx's `peer.tries`).
+    pub fn tries(&self) -> usize {
+        self.peers.len() + self.backup.len()
+    }
+
     /// A walk with no request context (round robin and its relatives).
     pub fn attempt(&self) -> Attempt {
         Attempt {
