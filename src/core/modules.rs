@@ -17,7 +17,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_ssi_module", true, false),
     ("http_userid_module", true, false),
     ("http_access_module", true, true),
-    ("http_auth_basic_module", true, false),
+    ("http_auth_basic_module", true, true),
     ("http_mirror_module", true, false),
     ("http_autoindex_module", true, true),
     ("http_geo_module", true, false),

@@ -5,6 +5,7 @@
 mod harness;
 
 mod access_log;
+mod auth;
 mod autoindex;
 mod differential;
 mod engine;
