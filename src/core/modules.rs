@@ -20,7 +20,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_auth_basic_module", true, true),
     ("http_mirror_module", true, false),
     ("http_autoindex_module", true, true),
-    ("http_geo_module", true, false),
+    ("http_geo_module", true, true),
     ("http_map_module", true, true),
     ("http_split_clients_module", true, true),
     ("http_referer_module", true, false),

@@ -9,6 +9,7 @@ mod auth;
 mod autoindex;
 mod differential;
 mod engine;
+mod geo;
 mod gzip;
 mod idle;
 mod io;

@@ -11,6 +11,7 @@ pub mod auth_basic;
 pub mod autoindex;
 pub mod charset;
 pub mod error_page;
+pub mod geo;
 pub mod gzip;
 pub mod gzip_static;
 pub mod hash_sizes;
@@ -66,6 +67,7 @@ pub const TABLES: &[&[Spec]] = &[
     ssl_settings::DIRECTIVES,
     realip::DIRECTIVES,
     auth_basic::DIRECTIVES,
+    geo::DIRECTIVES,
     UNSUPPORTED,
 ];
 
