@@ -5,9 +5,11 @@
 mod harness;
 
 mod access_log;
+mod auth;
 mod autoindex;
 mod differential;
 mod engine;
+mod geo;
 mod gzip;
 mod idle;
 mod io;

@@ -7,9 +7,11 @@
 
 pub mod access;
 pub mod access_log;
+pub mod auth_basic;
 pub mod autoindex;
 pub mod charset;
 pub mod error_page;
+pub mod geo;
 pub mod gzip;
 pub mod gzip_static;
 pub mod hash_sizes;
@@ -64,11 +66,14 @@ pub const TABLES: &[&[Spec]] = &[
     hash_sizes::DIRECTIVES,
     ssl_settings::DIRECTIVES,
     realip::DIRECTIVES,
+    auth_basic::DIRECTIVES,
+    geo::DIRECTIVES,
     UNSUPPORTED,
 ];
 
-/// Access-phase handlers in order.
-pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access, access::access];
+/// Access-phase handlers in order (nginx's pre-access ones; then
+/// [`access::phase`] runs allow/deny and auth_basic under `satisfy`).
+pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 
 /// Header filters in execution order (as nginx runs them).
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
@@ -112,6 +117,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (stub_status::VARS, stub_status::var),
     (proxy::VARS, proxy::var),
     (crate::http::body::VARS, crate::http::body::var),
+    (auth_basic::VARS, auth_basic::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -155,6 +161,7 @@ pub struct ModLoc {
     pub proxy: proxy::ProxyLoc,
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
+    pub auth_basic: auth_basic::AuthBasicLoc,
 }
 
 impl ModLoc {
@@ -180,6 +187,7 @@ impl ModLoc {
         self.error_page.merge(&p.error_page);
         self.proxy.merge(&p.proxy);
         self.body.merge(&p.body);
+        self.auth_basic.merge(&p.auth_basic);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
