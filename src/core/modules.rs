@@ -11,6 +11,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_gzip_static_module", false, true),
     ("http_gunzip_module", false, true),
     ("http_realip_module", false, true),
+    ("http_sub_module", false, true),
     ("stream", false, true),
     ("http_charset_module", true, true),
     ("http_gzip_module", true, true),
@@ -42,6 +43,18 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_upstream_keepalive_module", true, true),
     ("http_upstream_zone_module", true, true),
     ("http-cache", true, true),
+    // The stream modules nginx builds with `--with-stream`.
+    ("stream_limit_conn_module", true, false),
+    ("stream_access_module", true, false),
+    ("stream_geo_module", true, false),
+    ("stream_map_module", true, false),
+    ("stream_split_clients_module", true, false),
+    ("stream_return_module", true, false),
+    ("stream_set_module", true, false),
+    ("stream_upstream_hash_module", true, false),
+    ("stream_upstream_least_conn_module", true, false),
+    ("stream_upstream_random_module", true, false),
+    ("stream_upstream_zone_module", true, true),
 ];
 
 /// The `configure arguments:` line.

@@ -28,5 +28,6 @@ mod smoke;
 mod static_headers;
 mod status;
 mod stream;
+mod sub_filter;
 mod upgrade;
 mod upstream_balance;

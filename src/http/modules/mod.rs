@@ -29,6 +29,7 @@ pub mod rewrite;
 pub mod ssl_settings;
 pub mod static_file;
 pub mod stub_status;
+pub mod sub_filter;
 pub mod try_files;
 pub mod upstream;
 
@@ -68,6 +69,7 @@ pub const TABLES: &[&[Spec]] = &[
     realip::DIRECTIVES,
     auth_basic::DIRECTIVES,
     geo::DIRECTIVES,
+    sub_filter::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -79,6 +81,7 @@ pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
     not_modified::header_filter,
     headers::header_filter,
+    sub_filter::header_filter,
     charset::header_filter,
     gzip::header_filter,
     range::header_filter,
@@ -162,11 +165,13 @@ pub struct ModLoc {
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,
+    pub sub_filter: sub_filter::SubFilterLoc,
 }
 
 impl ModLoc {
     pub fn merge(&mut self, p: &ModLoc) {
         self.index.merge(&p.index);
+        self.sub_filter.merge(&p.sub_filter);
         self.rewrite.merge(&p.rewrite);
         self.access_log.merge(&p.access_log);
         self.autoindex.merge(&p.autoindex);
@@ -268,5 +273,4 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "stub_status": ctx::SRV | ctx::LOC, "http2": ctx::HTTP | ctx::SRV,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,
-    "sub_filter": ctx::HSL,
 ];
