@@ -24,7 +24,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_geo_module", true, true),
     ("http_map_module", true, true),
     ("http_split_clients_module", true, true),
-    ("http_referer_module", true, false),
+    ("http_referer_module", true, true),
     ("http_rewrite_module", true, true),
     ("http_proxy_module", true, true),
     ("http_fastcgi_module", true, false),

@@ -22,6 +22,7 @@ mod proxy_body;
 mod proxy_directives;
 mod proxy_range;
 mod proxy_stream;
+mod referer;
 mod runtime;
 mod seeds;
 mod smoke;

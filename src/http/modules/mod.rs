@@ -25,6 +25,7 @@ pub mod open_file_cache;
 pub mod proxy;
 pub mod range;
 pub mod realip;
+pub mod referer;
 pub mod rewrite;
 pub mod ssl_settings;
 pub mod static_file;
@@ -70,6 +71,7 @@ pub const TABLES: &[&[Spec]] = &[
     auth_basic::DIRECTIVES,
     geo::DIRECTIVES,
     sub_filter::DIRECTIVES,
+    referer::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -121,6 +123,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (proxy::VARS, proxy::var),
     (crate::http::body::VARS, crate::http::body::var),
     (auth_basic::VARS, auth_basic::var),
+    (referer::VARS, referer::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -166,12 +169,14 @@ pub struct ModLoc {
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,
     pub sub_filter: sub_filter::SubFilterLoc,
+    pub referer: referer::RefererLoc,
 }
 
 impl ModLoc {
     pub fn merge(&mut self, p: &ModLoc) {
         self.index.merge(&p.index);
         self.sub_filter.merge(&p.sub_filter);
+        self.referer.merge(&p.referer);
         self.rewrite.merge(&p.rewrite);
         self.access_log.merge(&p.access_log);
         self.autoindex.merge(&p.autoindex);
