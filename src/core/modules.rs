@@ -34,7 +34,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_memcached_module", true, false),
     ("http_limit_conn_module", true, true),
     ("http_limit_req_module", true, true),
-    ("http_empty_gif_module", true, false),
+    ("http_empty_gif_module", true, true),
     ("http_browser_module", true, false),
     ("http_upstream_hash_module", true, true),
     ("http_upstream_ip_hash_module", true, true),

@@ -8,6 +8,7 @@ mod access_log;
 mod auth;
 mod autoindex;
 mod differential;
+mod empty_gif;
 mod engine;
 mod geo;
 mod gzip;

@@ -10,6 +10,7 @@ pub mod access_log;
 pub mod auth_basic;
 pub mod autoindex;
 pub mod charset;
+pub mod empty_gif;
 pub mod error_page;
 pub mod geo;
 pub mod gzip;
@@ -72,6 +73,7 @@ pub const TABLES: &[&[Spec]] = &[
     geo::DIRECTIVES,
     sub_filter::DIRECTIVES,
     referer::DIRECTIVES,
+    empty_gif::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -101,6 +103,9 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
         return step;
     }
     if let Some(step) = stub_status::content(cx) {
+        return step;
+    }
+    if let Some(step) = empty_gif::content(cx) {
         return step;
     }
     static_file::handle(cx).await
@@ -170,6 +175,7 @@ pub struct ModLoc {
     pub auth_basic: auth_basic::AuthBasicLoc,
     pub sub_filter: sub_filter::SubFilterLoc,
     pub referer: referer::RefererLoc,
+    pub empty_gif: empty_gif::EmptyGifLoc,
 }
 
 impl ModLoc {
