@@ -164,6 +164,27 @@ impl<'a> Ctx<'a> {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.as_slice())
     }
+
+    /// Sets the note `key`, replacing an earlier value.
+    pub fn set_note(&mut self, key: &'static str, v: impl Into<Vec<u8>>) {
+        let v = v.into();
+        match self.notes.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => *old = v,
+            None => self.notes.push((key, v)),
+        }
+    }
+
+    /// A module variable that is the note `key`: appends it to `out`;
+    /// false (the variable is not found) when the note was never set.
+    pub fn note_var(&self, key: &str, out: &mut Vec<u8>) -> bool {
+        match self.note(key) {
+            Some(v) => {
+                out.extend_from_slice(v);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Runs every phase, error_page redirects, and the header filters.

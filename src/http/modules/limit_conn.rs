@@ -604,7 +604,7 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
             );
             continue;
         }
-        set_note(cx, b"PASSED");
+        cx.set_note(NOTE, b"PASSED");
         match zone.state.take(&key, l.n) {
             Take::Ok => taken.push(Slot {
                 state: zone.state.clone(),
@@ -633,11 +633,11 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
                 let c = &zone.state.counters;
                 if dry_run {
                     bump(&c.rejected_dry_run);
-                    set_note(cx, b"REJECTED_DRY_RUN");
+                    cx.set_note(NOTE, b"REJECTED_DRY_RUN");
                     return Step::Next;
                 }
                 bump(&c.rejected);
-                set_note(cx, b"REJECTED");
+                cx.set_note(NOTE, b"REJECTED");
                 return Step::done(Response::status(conf.status.unwrap_or(503)));
             }
         }
@@ -653,24 +653,11 @@ fn bump(c: &std::sync::atomic::AtomicU64) {
     c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn set_note(cx: &mut Ctx<'_>, v: &[u8]) {
-    match cx.notes.iter_mut().find(|(k, _)| *k == NOTE) {
-        Some((_, old)) => *old = v.to_vec(),
-        None => cx.notes.push((NOTE, v.to_vec())),
-    }
-}
-
 /// Module variables (`$limit_conn_status`).
 pub const VARS: &[&str] = &["limit_conn_status"];
 
 pub fn var(cx: &Ctx<'_>, _i: u8, out: &mut Vec<u8>) -> bool {
-    match cx.note(NOTE) {
-        Some(v) => {
-            out.extend_from_slice(v);
-            true
-        }
-        None => false,
-    }
+    cx.note_var(NOTE, out)
 }
 
 #[cfg(test)]

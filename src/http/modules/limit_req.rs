@@ -583,12 +583,12 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
         }
     }
     let Some((_, zone)) = by else {
-        set_note(cx, NOTE, b"PASSED");
+        cx.set_note(NOTE, b"PASSED");
         return Step::Next;
     };
     if max_delay == 0 {
         bump(&zone.state.counters.passed);
-        set_note(cx, NOTE, b"PASSED");
+        cx.set_note(NOTE, b"PASSED");
         return Step::Next;
     }
     // nginx logs delays one level below the limit level.
@@ -609,12 +609,12 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
     );
     if dry_run {
         bump(&zone.state.counters.delayed_dry_run);
-        set_note(cx, NOTE, b"DELAYED_DRY_RUN");
+        cx.set_note(NOTE, b"DELAYED_DRY_RUN");
         return Step::Next;
     }
     bump(&zone.state.counters.delayed);
-    set_note(cx, NOTE, b"DELAYED");
-    set_note(cx, DELAY_NOTE, &max_delay.to_le_bytes());
+    cx.set_note(NOTE, b"DELAYED");
+    cx.set_note(DELAY_NOTE, max_delay.to_le_bytes());
     delay_step(Duration::from_millis(max_delay))
 }
 
@@ -629,11 +629,11 @@ fn delay_step(d: Duration) -> Step {
 fn reject(cx: &mut Ctx<'_>, zone: &ReqZone, dry_run: bool, status: Option<u16>) -> Step {
     if dry_run {
         bump(&zone.state.counters.rejected_dry_run);
-        set_note(cx, NOTE, b"REJECTED_DRY_RUN");
+        cx.set_note(NOTE, b"REJECTED_DRY_RUN");
         return Step::Next;
     }
     bump(&zone.state.counters.rejected);
-    set_note(cx, NOTE, b"REJECTED");
+    cx.set_note(NOTE, b"REJECTED");
     Step::done(Response::status(status.unwrap_or(503)))
 }
 
@@ -641,24 +641,11 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-fn set_note(cx: &mut Ctx<'_>, k: &'static str, v: &[u8]) {
-    match cx.notes.iter_mut().find(|(n, _)| *n == k) {
-        Some((_, old)) => *old = v.to_vec(),
-        None => cx.notes.push((k, v.to_vec())),
-    }
-}
-
 /// Module variables (`$limit_req_status`).
 pub const VARS: &[&str] = &["limit_req_status"];
 
 pub fn var(cx: &Ctx<'_>, _i: u8, out: &mut Vec<u8>) -> bool {
-    match cx.note(NOTE) {
-        Some(v) => {
-            out.extend_from_slice(v);
-            true
-        }
-        None => false,
-    }
+    cx.note_var(NOTE, out)
 }
 
 #[cfg(test)]

@@ -179,20 +179,7 @@ pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
     let Some(name) = VARS.get(usize::from(i)) else {
         return false;
     };
-    match cx.note(name) {
-        Some(v) => {
-            out.extend_from_slice(v);
-            true
-        }
-        None => false,
-    }
-}
-
-fn set_note(cx: &mut Ctx<'_>, key: &'static str, v: Vec<u8>) {
-    match cx.notes.iter_mut().find(|(k, _)| *k == key) {
-        Some(slot) => slot.1 = v,
-        None => cx.notes.push((key, v)),
-    }
+    cx.note_var(name, out)
 }
 
 fn append_note(cx: &mut Ctx<'_>, key: &'static str, v: &[u8]) {
@@ -772,8 +759,8 @@ struct CacheReq {
 
 async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Response {
     let conf = &loc.modules.proxy;
-    set_note(cx, "proxy_host", pass.host.clone());
-    set_note(cx, "proxy_port", pass.port.to_string().into_bytes());
+    cx.set_note("proxy_host", pass.host.clone());
+    cx.set_note("proxy_port", pass.port.to_string().into_bytes());
     // As nginx with proxy_request_buffering on: the whole body first
     // (memory or a temp file), then the upstream.
     if let Err(r) = body::read(cx, &pass.body_temp_default).await {
@@ -839,7 +826,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             } else {
                 match lookup(cx, &z, &md5, &key, &policy).await {
                     Lookup::Hit(mut r) => {
-                        set_note(cx, "upstream_cache_status", b"HIT".to_vec());
+                        cx.set_note("upstream_cache_status", b"HIT".to_vec());
                         if conf.force_ranges.unwrap_or(false) {
                             force_ranges(&mut r);
                             r.single_range = false;
@@ -850,7 +837,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                     Lookup::Miss => b"MISS",
                 }
             };
-            set_note(cx, "upstream_cache_status", status.to_vec());
+            cx.set_note("upstream_cache_status", status.to_vec());
             creq = Some(CacheReq {
                 zone: z,
                 key,
@@ -877,7 +864,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         Ok(r) => r,
         Err(status) => return Response::status(status),
     };
-    set_note(cx, "upstream_status", resp.status.to_string().into_bytes());
+    cx.set_note("upstream_status", resp.status.to_string().into_bytes());
     let relayed = relay_headers(cx, conf, pass, &resp.headers);
     let store = creq
         .as_ref()
