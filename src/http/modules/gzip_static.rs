@@ -146,10 +146,10 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
         }
     };
     gzip::mark_vary(cx);
-    if !ok || file.is_dir {
+    if !ok || file.meta.is_dir {
         return None;
     }
-    if file.mode & libc::S_IFMT != libc::S_IFREG {
+    if file.meta.mode & libc::S_IFMT != libc::S_IFREG {
         cx.log(
             Level::Crit,
             &format!("\"{}\" is not a regular file", String::from_utf8_lossy(&gz)),
@@ -159,15 +159,15 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
     let mut r = Response::status(200);
     // The type is the original name's, not ".gz"'s.
     r.content_type = Some(super::static_file::content_type(cx, path));
-    r.content_length = Some(file.size);
-    r.last_modified = Some(file.mtime);
+    r.content_length = Some(file.meta.size);
+    r.last_modified = Some(file.meta.mtime);
     if cx.loc.modules.headers.etag.unwrap_or(true) {
         r.headers
             .push(("ETag".into(), super::static_file::etag(&file).into_bytes()));
     }
     r.headers
         .push(("Content-Encoding".into(), b"gzip".to_vec()));
-    let len = file.size;
+    let len = file.meta.size;
     r.body = Body::File {
         file,
         offset: 0,

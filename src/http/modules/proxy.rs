@@ -1130,7 +1130,8 @@ async fn lookup(
     };
     let eh = match read_entry_head(&f, policy).await {
         Some(h)
-            if h.key == key && (h.header_len() as u64).checked_add(h.body_len) == Some(f.size) =>
+            if h.key == key
+                && (h.header_len() as u64).checked_add(h.body_len) == Some(f.meta.size) =>
         {
             h
         }
@@ -1153,7 +1154,7 @@ async fn lookup(
         }
     };
     if node.is_none() {
-        z.insert(*md5, eh.valid_until, disk_bytes(f.size));
+        z.insert(*md5, eh.valid_until, disk_bytes(f.meta.size));
     }
     if eh.valid_until <= now {
         return Lookup::Expired;
@@ -1188,7 +1189,9 @@ async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead
         let b = crate::io::read(f, 0, want, policy).await.ok()?;
         match EntryHead::parse(&b) {
             Ok(h) => return Some(h),
-            Err(cache::file::ParseError::Need(n)) if n > want && (n as u64) <= f.size => want = n,
+            Err(cache::file::ParseError::Need(n)) if n > want && (n as u64) <= f.meta.size => {
+                want = n
+            }
             Err(_) => return None,
         }
     }

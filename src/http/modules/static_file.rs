@@ -31,7 +31,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         Ok(f) => f,
         Err(e) => return Step::done(open_error(cx, &path, &e)),
     };
-    if file.is_dir {
+    if file.meta.is_dir {
         let mut loc = cx.uri.to_vec();
         loc.push(b'/');
         if let Some(a) = cx.req.args() {
@@ -51,13 +51,13 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     }
     let mut r = Response::status(200);
     r.content_type = Some(content_type(cx, &path));
-    r.content_length = Some(file.size);
-    r.last_modified = Some(file.mtime);
+    r.content_length = Some(file.meta.size);
+    r.last_modified = Some(file.meta.mtime);
     if cx.loc.modules.headers.etag.unwrap_or(true) {
         r.headers.push(("ETag".into(), etag(&file).into_bytes()));
     }
     r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
-    let len = file.size;
+    let len = file.meta.size;
     r.body = Body::File {
         file,
         offset: 0,
@@ -73,9 +73,9 @@ pub fn etag(f: &crate::io::OpenFile) -> String {
     // formatting machinery costs more than the digits.
     let mut s = String::with_capacity(2 + 16 + 1 + 16);
     s.push('"');
-    push_hex(&mut s, f.mtime as u64);
+    push_hex(&mut s, f.meta.mtime as u64);
     s.push('-');
-    push_hex(&mut s, f.size);
+    push_hex(&mut s, f.meta.size);
     s.push('"');
     s
 }
@@ -118,14 +118,14 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
             (p, u)
         };
         match open_checked(cx, &path, policy).await {
-            Ok(f) if !f.is_dir => return Step::Redirect(uri),
+            Ok(f) if !f.meta.is_dir => return Step::Redirect(uri),
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
             Err(e) => return Step::done(open_error(cx, &path, &e)),
         }
     }
     match open_checked(cx, &dir, policy).await {
-        Ok(f) if f.is_dir => {
+        Ok(f) if f.meta.is_dir => {
             if let Some(r) = super::autoindex::handle(cx, &dir).await {
                 return Step::done(r);
             }
