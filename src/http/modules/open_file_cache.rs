@@ -922,23 +922,10 @@ impl Drop for Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Arg;
     use std::sync::atomic::AtomicU32;
 
     fn dir(name: &str, args: &[&str]) -> Directive {
-        Directive {
-            name: name.to_string(),
-            args: args
-                .iter()
-                .map(|a| Arg {
-                    value: a.to_string(),
-                    quoted: false,
-                })
-                .collect(),
-            block: None,
-            file: Arc::new(PathBuf::from("/etc/tern/ofc-unit.conf")),
-            line: 3,
-        }
+        Directive::for_test(name, args, "/etc/tern/ofc-unit.conf", 3)
     }
 
     fn set(l: &mut LocConf, name: &str, args: &[&str]) -> Result<(), String> {
