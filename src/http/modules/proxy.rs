@@ -2242,29 +2242,7 @@ static TEMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 
 /// Creates a new temp file (0600), making its directory when missing.
 async fn create_file(path: PathBuf, policy: &Policy) -> io::Result<Arc<File>> {
-    cache::blocking(policy, move || {
-        use std::os::unix::fs::OpenOptionsExt;
-        let open = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-        };
-        match open() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                open()
-            }
-            r => r,
-        }
-        .map(Arc::new)
-    })
-    .await
+    crate::http::body::create(path, false, policy).await
 }
 
 fn entry_head(
