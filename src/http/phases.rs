@@ -493,46 +493,62 @@ impl Ctx<'_> {
     /// Logs with nginx's request context, and `upstream: "..."` when given
     /// (`..., request: "...", upstream: "...", host: "..."`).
     pub fn log_with_upstream(&self, level: Level, msg: &str, upstream: Option<&str>) {
-        let logger = self
-            .loc
-            .core
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger);
+        let logger = self.logger();
         if !logger.enabled(level) {
             return;
         }
-        let client = self
-            .remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into());
-        let server = self.server.srv.primary_name.clone().unwrap_or_default();
         let upstream = upstream
             .map(|u| format!(", upstream: \"{}\"", u))
-            .unwrap_or_default();
-        let host = self
-            .req
-            .header("host")
-            .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
             .unwrap_or_default();
         logger.log(
             level,
             Some(self.conn.id),
             format_args!(
-                "{}{}, client: {}, server: {}, request: \"{}\"{}{}",
+                "{}{}{}{}{}",
                 msg,
                 if self.logging.get() {
                     " while logging request"
                 } else {
                     ""
                 },
-                client,
-                server,
-                String::from_utf8_lossy(self.req.line()),
+                self.log_request_ctx(),
                 upstream,
-                host
+                self.log_host_ctx()
             ),
         );
+    }
+
+    /// The error log of the current location (the main one if it has none).
+    pub fn logger(&self) -> Arc<crate::core::log::Logger> {
+        self.loc
+            .core
+            .logger
+            .clone()
+            .unwrap_or_else(crate::core::log::main_logger)
+    }
+
+    /// nginx's request context of an error line:
+    /// `, client: ADDR, server: NAME, request: "LINE"`.
+    pub fn log_request_ctx(&self) -> String {
+        let client = self
+            .remote
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|| "unix:".into());
+        format!(
+            ", client: {}, server: {}, request: \"{}\"",
+            client,
+            self.server.srv.primary_name.as_deref().unwrap_or_default(),
+            String::from_utf8_lossy(self.req.line())
+        )
+    }
+
+    /// The end of an error line's context: `, host: "..."`, or nothing
+    /// when the request has no Host.
+    pub fn log_host_ctx(&self) -> String {
+        self.req
+            .header("host")
+            .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
+            .unwrap_or_default()
     }
 
     /// The document root (rendered) for the current location.

@@ -1946,30 +1946,12 @@ struct UpLog {
 
 impl UpLog {
     fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
-        let client = cx
-            .remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into());
         UpLog {
-            logger: cx
-                .loc
-                .core
-                .logger
-                .clone()
-                .unwrap_or_else(crate::core::log::main_logger),
+            logger: cx.logger(),
             conn: cx.conn.id,
-            tail: format!(
-                ", client: {}, server: {}, request: \"{}\"",
-                client,
-                cx.server.srv.primary_name.clone().unwrap_or_default(),
-                String::from_utf8_lossy(cx.req.line())
-            ),
+            tail: cx.log_request_ctx(),
             upstream: format!(", upstream: \"{}\"", url),
-            host: cx
-                .req
-                .header("host")
-                .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
-                .unwrap_or_default(),
+            host: cx.log_host_ctx(),
         }
     }
 
