@@ -14,6 +14,7 @@ mod io;
 mod limits;
 mod map;
 mod open_file_cache;
+mod origin;
 mod proxy;
 mod proxy_body;
 mod proxy_directives;
