@@ -230,15 +230,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             Entry::Named(format!("@{}", String::from_utf8_lossy(name)))
         } else {
             let mut u = target;
-            if let Some(q) = u.iter().position(|&b| b == b'?') {
-                let args = u[q + 1..].to_vec();
-                u.truncate(q);
-                cx.args = if args.is_empty() {
-                    None
-                } else {
-                    Some(args.into())
-                };
-            }
+            cx.take_args(&mut u);
             cx.uri = u.into();
             cx.internal = true;
             Entry::Find
@@ -518,6 +510,25 @@ impl Ctx<'_> {
         );
     }
 
+    /// Splits `?args` off the target of an internal redirect (error_page,
+    /// try_files): they replace the request's args (an empty `?`: none).
+    pub fn take_args(&mut self, u: &mut Vec<u8>) {
+        if let Some(q) = u.iter().position(|&b| b == b'?') {
+            let args = u[q + 1..].to_vec();
+            u.truncate(q);
+            self.args = if args.is_empty() {
+                None
+            } else {
+                Some(args.into())
+            };
+        }
+    }
+
+    /// The server's primary name (`$server_name`; empty when it has none).
+    pub fn server_name(&self) -> &str {
+        self.server.srv.primary_name.as_deref().unwrap_or("")
+    }
+
     /// The error log of the current location (the main one if it has none).
     pub fn logger(&self) -> Arc<crate::core::log::Logger> {
         self.loc
@@ -537,7 +548,7 @@ impl Ctx<'_> {
         format!(
             ", client: {}, server: {}, request: \"{}\"",
             client,
-            self.server.srv.primary_name.as_deref().unwrap_or_default(),
+            self.server_name(),
             String::from_utf8_lossy(self.req.line())
         )
     }
@@ -598,14 +609,7 @@ impl VarCtx for Ctx<'_> {
             }
             Var::Host => match r.host() {
                 Some(h) => out.extend_from_slice(h),
-                None => out.extend_from_slice(
-                    self.server
-                        .srv
-                        .primary_name
-                        .as_deref()
-                        .unwrap_or("")
-                        .as_bytes(),
-                ),
+                None => out.extend_from_slice(self.server_name().as_bytes()),
             },
             Var::Hostname => out.extend_from_slice(crate::core::hostname().as_bytes()),
             Var::Http(name) => match name.as_str() {
@@ -644,14 +648,7 @@ impl VarCtx for Ctx<'_> {
             Var::RemotePort => push_addr(out, self.remote, true),
             Var::ServerAddr => push_addr(out, self.conn.local, false),
             Var::ServerPort => push_addr(out, self.conn.local, true),
-            Var::ServerName => out.extend_from_slice(
-                self.server
-                    .srv
-                    .primary_name
-                    .as_deref()
-                    .unwrap_or("")
-                    .as_bytes(),
-            ),
+            Var::ServerName => out.extend_from_slice(self.server_name().as_bytes()),
             Var::ServerProtocol => out.extend_from_slice(if r.minor == 0 {
                 b"HTTP/1.0"
             } else {
