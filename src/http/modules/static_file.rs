@@ -49,14 +49,27 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     if method == Method::Post {
         return Step::done(Response::status(405));
     }
+    let mut r = file_response(cx, &path, file, policy);
+    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
+    Step::done(r)
+}
+
+/// A 200 with the whole of `file`: the type `path`'s extension maps to,
+/// its length, Last-Modified and (unless `etag off`) ETag; the body is
+/// read or sent through `policy`.
+pub fn file_response(
+    cx: &Ctx<'_>,
+    path: &[u8],
+    file: std::sync::Arc<crate::io::OpenFile>,
+    policy: crate::io::Policy,
+) -> Response {
     let mut r = Response::status(200);
-    r.content_type = Some(content_type(cx, &path));
+    r.content_type = Some(content_type(cx, path));
     r.content_length = Some(file.meta.size);
     r.last_modified = Some(file.meta.mtime);
     if cx.loc.modules.headers.etag.unwrap_or(true) {
         r.headers.push(("ETag".into(), etag(&file).into_bytes()));
     }
-    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
     let len = file.meta.size;
     r.body = Body::File {
         file,
@@ -64,7 +77,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         len,
     };
     r.io = Some(policy);
-    Step::done(r)
+    r
 }
 
 /// nginx's ETag: hex mtime and size.
