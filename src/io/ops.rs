@@ -586,28 +586,63 @@ async fn read_uncached(
     Ok(Bytes::from(buf))
 }
 
+/// The parts of an O_DIRECT read of `[offset, offset+len)`: the
+/// `align`-aligned middle `[a_start, a_end)` (`mid` bytes) after `head`
+/// unaligned bytes, then the unaligned tail.
+#[derive(Clone, Copy)]
+struct Aligned {
+    a_start: u64,
+    a_end: u64,
+    head: usize,
+    mid: usize,
+    /// The alignment.
+    a: usize,
+}
+
+impl Aligned {
+    /// None when the range holds no whole aligned block.
+    fn of(offset: u64, len: usize, align: u64) -> Option<Aligned> {
+        let a_start = offset.div_ceil(align) * align;
+        let a_end = (offset + len as u64) / align * align;
+        (a_start < a_end).then(|| Aligned {
+            a_start,
+            a_end,
+            head: (a_start - offset) as usize,
+            mid: (a_end - a_start) as usize,
+            a: align as usize,
+        })
+    }
+
+    /// A buffer for the `len` bytes and where in it they start (`pad`):
+    /// shifted so that the middle lands on an aligned address.
+    fn buffer(&self, len: usize) -> (Vec<u8>, usize) {
+        let buf = vec![0u8; len + self.a];
+        let pad = (self.a - (buf.as_ptr() as usize + self.head) % self.a) % self.a;
+        (buf, pad)
+    }
+}
+
 /// Blocking O_DIRECT read of `[offset, offset+len)`, byte-exact: the
 /// `align`-aligned middle goes through the O_DIRECT descriptor into an
 /// aligned part of the buffer, the unaligned head and tail through the
 /// normal one (seed 000: "the parts before and after whole blocks are read
 /// the blocking way"). Falls back to a normal read where O_DIRECT is refused.
 fn read_direct(file: &OpenFile, offset: u64, len: usize, align: u64) -> io::Result<Bytes> {
-    let end = offset + len as u64;
-    let a_start = offset.div_ceil(align) * align;
-    let a_end = end / align * align;
     let direct = file.direct();
-    let (Some(direct), true) = (direct, a_start < a_end) else {
+    let (Some(direct), Some(parts)) = (direct, Aligned::of(offset, len, align)) else {
         let mut buf = vec![0u8; len];
         let n = pread_full(&file.file, &mut buf, offset)?;
         buf.truncate(n);
         return Ok(Bytes::from(buf));
     };
-    let a = align as usize;
-    let head = (a_start - offset) as usize;
-    let mid = (a_end - a_start) as usize;
-    let mut buf = vec![0u8; len + a];
-    // Shift the data so that the middle starts on an aligned address.
-    let pad = (a - (buf.as_ptr() as usize + head) % a) % a;
+    let Aligned {
+        a_start,
+        a_end,
+        head,
+        mid,
+        a,
+    } = parts;
+    let (mut buf, pad) = parts.buffer(len);
     let mut total = pread_full(&file.file, &mut buf[pad..pad + head], offset)?;
     if total == head {
         let mut got = 0;
@@ -657,23 +692,23 @@ async fn read_direct_uring(
     policy: &Policy,
 ) -> io::Result<Bytes> {
     policy.submitted();
-    let end = offset + len as u64;
-    let a_start = offset.div_ceil(align) * align;
-    let a_end = end / align * align;
     let fd = file.file.as_raw_fd();
     let direct_fd = file.direct().map(|d| d.as_raw_fd());
-    let (Some(direct_fd), true) = (direct_fd, a_start < a_end) else {
+    let (Some(direct_fd), Some(parts)) = (direct_fd, Aligned::of(offset, len, align)) else {
         bump(&STATS.reads_uring);
         let (mut buf, r) =
             uring::read_full(Arc::clone(file), fd, vec![0u8; len], 0, len, offset).await;
         buf.truncate(r?);
         return Ok(Bytes::from(buf));
     };
-    let a = align as usize;
-    let head = (a_start - offset) as usize;
-    let mid = (a_end - a_start) as usize;
-    let mut buf = vec![0u8; len + a];
-    let pad = (a - (buf.as_ptr() as usize + head) % a) % a;
+    let Aligned {
+        a_start,
+        a_end,
+        head,
+        mid,
+        a,
+    } = parts;
+    let (mut buf, pad) = parts.buffer(len);
     // Buffered part: inline when resident, else through the ring.
     async fn buffered(
         file: &Arc<OpenFile>,
