@@ -35,6 +35,27 @@ pub struct Directive {
     pub line: usize,
 }
 
+#[cfg(test)]
+impl Directive {
+    /// A directive as a unit test writes it: unquoted arguments, no
+    /// block, at `file:line` (what error messages name).
+    pub fn for_test(name: &str, args: &[&str], file: &str, line: usize) -> Directive {
+        Directive {
+            name: name.to_string(),
+            args: args
+                .iter()
+                .map(|a| Arg {
+                    value: a.to_string(),
+                    quoted: false,
+                })
+                .collect(),
+            block: None,
+            file: Arc::new(PathBuf::from(file)),
+            line,
+        }
+    }
+}
+
 /// Every file read while parsing, in order, with its text (for `-T`).
 #[derive(Debug, Clone, Default)]
 pub struct Tree {

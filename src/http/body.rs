@@ -673,8 +673,12 @@ impl Sink {
 }
 
 /// Creates a temp file (0600, read-write) and its level directories, and
-/// unlinks it at once when `unlink`.
-async fn create(path: PathBuf, unlink: bool, policy: &Policy) -> io::Result<Arc<std::fs::File>> {
+/// unlinks it at once when `unlink`. Also proxy's cache and buffer files.
+pub(crate) async fn create(
+    path: PathBuf,
+    unlink: bool,
+    policy: &Policy,
+) -> io::Result<Arc<std::fs::File>> {
     crate::cache::blocking(policy, move || {
         use std::os::unix::fs::OpenOptionsExt;
         let open = || {

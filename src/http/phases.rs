@@ -165,6 +165,27 @@ impl<'a> Ctx<'a> {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.as_slice())
     }
+
+    /// Sets the note `key`, replacing an earlier value.
+    pub fn set_note(&mut self, key: &'static str, v: impl Into<Vec<u8>>) {
+        let v = v.into();
+        match self.notes.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => *old = v,
+            None => self.notes.push((key, v)),
+        }
+    }
+
+    /// A module variable that is the note `key`: appends it to `out`;
+    /// false (the variable is not found) when the note was never set.
+    pub fn note_var(&self, key: &str, out: &mut Vec<u8>) -> bool {
+        match self.note(key) {
+            Some(v) => {
+                out.extend_from_slice(v);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Runs every phase, error_page redirects, and the header filters.
@@ -210,15 +231,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             Entry::Named(format!("@{}", String::from_utf8_lossy(name)))
         } else {
             let mut u = target;
-            if let Some(q) = u.iter().position(|&b| b == b'?') {
-                let args = u[q + 1..].to_vec();
-                u.truncate(q);
-                cx.args = if args.is_empty() {
-                    None
-                } else {
-                    Some(args.into())
-                };
-            }
+            cx.take_args(&mut u);
             cx.uri = u.into();
             cx.internal = true;
             Entry::Find
@@ -487,46 +500,81 @@ impl Ctx<'_> {
     /// Logs with nginx's request context, and `upstream: "..."` when given
     /// (`..., request: "...", upstream: "...", host: "..."`).
     pub fn log_with_upstream(&self, level: Level, msg: &str, upstream: Option<&str>) {
-        let logger = self
-            .loc
-            .core
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger);
+        let logger = self.logger();
         if !logger.enabled(level) {
             return;
         }
-        let client = self
-            .remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into());
-        let server = self.server.srv.primary_name.clone().unwrap_or_default();
         let upstream = upstream
             .map(|u| format!(", upstream: \"{}\"", u))
-            .unwrap_or_default();
-        let host = self
-            .req
-            .header("host")
-            .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
             .unwrap_or_default();
         logger.log(
             level,
             Some(self.conn.id),
             format_args!(
-                "{}{}, client: {}, server: {}, request: \"{}\"{}{}",
+                "{}{}{}{}{}",
                 msg,
                 if self.logging.get() {
                     " while logging request"
                 } else {
                     ""
                 },
-                client,
-                server,
-                String::from_utf8_lossy(self.req.line()),
+                self.log_request_ctx(),
                 upstream,
-                host
+                self.log_host_ctx()
             ),
         );
+    }
+
+    /// Splits `?args` off the target of an internal redirect (error_page,
+    /// try_files): they replace the request's args (an empty `?`: none).
+    pub fn take_args(&mut self, u: &mut Vec<u8>) {
+        if let Some(q) = u.iter().position(|&b| b == b'?') {
+            let args = u[q + 1..].to_vec();
+            u.truncate(q);
+            self.args = if args.is_empty() {
+                None
+            } else {
+                Some(args.into())
+            };
+        }
+    }
+
+    /// The server's primary name (`$server_name`; empty when it has none).
+    pub fn server_name(&self) -> &str {
+        self.server.srv.primary_name.as_deref().unwrap_or("")
+    }
+
+    /// The error log of the current location (the main one if it has none).
+    pub fn logger(&self) -> Arc<crate::core::log::Logger> {
+        self.loc
+            .core
+            .logger
+            .clone()
+            .unwrap_or_else(crate::core::log::main_logger)
+    }
+
+    /// nginx's request context of an error line:
+    /// `, client: ADDR, server: NAME, request: "LINE"`.
+    pub fn log_request_ctx(&self) -> String {
+        let client = self
+            .remote
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|| "unix:".into());
+        format!(
+            ", client: {}, server: {}, request: \"{}\"",
+            client,
+            self.server_name(),
+            String::from_utf8_lossy(self.req.line())
+        )
+    }
+
+    /// The end of an error line's context: `, host: "..."`, or nothing
+    /// when the request has no Host.
+    pub fn log_host_ctx(&self) -> String {
+        self.req
+            .header("host")
+            .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
+            .unwrap_or_default()
     }
 
     /// The document root (rendered) for the current location.
@@ -576,14 +624,7 @@ impl VarCtx for Ctx<'_> {
             }
             Var::Host => match r.host() {
                 Some(h) => out.extend_from_slice(h),
-                None => out.extend_from_slice(
-                    self.server
-                        .srv
-                        .primary_name
-                        .as_deref()
-                        .unwrap_or("")
-                        .as_bytes(),
-                ),
+                None => out.extend_from_slice(self.server_name().as_bytes()),
             },
             Var::Hostname => out.extend_from_slice(crate::core::hostname().as_bytes()),
             Var::Http(name) => match name.as_str() {
@@ -622,14 +663,7 @@ impl VarCtx for Ctx<'_> {
             Var::RemotePort => push_addr(out, self.remote, true),
             Var::ServerAddr => push_addr(out, self.conn.local, false),
             Var::ServerPort => push_addr(out, self.conn.local, true),
-            Var::ServerName => out.extend_from_slice(
-                self.server
-                    .srv
-                    .primary_name
-                    .as_deref()
-                    .unwrap_or("")
-                    .as_bytes(),
-            ),
+            Var::ServerName => out.extend_from_slice(self.server_name().as_bytes()),
             Var::ServerProtocol => out.extend_from_slice(if r.minor == 0 {
                 b"HTTP/1.0"
             } else {

@@ -202,23 +202,9 @@ fn output_buffers(l: &mut LocConf, d: &Directive, _c: &mut Compiler) -> ConfResu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Arg;
-    use std::path::PathBuf;
 
     fn dir(name: &str, args: &[&str]) -> Directive {
-        Directive {
-            name: name.to_string(),
-            args: args
-                .iter()
-                .map(|a| Arg {
-                    value: a.to_string(),
-                    quoted: false,
-                })
-                .collect(),
-            block: None,
-            file: Arc::new(PathBuf::from("/etc/tern/nginx.conf")),
-            line: 7,
-        }
+        Directive::for_test(name, args, "/etc/tern/nginx.conf", 7)
     }
 
     fn spec(name: &str) -> Setter {

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -238,39 +238,12 @@ pub struct Meta {
     pub is_symlink: bool,
 }
 
-impl Meta {
-    fn of(m: &std::fs::Metadata) -> Meta {
-        Meta {
-            size: m.size(),
-            mtime: m.mtime(),
-            mtime_nsec: m.mtime_nsec(),
-            ctime: m.ctime(),
-            ctime_nsec: m.ctime_nsec(),
-            ino: m.ino(),
-            dev: m.dev(),
-            mode: m.mode(),
-            uid: m.uid(),
-            is_dir: m.is_dir(),
-            is_file: m.is_file(),
-            is_symlink: m.file_type().is_symlink(),
-        }
-    }
-}
-
 /// An open file with the attributes taken right after opening it.
 #[derive(Debug)]
 pub struct OpenFile {
     pub file: File,
-    pub size: u64,
-    pub mtime: i64,
-    pub mtime_nsec: i64,
-    pub ctime: i64,
-    pub ctime_nsec: i64,
-    pub ino: u64,
-    pub dev: u64,
-    pub is_dir: bool,
-    pub mode: u32,
-    pub uid: u32,
+    /// Its `fstat` right after opening.
+    pub meta: Meta,
     /// A second open file description with O_DIRECT, made on first directio read.
     direct: OnceLock<Option<File>>,
     /// Set by the open-file cache when it keeps this descriptor: then the
@@ -332,19 +305,10 @@ impl Meta {
 
 impl OpenFile {
     pub(super) fn new(file: File) -> io::Result<OpenFile> {
-        let m = Meta::of_file(&file)?;
+        let meta = Meta::of_file(&file)?;
         Ok(OpenFile {
             file,
-            size: m.size,
-            mtime: m.mtime,
-            mtime_nsec: m.mtime_nsec,
-            ino: m.ino,
-            dev: m.dev,
-            is_dir: m.is_dir,
-            mode: m.mode,
-            uid: m.uid,
-            ctime: m.ctime,
-            ctime_nsec: m.ctime_nsec,
+            meta,
             direct: OnceLock::new(),
             keep_content: AtomicBool::new(false),
             content: OnceLock::new(),
@@ -356,19 +320,20 @@ impl OpenFile {
     /// it had when opened. The callers that keep descriptors (the
     /// open-file cache, `reuse.rs`) reuse one only then.
     pub fn unchanged_by(&self, m: &Meta) -> bool {
-        m.dev == self.dev
-            && m.ino == self.ino
-            && m.size == self.size
-            && m.mtime == self.mtime
-            && m.mtime_nsec == self.mtime_nsec
-            && m.ctime == self.ctime
-            && m.ctime_nsec == self.ctime_nsec
+        let o = &self.meta;
+        m.dev == o.dev
+            && m.ino == o.ino
+            && m.size == o.size
+            && m.mtime == o.mtime
+            && m.mtime_nsec == o.mtime_nsec
+            && m.ctime == o.ctime
+            && m.ctime_nsec == o.ctime_nsec
     }
 
     /// Called by the open-file cache for a descriptor it keeps: small
     /// contents read from now on are kept with it.
     pub fn keep_content(&self) {
-        if !self.is_dir && self.size <= SMALL_CONTENT_MAX {
+        if !self.meta.is_dir && self.meta.size <= SMALL_CONTENT_MAX {
             self.keep_content.store(true, Ordering::Relaxed);
         }
     }
@@ -384,7 +349,7 @@ impl OpenFile {
     /// Keeps `data` if it is this (small, cached) file's whole content.
     fn maybe_keep(&self, offset: u64, data: &Bytes) {
         if offset != 0
-            || data.len() as u64 != self.size
+            || data.len() as u64 != self.meta.size
             || !self.keep_content.load(Ordering::Relaxed)
             || self.content.get().is_some()
         {
@@ -426,7 +391,7 @@ where
 /// Directories open fine (`is_dir`).
 pub async fn open(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
     let f = open_plain(path, policy).await?;
-    if policy.read_ahead && !f.is_dir && f.size > READ_AHEAD_MIN {
+    if policy.read_ahead && !f.meta.is_dir && f.meta.size > READ_AHEAD_MIN {
         // Advice only: a refusal changes nothing the client sees.
         let _ = sys::fadvise(&f.file, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
     }
@@ -434,23 +399,9 @@ pub async fn open(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
 }
 
 async fn open_plain(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
-    if policy.uring() && policy.offload_cold_open {
-        match sys::open_cached(path, OPEN_FLAGS)? {
-            Nowait::Done(f) => {
-                bump(&STATS.opens_inline);
-                policy.inline();
-                return Ok(Arc::new(OpenFile::new(f)?));
-            }
-            Nowait::WouldBlock => {
-                bump(&STATS.opens_offloaded);
-                policy.submitted();
-                let f = uring::open(sys::cpath(path)?, OPEN_FLAGS).await?;
-                return Ok(Arc::new(OpenFile::new(f)?));
-            }
-            Nowait::Unsupported => {}
-        }
-    }
-    if let Some(pool) = policy.pool().filter(|_| policy.offload_cold_open) {
+    // With io_uring or a pool to hand a cold open to, the dentry cache is
+    // asked first; only a path it cannot resolve leaves the worker.
+    if policy.offload_cold_open && (policy.uring() || policy.pool().is_some()) {
         match sys::open_cached(path, OPEN_FLAGS)? {
             Nowait::Done(f) => {
                 bump(&STATS.opens_inline);
@@ -460,10 +411,16 @@ async fn open_plain(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFile>> {
             }
             Nowait::WouldBlock => {
                 bump(&STATS.opens_offloaded);
-                policy.offload();
-                let p = path.to_path_buf();
-                let of = offload(pool, move || OpenFile::new(sys::open(&p, OPEN_FLAGS)?)).await?;
-                return Ok(Arc::new(of));
+                if let Some(pool) = policy.pool() {
+                    policy.offload();
+                    let p = path.to_path_buf();
+                    let of =
+                        offload(pool, move || OpenFile::new(sys::open(&p, OPEN_FLAGS)?)).await?;
+                    return Ok(Arc::new(of));
+                }
+                policy.submitted();
+                let f = uring::open(sys::cpath(path)?, OPEN_FLAGS).await?;
+                return Ok(Arc::new(OpenFile::new(f)?));
             }
             Nowait::Unsupported => {}
         }
@@ -489,27 +446,24 @@ async fn stat_impl(path: &Path, policy: &Policy, follow: bool) -> io::Result<Met
                 bump(&STATS.stats_offloaded);
                 policy.offload();
                 let p: PathBuf = path.to_path_buf();
-                return offload(pool, move || {
-                    let m = if follow {
-                        std::fs::metadata(&p)?
-                    } else {
-                        std::fs::symlink_metadata(&p)?
-                    };
-                    Ok(Meta::of(&m))
-                })
-                .await;
+                return offload(pool, move || stat_blocking(&p, follow)).await;
             }
             Nowait::Unsupported => {}
         }
     }
     bump(&STATS.stats_inline);
     policy.inline();
-    let m = if follow {
-        std::fs::metadata(path)?
+    stat_blocking(path, follow)
+}
+
+/// `stat` or `lstat` of `path` where the caller may block.
+fn stat_blocking(path: &Path, follow: bool) -> io::Result<Meta> {
+    let st = if follow {
+        sys::stat(path)?
     } else {
-        std::fs::symlink_metadata(path)?
+        sys::lstat(path)?
     };
-    Ok(Meta::of(&m))
+    Ok(Meta::of_stat(&st))
 }
 
 /// `stat(2)`: attributes of `path`, following symlinks.
@@ -545,7 +499,7 @@ pub async fn read(
     len: usize,
     policy: &Policy,
 ) -> io::Result<Bytes> {
-    let avail = file.size.saturating_sub(offset);
+    let avail = file.meta.size.saturating_sub(offset);
     let len = usize::try_from(avail).map_or(len, |a| a.min(len));
     if len == 0 {
         return Ok(Bytes::new());
@@ -567,7 +521,7 @@ async fn read_uncached(
     policy: &Policy,
 ) -> io::Result<Bytes> {
     let align = policy.directio_alignment;
-    if policy.directio.is_some_and(|t| file.size >= t) && align.is_power_of_two() {
+    if policy.directio.is_some_and(|t| file.meta.size >= t) && align.is_power_of_two() {
         bump(&STATS.reads_direct);
         if policy.uring() {
             return read_direct_uring(file, offset, len, align, policy).await;
@@ -598,7 +552,7 @@ async fn read_uncached(
         Nowait::Done(n) => n,
         Nowait::WouldBlock | Nowait::Unsupported => 0,
     };
-    if got == len || (got > 0 && offset + got as u64 >= file.size) {
+    if got == len || (got > 0 && offset + got as u64 >= file.meta.size) {
         bump(&STATS.reads_inline);
         policy.inline();
         buf.truncate(got);
@@ -632,28 +586,63 @@ async fn read_uncached(
     Ok(Bytes::from(buf))
 }
 
+/// The parts of an O_DIRECT read of `[offset, offset+len)`: the
+/// `align`-aligned middle `[a_start, a_end)` (`mid` bytes) after `head`
+/// unaligned bytes, then the unaligned tail.
+#[derive(Clone, Copy)]
+struct Aligned {
+    a_start: u64,
+    a_end: u64,
+    head: usize,
+    mid: usize,
+    /// The alignment.
+    a: usize,
+}
+
+impl Aligned {
+    /// None when the range holds no whole aligned block.
+    fn of(offset: u64, len: usize, align: u64) -> Option<Aligned> {
+        let a_start = offset.div_ceil(align) * align;
+        let a_end = (offset + len as u64) / align * align;
+        (a_start < a_end).then(|| Aligned {
+            a_start,
+            a_end,
+            head: (a_start - offset) as usize,
+            mid: (a_end - a_start) as usize,
+            a: align as usize,
+        })
+    }
+
+    /// A buffer for the `len` bytes and where in it they start (`pad`):
+    /// shifted so that the middle lands on an aligned address.
+    fn buffer(&self, len: usize) -> (Vec<u8>, usize) {
+        let buf = vec![0u8; len + self.a];
+        let pad = (self.a - (buf.as_ptr() as usize + self.head) % self.a) % self.a;
+        (buf, pad)
+    }
+}
+
 /// Blocking O_DIRECT read of `[offset, offset+len)`, byte-exact: the
 /// `align`-aligned middle goes through the O_DIRECT descriptor into an
 /// aligned part of the buffer, the unaligned head and tail through the
 /// normal one (seed 000: "the parts before and after whole blocks are read
 /// the blocking way"). Falls back to a normal read where O_DIRECT is refused.
 fn read_direct(file: &OpenFile, offset: u64, len: usize, align: u64) -> io::Result<Bytes> {
-    let end = offset + len as u64;
-    let a_start = offset.div_ceil(align) * align;
-    let a_end = end / align * align;
     let direct = file.direct();
-    let (Some(direct), true) = (direct, a_start < a_end) else {
+    let (Some(direct), Some(parts)) = (direct, Aligned::of(offset, len, align)) else {
         let mut buf = vec![0u8; len];
         let n = pread_full(&file.file, &mut buf, offset)?;
         buf.truncate(n);
         return Ok(Bytes::from(buf));
     };
-    let a = align as usize;
-    let head = (a_start - offset) as usize;
-    let mid = (a_end - a_start) as usize;
-    let mut buf = vec![0u8; len + a];
-    // Shift the data so that the middle starts on an aligned address.
-    let pad = (a - (buf.as_ptr() as usize + head) % a) % a;
+    let Aligned {
+        a_start,
+        a_end,
+        head,
+        mid,
+        a,
+    } = parts;
+    let (mut buf, pad) = parts.buffer(len);
     let mut total = pread_full(&file.file, &mut buf[pad..pad + head], offset)?;
     if total == head {
         let mut got = 0;
@@ -703,23 +692,23 @@ async fn read_direct_uring(
     policy: &Policy,
 ) -> io::Result<Bytes> {
     policy.submitted();
-    let end = offset + len as u64;
-    let a_start = offset.div_ceil(align) * align;
-    let a_end = end / align * align;
     let fd = file.file.as_raw_fd();
     let direct_fd = file.direct().map(|d| d.as_raw_fd());
-    let (Some(direct_fd), true) = (direct_fd, a_start < a_end) else {
+    let (Some(direct_fd), Some(parts)) = (direct_fd, Aligned::of(offset, len, align)) else {
         bump(&STATS.reads_uring);
         let (mut buf, r) =
             uring::read_full(Arc::clone(file), fd, vec![0u8; len], 0, len, offset).await;
         buf.truncate(r?);
         return Ok(Bytes::from(buf));
     };
-    let a = align as usize;
-    let head = (a_start - offset) as usize;
-    let mid = (a_end - a_start) as usize;
-    let mut buf = vec![0u8; len + a];
-    let pad = (a - (buf.as_ptr() as usize + head) % a) % a;
+    let Aligned {
+        a_start,
+        a_end,
+        head,
+        mid,
+        a,
+    } = parts;
+    let (mut buf, pad) = parts.buffer(len);
     // Buffered part: inline when resident, else through the ring.
     async fn buffered(
         file: &Arc<OpenFile>,
@@ -877,7 +866,7 @@ pub async fn send_file<S: SendSock>(
         let n = (len - sent).min(max_chunk);
         if policy.pool().is_some() || policy.uring() {
             let asked = resident::cachestat_may_answer(file)
-                .then(|| sys::cachestat_residency(&file.file, off, n, file.size));
+                .then(|| sys::cachestat_residency(&file.file, off, n, file.meta.size));
             let cold = match asked {
                 Some(Ok(r)) => {
                     bump(&STATS.cachestat_calls);
@@ -1026,7 +1015,7 @@ mod tests {
         let policy = Policy::new(Aio::Threads(pool("rd")));
         rt().block_on(async {
             let f = open(&tf.0, &policy).await.expect("open");
-            assert_eq!(f.size, data.len() as u64);
+            assert_eq!(f.meta.size, data.len() as u64);
             policy.reset_decision();
             let before = STATS.snapshot();
             let got = read(&f, 1000, 64 * 1024, &policy).await.expect("cold read");
@@ -1289,14 +1278,14 @@ mod tests {
                 let d = open(Path::new("/var/tmp"), &policy)
                     .await
                     .expect("open dir");
-                assert!(d.is_dir);
+                assert!(d.meta.is_dir);
                 let m = stat(&link, &policy).await.expect("stat");
                 assert_eq!(m.size, data.len() as u64);
                 assert!(m.is_file && !m.is_symlink);
                 let l = lstat(&link, &policy).await.expect("lstat");
                 assert!(l.is_symlink);
                 let f = open(&link, &policy).await.expect("open via link");
-                assert_eq!((f.ino, f.size), (m.ino, m.size));
+                assert_eq!((f.meta.ino, f.meta.size), (m.ino, m.size));
                 let e = open(Path::new("/var/tmp/tern-io-does-not-exist"), &policy).await;
                 assert_eq!(
                     e.map(|_| ()).map_err(|e| e.kind()),
@@ -1484,7 +1473,7 @@ mod tests {
                 .iter()
                 .map(|(p, _)| {
                     let f = OpenFile::new(File::open(p).expect("open")).expect("fstat");
-                    let asked = sys::cachestat_residency(&f.file, 0, f.size, f.size)
+                    let asked = sys::cachestat_residency(&f.file, 0, f.meta.size, f.meta.size)
                         .map_err(|e| e.raw_os_error());
                     (resident::cachestat_may_answer(&f), asked)
                 })

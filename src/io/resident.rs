@@ -131,11 +131,11 @@ impl Cache {
 
     /// The mapping of `f`, made (or remade, if the file changed) on demand.
     fn get(&mut self, f: &OpenFile, now: Instant) -> Option<&Entry> {
-        let key = (f.dev, f.ino);
+        let key = (f.meta.dev, f.meta.ino);
         let fresh = self
             .maps
             .get(&key)
-            .is_some_and(|e| e.size == f.size && e.mtime == (f.mtime, f.mtime_nsec));
+            .is_some_and(|e| e.size == f.meta.size && e.mtime == (f.meta.mtime, f.meta.mtime_nsec));
         if !fresh {
             self.maps.remove(&key);
             if self.maps.len() >= MAX_MAPS {
@@ -148,15 +148,16 @@ impl Cache {
                     self.maps.remove(&k);
                 }
             }
-            let len = usize::try_from(f.size.div_ceil(sys::page_size()) * sys::page_size()).ok()?;
+            let len =
+                usize::try_from(f.meta.size.div_ceil(sys::page_size()) * sys::page_size()).ok()?;
             let map = Mapping::new(&f.file, len).ok()?;
             self.start_sweeper();
             self.maps.insert(
                 key,
                 Entry {
                     map,
-                    size: f.size,
-                    mtime: (f.mtime, f.mtime_nsec),
+                    size: f.meta.size,
+                    mtime: (f.meta.mtime, f.meta.mtime_nsec),
                     used: now,
                 },
             );
@@ -188,7 +189,7 @@ thread_local! {
 /// syscall per chunk. A wrong `true` costs that syscall, never accuracy.
 pub fn cachestat_may_answer(f: &OpenFile) -> bool {
     let euid = EUID.with(|u| *u);
-    euid == 0 || f.uid == euid || f.mode & 0o022 != 0
+    euid == 0 || f.meta.uid == euid || f.meta.mode & 0o022 != 0
 }
 
 /// How [`probe`] got its answer.
@@ -209,7 +210,7 @@ impl Answer {
 /// Is `[off, off+len)` of `f` (clamped to its size) in the page cache?
 /// Exact at the moment of the call (see the module doc for how).
 pub fn probe(f: &OpenFile, off: u64, len: u64) -> Answer {
-    let end = off.saturating_add(len).min(f.size);
+    let end = off.saturating_add(len).min(f.meta.size);
     if end <= off {
         return Answer::Copied(true);
     }
@@ -278,7 +279,7 @@ pub fn page_out(f: &OpenFile) -> bool {
     CACHE.with(|c| {
         let c = c.borrow();
         c.maps
-            .get(&(f.dev, f.ino))
+            .get(&(f.meta.dev, f.meta.ino))
             .is_some_and(|e| e.map.pageout(0, e.map.len()).is_ok())
     })
 }
@@ -308,7 +309,7 @@ mod tests {
 
     /// Residency as cachestat sees it (the tests run as root, so it answers).
     fn cachestat(f: &OpenFile) -> Option<Residency> {
-        sys::cachestat_residency(&f.file, 0, f.size, f.size).ok()
+        sys::cachestat_residency(&f.file, 0, f.meta.size, f.meta.size).ok()
     }
 
     fn evict(f: &OpenFile) -> bool {
@@ -513,7 +514,7 @@ mod tests {
             .and_then(|mut w| w.write_all(&[7u8; 300_000]))
             .expect("append");
         let g = open(&tf.0);
-        assert_eq!(g.size, 500_000);
+        assert_eq!(g.meta.size, 500_000);
         warm(&g);
         // New size: a new mapping, whose entries start absent.
         assert_eq!(probe(&g, 0, 500_000), Answer::Copied(true));
@@ -526,7 +527,7 @@ mod tests {
         for t in &files {
             let f = open(&t.0);
             warm(&f);
-            assert!(probe(&f, 0, f.size).resident());
+            assert!(probe(&f, 0, f.meta.size).resident());
             assert!(mapped_files() <= MAX_MAPS);
         }
         assert_eq!(mapped_files(), MAX_MAPS);

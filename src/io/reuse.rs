@@ -94,7 +94,7 @@ thread_local! {
 
 /// Whether a `stat` of the path says the kept file is still what the path names.
 fn unchanged(m: &Meta, f: &OpenFile) -> bool {
-    m.is_file && f.unchanged_by(m) && m.mode == f.mode && m.uid == f.uid
+    m.is_file && f.unchanged_by(m) && m.mode == f.meta.mode && m.uid == f.meta.uid
 }
 
 /// [`ops::open`] for a location without `open_file_cache`: the same
@@ -126,7 +126,7 @@ pub async fn open_reusing(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFi
         stale => drop(stale),
     }
     let file = ops::open(path, policy).await?;
-    if !file.is_dir {
+    if !file.meta.is_dir {
         let _gone = TABLE.with(|t| {
             let mut t = t.borrow_mut();
             if t.kept.is_empty() {
@@ -223,13 +223,13 @@ mod tests {
             std::fs::rename(&tmp, &p).unwrap();
             let c = open_reusing(&p, &policy).await.unwrap();
             assert!(!Arc::ptr_eq(&b, &c));
-            assert_eq!(c.size, 4);
+            assert_eq!(c.meta.size, 4);
 
             // Rewritten in place: same inode, new size and ctime.
             write(&p, b"three");
             let d = open_reusing(&p, &policy).await.unwrap();
             assert!(!Arc::ptr_eq(&c, &d));
-            assert_eq!(d.size, 5);
+            assert_eq!(d.meta.size, 5);
 
             // Deleted: the open's error, not the kept file.
             std::fs::remove_file(&p).unwrap();

@@ -121,15 +121,27 @@ pub fn fstat(file: &File) -> io::Result<libc::stat> {
 
 /// `stat(path)` (symlinks followed), blocking.
 pub fn stat(path: &Path) -> io::Result<libc::stat> {
+    stat_with(path, libc::stat)
+}
+
+/// `lstat(path)` (a symlink itself), blocking.
+pub fn lstat(path: &Path) -> io::Result<libc::stat> {
+    stat_with(path, libc::lstat)
+}
+
+fn stat_with(
+    path: &Path,
+    call: unsafe extern "C" fn(*const libc::c_char, *mut libc::stat) -> libc::c_int,
+) -> io::Result<libc::stat> {
     let c = cpath(path)?;
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `c` is NUL-terminated and outlives the call; `st` has room
-    // for one `struct stat`, which stat fills on success.
-    let r = unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) };
+    // SAFETY: `call` is stat or lstat; `c` is NUL-terminated and outlives
+    // the call; `st` has room for one `struct stat`, filled on success.
+    let r = unsafe { call(c.as_ptr(), st.as_mut_ptr()) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: stat succeeded, so `st` is initialised.
+    // SAFETY: the call succeeded, so `st` is initialised.
     Ok(unsafe { st.assume_init() })
 }
 

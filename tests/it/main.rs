@@ -18,6 +18,7 @@ mod limits;
 mod map;
 mod next_upstream;
 mod open_file_cache;
+mod origin;
 mod proxy;
 mod proxy_body;
 mod proxy_directives;

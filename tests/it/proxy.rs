@@ -2,99 +2,13 @@
 //! Expected bytes (headers sent upstream, relayed headers, error pages and
 //! log lines, cache file paths) were taken from nginx 1.22.1 on the same
 //! configurations.
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::harness::*;
-
-type Handler = Arc<dyn Fn(&str) -> Option<Vec<u8>> + Send + Sync>;
-
-/// A loopback origin: answers each request (read up to the blank line)
-/// with what the handler returns (None: accept and stay silent), then
-/// closes. Records every request head.
-pub(crate) struct Origin {
-    pub(crate) port: u16,
-    seen: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Origin {
-    pub(crate) fn start(h: impl Fn(&str) -> Option<Vec<u8>> + Send + Sync + 'static) -> Origin {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind origin");
-        let port = l.local_addr().expect("addr").port();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let h: Handler = Arc::new(h);
-        let (seen2, stop2) = (seen.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for c in l.incoming() {
-                if stop2.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(mut c) = c else { continue };
-                let (h, seen) = (h.clone(), seen2.clone());
-                std::thread::spawn(move || {
-                    let mut buf = Vec::new();
-                    let mut b = [0u8; 4096];
-                    while find(&buf, b"\r\n\r\n").is_none() {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&b[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&buf).into_owned();
-                    seen.lock().unwrap().push(head.clone());
-                    match h(&head) {
-                        Some(r) => {
-                            let _ = c.write_all(&r);
-                        }
-                        None => std::thread::sleep(Duration::from_secs(3)),
-                    }
-                });
-            }
-        });
-        Origin { port, seen, stop }
-    }
-
-    /// A 200 with `body` and the given extra headers.
-    pub(crate) fn ok(body: &str, extra: &str) -> Vec<u8> {
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{}",
-            body.len(),
-            extra,
-            body
-        )
-        .into_bytes()
-    }
-
-    pub(crate) fn requests(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    pub(crate) fn count(&self) -> usize {
-        self.seen.lock().unwrap().len()
-    }
-
-    /// Stops accepting: the port refuses connections afterwards.
-    fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-        eventually(5, "origin port closed", || {
-            TcpStream::connect(("127.0.0.1", self.port)).is_err()
-        });
-    }
-}
-
-impl Drop for Origin {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
+use crate::origin::Origin;
 
 fn get_with(s: &Server, path: &str, headers: &str) -> Resp {
     let req = format!(
@@ -396,38 +310,16 @@ fn upstream_cache_control_wins_over_proxy_cache_valid() {
 #[test]
 fn http11_keepalive_connections_and_chunked_responses() {
     // An origin that serves many requests per connection, chunked.
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().unwrap().port();
-    let conns = Arc::new(Mutex::new(0usize));
-    let reqs = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (c2, r2) = (conns.clone(), reqs.clone());
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { return };
-            *c2.lock().unwrap() += 1;
-            let r2 = r2.clone();
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                loop {
-                    while let Some(end) = find(&buf, b"\r\n\r\n") {
-                        let head: Vec<u8> = buf.drain(..end + 4).collect();
-                        r2.lock()
-                            .unwrap()
-                            .push(String::from_utf8_lossy(&head).into());
-                        let resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n";
-                        if c.write_all(resp).is_err() {
-                            return;
-                        }
-                    }
-                    match c.read(&mut b) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-            });
+    let o = Origin::serve(|mut c| {
+        while let Some(head) = c.next(false) {
+            c.record(&head);
+            let resp = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n";
+            if c.stream.write_all(resp).is_err() {
+                return;
+            }
         }
     });
+    let (port, conns) = (o.port, o.conns());
     let conf = format!(
         "http {{ upstream ka {{ server 127.0.0.1:{}; keepalive 4; }}
             server {{ listen 127.0.0.1:@PORT@;
@@ -442,7 +334,7 @@ fn http11_keepalive_connections_and_chunked_responses() {
         assert_eq!(r.header("Content-Length"), Some("5"));
         assert!(r.header("Transfer-Encoding").is_none());
     }
-    let seen = reqs.lock().unwrap().clone();
+    let seen = o.requests();
     assert_eq!(seen.len(), 3);
     assert!(
         seen[0].starts_with("GET /k HTTP/1.1\r\nHost: ka\r\n"),
@@ -450,7 +342,11 @@ fn http11_keepalive_connections_and_chunked_responses() {
         seen[0]
     );
     assert!(!seen[0].contains("Connection:"), "{}", seen[0]);
-    assert_eq!(*conns.lock().unwrap(), 1, "upstream connection not reused");
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        1,
+        "upstream connection not reused"
+    );
 }
 
 #[test]

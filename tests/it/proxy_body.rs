@@ -3,13 +3,12 @@
 //! after a body, retries. Upstream heads and client-side bytes were
 //! checked against nginx 1.22.1 on the same configurations.
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::harness::*;
+use crate::origin::Origin;
 
 /// A loopback origin that reads each request whole (head, then a
 /// Content-Length body) and answers with the body echoed back; or, as a
@@ -17,83 +16,44 @@ use crate::harness::*;
 /// request exactly as received.
 struct Echo {
     port: u16,
-    seen: Arc<Mutex<Vec<Vec<u8>>>>,
-    stop: Arc<AtomicBool>,
+    origin: Origin,
 }
 
 impl Echo {
     fn start(closer: bool) -> Echo {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind origin");
-        let port = l.local_addr().expect("addr").port();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (seen2, stop2) = (seen.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for c in l.incoming() {
-                if stop2.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(c) = c else { continue };
-                let seen = seen2.clone();
-                std::thread::spawn(move || serve(c, closer, &seen));
+        let origin = Origin::serve(move |mut c| {
+            let _ = c.stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let Some(mut req) = c.next(!closer) else {
+                return;
+            };
+            if closer {
+                return;
             }
+            req.extend_from_slice(&c.leftover());
+            let end = find(&req, b"\r\n\r\n").map_or(req.len(), |p| p + 4);
+            let body = req[end..].to_vec();
+            c.record(&req);
+            let mut out = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            out.extend_from_slice(&body);
+            let _ = c.stream.write_all(&out);
         });
-        Echo { port, seen, stop }
+        Echo {
+            port: origin.port,
+            origin,
+        }
     }
 
     fn requests(&self) -> Vec<Vec<u8>> {
-        self.seen.lock().unwrap().clone()
+        self.origin.raw_requests()
     }
 
     fn count(&self) -> usize {
-        self.seen.lock().unwrap().len()
+        self.origin.count()
     }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
-fn serve(mut c: TcpStream, closer: bool, seen: &Mutex<Vec<Vec<u8>>>) {
-    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut buf = Vec::new();
-    let mut b = [0u8; 65536];
-    let end = loop {
-        if let Some(p) = find(&buf, b"\r\n\r\n") {
-            break p + 4;
-        }
-        match c.read(&mut b) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&b[..n]),
-        }
-    };
-    if closer {
-        return;
-    }
-    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while buf.len() < end + len {
-        match c.read(&mut b) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&b[..n]),
-        }
-    }
-    let body = buf[end..].to_vec();
-    seen.lock().unwrap().push(buf);
-    let mut out = format!(
-        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(&body);
-    let _ = c.write_all(&out);
 }
 
 /// A body that is not the same byte repeated.
@@ -704,53 +664,21 @@ fn a_timeout_on_a_reused_upstream_connection_is_not_sent_again() {
     // An origin that keeps connections alive, answers the first request
     // on each and never the second: a request on a reused connection
     // times out, and (as nginx) is not repeated on a new connection.
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    let seen: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
-    let seen2 = seen.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { continue };
-            let seen = seen2.clone();
-            std::thread::spawn(move || {
-                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                for n in 0.. {
-                    let end = loop {
-                        if let Some(p) = find(&buf, b"\r\n\r\n") {
-                            break p + 4;
-                        }
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => buf.extend_from_slice(&b[..k]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                    let len: usize = head
-                        .to_ascii_lowercase()
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < end + len {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => buf.extend_from_slice(&b[..k]),
-                        }
-                    }
-                    buf.drain(..end + len);
-                    let line = head.lines().next().unwrap_or("").to_string();
-                    seen.lock().unwrap().push(line);
-                    if n > 0 {
-                        std::thread::sleep(Duration::from_secs(3));
-                        return;
-                    }
-                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-                }
-            });
+    let o = Origin::serve(|mut c| {
+        let _ = c.stream.set_read_timeout(Some(Duration::from_secs(5)));
+        for n in 0.. {
+            let Some(req) = c.next(true) else { return };
+            c.record(&req);
+            if n > 0 {
+                std::thread::sleep(Duration::from_secs(3));
+                return;
+            }
+            let _ = c
+                .stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
         }
     });
+    let port = o.port;
     let conf = format!(
         "http {{ upstream ka {{ server 127.0.0.1:{}; keepalive 4; }}
           server {{ listen 127.0.0.1:@PORT@;
@@ -767,9 +695,8 @@ fn a_timeout_on_a_reused_upstream_connection_is_not_sent_again() {
         );
         let r = Resp::parse(&s.raw(req.as_bytes())).expect("response");
         assert_eq!(r.status, 504, "{}", m);
-        let sent = seen
-            .lock()
-            .unwrap()
+        let sent = o
+            .requests()
             .iter()
             .filter(|l| l.starts_with(&format!("{} /x ", m)))
             .count();

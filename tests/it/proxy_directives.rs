@@ -3,53 +3,34 @@
 //! `proxy_temp_path` levels, and directives inside `limit_except`. Where
 //! the reference nginx is installed, the configuration checks and the
 //! connection counts are compared with it.
-use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::harness::*;
+use crate::origin::Origin;
 
 /// An origin that keeps each connection open and answers every request on
 /// it: `/big` with 300 KB (more than one read, so tern streams it), any
 /// other path with `hello`. Counts the connections it accepted.
 fn keepalive_origin() -> (u16, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind origin");
-    let port = l.local_addr().expect("addr").port();
-    let conns = Arc::new(AtomicUsize::new(0));
-    let c2 = conns.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { return };
-            c2.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                loop {
-                    while let Some(end) = find(&buf, b"\r\n\r\n") {
-                        let head: Vec<u8> = buf.drain(..end + 4).collect();
-                        let body = if head.starts_with(b"GET /big") {
-                            vec![b'x'; 300_000]
-                        } else {
-                            b"hello".to_vec()
-                        };
-                        let mut resp =
-                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len())
-                                .into_bytes();
-                        resp.extend_from_slice(&body);
-                        if c.write_all(&resp).is_err() {
-                            return;
-                        }
-                    }
-                    match c.read(&mut b) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-            });
+    let o = Origin::serve(|mut c| {
+        while let Some(head) = c.next(false) {
+            let body = if head.starts_with(b"GET /big") {
+                vec![b'x'; 300_000]
+            } else {
+                b"hello".to_vec()
+            };
+            let mut resp =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+            resp.extend_from_slice(&body);
+            if c.stream.write_all(&resp).is_err() {
+                return;
+            }
         }
     });
-    (port, conns)
+    let conns = o.conns();
+    (o.detach(), conns)
 }
 
 fn keepalive_conf(origin: u16) -> String {

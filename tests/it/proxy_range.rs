@@ -4,7 +4,7 @@
 //! Range header went upstream, which chose to ignore it); one being cached,
 //! or under `proxy_force_ranges`, is cut to one range; a cache hit to any.
 use crate::harness::*;
-use crate::proxy::Origin;
+use crate::origin::Origin;
 
 const BODY: &str = "0123456789abcdefghij";
 

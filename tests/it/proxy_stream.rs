@@ -6,37 +6,23 @@
 //! leaves frees the upstream connection and the temp file; the cache file
 //! is written as the body passes and only a complete body becomes an entry.
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::harness::*;
+use crate::origin::Origin;
 
 /// An origin whose handler gets the request head and the connection.
 fn origin(h: impl Fn(&str, TcpStream) + Send + Sync + 'static) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind origin");
-    let port = l.local_addr().expect("addr").port();
-    let h = Arc::new(h);
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { continue };
-            let h = h.clone();
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                while find(&buf, b"\r\n\r\n").is_none() {
-                    match c.read(&mut b) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-                h(&String::from_utf8_lossy(&buf), c);
-            });
+    Origin::serve(move |mut c| {
+        if let Some(head) = c.next(false) {
+            h(&String::from_utf8_lossy(&head), c.stream);
         }
-    });
-    port
+    })
+    .detach()
 }
 
 /// Byte `i` of a generated body.

@@ -690,31 +690,14 @@ struct ErrCtx {
 }
 
 fn err_ctx(cx: &Ctx<'_>) -> ErrCtx {
-    let client = cx
-        .remote
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unix:".into());
-    let server = cx.server.srv.primary_name.clone().unwrap_or_default();
-    let host = cx
-        .req
-        .header("host")
-        .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
-        .unwrap_or_default();
     ErrCtx {
-        logger: cx
-            .loc
-            .core
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger),
+        logger: cx.logger(),
         conn: cx.conn.id,
         // nginx names the action of the log phase in its error lines.
         suffix: format!(
-            " while logging request, client: {}, server: {}, request: \"{}\"{}",
-            client,
-            server,
-            String::from_utf8_lossy(cx.req.line()),
-            host
+            " while logging request{}{}",
+            cx.log_request_ctx(),
+            cx.log_host_ctx()
         ),
     }
 }

@@ -245,7 +245,7 @@ pub async fn check(cx: &Ctx<'_>) -> Verdict {
     let mut offset = 0u64;
     let stored = loop {
         // A directory opens fine; reading it fails as in nginx.
-        let chunk = if f.is_dir {
+        let chunk = if f.meta.is_dir {
             Err(std::io::Error::from_raw_os_error(libc::EISDIR))
         } else {
             crate::io::read(&f, offset, READ_CHUNK, &policy).await

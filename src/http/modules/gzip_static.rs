@@ -23,7 +23,7 @@ use crate::core::log::Level;
 use crate::http::conf::LocConf;
 use crate::http::phases::Ctx;
 use crate::http::request::Method;
-use crate::http::response::{Body, BodyFilter, Response};
+use crate::http::response::{BodyFilter, Response};
 
 use super::gzip;
 
@@ -146,34 +146,20 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
         }
     };
     gzip::mark_vary(cx);
-    if !ok || file.is_dir {
+    if !ok || file.meta.is_dir {
         return None;
     }
-    if file.mode & libc::S_IFMT != libc::S_IFREG {
+    if file.meta.mode & libc::S_IFMT != libc::S_IFREG {
         cx.log(
             Level::Crit,
             &format!("\"{}\" is not a regular file", String::from_utf8_lossy(&gz)),
         );
         return Some(Response::status(404));
     }
-    let mut r = Response::status(200);
     // The type is the original name's, not ".gz"'s.
-    r.content_type = Some(super::static_file::content_type(cx, path));
-    r.content_length = Some(file.size);
-    r.last_modified = Some(file.mtime);
-    if cx.loc.modules.headers.etag.unwrap_or(true) {
-        r.headers
-            .push(("ETag".into(), super::static_file::etag(&file).into_bytes()));
-    }
+    let mut r = super::static_file::file_response(cx, path, file, policy);
     r.headers
         .push(("Content-Encoding".into(), b"gzip".to_vec()));
-    let len = file.size;
-    r.body = Body::File {
-        file,
-        offset: 0,
-        len,
-    };
-    r.io = Some(policy);
     Some(r)
 }
 

@@ -17,6 +17,7 @@
 //! holds about as many keys as nginx's does (shared with limit_req).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::config::registry::{arg, ctx, duplicate, flag, set_once, Args, Setter, Spec};
@@ -268,6 +269,113 @@ pub fn set_flag(slot: &mut Option<bool>, d: &Directive) -> ConfResult<()> {
     set_once(slot, v, d)
 }
 
+/// One `limit_conn` or `limit_req` line of a location: it names its zone.
+pub trait ZoneLimit {
+    fn zone(&self) -> &str;
+}
+
+/// The location-level configuration both modules have: their limits and
+/// their `*_status`, `*_log_level` and `*_dry_run`.
+#[derive(Debug, Clone)]
+pub struct LimitLoc<L> {
+    /// The limits of the innermost level that has any (not merged item by
+    /// item: nginx inherits the whole list only when a level has none).
+    pub limits: Option<Vec<L>>,
+    pub status: Option<u16>,
+    pub log_level: Option<Level>,
+    pub dry_run: Option<bool>,
+}
+
+impl<L> Default for LimitLoc<L> {
+    fn default() -> Self {
+        LimitLoc {
+            limits: None,
+            status: None,
+            log_level: None,
+            dry_run: None,
+        }
+    }
+}
+
+impl<L: Clone + ZoneLimit> LimitLoc<L> {
+    pub fn merge(&mut self, p: &LimitLoc<L>) {
+        crate::http::conf::merge_opts!(self, p; limits, status, log_level, dry_run);
+    }
+
+    /// Adds a limit of this level; a second one on the same zone is
+    /// nginx's "is duplicate".
+    pub fn push(&mut self, l: L, d: &Directive) -> ConfResult<()> {
+        let limits = self.limits.get_or_insert_with(Vec::new);
+        if limits.iter().any(|x| x.zone() == l.zone()) {
+            return Err(duplicate(d));
+        }
+        limits.push(l);
+        Ok(())
+    }
+
+    /// A limit refused the request: counted, noted for `$*_status`, and
+    /// answered with `*_status` (503 by default); in a dry run it goes on.
+    pub fn reject(
+        &self,
+        cx: &mut Ctx<'_>,
+        note: &'static str,
+        rejected: &AtomicU64,
+        rejected_dry_run: &AtomicU64,
+    ) -> Step {
+        if self.dry_run.unwrap_or(false) {
+            bump(rejected_dry_run);
+            cx.set_note(note, b"REJECTED_DRY_RUN");
+            return Step::Next;
+        }
+        bump(rejected);
+        cx.set_note(note, b"REJECTED");
+        Step::done(Response::status(self.status.unwrap_or(503)))
+    }
+}
+
+/// Counts a decision.
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// nginx's error for a second `*_zone` of one name in a configuration.
+pub fn already_bound(d: &Directive, name: &str, key_src: &str) -> ConfError {
+    ConfError::at(
+        format!(
+            "{} \"{}\" is already bound to key \"{}\"",
+            d.name, name, key_src
+        ),
+        d,
+    )
+}
+
+/// nginx's error for a `limit_req_zone` or `limit_req` without `zone=`.
+pub fn no_zone_param(d: &Directive) -> ConfError {
+    ConfError::at(format!("\"{}\" must have \"zone\" parameter", d.name), d)
+}
+
+/// The key a zone gives this request; None when it does not limit it:
+/// the key is empty, or longer than `max` bytes (logged as nginx does).
+pub fn request_key(cx: &Ctx<'_>, key: &Template, key_src: &str, max: usize) -> Option<Vec<u8>> {
+    let v = key.render_vec(cx);
+    if v.is_empty() {
+        return None;
+    }
+    if v.len() > max {
+        cx.log(
+            Level::Error,
+            &format!(
+                "the value of the \"{}\" key is more than {} bytes: \"{}\"",
+                key_src,
+                max,
+                String::from_utf8_lossy(&v)
+            ),
+        );
+        return None;
+    }
+    Some(v)
+}
+
 /// Checks that every zone a location uses was declared (nginx: "zero size
 /// shared memory zone" at startup). For the engine to call on each
 /// compiled location configuration once the http block is complete.
@@ -326,9 +434,9 @@ fn node_size(key_len: usize) -> usize {
 /// Counters of one zone's decisions (for the metrics endpoint).
 #[derive(Debug, Default)]
 pub struct ConnCounters {
-    pub passed: std::sync::atomic::AtomicU64,
-    pub rejected: std::sync::atomic::AtomicU64,
-    pub rejected_dry_run: std::sync::atomic::AtomicU64,
+    pub passed: AtomicU64,
+    pub rejected: AtomicU64,
+    pub rejected_dry_run: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -453,21 +561,13 @@ pub struct ConnLimit {
     pub n: u32,
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct LimitConnLoc {
-    /// The limits of the innermost level that has any (not merged item by
-    /// item: nginx inherits the whole list only when a level has none).
-    pub limits: Option<Vec<ConnLimit>>,
-    pub status: Option<u16>,
-    pub log_level: Option<Level>,
-    pub dry_run: Option<bool>,
-}
-
-impl LimitConnLoc {
-    pub fn merge(&mut self, p: &LimitConnLoc) {
-        crate::http::conf::merge_opts!(self, p; limits, status, log_level, dry_run);
+impl ZoneLimit for ConnLimit {
+    fn zone(&self) -> &str {
+        &self.zone
     }
 }
+
+pub type LimitConnLoc = LimitLoc<ConnLimit>;
 
 fn set_zone(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let key_src = arg(d, 0);
@@ -478,13 +578,7 @@ fn set_zone(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     }
     let (name, size) = parse_zone_param(v, d)?;
     if let Some(z) = hm.modules.limit_conn.zones.get(&name) {
-        return Err(ConfError::at(
-            format!(
-                "{} \"{}\" is already bound to key \"{}\"",
-                d.name, name, z.state.key_src
-            ),
-            d,
-        ));
+        return Err(already_bound(d, &name, &z.state.key_src));
     }
     check_other_use(hm, ZoneKind::Conn, &name, d)?;
     let state = zone_state(
@@ -518,12 +612,9 @@ fn set_limit(l: &mut LocConf, d: &Directive, _cx: &mut Compiler) -> ConfResult<(
     if n > 65535 {
         return Err(ConfError::at("connection limit must be less 65536", d));
     }
-    let limits = l.modules.limit_conn.limits.get_or_insert_with(Vec::new);
-    if limits.iter().any(|x| x.zone == zone) {
-        return Err(duplicate(d));
-    }
-    limits.push(ConnLimit { zone, n: n as u32 });
-    Ok(())
+    l.modules
+        .limit_conn
+        .push(ConnLimit { zone, n: n as u32 }, d)
 }
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -589,22 +680,10 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
         let Some(zone) = cx.http.main.modules.limit_conn.zones.get(&l.zone).cloned() else {
             return missing_zone(cx, &l.zone);
         };
-        let key = zone.key.render_vec(&*cx);
-        if key.is_empty() {
+        let Some(key) = request_key(cx, &zone.key, &zone.state.key_src, 255) else {
             continue;
-        }
-        if key.len() > 255 {
-            cx.log(
-                Level::Error,
-                &format!(
-                    "the value of the \"{}\" key is more than 255 bytes: \"{}\"",
-                    zone.state.key_src,
-                    String::from_utf8_lossy(&key)
-                ),
-            );
-            continue;
-        }
-        set_note(cx, b"PASSED");
+        };
+        cx.set_note(NOTE, b"PASSED");
         match zone.state.take(&key, l.n) {
             Take::Ok => taken.push(Slot {
                 state: zone.state.clone(),
@@ -631,14 +710,7 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
                 }
                 drop(taken);
                 let c = &zone.state.counters;
-                if dry_run {
-                    bump(&c.rejected_dry_run);
-                    set_note(cx, b"REJECTED_DRY_RUN");
-                    return Step::Next;
-                }
-                bump(&c.rejected);
-                set_note(cx, b"REJECTED");
-                return Step::done(Response::status(conf.status.unwrap_or(503)));
+                return conf.reject(cx, NOTE, &c.rejected, &c.rejected_dry_run);
             }
         }
         bump(&zone.state.counters.passed);
@@ -649,28 +721,11 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
     Step::Next
 }
 
-fn bump(c: &std::sync::atomic::AtomicU64) {
-    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn set_note(cx: &mut Ctx<'_>, v: &[u8]) {
-    match cx.notes.iter_mut().find(|(k, _)| *k == NOTE) {
-        Some((_, old)) => *old = v.to_vec(),
-        None => cx.notes.push((NOTE, v.to_vec())),
-    }
-}
-
 /// Module variables (`$limit_conn_status`).
 pub const VARS: &[&str] = &["limit_conn_status"];
 
 pub fn var(cx: &Ctx<'_>, _i: u8, out: &mut Vec<u8>) -> bool {
-    match cx.note(NOTE) {
-        Some(v) => {
-            out.extend_from_slice(v);
-            true
-        }
-        None => false,
-    }
+    cx.note_var(NOTE, out)
 }
 
 #[cfg(test)]

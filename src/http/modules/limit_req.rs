@@ -17,21 +17,21 @@
 //! [`super::limit_conn`], so a reload with the same name and size keeps it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::limit_conn::{
-    check_other_use, missing_zone, parse_zone_param, set_flag, set_level, set_status, zone_state,
-    SlabBudget, ZoneKind, ZoneState,
+    already_bound, bump, check_other_use, missing_zone, no_zone_param, parse_zone_param,
+    request_key, set_flag, set_level, set_status, zone_state, LimitLoc, SlabBudget, ZoneKind,
+    ZoneLimit, ZoneState,
 };
-use crate::config::registry::{arg, ctx, duplicate, Args, Setter, Spec};
+use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::http::conf::{HttpMain, LocConf};
 use crate::http::phases::{Ctx, Step};
-use crate::http::response::Response;
 use crate::http::vars::Template;
 
 /// Milliseconds on a process-wide monotonic clock (nginx's
@@ -312,21 +312,13 @@ pub struct ReqLimit {
     pub delay: u64,
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct LimitReqLoc {
-    /// The limits of the innermost level that has any (nginx inherits the
-    /// whole list only when a level has none).
-    pub limits: Option<Vec<ReqLimit>>,
-    pub status: Option<u16>,
-    pub log_level: Option<Level>,
-    pub dry_run: Option<bool>,
-}
-
-impl LimitReqLoc {
-    pub fn merge(&mut self, p: &LimitReqLoc) {
-        crate::http::conf::merge_opts!(self, p; limits, status, log_level, dry_run);
+impl ZoneLimit for ReqLimit {
+    fn zone(&self) -> &str {
+        &self.zone
     }
 }
+
+pub type LimitReqLoc = LimitLoc<ReqLimit>;
 
 fn set_zone(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let key_src = arg(d, 0);
@@ -358,21 +350,10 @@ fn set_zone(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<(
         return Err(ConfError::at(format!("invalid parameter \"{}\"", v), d));
     }
     let Some((name, size)) = zone else {
-        return Err(ConfError::at(
-            format!("\"{}\" must have \"zone\" parameter", d.name),
-            d,
-        ));
+        return Err(no_zone_param(d));
     };
     if let Some(z) = hm.modules.limit_req.zones.get(&name) {
-        return Err(ConfError::at(
-            format!(
-                "{} \"{}\" is already bound to key \"{}\"",
-                d.name,
-                name,
-                z.state.key_src()
-            ),
-            d,
-        ));
+        return Err(already_bound(d, &name, z.state.key_src()));
     }
     check_other_use(hm, ZoneKind::Req, &name, d)?;
     let state = zone_state(ZoneKind::Req, &name, size, key_src, "limit_req", d, || {
@@ -416,21 +397,14 @@ fn set_limit(l: &mut LocConf, d: &Directive, _cx: &mut Compiler) -> ConfResult<(
         }
     }
     let Some(zone) = zone else {
-        return Err(ConfError::at(
-            format!("\"{}\" must have \"zone\" parameter", d.name),
-            d,
-        ));
+        return Err(no_zone_param(d));
     };
-    let limits = l.modules.limit_req.limits.get_or_insert_with(Vec::new);
-    if limits.iter().any(|x| x.zone == zone) {
-        return Err(duplicate(d));
-    }
-    limits.push(ReqLimit {
+    let limit = ReqLimit {
         zone,
         burst: burst * 1000,
         delay: delay.saturating_mul(1000),
-    });
-    Ok(())
+    };
+    l.modules.limit_req.push(limit, d)
 }
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -502,21 +476,9 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
         let Some(zone) = cx.http.main.modules.limit_req.zones.get(&l.zone).cloned() else {
             return missing_zone(cx, &l.zone);
         };
-        let key = zone.key.render_vec(&*cx);
-        if key.is_empty() {
+        let Some(key) = request_key(cx, &zone.key, zone.state.key_src(), 65535) else {
             continue;
-        }
-        if key.len() > 65535 {
-            cx.log(
-                Level::Error,
-                &format!(
-                    "the value of the \"{}\" key is more than 65535 bytes: \"{}\"",
-                    zone.state.key_src(),
-                    String::from_utf8_lossy(&key)
-                ),
-            );
-            continue;
-        }
+        };
         let account = i + 1 == limits.len();
         let r = zone.state.lookup(&key, zone.rate, l.burst, account, now);
         match r {
@@ -542,7 +504,8 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
                     zone.name
                 ),
             );
-            return reject(cx, zone, dry_run, conf.status);
+            let c = &zone.state.counters;
+            return conf.reject(cx, NOTE, &c.rejected, &c.rejected_dry_run);
         }
         Some((_, zone, Lookup::NoMemory)) => {
             cx.log(
@@ -552,7 +515,8 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
                     zone.name
                 ),
             );
-            return reject(cx, zone, dry_run, conf.status);
+            let c = &zone.state.counters;
+            return conf.reject(cx, NOTE, &c.rejected, &c.rejected_dry_run);
         }
         Some((i, zone, Lookup::Ok(e))) => (*e, Some((*i, zone.clone()))),
         None if looked.is_empty() => return Step::Next,
@@ -583,12 +547,12 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
         }
     }
     let Some((_, zone)) = by else {
-        set_note(cx, NOTE, b"PASSED");
+        cx.set_note(NOTE, b"PASSED");
         return Step::Next;
     };
     if max_delay == 0 {
         bump(&zone.state.counters.passed);
-        set_note(cx, NOTE, b"PASSED");
+        cx.set_note(NOTE, b"PASSED");
         return Step::Next;
     }
     // nginx logs delays one level below the limit level.
@@ -609,12 +573,12 @@ pub fn access(cx: &mut Ctx<'_>) -> Step {
     );
     if dry_run {
         bump(&zone.state.counters.delayed_dry_run);
-        set_note(cx, NOTE, b"DELAYED_DRY_RUN");
+        cx.set_note(NOTE, b"DELAYED_DRY_RUN");
         return Step::Next;
     }
     bump(&zone.state.counters.delayed);
-    set_note(cx, NOTE, b"DELAYED");
-    set_note(cx, DELAY_NOTE, &max_delay.to_le_bytes());
+    cx.set_note(NOTE, b"DELAYED");
+    cx.set_note(DELAY_NOTE, max_delay.to_le_bytes());
     delay_step(Duration::from_millis(max_delay))
 }
 
@@ -626,39 +590,11 @@ fn delay_step(d: Duration) -> Step {
     Step::Delay(d)
 }
 
-fn reject(cx: &mut Ctx<'_>, zone: &ReqZone, dry_run: bool, status: Option<u16>) -> Step {
-    if dry_run {
-        bump(&zone.state.counters.rejected_dry_run);
-        set_note(cx, NOTE, b"REJECTED_DRY_RUN");
-        return Step::Next;
-    }
-    bump(&zone.state.counters.rejected);
-    set_note(cx, NOTE, b"REJECTED");
-    Step::done(Response::status(status.unwrap_or(503)))
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-fn set_note(cx: &mut Ctx<'_>, k: &'static str, v: &[u8]) {
-    match cx.notes.iter_mut().find(|(n, _)| *n == k) {
-        Some((_, old)) => *old = v.to_vec(),
-        None => cx.notes.push((k, v.to_vec())),
-    }
-}
-
 /// Module variables (`$limit_req_status`).
 pub const VARS: &[&str] = &["limit_req_status"];
 
 pub fn var(cx: &Ctx<'_>, _i: u8, out: &mut Vec<u8>) -> bool {
-    match cx.note(NOTE) {
-        Some(v) => {
-            out.extend_from_slice(v);
-            true
-        }
-        None => false,
-    }
+    cx.note_var(NOTE, out)
 }
 
 #[cfg(test)]

@@ -812,7 +812,7 @@ impl Cache {
             Plan::Revalidate(old) => {
                 count(|s| &s.revalidations);
                 match crate::io::stat(path, policy).await {
-                    Ok(m) if old.unchanged_by(&m) && m.is_dir == old.is_dir => {
+                    Ok(m) if old.unchanged_by(&m) && m.is_dir == old.meta.is_dir => {
                         count(|s| &s.hits);
                         self.refresh(shard, key, &old, now);
                         return Ok(old);
@@ -883,7 +883,7 @@ impl Cache {
         };
         let uses = g.nodes[i as usize].uses;
         let state = match (result, cached_err) {
-            (Ok(f), _) if f.is_dir || uses >= p.min_uses => {
+            (Ok(f), _) if f.meta.is_dir || uses >= p.min_uses => {
                 // A kept descriptor also keeps a small file's bytes (see
                 // `crate::io::OpenFile`): a hit then costs no read at all.
                 f.keep_content();
@@ -922,23 +922,10 @@ impl Drop for Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Arg;
     use std::sync::atomic::AtomicU32;
 
     fn dir(name: &str, args: &[&str]) -> Directive {
-        Directive {
-            name: name.to_string(),
-            args: args
-                .iter()
-                .map(|a| Arg {
-                    value: a.to_string(),
-                    quoted: false,
-                })
-                .collect(),
-            block: None,
-            file: Arc::new(PathBuf::from("/etc/tern/ofc-unit.conf")),
-            line: 3,
-        }
+        Directive::for_test(name, args, "/etc/tern/ofc-unit.conf", 3)
     }
 
     fn set(l: &mut LocConf, name: &str, args: &[&str]) -> Result<(), String> {
@@ -1148,8 +1135,8 @@ mod tests {
             assert!(Arc::ptr_eq(&f1, &f3));
             // ...and the new one, with its own size, once it expired.
             let f4 = c.open(&a, &pol, params(0, 1, false)).await.unwrap();
-            assert_ne!(f4.ino, f1.ino);
-            assert_eq!(f4.size, 6);
+            assert_ne!(f4.meta.ino, f1.meta.ino);
+            assert_eq!(f4.meta.size, 6);
             // Unchanged after a re-check: the same descriptor is kept.
             let f5 = c.open(&a, &pol, params(0, 1, false)).await.unwrap();
             assert!(Arc::ptr_eq(&f4, &f5));
@@ -1221,7 +1208,7 @@ mod tests {
             let e = c.open(&b, &pol, on).await.unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "cached");
             let f = c.open(&b, &pol, params(0, 1, true)).await.unwrap();
-            assert_eq!(f.size, 3);
+            assert_eq!(f.meta.size, 3);
         });
     }
 

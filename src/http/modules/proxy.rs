@@ -197,20 +197,7 @@ pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
     let Some(name) = VARS.get(usize::from(i)) else {
         return false;
     };
-    match cx.note(name) {
-        Some(v) => {
-            out.extend_from_slice(v);
-            true
-        }
-        None => false,
-    }
-}
-
-fn set_note(cx: &mut Ctx<'_>, key: &'static str, v: Vec<u8>) {
-    match cx.notes.iter_mut().find(|(k, _)| *k == key) {
-        Some(slot) => slot.1 = v,
-        None => cx.notes.push((key, v)),
-    }
+    cx.note_var(name, out)
 }
 
 fn append_note(cx: &mut Ctx<'_>, key: &'static str, v: &[u8]) {
@@ -880,8 +867,8 @@ struct CacheReq {
 
 async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Response {
     let conf = &loc.modules.proxy;
-    set_note(cx, "proxy_host", pass.host.clone());
-    set_note(cx, "proxy_port", pass.port.to_string().into_bytes());
+    cx.set_note("proxy_host", pass.host.clone());
+    cx.set_note("proxy_port", pass.port.to_string().into_bytes());
     // As nginx with proxy_request_buffering on: the whole body first
     // (memory or a temp file), then the upstream.
     if let Err(r) = body::read(cx, &pass.body_temp_default).await {
@@ -953,7 +940,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             } else {
                 match lookup(cx, &z, &md5, &key, &policy).await {
                     Lookup::Hit(mut r) => {
-                        set_note(cx, "upstream_cache_status", b"HIT".to_vec());
+                        cx.set_note("upstream_cache_status", b"HIT".to_vec());
                         if conf.force_ranges.unwrap_or(false) {
                             force_ranges(&mut r);
                             r.single_range = false;
@@ -964,7 +951,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                     Lookup::Miss => b"MISS",
                 }
             };
-            set_note(cx, "upstream_cache_status", status.to_vec());
+            cx.set_note("upstream_cache_status", status.to_vec());
             creq = Some(CacheReq {
                 zone: z,
                 key,
@@ -1257,7 +1244,8 @@ async fn lookup(
     };
     let eh = match read_entry_head(&f, policy).await {
         Some(h)
-            if h.key == key && (h.header_len() as u64).checked_add(h.body_len) == Some(f.size) =>
+            if h.key == key
+                && (h.header_len() as u64).checked_add(h.body_len) == Some(f.meta.size) =>
         {
             h
         }
@@ -1280,7 +1268,7 @@ async fn lookup(
         }
     };
     if node.is_none() {
-        z.insert(*md5, eh.valid_until, disk_bytes(f.size));
+        z.insert(*md5, eh.valid_until, disk_bytes(f.meta.size));
     }
     if eh.valid_until <= now {
         return Lookup::Expired;
@@ -1315,7 +1303,9 @@ async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead
         let b = crate::io::read(f, 0, want, policy).await.ok()?;
         match EntryHead::parse(&b) {
             Ok(h) => return Some(h),
-            Err(cache::file::ParseError::Need(n)) if n > want && (n as u64) <= f.size => want = n,
+            Err(cache::file::ParseError::Need(n)) if n > want && (n as u64) <= f.meta.size => {
+                want = n
+            }
             Err(_) => return None,
         }
     }
@@ -2116,30 +2106,12 @@ struct UpLog {
 
 impl UpLog {
     fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
-        let client = cx
-            .remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into());
         UpLog {
-            logger: cx
-                .loc
-                .core
-                .logger
-                .clone()
-                .unwrap_or_else(crate::core::log::main_logger),
+            logger: cx.logger(),
             conn: cx.conn.id,
-            tail: format!(
-                ", client: {}, server: {}, request: \"{}\"",
-                client,
-                cx.server.srv.primary_name.clone().unwrap_or_default(),
-                String::from_utf8_lossy(cx.req.line())
-            ),
+            tail: cx.log_request_ctx(),
             upstream: format!(", upstream: \"{}\"", url),
-            host: cx
-                .req
-                .header("host")
-                .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
-                .unwrap_or_default(),
+            host: cx.log_host_ctx(),
         }
     }
 
@@ -2414,29 +2386,7 @@ static TEMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 
 /// Creates a new temp file (0600), making its directory when missing.
 async fn create_file(path: PathBuf, policy: &Policy) -> io::Result<Arc<File>> {
-    cache::blocking(policy, move || {
-        use std::os::unix::fs::OpenOptionsExt;
-        let open = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-        };
-        match open() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                open()
-            }
-            r => r,
-        }
-        .map(Arc::new)
-    })
-    .await
+    crate::http::body::create(path, false, policy).await
 }
 
 fn entry_head(

@@ -31,7 +31,7 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         Ok(f) => f,
         Err(e) => return Step::done(open_error(cx, &path, &e)),
     };
-    if file.is_dir {
+    if file.meta.is_dir {
         let mut loc = cx.uri.to_vec();
         loc.push(b'/');
         if let Some(a) = cx.req.args() {
@@ -49,22 +49,35 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     if method == Method::Post {
         return Step::done(Response::status(405));
     }
+    let mut r = file_response(cx, &path, file, policy);
+    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
+    Step::done(r)
+}
+
+/// A 200 with the whole of `file`: the type `path`'s extension maps to,
+/// its length, Last-Modified and (unless `etag off`) ETag; the body is
+/// read or sent through `policy`.
+pub fn file_response(
+    cx: &Ctx<'_>,
+    path: &[u8],
+    file: std::sync::Arc<crate::io::OpenFile>,
+    policy: crate::io::Policy,
+) -> Response {
     let mut r = Response::status(200);
-    r.content_type = Some(content_type(cx, &path));
-    r.content_length = Some(file.size);
-    r.last_modified = Some(file.mtime);
+    r.content_type = Some(content_type(cx, path));
+    r.content_length = Some(file.meta.size);
+    r.last_modified = Some(file.meta.mtime);
     if cx.loc.modules.headers.etag.unwrap_or(true) {
         r.headers.push(("ETag".into(), etag(&file).into_bytes()));
     }
-    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
-    let len = file.size;
+    let len = file.meta.size;
     r.body = Body::File {
         file,
         offset: 0,
         len,
     };
     r.io = Some(policy);
-    Step::done(r)
+    r
 }
 
 /// nginx's ETag: hex mtime and size.
@@ -73,9 +86,9 @@ pub fn etag(f: &crate::io::OpenFile) -> String {
     // formatting machinery costs more than the digits.
     let mut s = String::with_capacity(2 + 16 + 1 + 16);
     s.push('"');
-    push_hex(&mut s, f.mtime as u64);
+    push_hex(&mut s, f.meta.mtime as u64);
     s.push('-');
-    push_hex(&mut s, f.size);
+    push_hex(&mut s, f.meta.size);
     s.push('"');
     s
 }
@@ -118,14 +131,14 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
             (p, u)
         };
         match open_checked(cx, &path, policy).await {
-            Ok(f) if !f.is_dir => return Step::Redirect(uri),
+            Ok(f) if !f.meta.is_dir => return Step::Redirect(uri),
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
             Err(e) => return Step::done(open_error(cx, &path, &e)),
         }
     }
     match open_checked(cx, &dir, policy).await {
-        Ok(f) if f.is_dir => {
+        Ok(f) if f.meta.is_dir => {
             if let Some(r) = super::autoindex::handle(cx, &dir).await {
                 return Step::done(r);
             }

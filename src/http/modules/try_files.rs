@@ -85,15 +85,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Step {
         Fallback::Named(n) => Step::Named(n.clone()),
         Fallback::Uri(t) => {
             let mut u = t.render_vec(&*cx);
-            if let Some(q) = u.iter().position(|&b| b == b'?') {
-                let args = u[q + 1..].to_vec();
-                u.truncate(q);
-                cx.args = if args.is_empty() {
-                    None
-                } else {
-                    Some(args.into())
-                };
-            }
+            cx.take_args(&mut u);
             Step::Redirect(u)
         }
     }
