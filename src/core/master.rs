@@ -288,6 +288,16 @@ pub fn run(src: Source, cfg: Config) -> i32 {
             return 1;
         }
     };
+    // From here on a worker never writes an error-log line itself (see
+    // core/log.rs); started by this thread, the writer keeps its rights
+    // to reopen the logs.
+    if let Err(e) = log::start_writer() {
+        crate::elog!(
+            Alert,
+            "could not start the error log writer, lines are written in place: {}",
+            e
+        );
+    }
     let config = Arc::new(ArcSwap::from_pointee(cfg));
     let stats = Arc::new(Stats::default());
     let mut senders = Vec::new();
@@ -343,6 +353,8 @@ pub fn run(src: Source, cfg: Config) -> i32 {
         }
     }
     crate::elog!(Notice, "exit");
+    // Everything queued goes out before the process exits.
+    log::stop_writer(std::time::Duration::from_secs(5));
     0
 }
 
@@ -404,9 +416,7 @@ async fn signals(
             }
             _ = usr1.recv() => {
                 crate::elog!(Notice, "signal 10 (SIGUSR1) received, reopening logs");
-                for (p, e) in log::reopen_all() {
-                    crate::elog!(Alert, "open() \"{}\" failed {}", p.display(), crate::core::errno_text(&e));
-                }
+                log::reopen_all();
             }
         }
     }
