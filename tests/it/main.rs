@@ -6,6 +6,7 @@ mod harness;
 
 mod access_log;
 mod autoindex;
+mod charset;
 mod differential;
 mod engine;
 mod gzip;

@@ -60,7 +60,9 @@
 //! `Transfer-Encoding`, `Connection`, `Keep-Alive`, ...) and nginx's hidden
 //! set (`Date`, `Server`, `X-Pad`, `X-Accel-Expires`, `X-Accel-Redirect`,
 //! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `X-Accel-Charset`); tern
-//! writes its own `Date` and `Server`.
+//! writes its own `Date` and `Server`. `X-Accel-Charset` goes to the
+//! charset filter instead (`Response::override_charset`) unless
+//! `proxy_ignore_headers` names it.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -267,6 +269,7 @@ const IGN_CACHE_CONTROL: u8 = 4;
 const IGN_SET_COOKIE: u8 = 8;
 const IGN_VARY: u8 = 16;
 const IGN_X_ACCEL_BUFFERING: u8 = 32;
+const IGN_X_ACCEL_CHARSET: u8 = 64;
 
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
@@ -625,9 +628,10 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             "set-cookie" => IGN_SET_COOKIE,
             "vary" => IGN_VARY,
             "x-accel-buffering" => IGN_X_ACCEL_BUFFERING,
+            "x-accel-charset" => IGN_X_ACCEL_CHARSET,
             // These steer nginx features tern does not have; ignoring
             // them is what was asked.
-            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-charset" => 0,
+            "x-accel-redirect" | "x-accel-limit-rate" => 0,
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
@@ -957,6 +961,15 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     let mut out = Response::status(resp.status);
     apply_headers(&mut out, relayed);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
+        // The charset filter's destination; nginx takes the last one.
+        out.override_charset = resp
+            .headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    }
     // Ranges, as nginx: a response being cached may be cut to one range
     // when upstream allows ranges, proxy_force_ranges cuts any; anything
     // else passes as it came (the Range header went upstream).
