@@ -912,3 +912,84 @@ fn usr1_reopens_the_error_log_after_earlier_lines() {
         new
     );
 }
+
+/// `proxy_cache_path`'s pacing parameters are checked as nginx checks
+/// them (`-t`, same wording), and valid ones load.
+#[test]
+fn proxy_cache_path_pacing_values_as_nginx() {
+    let cases = [
+        (
+            "loader_files=x",
+            Some("invalid loader_files value \"loader_files=x\""),
+        ),
+        (
+            "loader_files=-1",
+            Some("invalid loader_files value \"loader_files=-1\""),
+        ),
+        ("loader_files=0", None),
+        (
+            "loader_sleep=x",
+            Some("invalid loader_sleep value \"loader_sleep=x\""),
+        ),
+        (
+            "loader_sleep=-1",
+            Some("invalid loader_sleep value \"loader_sleep=-1\""),
+        ),
+        ("loader_sleep=10", None),
+        (
+            "loader_threshold=abc",
+            Some("invalid loader_threshold value \"loader_threshold=abc\""),
+        ),
+        ("loader_threshold=300ms", None),
+        (
+            "manager_files=",
+            Some("invalid manager_files value \"manager_files=\""),
+        ),
+        ("manager_files=1000", None),
+        (
+            "manager_sleep=5q",
+            Some("invalid manager_sleep value \"manager_sleep=5q\""),
+        ),
+        ("manager_sleep=1s", None),
+        (
+            "manager_threshold=1y",
+            Some("invalid manager_threshold value \"manager_threshold=1y\""),
+        ),
+        ("manager_threshold=1h", None),
+        ("loader_foo=1", Some("invalid parameter \"loader_foo=1\"")),
+    ];
+    for (param, want) in cases {
+        let mut bins = vec![BIN];
+        if nginx_installed() {
+            bins.push(NGINX);
+        }
+        for bin in bins {
+            let p = Prefix::new();
+            let f = p.write(
+                "conf/t.conf",
+                format!(
+                    "pid {d}/t.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  proxy_cache_path {d}/c keys_zone=z:1m {param};\n}}\n",
+                    d = p.dir.display()
+                ),
+            );
+            let o = Command::new(bin)
+                .arg("-p")
+                .arg(format!("{}/", p.dir.display()))
+                .arg("-e")
+                .arg(p.path("logs/error.log"))
+                .args(["-t", "-q", "-c"])
+                .arg(&f)
+                .output()
+                .expect("run -t");
+            let err = String::from_utf8_lossy(&o.stderr);
+            match want {
+                None => assert!(o.status.success(), "{bin} {param}: {err}"),
+                Some(msg) => {
+                    assert!(!o.status.success(), "{bin} {param} accepted");
+                    let line = format!("[emerg] {} in {}:5\n", msg, f.display());
+                    assert!(err.contains(&line), "{bin} {param}: {err}");
+                }
+            }
+        }
+    }
+}

@@ -647,6 +647,7 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
     let mut max_size = None;
     let mut min_free = 0;
     let mut inactive = 600;
+    let mut pacing = cache::Pacing::default();
     let bad = |a: &str| ConfError::at(format!("invalid parameter \"{}\"", a), d);
     for a in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         if let Some(v) = a.strip_prefix("levels=") {
@@ -696,19 +697,28 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
                     d,
                 ));
             }
-        } else if [
-            "manager_files=",
-            "manager_sleep=",
-            "manager_threshold=",
-            "loader_files=",
-            "loader_sleep=",
-            "loader_threshold=",
-        ]
-        .iter()
-        .any(|p| a.starts_with(p))
+        } else if let Some((name, v)) = a
+            .split_once('=')
+            .filter(|(n, _)| n.starts_with("loader_") || n.starts_with("manager_"))
         {
-            // Pacing knobs of nginx's loader/manager processes; tern's
-            // keeper thread runs them off the event loops anyway.
+            // The loader's and manager's pacing (see crate::cache::Pacing):
+            // counts as ngx_atoi, times as ngx_parse_time(, 0).
+            let invalid = || ConfError::at(format!("invalid {} value \"{}\"", name, a), d);
+            let files = || value::number(v).ok_or_else(invalid);
+            let time = || {
+                value::time_ms(v)
+                    .map(Duration::from_millis)
+                    .ok_or_else(invalid)
+            };
+            match name {
+                "loader_files" => pacing.loader_files = files()?,
+                "loader_sleep" => pacing.loader_sleep = time()?,
+                "loader_threshold" => pacing.loader_threshold = time()?,
+                "manager_files" => pacing.manager_files = files()?,
+                "manager_sleep" => pacing.manager_sleep = time()?,
+                "manager_threshold" => pacing.manager_threshold = time()?,
+                _ => return Err(bad(a)),
+            }
         } else {
             return Err(bad(a));
         }
@@ -736,6 +746,7 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
         max_size,
         inactive_secs: inactive,
         min_free,
+        pacing,
     });
     hm.modules.proxy.zones.insert(name, z);
     Ok(())
