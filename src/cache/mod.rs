@@ -63,9 +63,17 @@
 //! `min_free`: the manager asks `statvfs` for the space available to
 //! unprivileged users (as nginx's `ngx_fs_available`) and, below the
 //! threshold, evicts least recently used entries whose sizes add up to the
-//! shortfall; the next pass, a second later, looks again. nginx evicts one
-//! entry at a time and looks again after each (up to `manager_files` per
-//! round); the outcome is the same, sooner. As in nginx, space that other
+//! shortfall; the next pass looks again. nginx evicts one entry at a time
+//! and looks again after each; the outcome is the same, sooner.
+//!
+//! Pacing ([`Pacing`], `proxy_cache_path`'s `loader_*`/`manager_*`): each
+//! new zone's loader runs on a thread of its own (started by the keeper, so
+//! with its credentials) and, as nginx's loader process, sleeps
+//! `loader_sleep` after every `loader_files` files or `loader_threshold`
+//! of work. A manager pass evicts at most `manager_files` entries for
+//! `max_size`/`min_free` and unlinks for at most `manager_threshold` (the
+//! rest stays queued); a pass cut short by either is followed by the next
+//! after `manager_sleep`, otherwise after a second. As in nginx, space that other
 //! files take counts too: if evicting cannot bring it back, the cache
 //! empties. It also creates the cache directory and hands it to
 //!   the user workers run as, like nginx's master does for its paths:
@@ -83,7 +91,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::io::{Aio, Policy};
 
@@ -106,6 +114,32 @@ pub struct PathConf {
     pub inactive_secs: u64,
     /// `min_free` in bytes (0: not checked).
     pub min_free: u64,
+    pub pacing: Pacing,
+}
+
+/// The loader's and the manager's pacing (`loader_files=`, ...), with
+/// nginx's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    pub loader_files: u64,
+    pub loader_sleep: Duration,
+    pub loader_threshold: Duration,
+    pub manager_files: u64,
+    pub manager_sleep: Duration,
+    pub manager_threshold: Duration,
+}
+
+impl Default for Pacing {
+    fn default() -> Pacing {
+        Pacing {
+            loader_files: 100,
+            loader_sleep: Duration::from_millis(50),
+            loader_threshold: Duration::from_millis(200),
+            manager_files: 100,
+            manager_sleep: Duration::from_millis(50),
+            manager_threshold: Duration::from_millis(200),
+        }
+    }
 }
 
 impl PathConf {
@@ -146,6 +180,8 @@ pub struct Zone {
     max_size: AtomicU64,
     inactive_secs: AtomicU64,
     min_free: AtomicU64,
+    /// As last configured (a reload may change it on a kept zone).
+    pacing: Mutex<Pacing>,
     inner: Mutex<Inner>,
     /// Nodes the zone may hold (nginx: about 8000 per megabyte).
     max_nodes: usize,
@@ -170,6 +206,7 @@ impl Zone {
             max_size: AtomicU64::new(u64::MAX),
             inactive_secs: AtomicU64::new(600),
             min_free: AtomicU64::new(0),
+            pacing: Mutex::new(conf.pacing),
             conf,
         };
         z.set_limits(&z.conf.clone());
@@ -181,6 +218,11 @@ impl Zone {
             .store(c.max_size.unwrap_or(u64::MAX), Ordering::Relaxed);
         self.inactive_secs.store(c.inactive_secs, Ordering::Relaxed);
         self.min_free.store(c.min_free, Ordering::Relaxed);
+        *self.pacing.lock().unwrap_or_else(|e| e.into_inner()) = c.pacing;
+    }
+
+    fn pacing(&self) -> Pacing {
+        *self.pacing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -299,8 +341,9 @@ impl Zone {
 
     /// One manager pass: forget inactive entries, evict LRU over max_size,
     /// then LRU entries adding up to `short` bytes (the file system's
-    /// shortfall below min_free). Returns the files to unlink.
-    fn manage(&self, short: u64) -> Vec<[u8; 16]> {
+    /// shortfall below min_free), at most `max_evict` of these two kinds.
+    /// Returns the files to unlink and whether the cap cut the pass short.
+    fn manage(&self, short: u64, max_evict: u64) -> (Vec<[u8; 16]>, bool) {
         let now = now_secs();
         let mut g = self.lock();
         let inner = &mut *g;
@@ -323,27 +366,28 @@ impl Zone {
             }
         }
         let max = self.max_size.load(Ordering::Relaxed);
-        {
-            while inner.disk > max {
-                let Some((_, k)) = inner.lru.pop_first() else {
-                    break;
-                };
-                if let Some(n) = inner.nodes.remove(&k) {
-                    inner.disk = inner.disk.saturating_sub(n.disk);
-                    out.push(k);
-                }
+        let mut evicted = 0u64;
+        let mut capped = false;
+        while inner.disk > max || before.saturating_sub(inner.disk) < short {
+            if evicted >= max_evict {
+                capped = true;
+                break;
             }
-        }
-        while before.saturating_sub(inner.disk) < short {
             let Some((_, k)) = inner.lru.pop_first() else {
                 break;
             };
             if let Some(n) = inner.nodes.remove(&k) {
                 inner.disk = inner.disk.saturating_sub(n.disk);
                 out.push(k);
+                evicted += 1;
             }
         }
-        out
+        (out, capped)
+    }
+
+    /// Files whose unlink a pass did not reach: the next pass does them.
+    fn doom(&self, keys: &[[u8; 16]]) {
+        self.lock().doomed.extend_from_slice(keys);
     }
 
     fn still_absent(&self, md5: &[u8; 16]) -> bool {
@@ -469,15 +513,21 @@ fn spawn_keeper() {
 }
 
 fn keeper(rx: mpsc::Receiver<Msg>) {
-    let mut zones: Vec<Weak<Zone>> = Vec::new();
+    // Each zone with the time its next manager pass is due.
+    let mut zones: Vec<(Weak<Zone>, Instant)> = Vec::new();
     loop {
-        match rx.recv_timeout(Duration::from_secs(1)) {
+        let now = Instant::now();
+        let wait = zones
+            .iter()
+            .map(|(_, due)| due.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(1));
+        match rx.recv_timeout(wait) {
             Ok(Msg::Load(w)) => {
                 if let Some(z) = w.upgrade() {
-                    load(&z);
-                    z.loaded.store(true, Ordering::Release);
+                    spawn_loader(z);
                 }
-                zones.push(w);
+                zones.push((w, Instant::now() + Duration::from_secs(1)));
             }
             Ok(Msg::Prepare {
                 path,
@@ -490,18 +540,60 @@ fn keeper(rx: mpsc::Receiver<Msg>) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
-        zones.retain(|w| w.strong_count() > 0);
-        for w in &zones {
+        zones.retain(|(w, _)| w.strong_count() > 0);
+        for (w, due) in zones.iter_mut() {
+            if Instant::now() < *due {
+                continue;
+            }
             if let Some(z) = w.upgrade() {
-                for k in z.manage(z.free_shortfall()) {
-                    // Skip a key that came back since it was evicted: its
-                    // path now holds a fresh entry.
-                    if z.still_absent(&k) {
-                        let _ = std::fs::remove_file(z.file_path(&k));
-                    }
-                }
+                *due = Instant::now() + manager_pass(&z);
             }
         }
+    }
+}
+
+/// One manager pass on `z`; returns the time until the next.
+fn manager_pass(z: &Zone) -> Duration {
+    let pace = z.pacing();
+    let start = Instant::now();
+    // nginx evicts one entry before it counts against manager_files.
+    let (keys, capped) = z.manage(z.free_shortfall(), pace.manager_files.max(1));
+    let mut cut = capped;
+    for (i, k) in keys.iter().enumerate() {
+        if start.elapsed() >= pace.manager_threshold {
+            z.doom(&keys[i..]);
+            cut = true;
+            break;
+        }
+        // Skip a key that came back since it was evicted: its path now
+        // holds a fresh entry.
+        if z.still_absent(k) {
+            let _ = std::fs::remove_file(z.file_path(k));
+        }
+    }
+    if cut {
+        pace.manager_sleep
+    } else {
+        Duration::from_secs(1)
+    }
+}
+
+/// Runs a new zone's loader on its own thread, so that its pauses hold up
+/// neither the manager nor directory creation.
+fn spawn_loader(z: Arc<Zone>) {
+    let spawned = std::thread::Builder::new()
+        .name("tern-cache-load".into())
+        .spawn({
+            let z = z.clone();
+            move || {
+                load(&z);
+                z.loaded.store(true, Ordering::Release);
+            }
+        });
+    if let Err(e) = spawned {
+        crate::elog!(Alert, "could not start the cache loader thread: {}", e);
+        load(&z);
+        z.loaded.store(true, Ordering::Release);
     }
 }
 
@@ -540,11 +632,22 @@ pub async fn prepare_dir(path: &Path) -> io::Result<()> {
 fn load(z: &Zone) {
     let pid_mark = format!("{}{}-", TEMP_MARK, std::process::id());
     let mut stack = vec![(z.conf.path.clone(), 0usize)];
+    // nginx's loader pacing: a pause after `loader_files` files or
+    // `loader_threshold` of work, whichever comes first.
+    let mut files = 0u64;
+    let mut batch = Instant::now();
     while let Some((dir, depth)) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in rd.flatten() {
+            let pace = z.pacing();
+            if files >= pace.loader_files || batch.elapsed() >= pace.loader_threshold {
+                std::thread::sleep(pace.loader_sleep);
+                files = 0;
+                batch = Instant::now();
+            }
+            files += 1;
             let p = e.path();
             let Ok(ft) = e.file_type() else { continue };
             let name = e.file_name().to_string_lossy().into_owned();
@@ -625,6 +728,7 @@ mod tests {
             max_size,
             inactive_secs: 600,
             min_free: 0,
+            pacing: Pacing::default(),
         })
     }
 
@@ -637,7 +741,7 @@ mod tests {
         assert!(z.touch(&k(1)).is_some());
         z.insert(k(3), 0, 100);
         // 300 > 250: the least recently used (2) goes.
-        assert_eq!(z.manage(0), vec![k(2)]);
+        assert_eq!(z.manage(0, u64::MAX).0, vec![k(2)]);
         assert!(z.touch(&k(2)).is_none());
         assert_eq!(z.disk_size(), 200);
     }
@@ -650,7 +754,23 @@ mod tests {
         }
         assert_eq!(z.len(), 8);
         assert!(z.touch(&[0; 16]).is_none());
-        assert_eq!(z.manage(0), vec![[0; 16]]);
+        assert_eq!(z.manage(0, u64::MAX).0, vec![[0; 16]]);
+    }
+
+    #[test]
+    fn manager_files_caps_evictions_per_pass() {
+        let z = test_zone(Some(100), 1 << 20);
+        for i in 0..5u8 {
+            z.insert([i; 16], 0, 100);
+        }
+        // 500 > 100: four must go, two per pass.
+        assert_eq!(z.manage(0, 2), (vec![[0; 16], [1; 16]], true));
+        // The cap reached exactly when nothing is left to do: not cut short.
+        assert_eq!(z.manage(0, 2), (vec![[2; 16], [3; 16]], false));
+        assert_eq!(z.manage(0, 2), (vec![], false));
+        // Unlinks a pass did not reach come first in the next one.
+        z.doom(&[[9; 16]]);
+        assert_eq!(z.manage(0, 2), (vec![[9; 16]], false));
     }
 
     #[test]
@@ -662,11 +782,11 @@ mod tests {
         }
         assert!(z.touch(&k(1)).is_some());
         // 150 bytes short: the two least recently used (2, 3) go.
-        assert_eq!(z.manage(150), vec![k(2), k(3)]);
+        assert_eq!(z.manage(150, u64::MAX).0, vec![k(2), k(3)]);
         assert_eq!(z.len(), 2);
-        assert_eq!(z.manage(0), Vec::<[u8; 16]>::new());
+        assert_eq!(z.manage(0, u64::MAX).0, Vec::<[u8; 16]>::new());
         // More short than the cache holds: all of it goes.
-        assert_eq!(z.manage(u64::MAX), vec![k(4), k(1)]);
+        assert_eq!(z.manage(u64::MAX, u64::MAX).0, vec![k(4), k(1)]);
         assert!(z.is_empty());
     }
 }

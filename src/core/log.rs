@@ -6,16 +6,48 @@
 //! `reopen_all()` (USR1) swaps every descriptor in place. A [`Logger`] is a
 //! list of (file, level) pairs; the main one is global, and http contexts
 //! may carry their own (see `error_log` in the location configuration).
-//! Lines are written with one `write(2)` on an `O_APPEND` descriptor, so
-//! lines from different worker threads never interleave.
+//!
+//! # Who writes
+//!
+//! ```text
+//!  before the workers start (startup, `-t`, an emerg before exit)
+//!  and after `stop_writer` (exit):     the logging thread writes the line itself
+//!
+//!  while the workers run:
+//!  any thread ── format line ── Job::Line ──▶ queue ──▶ writer thread ("tern-error-log")
+//!  master (USR1) ───────────── Job::Reopen ─▶ queue      writes runs of lines per file,
+//!                                                        reopens files in queue order
+//! ```
+//!
+//! A worker's event loop must not wait for a disk (or a pipe) to take a
+//! line, so while the workers run every line goes through one writer thread.
+//! The line is formatted on the logging thread (its time, `pid#tid` and
+//! `*conn` are the caller's, as in nginx); the writer writes whole lines with
+//! `write(2)` on `O_APPEND` descriptors, so lines never interleave, and one
+//! queue keeps the order of lines per file. USR1's reopen is a job in the
+//! same queue: lines logged before it go to the old file, lines after it
+//! to the new one.
+//!
+//! The queue is bounded ([`MAX_QUEUED`] bytes). When it is full, the
+//! logging thread waits until the writer has made room: no line is ever
+//! dropped, and only a log destination slower than the log rate for
+//! megabytes on end can hold up a worker (nginx waits for every line).
+//!
+//! The writer is started by the master just before the workers
+//! ([`start_writer`]), so it keeps the master's credentials and can reopen
+//! root-owned logs. At exit [`stop_writer`] waits (bounded) for the queue
+//! to drain, and from then on lines are written synchronously again; an
+//! `atexit` hook does the same for exits that bypass the master.
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
@@ -144,21 +176,32 @@ pub fn open_log(path: Option<&Path>) -> std::io::Result<Arc<LogFile>> {
     Ok(lf)
 }
 
-/// USR1: reopen every log file by its path. Returns the failures.
-pub fn reopen_all() -> Vec<(PathBuf, std::io::Error)> {
-    let mut failed = Vec::new();
+/// USR1: reopen every log file by its path, after the lines already
+/// queued (see the module doc). Failures are logged.
+pub fn reopen_all() {
+    if !queue_job(Job::Reopen) {
+        reopen_now();
+    }
+}
+
+/// Reopens every log file now and logs the failures.
+fn reopen_now() {
     let list: Vec<Arc<LogFile>> = match files().lock() {
         Ok(m) => m.values().cloned().collect(),
-        Err(_) => return failed,
+        Err(_) => return,
     };
     for f in list {
         if let Err(e) = f.reopen() {
             if let Some(p) = &f.path {
-                failed.push((p.clone(), e));
+                crate::elog!(
+                    Alert,
+                    "open() \"{}\" failed {}",
+                    p.display(),
+                    crate::core::errno_text(&e)
+                );
             }
         }
     }
-    failed
 }
 
 /// Drop files no longer referenced by any configuration (after a reload).
@@ -193,10 +236,22 @@ impl Logger {
             return;
         }
         let line = format_line(level, conn, msg);
-        for (f, l) in &self.sinks {
-            if level <= *l {
-                f.write_all(line.as_bytes());
+        let files: Vec<Arc<LogFile>> = self
+            .sinks
+            .iter()
+            .filter(|(_, l)| level <= *l)
+            .map(|(f, _)| f.clone())
+            .collect();
+        match try_queue(Job::Line { files, line }) {
+            Err(Job::Line { files, line }) => {
+                for f in &files {
+                    f.write_all(line.as_bytes());
+                }
             }
+            // An emerg line often comes just before the process (or a
+            // thread, with abort) ends: it must be on disk first.
+            Ok(()) if level == Level::Emerg => flush(Duration::from_secs(5)),
+            _ => {}
         }
     }
 }
@@ -242,6 +297,232 @@ pub fn main_logger() -> Arc<Logger> {
 
 pub fn set_main_logger(l: Logger) {
     global().store(Arc::new(l));
+}
+
+// ---- the writer thread ---------------------------------------------------------
+
+/// Bytes of lines queued for the writer beyond which a logging thread waits.
+const MAX_QUEUED: usize = 4 << 20;
+
+enum Job {
+    /// One formatted line for each of `files`.
+    Line {
+        files: Vec<Arc<LogFile>>,
+        line: String,
+    },
+    /// USR1: reopen every file.
+    Reopen,
+}
+
+impl Job {
+    fn bytes(&self) -> usize {
+        match self {
+            Job::Line { files, line } => files.len() * line.len(),
+            Job::Reopen => 0,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Bytes of the queued jobs and of the batch being written.
+    bytes: usize,
+    /// The writer thread runs and takes new jobs.
+    on: bool,
+    /// The writer is working on a batch taken off `jobs`.
+    busy: bool,
+}
+
+struct Shared {
+    q: Mutex<Queue>,
+    /// Signalled when a job is queued or the writer is told to stop.
+    work: Condvar,
+    /// Signalled when the writer has finished a batch.
+    done: Condvar,
+}
+
+fn shared() -> &'static Shared {
+    static S: OnceLock<Shared> = OnceLock::new();
+    S.get_or_init(|| Shared {
+        q: Mutex::new(Queue::default()),
+        work: Condvar::new(),
+        done: Condvar::new(),
+    })
+}
+
+/// A poisoned lock only means a thread panicked while holding it; the
+/// queue itself is always consistent between statements.
+fn lock_queue() -> MutexGuard<'static, Queue> {
+    shared().q.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// Set on the writer thread: its own lines (a failed reopen) are
+    /// written in place, in queue order, and never wait for room.
+    static IS_WRITER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Queues `job` for the writer if it runs (waiting for room if the queue
+/// is full); gives it back when the caller must do it itself.
+fn try_queue(job: Job) -> Result<(), Job> {
+    if IS_WRITER.with(|w| w.get()) {
+        return Err(job);
+    }
+    let sh = shared();
+    let mut q = lock_queue();
+    if !q.on {
+        return Err(job);
+    }
+    let n = job.bytes();
+    // A line larger than the whole queue still goes in once the queue is
+    // empty, so that nothing waits forever.
+    while q.on && q.bytes > 0 && q.bytes + n > MAX_QUEUED {
+        q = sh.done.wait(q).unwrap_or_else(|e| e.into_inner());
+    }
+    if !q.on {
+        return Err(job);
+    }
+    q.bytes += n;
+    q.jobs.push_back(job);
+    drop(q);
+    sh.work.notify_one();
+    Ok(())
+}
+
+/// [`try_queue`] for jobs without a payload to give back.
+fn queue_job(job: Job) -> bool {
+    try_queue(job).is_ok()
+}
+
+/// Starts the writer thread; from now on lines are queued. Called by the
+/// master before it starts the workers.
+pub fn start_writer() -> std::io::Result<()> {
+    let mut q = lock_queue();
+    if q.on {
+        return Ok(());
+    }
+    std::thread::Builder::new()
+        .name("tern-error-log".into())
+        .spawn(writer_loop)?;
+    q.on = true;
+    drop(q);
+    static HOOK: OnceLock<()> = OnceLock::new();
+    HOOK.get_or_init(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(at_exit) };
+    });
+    Ok(())
+}
+
+/// Waits (at most `within`) until every line queued so far is written
+/// (and what was queued meanwhile: the writer does not say which batch is
+/// which). Never waits on the writer thread itself.
+pub fn flush(within: Duration) {
+    if IS_WRITER.with(|w| w.get()) {
+        return;
+    }
+    drop(drained(within));
+}
+
+/// The queue, locked, once empty and idle or after `within`.
+fn drained(within: Duration) -> MutexGuard<'static, Queue> {
+    let sh = shared();
+    let deadline = Instant::now() + within;
+    let mut q = lock_queue();
+    while q.on && (q.busy || !q.jobs.is_empty()) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        q = sh
+            .done
+            .wait_timeout(q, left)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+    q
+}
+
+/// Waits (at most `within`) until every queued line is written, then stops
+/// the writer: later lines are written by the thread that logs them.
+pub fn stop_writer(within: Duration) {
+    let sh = shared();
+    let mut q = drained(within);
+    q.on = false;
+    drop(q);
+    // Wake the writer (to exit once the queue is empty) and every thread
+    // waiting for room (to write its line itself).
+    sh.work.notify_all();
+    sh.done.notify_all();
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| stop_writer(Duration::from_secs(5)));
+}
+
+fn writer_loop() {
+    IS_WRITER.with(|w| w.set(true));
+    let sh = shared();
+    let mut batch: Vec<Job> = Vec::new();
+    let mut run: Vec<u8> = Vec::new();
+    let mut q = lock_queue();
+    loop {
+        while q.jobs.is_empty() {
+            if !q.on {
+                return;
+            }
+            q = sh.work.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        batch.extend(q.jobs.drain(..));
+        q.busy = true;
+        drop(q);
+        let bytes: usize = batch.iter().map(Job::bytes).sum();
+        write_batch(&mut batch, &mut run);
+        q = lock_queue();
+        q.bytes -= bytes;
+        q.busy = false;
+        sh.done.notify_all();
+    }
+}
+
+/// Writes a batch in order. Consecutive lines to the same single file go
+/// out in one `write(2)` (whole lines only, so nothing interleaves).
+fn write_batch(batch: &mut Vec<Job>, run: &mut Vec<u8>) {
+    let mut run_file: Option<Arc<LogFile>> = None;
+    for job in batch.drain(..) {
+        match job {
+            Job::Line { files, line } => {
+                if let ([f], Some(rf)) = (files.as_slice(), &run_file) {
+                    if Arc::ptr_eq(f, rf) && run.len() < 64 * 1024 {
+                        run.extend_from_slice(line.as_bytes());
+                        continue;
+                    }
+                }
+                flush_run(&mut run_file, run);
+                if let [f] = files.as_slice() {
+                    run_file = Some(f.clone());
+                    run.extend_from_slice(line.as_bytes());
+                } else {
+                    for f in &files {
+                        f.write_all(line.as_bytes());
+                    }
+                }
+            }
+            Job::Reopen => {
+                flush_run(&mut run_file, run);
+                reopen_now();
+            }
+        }
+    }
+    flush_run(&mut run_file, run);
+}
+
+fn flush_run(file: &mut Option<Arc<LogFile>>, run: &mut Vec<u8>) {
+    if let Some(f) = file.take() {
+        f.write_all(run);
+    }
+    run.clear();
 }
 
 /// Log to the main error log.
@@ -313,3 +594,72 @@ pub const DIRECTIVES: &[Spec] = &[
         set: Setter::Loc(set_loc_error_log),
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines from several threads through the writer: whole, each thread's
+    /// in order, none lost; a reopen queued between them splits the file
+    /// where it was queued; after `stop_writer` lines are written in place.
+    #[test]
+    fn writer_keeps_lines_whole_ordered_and_reopens_in_order() {
+        let dir = std::env::temp_dir().join(format!("tern-log-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("e.log");
+        let lg = Arc::new(Logger {
+            sinks: vec![(open_log(Some(&path)).expect("open"), Level::Info)],
+        });
+        start_writer().expect("writer");
+        let burst = |tag: &'static str| {
+            let ts: Vec<_> = (0..4)
+                .map(|t| {
+                    let lg = lg.clone();
+                    std::thread::spawn(move || {
+                        for i in 0..500 {
+                            lg.log(
+                                Level::Info,
+                                None,
+                                format_args!("{tag} t{t} n{i:04} {}", "x".repeat(300)),
+                            );
+                        }
+                    })
+                })
+                .collect();
+            for t in ts {
+                t.join().expect("thread");
+            }
+        };
+        burst("before");
+        std::fs::rename(&path, dir.join("e.log.1")).expect("rename");
+        reopen_all();
+        burst("after");
+        stop_writer(Duration::from_secs(10));
+        lg.log(Level::Info, None, format_args!("in place"));
+        let check = |p: &Path, tag: &str| -> String {
+            let text = std::fs::read_to_string(p).expect("read");
+            for t in 0..4 {
+                let mine: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.contains(&format!("{tag} t{t} ")))
+                    .collect();
+                assert_eq!(mine.len(), 500, "{tag} t{t}");
+                for (i, l) in mine.iter().enumerate() {
+                    assert!(l.contains(" [info] "), "{l}");
+                    assert!(
+                        l.ends_with(&format!("{tag} t{t} n{i:04} {}", "x".repeat(300))),
+                        "{l}"
+                    );
+                }
+            }
+            text
+        };
+        let old = check(&dir.join("e.log.1"), "before");
+        assert!(!old.contains("after"));
+        let new = check(&path, "after");
+        assert!(!new.contains("before"));
+        assert!(new.ends_with("in place\n"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -318,6 +318,16 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
             return 1;
         }
     };
+    // From here on a worker never writes an error-log line itself (see
+    // core/log.rs); started by this thread, the writer keeps its rights
+    // to reopen the logs.
+    if let Err(e) = log::start_writer() {
+        crate::elog!(
+            Alert,
+            "could not start the error log writer, lines are written in place: {}",
+            e
+        );
+    }
     let mut workers = Workers {
         n: workers_n,
         config: Arc::new(ArcSwap::from_pointee(cfg)),
@@ -361,6 +371,8 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
         }
     }
     crate::elog!(Notice, "exit");
+    // Everything queued goes out before the process exits.
+    log::stop_writer(std::time::Duration::from_secs(5));
     0
 }
 
@@ -506,9 +518,7 @@ async fn signals(sigs: Signals, st: &mut State<'_>, workers: &mut Workers) -> bo
             }
             _ = usr1.recv() => {
                 crate::elog!(Notice, "signal 10 (SIGUSR1) received, reopening logs");
-                for (p, e) in log::reopen_all() {
-                    crate::elog!(Alert, "open() \"{}\" failed {}", p.display(), crate::core::errno_text(&e));
-                }
+                log::reopen_all();
             }
             _ = usr2.recv() => {
                 if st.new_binary.is_some() || upgrade::parent_unchanged() {

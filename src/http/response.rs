@@ -123,6 +123,9 @@ pub struct Response {
     /// xml), not part of a configured type, so the charset filter leaves
     /// it as it is unless `override_charset on`.
     pub charset_param: bool,
+    /// `X-Accel-Charset` of a proxied response: the charset the charset
+    /// filter declares (nginx's `headers_out.override_charset`).
+    pub override_charset: Option<String>,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {

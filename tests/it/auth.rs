@@ -275,7 +275,15 @@ fn auth_basic_same_as_nginx() {
         let a = normalize(&exchange(nport, r.as_bytes()), nport);
         let b = normalize(&exchange(tern.port, r.as_bytes()), tern.port);
         let mut la = new_lines(&nlog, &mut nseen);
+        // tern's error-log lines are written by a writer thread: wait
+        // (bounded) until as many as nginx wrote have arrived; late extra
+        // ones show up under the next request and fail it.
         let mut lb = new_lines(&tlog, &mut tseen);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while lb.len() < la.len() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            lb.extend(new_lines(&tlog, &mut tseen));
+        }
         // The prefixes differ: compare what follows them.
         for l in la.iter_mut() {
             *l = l.replace(&pn.dir.display().to_string(), "PREFIX");

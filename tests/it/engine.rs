@@ -257,9 +257,7 @@ fn too_large_body_is_413() {
         norm(&got),
         error_resp(413, "Request Entity Too Large", "close")
     );
-    assert!(s
-        .error_log()
-        .contains("client intended to send too large body: 2000000 bytes"));
+    s.wait_error_log("client intended to send too large body: 2000000 bytes");
 }
 
 #[test]

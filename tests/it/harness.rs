@@ -520,3 +520,29 @@ pub fn start_nginx(p: &Prefix, body: &str, port: u16) -> Option<Nginx> {
     });
     Some(nginx)
 }
+
+impl Server {
+    /// Waits (up to 10 s) until `logs/error.log` contains `substr` and
+    /// returns the log. Error-log lines logged while the workers run are
+    /// written by a writer thread, so a line may land just after the
+    /// response that caused it.
+    pub fn wait_error_log(&self, substr: &str) -> String {
+        wait_log(&self.prefix, "logs/error.log", substr)
+    }
+}
+
+/// Waits (up to 10 s) until the file `rel` under `p` contains `substr` and
+/// returns its text; panics with the text otherwise.
+pub fn wait_log(p: &Prefix, rel: &str, substr: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = p.read(rel);
+        if text.contains(substr) {
+            return text;
+        }
+        if Instant::now() > deadline {
+            panic!("{} has no {:?} after 10 s:\n{}", rel, substr, text);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -90,7 +90,7 @@ fn queue_overflow_logs_and_fails_the_request_like_nginx() {
             break;
         }
     }
-    let log = s.error_log();
+    let log = s.wait_error_log("queue overflow");
     assert!(failed > 0, "no request failed");
     assert!(complete > 0, "no request succeeded");
     assert!(
@@ -163,11 +163,7 @@ fn aio_threads_pool_name_from_a_variable() {
     // A pool that does not exist: nginx's message and 500.
     let r = s.get("/big?p=zz");
     assert_eq!(r.status, 500);
-    assert!(
-        s.error_log().contains("thread pool \"p_zz\" not found"),
-        "{}",
-        s.error_log()
-    );
+    s.wait_error_log("thread pool \"p_zz\" not found");
 }
 
 #[test]
@@ -210,8 +206,14 @@ fn directio_serves_exact_bytes_for_unaligned_sizes() {
             }
         }
     }
+    s.wait_error_log("tern io: offload pool \"dio\"");
+    // Each line is logged when its request ends: the last of /on4k/ may
+    // still be on its way.
+    eventually(10, "the aio on lines", || {
+        let log = s.error_log();
+        log.contains("io_uring is not available") || log.contains("tern io: uring (aio on)")
+    });
     let log = s.error_log();
-    assert!(log.contains("tern io: offload pool \"dio\""), "{log}");
     if !log.contains("io_uring is not available") {
         assert!(log.contains("tern io: uring (aio on)"), "{log}");
         assert!(thread_names(s.pid()).iter().any(|n| n == "tern-uring"));

@@ -64,12 +64,7 @@ fn limit_conn_101st_concurrent_request_gets_503_and_the_others_complete() {
     // The 101st from the same address is refused at once.
     let r = s.get("/held");
     assert_eq!(r.status, 503, "{}", r.head);
-    assert!(
-        s.error_log()
-            .contains("limiting connections by zone \"addr\""),
-        "{}",
-        s.error_log()
-    );
+    s.wait_error_log("limiting connections by zone \"addr\"");
     // The 100 complete once their bodies arrive.
     for c in held.iter_mut() {
         c.write_all(b"x").expect("body");
@@ -171,10 +166,8 @@ fn limit_conn_zone_memory_exhaustion_rejects_like_nginx() {
     )
     .expect("response");
     assert_eq!(r.status, 503);
-    assert!(s.error_log().contains("[crit]"), "{}", s.error_log());
-    assert!(s
-        .error_log()
-        .contains("ngx_slab_alloc() failed: no memory in limit_conn_zone \"small\""));
+    let log = s.wait_error_log("ngx_slab_alloc() failed: no memory in limit_conn_zone \"small\"");
+    assert!(log.contains("[crit]"), "{}", log);
     // An existing key still has room for more requests.
     let r = Resp::parse(
         &s.raw(
@@ -271,7 +264,7 @@ fn limit_req_burst_nodelay_accepts_one_plus_burst() {
     // The excess at the first rejection is 4.000 when the burst arrives
     // within a millisecond; on a loaded machine the bucket may have drained
     // a little (3.9xx), so only the leading digit is fixed.
-    let log = s.error_log();
+    let log = s.wait_error_log("limiting requests, excess: ");
     let at = log
         .find("limiting requests, excess: ")
         .expect("a limiting line");
@@ -294,12 +287,7 @@ fn limit_req_dry_run_passes_and_logs() {
     let s = Server::start_in(p, LIMIT_REQ_CONF);
     assert_eq!(s.get("/dry").status, 200);
     assert_eq!(s.get("/dry").status, 200);
-    assert!(
-        s.error_log()
-            .contains("limiting requests, dry run, excess: 1.000 by zone \"dry\""),
-        "{}",
-        s.error_log()
-    );
+    s.wait_error_log("limiting requests, dry run, excess: 1.000 by zone \"dry\"");
     let m = s.get("/metrics").body_str();
     assert_eq!(
         metric(
@@ -328,12 +316,8 @@ fn limit_req_burst_with_delay_counts_and_timing() {
     assert_eq!(passed.unwrap_or(0) + delayed.unwrap_or(0), ok.len() as u64);
     assert_eq!(rej, Some(rejected as u64));
     assert!(delayed.unwrap_or(0) >= 2, "{:?}", (passed, delayed, rej));
-    assert!(s.error_log().contains("[warn]"), "{}", s.error_log());
-    assert!(
-        s.error_log().contains("delaying request, excess: 2."),
-        "{}",
-        s.error_log()
-    );
+    let log = s.wait_error_log("delaying request, excess: 2.");
+    assert!(log.contains("[warn]"), "{}", log);
     // Delayed requests really wait on the timer (100 ms and 200 ms).
     let waited = ok.iter().filter(|&&ms| ms >= 90).count();
     assert!(waited >= 2, "{:?}", res);

@@ -7,6 +7,7 @@ mod harness;
 mod access_log;
 mod auth;
 mod autoindex;
+mod charset;
 mod differential;
 mod empty_gif;
 mod engine;

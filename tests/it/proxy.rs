@@ -119,7 +119,7 @@ fn bad_gateway_and_gateway_timeout() {
     let r = s.get("/dead/x");
     assert_eq!(r.status, 502);
     assert!(r.body_str().contains("<title>502 Bad Gateway</title>"));
-    let log = s.error_log();
+    let log = s.wait_error_log("connect() failed");
     let want = format!(
         "connect() failed (111: Connection refused) while connecting to upstream, client: 127.0.0.1, server: , request: \"GET /dead/x HTTP/1.1\", upstream: \"http://127.0.0.1:{}/dead/x\", host: \"localhost\"",
         dead
@@ -130,9 +130,7 @@ fn bad_gateway_and_gateway_timeout() {
     assert_eq!(r.status, 504);
     assert!(t.elapsed() < Duration::from_secs(2));
     assert!(r.body_str().contains("<title>504 Gateway Time-out</title>"));
-    assert!(s
-        .error_log()
-        .contains("upstream timed out (110: Connection timed out) while reading response header from upstream"));
+    s.wait_error_log("upstream timed out (110: Connection timed out) while reading response header from upstream");
 }
 
 #[test]
@@ -164,9 +162,7 @@ fn upstream_round_robin_and_failover() {
         let r = s.get("/flaky");
         assert_eq!((r.status, r.body.as_slice()), (200, &b"A"[..]));
     }
-    assert!(s
-        .error_log()
-        .contains("connect() failed (111: Connection refused)"));
+    s.wait_error_log("connect() failed (111: Connection refused)");
     // The backup answers only when the primary fails.
     let r = s.get("/spare");
     assert_eq!((r.status, r.body.as_slice()), (200, &b"B"[..]));
@@ -408,7 +404,7 @@ fn upstream_charset_is_kept_and_never_doubled() {
     assert_eq!(r.header("Content-Type"), Some("text/html; charset=koi8-r"));
     assert_eq!(r.body, b"\xc1\xc2\n");
     assert_eq!(ct("/on/q").as_deref(), Some("text/html; charset=utf-8"));
-    let log = s.error_log();
+    let log = s.wait_error_log("no \"charset_map\"");
     assert_eq!(
         log.matches("no \"charset_map\" between the charsets \"koi8-r\" and \"utf-8\"")
             .count(),

@@ -213,9 +213,7 @@ fn large_bodies_go_through_a_temp_file_that_leaves_nothing_behind() {
     assert_eq!(parts.len(), 3, "levels 1 2: {}", name);
     assert_eq!((parts[0].len(), parts[1].len(), parts[2].len()), (1, 2, 10));
     assert!(parts[2].ends_with(&format!("{}{}", parts[1], parts[0])));
-    assert!(s
-        .error_log()
-        .contains("a client request body is buffered to a temporary file"));
+    s.wait_error_log("a client request body is buffered to a temporary file");
     // The same connection goes on: a chunked body, also through a file.
     let mut req =
         b"POST /big2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -262,9 +260,7 @@ fn too_large_bodies_get_413_by_length_and_mid_chunked() {
     assert_eq!(r.status, 413);
     assert_eq!(r.header("Connection"), Some("close"));
     assert_eq!(used, out.len(), "nothing after the 413");
-    assert!(s
-        .error_log()
-        .contains("client intended to send too large chunked body: "));
+    s.wait_error_log("client intended to send too large chunked body: ");
     // At the limit exactly: accepted.
     let mut req =
         b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -368,9 +364,7 @@ fn a_client_vanishing_mid_body_frees_everything() {
             .read("logs/access.log")
             .contains("\"POST /t HTTP/1.1\" 408 0 ")
     });
-    assert!(s
-        .error_log()
-        .contains("client prematurely closed connection"));
+    s.wait_error_log("client prematurely closed connection");
 }
 
 #[test]

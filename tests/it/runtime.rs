@@ -796,3 +796,200 @@ fn curl_against_the_embedded_default() {
         "{out}"
     );
 }
+
+/// A worker does not wait for the error log: with `error_log` on a FIFO
+/// that nobody reads, far more 404 lines than the pipe holds are logged
+/// and every request is still answered; then, while the process exits,
+/// every line comes out of the FIFO, whole and in order.
+#[test]
+fn worker_does_not_wait_for_the_error_log() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = Prefix::new();
+    let fifo = p.path("logs/slow.log");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    // The read end, opened first so that tern's open for writing does not
+    // wait; it is not read until every request has been answered.
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("open fifo");
+    let mut s = Server::start_in(
+        p,
+        "worker_processes 1;
+         http { server { listen 127.0.0.1:@PORT@; error_log logs/slow.log; } }",
+    );
+    // ~3 KiB paths: each line names the file and the request (~6 KiB), so
+    // a 64 KiB pipe is full after a dozen lines.
+    let name = vec!["n".repeat(200); 15].join("/");
+    const N: usize = 40;
+    for i in 0..N {
+        let r = raw(
+            s.port,
+            format!(
+                "GET /missing-{:02}-{} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                i, name
+            )
+            .as_bytes(),
+        );
+        assert!(
+            r.starts_with(b"HTTP/1.1 404 Not Found\r\n"),
+            "request {} not answered (worker waiting for the log?): {:?}",
+            i,
+            String::from_utf8_lossy(&r)
+        );
+    }
+    // Exit with lines still queued: they must all be written first.
+    s.signal(SIGTERM);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [0u8; 65536];
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => break, // tern closed its end: it has exited
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "FIFO never closed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("read fifo: {}", e),
+        }
+    }
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), Some(0));
+    let text = String::from_utf8(out).expect("utf-8 log");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), N, "{}", &text[..text.len().min(2000)]);
+    for (i, l) in lines.iter().enumerate() {
+        let file = format!(
+            "html/missing-{:02}-{}\" failed (2: No such file or directory)",
+            i, name
+        );
+        assert!(
+            l.contains(" [error] ") && l.contains(&file) && l.ends_with("host: \"localhost\""),
+            "line {}: {}",
+            i,
+            l.replace(&name, "N")
+        );
+    }
+}
+
+/// USR1 reopens the error log in order with the lines already logged:
+/// the line of a request before the signal is in the renamed file, the
+/// line of a request after it in the new one.
+#[test]
+fn usr1_reopens_the_error_log_after_earlier_lines() {
+    let s = Server::start(
+        "error_log logs/error.log notice;
+         http { server { listen 127.0.0.1:@PORT@; } }",
+    );
+    assert_eq!(s.get("/before").status, 404);
+    s.wait_error_log("/before");
+    std::fs::rename(
+        s.prefix.path("logs/error.log"),
+        s.prefix.path("logs/error.log.1"),
+    )
+    .unwrap();
+    assert_eq!(s.get("/between").status, 404);
+    s.signal(SIGUSR1);
+    // nginx too logs the signal before it reopens: in the old file.
+    wait_log(&s.prefix, "logs/error.log.1", "reopening logs");
+    eventually(10, "error.log reopened", || {
+        s.prefix.path("logs/error.log").exists()
+    });
+    assert_eq!(s.get("/after").status, 404);
+    let new = s.wait_error_log("/after");
+    let old = s.prefix.read("logs/error.log.1");
+    assert!(
+        old.contains("/before") && old.contains("/between"),
+        "{}",
+        old
+    );
+    assert!(!old.contains("/after"), "{}", old);
+    assert!(
+        !new.contains("/before") && !new.contains("/between"),
+        "{}",
+        new
+    );
+}
+
+/// `proxy_cache_path`'s pacing parameters are checked as nginx checks
+/// them (`-t`, same wording), and valid ones load.
+#[test]
+fn proxy_cache_path_pacing_values_as_nginx() {
+    let cases = [
+        (
+            "loader_files=x",
+            Some("invalid loader_files value \"loader_files=x\""),
+        ),
+        (
+            "loader_files=-1",
+            Some("invalid loader_files value \"loader_files=-1\""),
+        ),
+        ("loader_files=0", None),
+        (
+            "loader_sleep=x",
+            Some("invalid loader_sleep value \"loader_sleep=x\""),
+        ),
+        (
+            "loader_sleep=-1",
+            Some("invalid loader_sleep value \"loader_sleep=-1\""),
+        ),
+        ("loader_sleep=10", None),
+        (
+            "loader_threshold=abc",
+            Some("invalid loader_threshold value \"loader_threshold=abc\""),
+        ),
+        ("loader_threshold=300ms", None),
+        (
+            "manager_files=",
+            Some("invalid manager_files value \"manager_files=\""),
+        ),
+        ("manager_files=1000", None),
+        (
+            "manager_sleep=5q",
+            Some("invalid manager_sleep value \"manager_sleep=5q\""),
+        ),
+        ("manager_sleep=1s", None),
+        (
+            "manager_threshold=1y",
+            Some("invalid manager_threshold value \"manager_threshold=1y\""),
+        ),
+        ("manager_threshold=1h", None),
+        ("loader_foo=1", Some("invalid parameter \"loader_foo=1\"")),
+    ];
+    for (param, want) in cases {
+        let mut bins = vec![BIN];
+        if nginx_installed() {
+            bins.push(NGINX);
+        }
+        for bin in bins {
+            let p = Prefix::new();
+            let f = p.write(
+                "conf/t.conf",
+                format!(
+                    "pid {d}/t.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  proxy_cache_path {d}/c keys_zone=z:1m {param};\n}}\n",
+                    d = p.dir.display()
+                ),
+            );
+            let o = Command::new(bin)
+                .arg("-p")
+                .arg(format!("{}/", p.dir.display()))
+                .arg("-e")
+                .arg(p.path("logs/error.log"))
+                .args(["-t", "-q", "-c"])
+                .arg(&f)
+                .output()
+                .expect("run -t");
+            let err = String::from_utf8_lossy(&o.stderr);
+            match want {
+                None => assert!(o.status.success(), "{bin} {param}: {err}"),
+                Some(msg) => {
+                    assert!(!o.status.success(), "{bin} {param} accepted");
+                    let line = format!("[emerg] {} in {}:5\n", msg, f.display());
+                    assert!(err.contains(&line), "{bin} {param}: {err}");
+                }
+            }
+        }
+    }
+}

@@ -13,11 +13,7 @@ fn serves_a_file_and_404() {
     let r = s.get("/missing");
     assert_eq!(r.status, 404);
     assert!(r.body_str().contains("<title>404 Not Found</title>"));
-    assert!(
-        s.error_log().contains("open() \""),
-        "error log: {}",
-        s.error_log()
-    );
+    s.wait_error_log("open() \"");
 }
 
 #[test]

@@ -183,9 +183,7 @@ fn round_robin_and_failover() {
     let count = |t: &str| seen.iter().filter(|s| *s == t).count();
     assert_eq!(count("A") + count("B"), 6, "{:?}", seen);
     assert!(count("A") >= 2 && count("B") >= 2, "{:?}", seen);
-    assert!(srv
-        .error_log()
-        .contains("connect() failed (111: Connection refused) while connecting to upstream"));
+    srv.wait_error_log("connect() failed (111: Connection refused) while connecting to upstream");
     // The backup serves when the primary is down.
     let mut c = connect(s2);
     assert_eq!(read_to_close(&mut c), b"B");
@@ -351,9 +349,7 @@ fn upstream_side_counts_against_worker_connections() {
     two.set_read_timeout(Some(Duration::from_secs(5))).ok();
     two.read_exact(&mut b).expect("served once a slot is free");
     assert_eq!(&b, b"2");
-    assert!(srv
-        .error_log()
-        .contains("2 worker_connections are not enough"));
+    srv.wait_error_log("2 worker_connections are not enough");
 }
 
 #[test]

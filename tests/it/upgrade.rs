@@ -123,9 +123,10 @@ fn usr2_hands_the_listener_to_a_new_binary_then_winch_and_quit_retire_the_old() 
         d.log()
             .contains(&format!("{}#{}: using inherited sockets from \"", new, new))
     });
-    assert!(d
-        .log()
-        .contains(&format!("start new binary process {}", new)));
+    eventually(10, "start notice", || {
+        d.log()
+            .contains(&format!("start new binary process {}", new))
+    });
     // Both serve from the same listening socket; no connection is refused.
     for _ in 0..20 {
         let by = d.served_by();
@@ -138,9 +139,10 @@ fn usr2_hands_the_listener_to_a_new_binary_then_winch_and_quit_retire_the_old() 
         (0..10).all(|_| d.served_by() == new)
     });
     assert!(alive(old));
-    assert!(d
-        .log()
-        .contains("signal 28 (SIGWINCH) received, stop accepting connections"));
+    eventually(10, "WINCH notice", || {
+        d.log()
+            .contains("signal 28 (SIGWINCH) received, stop accepting connections")
+    });
 
     // QUIT: the old one exits and removes only its .oldbin file.
     d.signal(old, libc::SIGQUIT);
@@ -176,9 +178,10 @@ fn hup_to_the_old_binary_after_winch_rolls_the_upgrade_back() {
         d.prefix.read("logs/nginx.pid").trim() == old.to_string()
             && !d.path("logs/nginx.pid.oldbin").exists()
     });
-    assert!(d
-        .log()
-        .contains(&format!("new binary process {} exited with code 0", new)));
+    eventually(10, "exit notice", || {
+        d.log()
+            .contains(&format!("new binary process {} exited with code 0", new))
+    });
     for _ in 0..10 {
         assert_eq!(d.served_by(), old);
     }

@@ -18,6 +18,16 @@
 //! untouched with its own charset and `no "charset_map"` is logged, which
 //! is also what nginx does when it has no map for the pair.
 //!
+//! The charsets the configuration knows are the names written in
+//! `charset` and `source_charset` anywhere in the http block (nginx's
+//! charset list, first spelling kept; see [`register`]). They matter where
+//! nginx looks a name up: `X-Accel-Charset` from upstream
+//! (`Response::override_charset`) is declared, over `charset` and
+//! `charset_types`, only if known (else `unknown charset "X" to override`
+//! is logged); a `charset $var` value and a response's own charset that
+//! are both unknown but alike leave the Content-Type as upstream spelled
+//! it, while a known pair is respelled.
+//!
 //! Recoding is not implemented: `charset_map` stays unsupported (a config
 //! using it, such as `include koi-utf`, is refused at startup naming the
 //! directive), so tern has no recoding tables. nginx refuses a
@@ -35,7 +45,7 @@ use crate::core::log::Level;
 use crate::http::conf::LocConf;
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
-use crate::http::vars::Template;
+use crate::http::vars::{Template, UserVar, Var, VarCtx};
 
 /// The types `charset_types` defaults to.
 const DEFAULT_TYPES: &[&str] = &[
@@ -107,13 +117,15 @@ fn set_charset(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<
     } else if v.starts_with('$') {
         Charset::Var(cx.template(v, d)?)
     } else {
+        register(cx, v, d)?;
         Charset::Name(v.to_string())
     };
     set_once(&mut l.modules.charset.charset, c, d)?;
     check_pair(&l.modules.charset)
 }
 
-fn set_source(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+fn set_source(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    register(cx, arg(d, 0), d)?;
     set_once(&mut l.modules.charset.source, arg(d, 0).to_string(), d)?;
     check_pair(&l.modules.charset)
 }
@@ -180,7 +192,7 @@ fn type_matches(ct: &str, types: Option<&[String]>) -> bool {
 /// (`ngx_http_upstream_copy_content_type`): the length of the type before
 /// the `;` that introduces `charset=`, and the charset, which runs to the
 /// end of the value less one pair of quotes.
-fn own_charset(ct: &str) -> Option<(usize, &str)> {
+pub(crate) fn own_charset(ct: &str) -> Option<(usize, &str)> {
     let b = ct.as_bytes();
     let mut i = 0;
     while i < b.len() {
@@ -211,69 +223,198 @@ fn own_charset(ct: &str) -> Option<(usize, &str)> {
     None
 }
 
-/// Header filter (see `phases::HEADER_FILTERS` for the order).
+/// The variable-table key under which a charset name written in the
+/// configuration is registered (case-folded, as nginx compares names; the
+/// NUL keeps it out of reach of configuration text). The table travels
+/// with the compiled http block, so the filter can ask at run time.
+fn known_key(name: &str) -> String {
+    format!("\0charset:{}", name.to_ascii_lowercase())
+}
+
+/// A charset name as first written in the configuration.
+#[derive(Debug)]
+struct Spelling(String);
+
+impl UserVar for Spelling {
+    fn eval(&self, _: &dyn VarCtx, out: &mut Vec<u8>) -> bool {
+        out.extend_from_slice(self.0.as_bytes());
+        true
+    }
+}
+
+/// Adds a name of `charset`/`source_charset` to the charsets the
+/// configuration knows (nginx's `ngx_http_add_charset`: the first
+/// spelling stays).
+fn register(cx: &mut Compiler, name: &str, d: &Directive) -> ConfResult<()> {
+    let key = known_key(name);
+    if cx.vars.lookup(&key).is_none() {
+        cx.vars
+            .define_computed(&key, Arc::new(Spelling(name.to_string())))
+            .map_err(|m| ConfError::at(m, d))?;
+    }
+    Ok(())
+}
+
+/// A charset as nginx's filter sees one: its name, and whether the
+/// configuration knows it (under which first spelling).
+struct Named {
+    name: String,
+    known: Option<String>,
+}
+
+impl Named {
+    fn new(cx: &Ctx<'_>, name: String) -> Named {
+        let known = match cx.http.main.vars.lookup(&known_key(&name)) {
+            Some(Var::User(i)) => cx.http.main.vars.def(i).map(|d| {
+                let mut v = Vec::new();
+                d.eval(cx, &mut v);
+                String::from_utf8_lossy(&v).into_owned()
+            }),
+            _ => None,
+        };
+        Named { name, known }
+    }
+
+    /// nginx's charset index comparison: the same known charset, or both
+    /// unknown.
+    fn same_index(&self, o: &Named) -> bool {
+        match (&self.known, &o.known) {
+            (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Header filter (see `phases::HEADER_FILTERS` for the order). Follows
+/// nginx's `ngx_http_charset_header_filter`: the destination charset
+/// (`X-Accel-Charset`, else `charset`), then the source (the response's
+/// own charset, else `source_charset`), then what to do with the pair.
 pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
     let loc = cx.loc.clone();
     let conf = &loc.modules.charset;
-    let Some(ct) = resp.content_type.as_deref().filter(|c| !c.is_empty()) else {
+    let Some(ct) = resp.content_type.clone().filter(|c| !c.is_empty()) else {
         return;
     };
-    if matches!(conf.charset, None | Some(Charset::Off)) {
-        return;
-    }
     let own = if resp.charset_param {
-        own_charset(ct)
+        own_charset(&ct)
     } else {
         None
     };
-    match own {
-        // An empty `charset=` is none to nginx, but the type it measured
-        // ends before it, so the header goes out as it came.
-        Some((_, "")) => return,
-        Some(_) if !conf.override_charset.unwrap_or(false) => return,
-        Some(_) => {}
-        None if !type_matches(ct, conf.types.as_deref().map(|v| v.as_slice())) => return,
-        None => {}
-    }
-    let name = match &conf.charset {
-        None | Some(Charset::Off) => return,
-        Some(Charset::Name(n)) => n.clone(),
-        Some(Charset::Var(t)) => {
-            let v = t.render_vec(&*cx);
-            if v.is_empty() {
-                // nginx fails the request here; tern just adds no charset.
-                return;
-            }
-            String::from_utf8_lossy(&v).into_owned()
-        }
-    };
-    let (base, src) = match own {
-        Some((base, cs)) => (Some(base), Some(cs.to_string())),
-        None => (None, conf.source.clone()),
-    };
-    if let Some(src) = src {
-        if !src.eq_ignore_ascii_case(&name) {
-            // Recoding would need a charset_map; the body keeps its bytes,
-            // so the header keeps the charset that describes them.
+    let dst = if let Some(x) = resp.override_charset.take().filter(|x| !x.is_empty()) {
+        // X-Accel-Charset from upstream: whatever `charset` and the types
+        // say, if the configuration knows the name.
+        let dst = Named::new(cx, x);
+        if dst.known.is_none() {
             cx.log(
                 Level::Error,
-                &format!(
-                    "no \"charset_map\" between the charsets \"{}\" and \"{}\"",
-                    src, name
-                ),
+                &format!("unknown charset \"{}\" to override", dst.name),
             );
             return;
         }
+        dst
+    } else {
+        match own {
+            // An empty `charset=` is none to nginx, but the type it measured
+            // ends before it, so the header goes out as it came.
+            Some((_, "")) => return,
+            Some(_) if !conf.override_charset.unwrap_or(false) => return,
+            Some(_) => {}
+            None if !type_matches(&ct, conf.types.as_deref().map(|v| v.as_slice())) => return,
+            None => {}
+        }
+        match &conf.charset {
+            None | Some(Charset::Off) => return,
+            Some(Charset::Name(n)) => {
+                let mut d = Named::new(cx, n.clone());
+                // The first spelling in the configuration is the name.
+                if let Some(k) = &d.known {
+                    d.name = k.clone();
+                }
+                d
+            }
+            Some(Charset::Var(t)) => {
+                let v = t.render_vec(&*cx);
+                if v.is_empty() {
+                    // nginx fails the request here; tern just adds no charset.
+                    return;
+                }
+                // The variable's value is the name, as it is spelled.
+                Named::new(cx, String::from_utf8_lossy(&v).into_owned())
+            }
+        }
+    };
+    let (base, src) = match own.filter(|(_, cs)| !cs.is_empty()) {
+        Some((base, cs)) => (Some(base), Some(Named::new(cx, cs.to_string()))),
+        None => (
+            None,
+            conf.source.clone().map(|s| {
+                let mut n = Named::new(cx, s);
+                if let Some(k) = &n.known {
+                    n.name = k.clone();
+                }
+                n
+            }),
+        ),
+    };
+    let Some(src) = src else {
+        // No source charset: the destination is declared.
+        declare(resp, ct, None, &dst.name);
+        return;
+    };
+    let no_map = |cx: &Ctx<'_>| {
+        cx.log(
+            Level::Error,
+            &format!(
+                "no \"charset_map\" between the charsets \"{}\" and \"{}\"",
+                src.name, dst.name
+            ),
+        );
+    };
+    if dst.known.is_none() || src.known.is_none() {
+        // nginx compares the source's first bytes, as many as the
+        // destination has, with the destination's.
+        let prefix = src
+            .name
+            .as_bytes()
+            .get(..dst.name.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(dst.name.as_bytes()));
+        if !dst.same_index(&src) || !prefix {
+            no_map(cx);
+        }
+        // Both unknown and alike: nginx declares the destination but keeps
+        // the response's own Content-Type (whose length is not the
+        // type's), so the header goes out as it came.
+        return;
     }
-    let mut ct = ct.to_string();
+    if dst.same_index(&src) {
+        declare(resp, ct, base, &dst.name);
+        return;
+    }
+    // Recoding would need a charset_map (tern has none). nginx checks
+    // the encoding first and passes an encoded body silently.
+    if resp
+        .header("content-encoding")
+        .is_some_and(|v| !v.is_empty())
+    {
+        return;
+    }
+    // The body keeps its bytes, so the header keeps the charset that
+    // describes them.
+    no_map(cx);
+}
+
+/// Declares `name` as the charset: the type (cut before the response's
+/// own charset, if any) plus `; charset=NAME`, except on 301 and 302,
+/// where nginx declares none (Netscape 4 applied it to the page
+/// redirected to).
+fn declare(resp: &mut Response, mut ct: String, base: Option<usize>, name: &str) {
     if let Some(base) = base {
         ct.truncate(base);
     }
-    // nginx declares no charset on these redirects: Netscape 4 applied
-    // it to the page redirected to.
     if !matches!(resp.status, 301 | 302) {
         ct.push_str("; charset=");
-        ct.push_str(&name);
+        ct.push_str(name);
     }
     resp.content_type = Some(ct);
 }

@@ -77,9 +77,15 @@ impl Types {
         match self {
             Types::Any => true,
             Types::List(l) => match content_type {
-                // The type proper is what precedes parameters ("; charset=").
+                // nginx compares the type as its length was measured: up
+                // to the `;` that introduces `charset=`, else the whole
+                // value (so `text/css; foo=bar` is not `text/css`, and
+                // `text/css ; charset=x` is `text/css `).
                 Some(ct) => {
-                    let t = ct.split(';').next().unwrap_or("").trim();
+                    let t = match super::charset::own_charset(ct) {
+                        Some((base, _)) => ct.get(..base).unwrap_or(ct),
+                        None => ct,
+                    };
                     l.iter().any(|x| x.eq_ignore_ascii_case(t))
                 }
                 None => false,
@@ -1056,6 +1062,10 @@ mod tests {
     fn types_match_without_parameters() {
         let t = Types::List(Arc::new(vec!["text/html".into(), "text/css".into()]));
         assert!(t.matches(Some("text/html; charset=utf-8")));
+        assert!(t.matches(Some("text/css;charset=\"utf-8\"")));
+        assert!(!t.matches(Some("text/css; foo=bar")));
+        assert!(!t.matches(Some("text/css ; charset=utf-8")));
+        assert!(!t.matches(Some("text/css; foo=bar; charset=utf-8")));
         assert!(t.matches(Some("Text/CSS")));
         assert!(!t.matches(Some("text/plain")));
         assert!(!t.matches(None));

@@ -60,7 +60,9 @@
 //! `Transfer-Encoding`, `Connection`, `Keep-Alive`, ...) and nginx's hidden
 //! set (`Date`, `Server`, `X-Pad`, `X-Accel-Expires`, `X-Accel-Redirect`,
 //! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `X-Accel-Charset`); tern
-//! writes its own `Date` and `Server`.
+//! writes its own `Date` and `Server`. `X-Accel-Charset` goes to the
+//! charset filter instead (`Response::override_charset`) unless
+//! `proxy_ignore_headers` names it.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -272,6 +274,7 @@ const IGN_CACHE_CONTROL: u8 = 4;
 const IGN_SET_COOKIE: u8 = 8;
 const IGN_VARY: u8 = 16;
 const IGN_X_ACCEL_BUFFERING: u8 = 32;
+const IGN_X_ACCEL_CHARSET: u8 = 64;
 
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
@@ -716,9 +719,10 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             "set-cookie" => IGN_SET_COOKIE,
             "vary" => IGN_VARY,
             "x-accel-buffering" => IGN_X_ACCEL_BUFFERING,
+            "x-accel-charset" => IGN_X_ACCEL_CHARSET,
             // These steer nginx features tern does not have; ignoring
             // them is what was asked.
-            "x-accel-redirect" | "x-accel-limit-rate" | "x-accel-charset" => 0,
+            "x-accel-redirect" | "x-accel-limit-rate" => 0,
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
@@ -734,6 +738,7 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
     let mut max_size = None;
     let mut min_free = 0;
     let mut inactive = 600;
+    let mut pacing = cache::Pacing::default();
     let bad = |a: &str| ConfError::at(format!("invalid parameter \"{}\"", a), d);
     for a in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         if let Some(v) = a.strip_prefix("levels=") {
@@ -783,19 +788,28 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
                     d,
                 ));
             }
-        } else if [
-            "manager_files=",
-            "manager_sleep=",
-            "manager_threshold=",
-            "loader_files=",
-            "loader_sleep=",
-            "loader_threshold=",
-        ]
-        .iter()
-        .any(|p| a.starts_with(p))
+        } else if let Some((name, v)) = a
+            .split_once('=')
+            .filter(|(n, _)| n.starts_with("loader_") || n.starts_with("manager_"))
         {
-            // Pacing knobs of nginx's loader/manager processes; tern's
-            // keeper thread runs them off the event loops anyway.
+            // The loader's and manager's pacing (see crate::cache::Pacing):
+            // counts as ngx_atoi, times as ngx_parse_time(, 0).
+            let invalid = || ConfError::at(format!("invalid {} value \"{}\"", name, a), d);
+            let files = || value::number(v).ok_or_else(invalid);
+            let time = || {
+                value::time_ms(v)
+                    .map(Duration::from_millis)
+                    .ok_or_else(invalid)
+            };
+            match name {
+                "loader_files" => pacing.loader_files = files()?,
+                "loader_sleep" => pacing.loader_sleep = time()?,
+                "loader_threshold" => pacing.loader_threshold = time()?,
+                "manager_files" => pacing.manager_files = files()?,
+                "manager_sleep" => pacing.manager_sleep = time()?,
+                "manager_threshold" => pacing.manager_threshold = time()?,
+                _ => return Err(bad(a)),
+            }
         } else {
             return Err(bad(a));
         }
@@ -823,6 +837,7 @@ fn set_cache_path(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfRe
         max_size,
         inactive_secs: inactive,
         min_free,
+        pacing,
     });
     hm.modules.proxy.zones.insert(name, z);
     Ok(())
@@ -1057,6 +1072,15 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     let mut out = Response::status(resp.status);
     apply_headers(&mut out, relayed);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
+        // The charset filter's destination; nginx takes the last one.
+        out.override_charset = resp
+            .headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    }
     // Ranges, as nginx: a response being cached may be cut to one range
     // when upstream allows ranges, proxy_force_ranges cuts any; anything
     // else passes as it came (the Range header went upstream).
