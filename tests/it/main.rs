@@ -25,3 +25,4 @@ mod smoke;
 mod static_headers;
 mod status;
 mod stream;
+mod tls;

@@ -1,0 +1,523 @@
+//! TLS (`listen ... ssl`): certificates made here with rcgen (a test CA
+//! and one leaf per name), clients curl (`--cacert`) and rustls (exact
+//! bytes, the peer's certificate), and the real nginx beside tern.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+
+use crate::harness::{self, Prefix, Resp, Server};
+
+/// A test CA and leaf certificates signed by it.
+struct Pki {
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "tern test CA");
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let ca = p.self_signed(&ca_key).expect("ca");
+        Pki { ca, ca_key }
+    }
+
+    /// Writes `conf/NAME.crt` and `conf/NAME.key` for `name`; returns the
+    /// certificate's DER.
+    fn leaf(&self, p: &Prefix, name: &str) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params
+            .signed_by(&key, &self.ca, &self.ca_key)
+            .expect("sign");
+        p.write(&format!("conf/{}.crt", name), cert.pem());
+        p.write(&format!("conf/{}.key", name), key.serialize_pem());
+        cert.der().to_vec()
+    }
+
+    fn ca_pem(&self, p: &Prefix) -> String {
+        let path = p.write("conf/ca.pem", self.ca.pem());
+        path.display().to_string()
+    }
+
+    fn client(&self) -> Arc<ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.der().clone()).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Arc::new(
+            ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        )
+    }
+}
+
+type Tls = StreamOwned<ClientConnection, TcpStream>;
+
+fn tls_connect(cfg: &Arc<ClientConfig>, port: u16, sni: &str) -> Tls {
+    let name = ServerName::try_from(sni.to_string()).expect("name");
+    let conn = ClientConnection::new(cfg.clone(), name).expect("client");
+    let sock = harness::connect(port);
+    StreamOwned::new(conn, sock)
+}
+
+/// Reads one framed response from a kept-alive TLS connection.
+fn read_one(s: &mut Tls) -> Option<Resp> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        if let Some((r, _)) = Resp::parse_complete(&data) {
+            return Some(r);
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return Resp::parse(&data),
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn read_all(s: &mut Tls) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn peer_cert(s: &Tls) -> Vec<u8> {
+    s.conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c: &CertificateDer<'_>| c.to_vec())
+        .unwrap_or_default()
+}
+
+const CONF: &str = r#"
+error_log logs/error.log info;
+http {
+    log_format tls '$scheme|$https|$ssl_protocol|$ssl_cipher|$ssl_server_name|$ssl_session_reused|$status|$server_name';
+    access_log logs/access.log tls;
+    sendfile on;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    server {
+        listen 127.0.0.1:@PORT@ ssl default_server;
+        server_name a.test;
+        ssl_certificate a.test.crt;
+        ssl_certificate_key a.test.key;
+        root html;
+        location /r { return 302 /there; }
+    }
+    server {
+        listen 127.0.0.1:@PORT@ ssl http2;
+        server_name *.b.test b.test;
+        ssl_certificate b.test.crt;
+        ssl_certificate_key b.test.key;
+        location / { return 200 "b\n"; }
+    }
+    server {
+        listen 127.0.0.1:@PORT@;
+        server_name c.test;
+        location / { return 200 "c\n"; }
+    }
+}
+"#;
+
+fn start(pki: &Pki) -> (Server, Vec<u8>, Vec<u8>) {
+    let p = Prefix::new();
+    let a = pki.leaf(&p, "a.test");
+    let b = pki.leaf(&p, "b.test");
+    p.write("html/index.html", "hello\n");
+    (Server::start_in(p, CONF), a, b)
+}
+
+#[test]
+fn tls_serves_with_curl_and_logs_ssl_variables() {
+    let pki = Pki::new();
+    let (s, _, _) = start(&pki);
+    let ca = pki.ca_pem(&s.prefix);
+    let resolve = format!("a.test:{}:127.0.0.1", s.port);
+    let url = format!("https://a.test:{}/", s.port);
+    let out = s.curl(&["--cacert", &ca, "--resolve", &resolve, &url]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n", "{:?}", out);
+    // A redirect made absolute says https, with the port (not 443).
+    let out = s.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &resolve,
+        "-D-",
+        "-o/dev/null",
+        "--tls-max",
+        "1.2",
+        &format!("https://a.test:{}/r", s.port),
+    ]);
+    let head = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        head.contains(&format!(
+            "\r\nLocation: https://a.test:{}/there\r\n",
+            s.port
+        )),
+        "{}",
+        head
+    );
+    harness::eventually(5, "access log", || {
+        s.prefix.read("logs/access.log").lines().count() >= 2
+    });
+    let log = s.prefix.read("logs/access.log");
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(
+        lines[0], "https|on|TLSv1.3|TLS_AES_256_GCM_SHA384|a.test|.|200|a.test",
+        "{}",
+        log
+    );
+    assert_eq!(
+        lines[1], "https|on|TLSv1.2|ECDHE-ECDSA-AES256-GCM-SHA384|a.test|.|302|a.test",
+        "{}",
+        log
+    );
+}
+
+#[test]
+fn tls_sni_picks_the_servers_certificate() {
+    let pki = Pki::new();
+    let (s, a, b) = start(&pki);
+    let cfg = pki.client();
+    for (sni, cert, body) in [
+        ("b.test", &b, "b\n"),
+        ("x.b.test", &b, "b\n"),
+        ("a.test", &a, "hello\n"),
+    ] {
+        // The certificate for x.b.test is b.test's: the client refuses it
+        // (wrong name), which is what nginx's choice would give too.
+        let mut c = tls_connect(&cfg, s.port, sni);
+        let req = format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            sni
+        );
+        let wrote = c.write_all(req.as_bytes());
+        if sni == "x.b.test" {
+            assert!(wrote.is_err() || read_all(&mut c).is_empty());
+            continue;
+        }
+        wrote.expect("write");
+        let r = Resp::parse(&read_all(&mut c)).expect("response");
+        assert_eq!(peer_cert(&c), *cert, "certificate for {}", sni);
+        assert_eq!(r.body_str(), body, "{}", sni);
+    }
+    // An unknown name gets the default server's certificate; Host routes.
+    let mut c = tls_connect(&cfg, s.port, "a.test");
+    c.write_all(b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let r = Resp::parse(&read_all(&mut c)).expect("response");
+    assert_eq!(r.body_str(), "b\n");
+    assert_eq!(peer_cert(&c), a);
+}
+
+#[test]
+fn tls_keepalive_survives_parking_and_large_files_arrive_whole() {
+    let pki = Pki::new();
+    let p = Prefix::new();
+    pki.leaf(&p, "a.test");
+    pki.leaf(&p, "b.test");
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    p.write("html/big.bin", &big);
+    p.write("html/index.html", "hello\n");
+    let s = Server::start_in(p, CONF);
+    let cfg = pki.client();
+    let mut c = tls_connect(&cfg, s.port, "a.test");
+    for i in 0..3 {
+        c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .expect("write");
+        let r = read_one(&mut c).expect("response");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len(), big.len(), "round {}", i);
+        assert!(r.body == big, "round {}: body differs", i);
+        if i == 1 {
+            // Idle past PARK_AFTER (1 s): the connection waits in the
+            // parking lot with its TLS session, and comes back.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+    }
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .expect("write");
+    let r = read_one(&mut c).expect("response");
+    assert_eq!(r.head_normalized(), "HTTP/1.1 200 OK\r\nServer: X\r\nDate: X\r\nContent-Type: text/html\r\nContent-Length: 6\r\nLast-Modified: ".to_string() + r.header("Last-Modified").unwrap_or("") + "\r\nConnection: keep-alive\r\nETag: " + r.header("ETag").unwrap_or("") + "\r\nAccept-Ranges: bytes\r\n\r\n");
+    assert_eq!(r.body_str(), "hello\n");
+}
+
+#[test]
+fn tls_plain_http_to_ssl_port_is_497() {
+    let pki = Pki::new();
+    let (s, _, _) = start(&pki);
+    let got = s.raw(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n");
+    let r = Resp::parse(&got).expect("response");
+    assert_eq!(
+        r.head_normalized(),
+        "HTTP/1.1 400 Bad Request\r\nServer: X\r\nDate: X\r\nContent-Type: text/html\r\n\
+         Content-Length: 253\r\nConnection: close\r\n\r\n"
+    );
+    assert!(r
+        .body_str()
+        .starts_with("<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n"));
+    harness::eventually(5, "access log", || {
+        s.prefix.read("logs/access.log").contains("|400|")
+    });
+    assert!(s
+        .prefix
+        .read("logs/access.log")
+        .contains("http||-|-|-|-|400|a.test"));
+    assert!(s.error_log().contains(
+        "client sent plain HTTP request to HTTPS port while reading client request headers"
+    ));
+
+    // error_page 497 catches it: the common redirect to https.
+    let pki = Pki::new();
+    let p = Prefix::new();
+    pki.leaf(&p, "a.test");
+    let s = Server::start_in(
+        p,
+        "http { server { listen 127.0.0.1:@PORT@ ssl; ssl_certificate a.test.crt; \
+         ssl_certificate_key a.test.key; error_page 497 =301 https://$host:$server_port$request_uri; } }",
+    );
+    let r = Resp::parse(&s.raw(b"GET /x?y HTTP/1.1\r\nHost: a.test\r\n\r\n")).expect("response");
+    assert_eq!(r.status, 301);
+    assert_eq!(
+        r.header("Location"),
+        Some(format!("https://a.test:{}/x?y", s.port).as_str())
+    );
+}
+
+#[test]
+fn tls_reload_with_a_bad_certificate_keeps_serving() {
+    let pki = Pki::new();
+    let (s, a, _) = start(&pki);
+    let cfg = pki.client();
+    // The file is broken, then the configuration reloaded: the reload
+    // fails (certificates are read at reload) and the old one serves.
+    s.prefix.write("conf/a.test.crt", "not a certificate\n");
+    s.signal(1);
+    harness::eventually(5, "reload refused", || {
+        s.error_log().contains("cannot load certificate \"")
+    });
+    let log = s.error_log();
+    assert!(
+        log.contains(&format!(
+            "cannot load certificate \"{}\": PEM_read_bio_X509_AUX() failed",
+            s.prefix.path("conf/a.test.crt").display()
+        )),
+        "{}",
+        log
+    );
+    let mut c = tls_connect(&cfg, s.port, "a.test");
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let r = Resp::parse(&read_all(&mut c)).expect("response");
+    assert_eq!(r.body_str(), "hello\n");
+    assert_eq!(peer_cert(&c), a);
+}
+
+#[test]
+fn tls_config_errors_in_nginx_words() {
+    let p = Prefix::new();
+    let pki = Pki::new();
+    pki.leaf(&p, "a.test");
+    let conf = p.write(
+        "conf/t.conf",
+        "events {}\nhttp {\n  server {\n    listen 127.0.0.1:1 ssl;\n  }\n}\n",
+    );
+    let conf_s = conf.display().to_string();
+    let out = p.run(&["-t", "-c", &conf_s]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        err.contains(&format!(
+            "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:3",
+            conf_s
+        )),
+        "{}",
+        err
+    );
+    assert_ne!(out.status.code(), Some(0));
+    for (body, want) in [
+        (
+            "ssl_certificate a.test.crt;",
+            "no \"ssl_certificate_key\" is defined for certificate \"CONF/a.test.crt\"".to_string(),
+        ),
+        (
+            "ssl_certificate /nonexistent.crt; ssl_certificate_key a.test.key;",
+            "cannot load certificate \"/nonexistent.crt\": BIO_new_file() failed (2: No such file or directory)".to_string(),
+        ),
+        (
+            "ssl_certificate a.test.crt; ssl_certificate_key a.test.crt;",
+            "cannot load certificate key \"CONF/a.test.crt\": PEM_read_bio_PrivateKey() failed".to_string(),
+        ),
+        (
+            "ssl_certificate a.test.crt; ssl_certificate_key a.test.key; ssl_ciphers FOO;",
+            "SSL_CTX_set_cipher_list(\"FOO\") failed".to_string(),
+        ),
+        (
+            "ssl_certificate a.test.crt; ssl_certificate_key a.test.key; ssl_session_cache foo;",
+            format!("invalid session cache \"foo\" in {}:4", conf_s),
+        ),
+    ] {
+        std::fs::write(
+            &conf,
+            format!(
+                "events {{}}\nhttp {{\n  server {{\n    listen 127.0.0.1:1 ssl; {}\n  }}\n}}\n",
+                body
+            ),
+        )
+        .expect("write");
+        let out = p.run(&["-t", "-c", &conf_s]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let want = want.replace("CONF", &p.path("conf").display().to_string());
+        assert!(err.contains(&want), "{}\nwant: {}\ngot: {}", body, want, err);
+        assert_ne!(out.status.code(), Some(0), "{}", body);
+    }
+    // Accepted: `ssl on` (with nginx's warning), http2, the rest of the family.
+    std::fs::write(
+        &conf,
+        "events {}\nhttp {\n  ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3; ssl_prefer_server_ciphers on;\n  \
+         ssl_session_cache shared:SSL:10m; ssl_session_timeout 1d; ssl_session_tickets off;\n  \
+         ssl_ecdh_curve X25519:prime256v1; ssl_buffer_size 4k; ssl_stapling on; ssl_stapling_verify on;\n  \
+         ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES128-GCM-SHA256;\n  \
+         server {\n    listen 127.0.0.1:1 http2; ssl on; http2 on;\n    ssl_certificate a.test.crt; ssl_certificate_key a.test.key;\n  }\n}\n",
+    )
+    .expect("write");
+    let out = p.run(&["-t", "-c", &conf_s]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{}", err);
+    assert!(
+        err.contains(
+            "the \"ssl\" directive is deprecated, use the \"listen ... ssl\" directive instead in"
+        ),
+        "{}",
+        err
+    );
+}
+
+#[test]
+fn tls_version_line() {
+    let p = Prefix::new();
+    let out = p.run(&["-V"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("\nbuilt with rustls 0."), "{}", err);
+    assert!(err.contains(" --with-http_ssl_module"), "{}", err);
+}
+
+/// The same requests over TLS to tern and to the real nginx: heads and
+/// bodies compared (Server and Date blanked, nginx's signature swapped).
+#[test]
+fn tls_same_bytes_as_nginx() {
+    if !harness::nginx_installed() {
+        return;
+    }
+    let pki = Pki::new();
+    let conf = r#"
+http {
+    ssl_protocols TLSv1.2;
+    server {
+        listen 127.0.0.1:@PORT@ ssl;
+        server_name a.test;
+        ssl_certificate a.test.crt;
+        ssl_certificate_key a.test.key;
+        root html;
+        location /r { return 301 /elsewhere; }
+        location /v { return 200 "$scheme $https $ssl_protocol $ssl_cipher $ssl_server_name $ssl_session_reused\n"; }
+    }
+}
+"#;
+    let pn = Prefix::new();
+    let pt = Prefix::new();
+    for p in [&pn, &pt] {
+        p.write("html/index.html", "hello\n");
+        std::fs::create_dir_all(p.path("html/dir")).expect("mkdir");
+    }
+    // One certificate for both, so that nothing but the server differs.
+    pki.leaf(&pn, "a.test");
+    for f in ["a.test.crt", "a.test.key"] {
+        std::fs::copy(
+            pn.path(&format!("conf/{}", f)),
+            pt.path(&format!("conf/{}", f)),
+        )
+        .expect("copy");
+    }
+    let nport = harness::free_port();
+    let Some(_nginx) = harness::start_nginx(&pn, conf, nport) else {
+        return;
+    };
+    let s = Server::start_in(pt, conf);
+    let cfg = pki.client();
+    let fetch = |port: u16, req: &[u8]| -> String {
+        let mut c = tls_connect(&cfg, port, "a.test");
+        c.write_all(req).expect("write");
+        let raw = read_all(&mut c);
+        let r = Resp::parse(&raw).expect("response");
+        let mut out = r.head_normalized();
+        out.push_str(&r.body_str());
+        out.replace("nginx/1.22.1", "tern/X")
+            .replace(&format!(":{}/", port), ":PORT/")
+    };
+    for req in [
+        &b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"[..],
+        b"GET /missing HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        b"GET /r HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        b"GET /dir HTTP/1.1\r\nHost: a.test:1234\r\nConnection: close\r\n\r\n",
+        b"GET /v HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        b"HEAD / HTTP/1.0\r\n\r\n",
+    ] {
+        let n = fetch(nport, req);
+        let t = fetch(s.port, req).replace(&format!("tern/{}", tern_version()), "tern/X");
+        // Last-Modified/ETag differ by the files' times, Content-Length
+        // of error pages by the signature's length.
+        let strip = |x: &str| {
+            x.lines()
+                .filter(|l| {
+                    !l.starts_with("Last-Modified")
+                        && !l.starts_with("ETag")
+                        && !l.starts_with("Content-Length")
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(strip(&t), strip(&n), "{}", String::from_utf8_lossy(req));
+    }
+    // Plain HTTP to the TLS port, byte for byte.
+    let req = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    let n = Resp::parse(&harness::raw(nport, req)).expect("nginx");
+    let t = Resp::parse(&s.raw(req)).expect("tern");
+    assert_eq!(
+        t.head_normalized().replace("253", "255"),
+        n.head_normalized()
+    );
+    assert_eq!(
+        t.body_str()
+            .replace(&format!("tern/{}", tern_version()), "nginx/1.22.1"),
+        n.body_str()
+    );
+}
+
+fn tern_version() -> String {
+    let p = Prefix::new();
+    let out = p.run(&["-v"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    err.split("tern/")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or("")
+        .to_string()
+}
