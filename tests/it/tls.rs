@@ -521,3 +521,80 @@ fn tern_version() -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// Sessions resume: by ticket (the default), through a shared cache
+/// with tickets off, and not at all with neither.
+#[test]
+fn tls_sessions_resume() {
+    for (settings, want) in [
+        ("", "r"),
+        (
+            "ssl_session_tickets off; ssl_session_cache shared:SSL:1m;",
+            "r",
+        ),
+        ("ssl_session_tickets off;", "."),
+    ] {
+        let pki = Pki::new();
+        let p = Prefix::new();
+        pki.leaf(&p, "a.test");
+        let s = Server::start_in(
+            p,
+            &format!(
+                "http {{ ssl_protocols TLSv1.2 TLSv1.3; {} server {{ listen 127.0.0.1:@PORT@ ssl; \
+                 ssl_certificate a.test.crt; ssl_certificate_key a.test.key; \
+                 location / {{ return 200 \"$ssl_protocol $ssl_session_reused\\n\"; }} }} }}",
+                settings
+            ),
+        );
+        let cfg = pki.client();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let mut c = tls_connect(&cfg, s.port, "a.test");
+            c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+                .expect("write");
+            let r = Resp::parse(&read_all(&mut c)).expect("response");
+            got.push(r.body_str());
+        }
+        assert_eq!(
+            got,
+            ["TLSv1.3 .\n".to_string(), format!("TLSv1.3 {}\n", want)],
+            "{}",
+            settings
+        );
+    }
+}
+
+/// A request body read over TLS (proxy_pass reads it whole; curl waits
+/// for `100 Continue`, written and flushed through TLS).
+#[test]
+fn tls_request_body_through_proxy() {
+    let pki = Pki::new();
+    let p = Prefix::new();
+    pki.leaf(&p, "a.test");
+    p.write("html/body.bin", vec![b'x'; 300_000]);
+    let up = harness::free_port();
+    let conf = format!(
+        "http {{ client_max_body_size 10m; \
+         server {{ listen 127.0.0.1:@PORT@ ssl; server_name a.test; ssl_certificate a.test.crt; \
+         ssl_certificate_key a.test.key; location / {{ proxy_set_header X-Proto $scheme; proxy_pass http://127.0.0.1:{up}; }} }} \
+         server {{ listen 127.0.0.1:{up}; location / {{ return 200 \"got $content_length $http_x_proto\\n\"; }} }} }}"
+    );
+    let s = Server::start_in(p, &conf);
+    let ca = pki.ca_pem(&s.prefix);
+    let body = format!("@{}", s.prefix.path("html/body.bin").display());
+    let out = s.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("a.test:{}:127.0.0.1", s.port),
+        "--data-binary",
+        &body,
+        &format!("https://a.test:{}/post", s.port),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "got 300000 https\n",
+        "{:?}",
+        out
+    );
+}

@@ -260,4 +260,29 @@ pub const DIRECTIVES: &[Spec] = &[
     row("ssl_stapling_verify", Args::Flag, on_off),
     row("ssl_trusted_certificate", Args::take(1), any),
     row("ssl_early_data", Args::Flag, on_off),
+    row("ssl_stapling_file", Args::take(1), any),
+    row("ssl_stapling_responder", Args::take(1), any),
+    // Client certificates, key files of other forms, OpenSSL commands:
+    // refused by name rather than taken for unknown.
+    refused("ssl_verify_client"),
+    refused("ssl_client_certificate"),
+    refused("ssl_verify_depth"),
+    refused("ssl_crl"),
+    refused("ssl_password_file"),
+    refused("ssl_session_ticket_key"),
+    refused("ssl_conf_command"),
+    refused("ssl_reject_handshake"),
+    refused("ssl_ocsp"),
+    refused("ssl_ocsp_responder"),
+    refused("ssl_ocsp_cache"),
 ];
+
+/// A directive of the module tern does not implement yet.
+const fn refused(name: &'static str) -> Spec {
+    Spec {
+        name,
+        ctx: HS,
+        args: Args::Any,
+        set: Setter::Unsupported,
+    }
+}
