@@ -346,7 +346,7 @@ fn matches(elem: &str, name: &str, attrs: &[&str]) -> bool {
 /// keeping the list's order. An element is added, `!`/`-` removes (`!`
 /// for good), `+` moves to the end, `@...` is ignored. A list none of
 /// whose elements OpenSSL would know either is nginx's "no cipher match".
-fn tls12_suites(list: &str) -> ConfResult<Vec<SupportedCipherSuite>> {
+pub(crate) fn tls12_suites(list: &str) -> ConfResult<Vec<SupportedCipherSuite>> {
     let ours: Vec<(SupportedCipherSuite, &str, &[&str])> = provider::ALL_CIPHER_SUITES
         .iter()
         .filter(|s| s.version() == &rustls::version::TLS12)

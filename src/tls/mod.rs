@@ -29,6 +29,7 @@
 //! configuration keeps serving. Connections keep the `ServerConfig` they
 //! were accepted with.
 
+pub mod client;
 pub mod config;
 pub mod stream;
 

@@ -598,3 +598,77 @@ fn tls_request_body_through_proxy() {
         out
     );
 }
+
+/// `proxy_pass https://`: to tern's own TLS server, without verification
+/// and SNI (nginx's defaults), with SNI, with verification against the
+/// test CA (and its failure for a wrong name), and over kept-alive
+/// upstream connections.
+#[test]
+fn tls_proxy_pass_https() {
+    let pki = Pki::new();
+    let p = Prefix::new();
+    pki.leaf(&p, "a.test");
+    pki.ca_pem(&p);
+    let front = harness::free_port();
+    let conf = format!(
+        r#"
+error_log logs/error.log info;
+http {{
+    ssl_protocols TLSv1.2 TLSv1.3;
+    upstream tlsback {{ server 127.0.0.1:@PORT@; keepalive 4; }}
+    server {{
+        listen 127.0.0.1:@PORT@ ssl;
+        ssl_certificate a.test.crt;
+        ssl_certificate_key a.test.key;
+        location / {{ return 200 "sni=$ssl_server_name $ssl_protocol reqs=$connection_requests\n"; }}
+    }}
+    server {{
+        listen 127.0.0.1:{front};
+        location /plain {{ proxy_pass https://127.0.0.1:@PORT@; }}
+        location /sni {{
+            proxy_pass https://127.0.0.1:@PORT@;
+            proxy_ssl_server_name on;
+            proxy_ssl_name a.test;
+            proxy_ssl_protocols TLSv1.3;
+        }}
+        location /verify {{
+            proxy_pass https://127.0.0.1:@PORT@;
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate ca.pem;
+            proxy_ssl_name a.test;
+        }}
+        location /wrong {{
+            proxy_pass https://127.0.0.1:@PORT@;
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate ca.pem;
+            proxy_ssl_name b.test;
+        }}
+        location /kept {{
+            proxy_pass https://tlsback;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"#
+    );
+    let s = Server::start_in(p, &conf);
+    let get = |path: &str| {
+        let req = format!(
+            "GET {} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            path
+        );
+        Resp::parse(&harness::raw(front, req.as_bytes())).expect("response")
+    };
+    assert_eq!(get("/plain").body_str(), "sni= TLSv1.2 reqs=1\n");
+    assert_eq!(get("/sni").body_str(), "sni=a.test TLSv1.3 reqs=1\n");
+    assert_eq!(get("/verify").body_str(), "sni= TLSv1.2 reqs=1\n");
+    assert_eq!(get("/wrong").status, 502);
+    assert!(
+        s.error_log().contains("while SSL handshaking to upstream"),
+        "{}",
+        s.error_log()
+    );
+    assert_eq!(get("/kept").body_str(), "sni= TLSv1.2 reqs=1\n");
+    assert_eq!(get("/kept").body_str(), "sni= TLSv1.2 reqs=2\n");
+}

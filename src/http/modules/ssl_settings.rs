@@ -112,6 +112,13 @@ fn certificate_key(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfRes
 }
 
 fn protocols(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = parse_protocols(d)?;
+    set_once(&mut s.ssl.protocols, v, d)
+}
+
+/// `ssl_protocols`-style arguments: (TLSv1.2, TLSv1.3) wanted; the older
+/// names are accepted and mean nothing to rustls.
+pub fn parse_protocols(d: &Directive) -> ConfResult<(bool, bool)> {
     let (mut v12, mut v13) = (false, false);
     for a in &d.args {
         match a.value.as_str() {
@@ -121,7 +128,7 @@ fn protocols(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
             v => return Err(ConfError::at(format!("invalid value \"{}\"", v), d)),
         }
     }
-    set_once(&mut s.ssl.protocols, (v12, v13), d)
+    Ok((v12, v13))
 }
 
 fn ciphers(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
