@@ -50,6 +50,9 @@ pub struct TlsStream<S> {
     conn: RefCell<Box<ServerConnection>>,
     /// close_notify has been queued.
     closing: Cell<bool>,
+    /// The session failed (a bad record, a fatal alert): every later read
+    /// says so at once, so no wait is ever made on a dead session.
+    failed: Cell<bool>,
 }
 
 impl<S: Stream> TlsStream<S> {
@@ -58,6 +61,7 @@ impl<S: Stream> TlsStream<S> {
             sock,
             conn: RefCell::new(conn),
             closing: Cell::new(false),
+            failed: Cell::new(false),
         }
     }
 
@@ -79,12 +83,17 @@ impl<S: Stream> TlsStream<S> {
 
     /// Whether decrypted bytes wait to be read (or an error to be seen).
     fn has_plaintext(&self) -> bool {
-        self.conn
-            .borrow_mut()
-            .process_new_packets()
-            .map_or(true, |s| {
-                s.plaintext_bytes_to_read() > 0 || s.peer_has_closed()
-            })
+        if self.failed.get() {
+            return true;
+        }
+        let r = self.conn.borrow_mut().process_new_packets();
+        match r {
+            Ok(s) => s.plaintext_bytes_to_read() > 0 || s.peer_has_closed(),
+            Err(_) => {
+                self.failed.set(true);
+                true
+            }
+        }
     }
 
     /// Reads ciphertext from the socket and processes it. `Ok(false)`: the
@@ -95,6 +104,7 @@ impl<S: Stream> TlsStream<S> {
             return Ok(false);
         }
         if let Err(e) = c.process_new_packets() {
+            self.failed.set(true);
             // The alert rustls queued goes out if the socket takes it.
             let _ = c.write_tls(&mut Wr(&self.sock));
             return Err(io::Error::new(io::ErrorKind::InvalidData, e));
@@ -150,6 +160,9 @@ impl<S: Stream> Stream for TlsStream<S> {
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
+            if self.failed.get() {
+                return Err(io::ErrorKind::InvalidData.into());
+            }
             match self.conn.borrow_mut().reader().read(buf) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

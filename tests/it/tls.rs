@@ -672,3 +672,44 @@ http {{
     assert_eq!(get("/kept").body_str(), "sni= TLSv1.2 reqs=1\n");
     assert_eq!(get("/kept").body_str(), "sni= TLSv1.2 reqs=2\n");
 }
+
+/// A handshake that stalls ends at client_header_timeout, logged as
+/// nginx does; a broken record after the handshake closes the connection.
+#[test]
+fn tls_handshake_timeout_and_bad_records_close() {
+    let pki = Pki::new();
+    let p = Prefix::new();
+    pki.leaf(&p, "a.test");
+    let s = Server::start_in(
+        p,
+        "error_log logs/error.log info; http { client_header_timeout 1s; server { \
+         listen 127.0.0.1:@PORT@ ssl; ssl_certificate a.test.crt; ssl_certificate_key a.test.key; \
+         location / { return 200 ok; } } }",
+    );
+    let mut c = s.connect();
+    c.write_all(b"\x16\x03\x01").expect("write");
+    let t = std::time::Instant::now();
+    assert!(harness::read_to_close(&mut c).is_empty());
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    harness::eventually(5, "timeout logged", || {
+        s.error_log().contains(
+            "client timed out (110: Connection timed out) while SSL handshaking, client: 127.0.0.1",
+        )
+    });
+
+    let cfg = pki.client();
+    let mut c = tls_connect(&cfg, s.port, "a.test");
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .expect("write");
+    assert_eq!(read_one(&mut c).expect("response").body_str(), "ok");
+    // An application-data record that does not decrypt.
+    c.sock
+        .write_all(b"\x17\x03\x03\x00\x20abcdefghijklmnopqrstuvwxyz012345")
+        .expect("write");
+    let t = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let _ = c.sock.read_to_end(&mut rest);
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    // The alert (a TLS record) and then the close.
+    assert_eq!(rest.first(), Some(&0x15), "{:?}", rest);
+}
