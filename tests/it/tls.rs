@@ -32,16 +32,28 @@ impl Pki {
     /// Writes `conf/NAME.crt` and `conf/NAME.key` for `name`; returns the
     /// certificate's DER.
     fn leaf(&self, p: &Prefix, name: &str) -> Vec<u8> {
+        self.leaf_as(p, name, name, &rcgen::PKCS_ECDSA_P256_SHA256)
+    }
+
+    /// A leaf for `name` with a key of `alg`, written as `conf/FILE.crt`
+    /// and `conf/FILE.key`.
+    fn leaf_as(
+        &self,
+        p: &Prefix,
+        file: &str,
+        name: &str,
+        alg: &'static rcgen::SignatureAlgorithm,
+    ) -> Vec<u8> {
         let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, name);
-        let key = rcgen::KeyPair::generate().expect("key");
+        let key = rcgen::KeyPair::generate_for(alg).expect("key");
         let cert = params
             .signed_by(&key, &self.ca, &self.ca_key)
             .expect("sign");
-        p.write(&format!("conf/{}.crt", name), cert.pem());
-        p.write(&format!("conf/{}.key", name), key.serialize_pem());
+        p.write(&format!("conf/{}.crt", file), cert.pem());
+        p.write(&format!("conf/{}.key", file), key.serialize_pem());
         cert.der().to_vec()
     }
 
@@ -712,4 +724,89 @@ fn tls_handshake_timeout_and_bad_records_close() {
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     // The alert (a TLS record) and then the close.
     assert_eq!(rest.first(), Some(&0x15), "{:?}", rest);
+}
+
+/// A client that offers only some signature schemes (to see which of a
+/// server's certificate pairs it gets).
+#[derive(Debug)]
+struct Only(
+    Arc<rustls::client::WebPkiServerVerifier>,
+    Vec<rustls::SignatureScheme>,
+);
+
+impl rustls::client::danger::ServerCertVerifier for Only {
+    fn verify_server_cert(
+        &self,
+        ee: &CertificateDer<'_>,
+        im: &[CertificateDer<'_>],
+        name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.0.verify_server_cert(ee, im, name, ocsp, now)
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(m, c, d)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(m, c, d)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.1.clone()
+    }
+}
+
+/// Several `ssl_certificate` pairs (as RSA + ECDSA in nginx): each client
+/// gets the one its signature schemes allow.
+#[test]
+fn tls_several_certificate_pairs() {
+    let pki = Pki::new();
+    let p = Prefix::new();
+    let ed = pki.leaf_as(&p, "ed", "a.test", &rcgen::PKCS_ED25519);
+    let ec = pki.leaf_as(&p, "ec", "a.test", &rcgen::PKCS_ECDSA_P256_SHA256);
+    let s = Server::start_in(
+        p,
+        "http { ssl_protocols TLSv1.3; server { listen 127.0.0.1:@PORT@ ssl; \
+         ssl_certificate ed.crt; ssl_certificate_key ed.key; \
+         ssl_certificate ec.crt; ssl_certificate_key ec.key; \
+         location / { return 200 ok; } } }",
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca.der().clone()).expect("root");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    for (schemes, want) in [
+        (vec![rustls::SignatureScheme::ECDSA_NISTP256_SHA256], &ec),
+        (vec![rustls::SignatureScheme::ED25519], &ed),
+    ] {
+        let v = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots.clone()),
+            provider.clone(),
+        )
+        .build()
+        .expect("verifier");
+        let cfg = Arc::new(
+            ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Only(v, schemes.clone())))
+                .with_no_client_auth(),
+        );
+        let mut c = tls_connect(&cfg, s.port, "a.test");
+        c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let r = Resp::parse(&read_all(&mut c)).expect("response");
+        assert_eq!(r.body_str(), "ok");
+        assert_eq!(peer_cert(&c), *want, "{:?}", schemes);
+    }
 }
