@@ -126,6 +126,10 @@ fn parse_args() -> Opts {
 }
 
 fn main() {
+    // Before any thread starts: argv for a later USR2, and the sockets an
+    // old binary handed over (their descriptors must not be reused first).
+    tern::core::upgrade::record_start();
+    let inherited = tern::core::upgrade::Inherited::from_env();
     let o = parse_args();
     if o.version {
         eprintln!(
@@ -261,7 +265,7 @@ fn main() {
             }
         }
     }
-    exit(master::run(src, cfg));
+    exit(master::run(src, cfg, inherited));
 }
 
 /// A startup error also goes to the error log, as nginx does.

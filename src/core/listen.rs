@@ -10,6 +10,32 @@ use socket2::{Domain, SockAddr, Socket, Type};
 use crate::http::conf::{Listen, ListenAddr};
 
 /// Binds and listens; errors worded as nginx (`bind() to ADDR failed (98: ...)`).
+/// Takes over a socket inherited from an old binary (see `core::upgrade`):
+/// it is bound and listening already; the backlog of the new configuration
+/// applies.
+pub fn adopt(s: Socket, l: &Listen) -> Result<Socket, String> {
+    let fail = |what: &str, e: io::Error| {
+        format!(
+            "{}() to {} failed {}",
+            what,
+            l.addr,
+            crate::core::errno_text(&e)
+        )
+    };
+    s.listen(l.backlog.unwrap_or(511))
+        .map_err(|e| fail("listen", e))?;
+    s.set_nonblocking(true).map_err(|e| fail("ioctl", e))?;
+    Ok(s)
+}
+
+/// The address `l` binds, as the kernel reports a bound socket's.
+pub fn sock_addr(l: &Listen) -> Option<SockAddr> {
+    match &l.addr {
+        ListenAddr::Inet(a) => Some(SockAddr::from(*a)),
+        ListenAddr::Unix(p) => SockAddr::unix(p).ok(),
+    }
+}
+
 pub fn bind(l: &Listen) -> Result<Socket, String> {
     let fail = |what: &str, e: io::Error| {
         format!(

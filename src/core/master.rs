@@ -10,6 +10,9 @@
 //!   across a reload keeps its socket (no connection is refused or closed).
 //! - QUIT: workers stop accepting, finish what they are doing, exit.
 //! - TERM/INT: exit now. USR1: reopen log files.
+//! - USR2, WINCH and the new binary's SIGCHLD: binary upgrade on the fly
+//!   (see `core::upgrade`); WINCH stops the workers while the listeners stay
+//!   open here, and HUP or the new binary's end starts them again.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,6 +24,8 @@ use tokio::sync::mpsc;
 
 use crate::core::conf::{self, Config};
 use crate::core::log::{self, Level, Logger};
+use crate::core::upgrade::{self, Inherited};
+use crate::core::user::Creds;
 use crate::core::worker::{self, Ctrl, ListenSock, Proto, Stats};
 use crate::http::conf::{Listen, ListenAddr};
 
@@ -86,6 +91,7 @@ fn bind_all(
     want: &[(Listen, Proto)],
     workers: usize,
     have: &mut HashMap<ListenAddr, Bound>,
+    inherited: &mut Inherited,
 ) -> Result<Vec<ListenAddr>, String> {
     let mut fresh: Vec<Bound> = Vec::new();
     let mut retag: Vec<(ListenAddr, Proto)> = Vec::new();
@@ -102,7 +108,12 @@ fn bind_all(
         }
         let n = if l.reuseport { workers } else { 1 };
         let mut socks = Vec::new();
-        for _ in 0..n {
+        if let Some(sa) = crate::core::listen::sock_addr(l) {
+            for s in inherited.take(&sa, n) {
+                socks.push(crate::core::listen::adopt(s, l)?);
+            }
+        }
+        while socks.len() < n {
             socks.push(crate::core::listen::bind(l)?);
         }
         fresh.push(Bound {
@@ -181,8 +192,9 @@ fn pid_path(cfg: &Config) -> PathBuf {
         .unwrap_or_else(|| cfg.prefix.join("logs/nginx.pid"))
 }
 
-/// Starts serving; returns the process exit code.
-pub fn run(src: Source, cfg: Config) -> i32 {
+/// Starts serving; returns the process exit code. `inherited` holds the
+/// listening sockets an old binary handed over (USR2), if any.
+pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
     match main_logger_for(&cfg, &src) {
         Ok(l) => log::set_main_logger(l),
         Err(e) => {
@@ -192,6 +204,17 @@ pub fn run(src: Source, cfg: Config) -> i32 {
             );
             return 1;
         }
+    }
+    if let Some(w) = &inherited.warning {
+        crate::elog!(Emerg, "{}", w);
+    }
+    let was_inherited = !inherited.text.is_empty();
+    if was_inherited {
+        crate::elog!(
+            Notice,
+            "using inherited sockets from \"{}\"",
+            inherited.text
+        );
     }
     for w in &cfg.warnings {
         crate::elog!(Warn, "{}", w);
@@ -214,12 +237,19 @@ pub fn run(src: Source, cfg: Config) -> i32 {
     }
     let workers_n = cfg.main.workers();
     let mut bound: HashMap<ListenAddr, Bound> = HashMap::new();
-    if let Err(msg) = listens(&cfg).and_then(|want| bind_all(&want, workers_n, &mut bound)) {
+    if let Err(msg) =
+        listens(&cfg).and_then(|want| bind_all(&want, workers_n, &mut bound, &mut inherited))
+    {
         eprintln!("tern: [emerg] {}", msg);
         crate::elog!(Emerg, "{}", msg);
         return 1;
     }
-    if cfg.main.daemon.unwrap_or(true) {
+    // Inherited sockets the configuration no longer listens on close here.
+    drop(inherited);
+    // A new binary started by an old one stays where it was started: the
+    // old one is detached already, and must see this process as its child.
+    let daemonized = was_inherited || cfg.main.daemon.unwrap_or(true);
+    if cfg.main.daemon.unwrap_or(true) && !was_inherited {
         if let Err(e) = daemonize() {
             eprintln!(
                 "tern: [emerg] daemon() failed {}",
@@ -288,62 +318,119 @@ pub fn run(src: Source, cfg: Config) -> i32 {
             return 1;
         }
     };
-    let config = Arc::new(ArcSwap::from_pointee(cfg));
-    let stats = Arc::new(Stats::default());
-    let mut senders = Vec::new();
-    let mut handles = Vec::new();
-    for i in 0..workers_n {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (c, s, p) = (config.clone(), stats.clone(), pools.clone());
-        let u = user.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("tern-worker-{}", i))
-            .spawn(move || {
-                if let Some(u) = u {
-                    if let Err(e) = crate::core::user::drop_thread_privileges(&u) {
-                        crate::elog!(Emerg, "worker {} could not drop privileges: {}", i, e);
-                        return;
-                    }
-                }
-                worker::run(i, c, s, p, rx)
-            });
-        match h {
-            Ok(h) => {
-                senders.push(tx);
-                handles.push(h);
-            }
-            Err(e) => {
-                crate::elog!(Alert, "could not start worker thread: {}", e);
-            }
-        }
-    }
-    for b in bound.values() {
-        send_listener(&senders, b);
-    }
+    let mut workers = Workers {
+        n: workers_n,
+        config: Arc::new(ArcSwap::from_pointee(cfg)),
+        stats: Arc::new(Stats::default()),
+        pools,
+        user,
+        senders: Vec::new(),
+        handles: Vec::new(),
+    };
+    workers.start(&bound);
     crate::elog!(
         Notice,
         "tern/{} started, {} workers",
         crate::http::response::VERSION,
         workers_n
     );
-    let graceful = rt.block_on(signals(sigs, &src, &config, &pools, &senders, &mut bound));
+    let mut state = State {
+        src: &src,
+        bound,
+        daemonized,
+        new_binary: None,
+    };
+    let graceful = rt.block_on(signals(sigs, &mut state, &mut workers));
+    workers.stop();
     if graceful {
-        for s in &senders {
-            let _ = s.send(Ctrl::Quit);
-        }
-        for h in handles {
+        for h in workers.handles.drain(..) {
             let _ = h.join();
         }
     }
-    let cfg = config.load();
-    let _ = std::fs::remove_file(pid_path(&cfg));
-    for b in bound.values() {
-        if let ListenAddr::Unix(p) = &b.listen.addr {
-            let _ = std::fs::remove_file(p);
+    let cfg = workers.config.load();
+    // With a new binary running, the pid file and the unix sockets are its.
+    let pid_file = pid_path(&cfg);
+    if state.new_binary.is_some() {
+        let _ = std::fs::remove_file(upgrade::oldbin_path(&pid_file));
+    } else {
+        let _ = std::fs::remove_file(pid_file);
+        for b in state.bound.values() {
+            if let ListenAddr::Unix(p) = &b.listen.addr {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
     crate::elog!(Notice, "exit");
     0
+}
+
+/// The worker threads, which WINCH stops and HUP (or the end of a new
+/// binary) starts again while the master keeps the listeners.
+struct Workers {
+    n: usize,
+    config: Arc<ArcSwap<Config>>,
+    stats: Arc<Stats>,
+    pools: Arc<ArcSwap<crate::io::Pools>>,
+    user: Option<Creds>,
+    /// One per running worker; empty while stopped.
+    senders: Vec<mpsc::UnboundedSender<Ctrl>>,
+    /// Running and stopping workers, joined at a graceful exit.
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn running(&self) -> bool {
+        !self.senders.is_empty()
+    }
+
+    fn start(&mut self, bound: &HashMap<ListenAddr, Bound>) {
+        for i in 0..self.n {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (c, s, p) = (self.config.clone(), self.stats.clone(), self.pools.clone());
+            let u = self.user.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("tern-worker-{}", i))
+                .spawn(move || {
+                    if let Some(u) = u {
+                        if let Err(e) = crate::core::user::drop_thread_privileges(&u) {
+                            crate::elog!(Emerg, "worker {} could not drop privileges: {}", i, e);
+                            return;
+                        }
+                    }
+                    worker::run(i, c, s, p, rx)
+                });
+            match h {
+                Ok(h) => {
+                    self.senders.push(tx);
+                    self.handles.push(h);
+                }
+                Err(e) => {
+                    crate::elog!(Alert, "could not start worker thread: {}", e);
+                }
+            }
+        }
+        for b in bound.values() {
+            send_listener(&self.senders, b);
+        }
+    }
+
+    /// Graceful stop: the workers close their listeners, finish their
+    /// requests and end; the listening sockets stay in `bound`.
+    fn stop(&mut self) {
+        for s in self.senders.drain(..) {
+            let _ = s.send(Ctrl::Quit);
+        }
+    }
+}
+
+/// What the signal loop changes besides the workers.
+struct State<'a> {
+    src: &'a Source,
+    bound: HashMap<ListenAddr, Bound>,
+    /// nginx only honours WINCH when detached (or started by an old binary).
+    daemonized: bool,
+    /// The new binary started by USR2 while it runs.
+    new_binary: Option<std::process::Child>,
 }
 
 /// The master's signal streams, installed once at start.
@@ -353,6 +440,9 @@ struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    winch: tokio::signal::unix::Signal,
+    chld: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -364,31 +454,43 @@ impl Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
             usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+            winch: signal(SignalKind::window_change())?,
+            chld: signal(SignalKind::child())?,
         })
     }
 }
 
 /// Waits for signals; returns true for a graceful stop, false for a fast one.
-async fn signals(
-    sigs: Signals,
-    src: &Source,
-    config: &Arc<ArcSwap<Config>>,
-    pools: &Arc<ArcSwap<crate::io::Pools>>,
-    workers: &[mpsc::UnboundedSender<Ctrl>],
-    bound: &mut HashMap<ListenAddr, Bound>,
-) -> bool {
+async fn signals(sigs: Signals, st: &mut State<'_>, workers: &mut Workers) -> bool {
     let Signals {
         mut hup,
         mut quit,
         mut term,
         mut int,
         mut usr1,
+        mut usr2,
+        mut winch,
+        mut chld,
     } = sigs;
     loop {
         tokio::select! {
             _ = hup.recv() => {
+                if st.new_binary.is_some() {
+                    // nginx: with a new binary running, HUP to the old one
+                    // brings its workers back (the way to roll back an
+                    // upgrade) and reads no configuration.
+                    crate::elog!(Notice, "signal 1 (SIGHUP) received, starting worker processes");
+                    if !workers.running() {
+                        workers.start(&st.bound);
+                    }
+                    continue;
+                }
                 crate::elog!(Notice, "signal 1 (SIGHUP) received from {}, reconfiguring", "master");
-                reload(src, config, pools, workers, bound);
+                reload(st, workers);
+                if !workers.running() {
+                    workers.start(&st.bound);
+                }
             }
             _ = quit.recv() => {
                 crate::elog!(Notice, "signal 3 (SIGQUIT) received, shutting down");
@@ -408,17 +510,117 @@ async fn signals(
                     crate::elog!(Alert, "open() \"{}\" failed {}", p.display(), crate::core::errno_text(&e));
                 }
             }
+            _ = usr2.recv() => {
+                if st.new_binary.is_some() || upgrade::parent_unchanged() {
+                    crate::elog!(Notice, "signal 12 (SIGUSR2) received, ignoring");
+                    crate::elog!(Crit, "the changing binary signal is ignored: you should shutdown or terminate before either old or new binary's process");
+                } else {
+                    crate::elog!(Notice, "signal 12 (SIGUSR2) received, changing binary");
+                    st.new_binary = change_binary(&workers.config.load(), &st.bound);
+                }
+            }
+            _ = winch.recv() => {
+                if st.daemonized {
+                    crate::elog!(Notice, "signal 28 (SIGWINCH) received, stop accepting connections");
+                    workers.stop();
+                } else {
+                    crate::elog!(Notice, "signal 28 (SIGWINCH) received");
+                }
+            }
+            _ = chld.recv() => reap_new_binary(st, workers),
         }
     }
 }
 
-fn reload(
-    src: &Source,
-    config: &Arc<ArcSwap<Config>>,
-    pools: &Arc<ArcSwap<crate::io::Pools>>,
-    workers: &[mpsc::UnboundedSender<Ctrl>],
-    bound: &mut HashMap<ListenAddr, Bound>,
-) {
+/// USR2: hands the listeners to a new process of the binary at argv[0].
+fn change_binary(cfg: &Config, bound: &HashMap<ListenAddr, Bound>) -> Option<std::process::Child> {
+    crate::elog!(Notice, "changing binary");
+    let pid = pid_path(cfg);
+    let old = upgrade::oldbin_path(&pid);
+    let exe = upgrade::exe_display();
+    if let Err(e) = std::fs::rename(&pid, &old) {
+        crate::elog!(
+            Alert,
+            "rename() {} to {} failed {} before executing new binary process \"{}\"",
+            pid.display(),
+            old.display(),
+            crate::core::errno_text(&e),
+            exe
+        );
+        return None;
+    }
+    let socks: Vec<&socket2::Socket> = bound.values().flat_map(|b| b.socks.iter()).collect();
+    match upgrade::exec_new_binary(&socks) {
+        Ok(child) => {
+            crate::elog!(Notice, "start new binary process {}", child.id());
+            Some(child)
+        }
+        Err(e) => {
+            crate::elog!(
+                Alert,
+                "execve() failed while executing new binary process \"{}\" {}",
+                exe,
+                crate::core::errno_text(&e)
+            );
+            if let Err(e) = std::fs::rename(&old, &pid) {
+                crate::elog!(
+                    Alert,
+                    "rename() {} back to {} failed {} after an attempt to execute new binary process \"{}\"",
+                    old.display(),
+                    pid.display(),
+                    crate::core::errno_text(&e),
+                    exe
+                );
+            }
+            None
+        }
+    }
+}
+
+/// SIGCHLD: if the new binary has ended, this process is the server
+/// again: the pid file comes back, and stopped workers start.
+fn reap_new_binary(st: &mut State<'_>, workers: &mut Workers) {
+    let Some(child) = st.new_binary.as_mut() else {
+        return;
+    };
+    let status = match child.try_wait() {
+        Ok(Some(s)) => s,
+        _ => return,
+    };
+    let id = child.id();
+    st.new_binary = None;
+    {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(c), _) => {
+                crate::elog!(Notice, "new binary process {} exited with code {}", id, c)
+            }
+            (None, Some(s)) => {
+                crate::elog!(Alert, "new binary process {} exited on signal {}", id, s)
+            }
+            _ => {}
+        }
+    }
+    let pid = pid_path(&workers.config.load());
+    let old = upgrade::oldbin_path(&pid);
+    if let Err(e) = std::fs::rename(&old, &pid) {
+        crate::elog!(
+            Alert,
+            "rename() {} back to {} failed {} after the new binary process \"{}\" exited",
+            old.display(),
+            pid.display(),
+            crate::core::errno_text(&e),
+            upgrade::exe_display()
+        );
+    }
+    if !workers.running() {
+        workers.start(&st.bound);
+    }
+}
+
+fn reload(st: &mut State<'_>, w: &Workers) {
+    let (src, config, pools, workers, bound) =
+        (st.src, &w.config, &w.pools, &w.senders, &mut st.bound);
     let new = match src.load() {
         Ok(c) => c,
         Err(e) => {
@@ -431,7 +633,7 @@ fn reload(
         }
     };
     let (want, added) = match listens(&new).and_then(|want| {
-        let added = bind_all(&want, workers.len(), bound)?;
+        let added = bind_all(&want, w.n, bound, &mut Inherited::default())?;
         Ok((want, added))
     }) {
         Ok(a) => a,

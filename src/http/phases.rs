@@ -4,7 +4,8 @@
 //! 1. server rewrite (`rewrite`/`return`/`set`/`if` at server level)
 //! 2. find location (loops back after an internal redirect, max 10)
 //! 3. location rewrite
-//! 4. access: [`ACCESS`] in order (internal-only, limit_conn, limit_req...)
+//! 4. access: [`ACCESS`] in order (limit_conn, limit_req), then
+//!    [`modules::access::phase`] (allow/deny, auth_basic, `satisfy`)
 //! 5. content: [`crate::http::modules::content`] (stub_status, metrics,
 //!    try_files, index, static...)
 //! 6. header filters: [`HEADER_FILTERS`] in order, which may install body
@@ -232,10 +233,21 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             cx.internal = true;
             Entry::Find
         };
+        // An authentication challenge stays with the page that replaces
+        // the response: nginx keeps `WWW-Authenticate` in the response
+        // headers through the internal redirect (a target that asks again
+        // adds its own after it).
+        let challenge: Vec<_> = resp
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
+            .cloned()
+            .collect();
         let r2 = run_phases(cx, entry).await;
         let target_failed =
             r2.status >= 400 && matches!(r2.body, crate::http::response::Body::Empty);
         resp = r2;
+        resp.headers.splice(0..0, challenge);
         if !target_failed {
             resp.status = match page.overwrite {
                 Overwrite::Keep => orig,
@@ -350,6 +362,9 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
         }
         if again {
             continue;
+        }
+        if let Some(r) = modules::access::phase(cx).await {
+            return r;
         }
         match modules::content(cx).await {
             Step::Done(r) => return *r,

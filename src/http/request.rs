@@ -283,6 +283,7 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     let mut seen_host = false;
     let mut connection: Option<&[u8]> = None;
     let mut expect_continue = false;
+    let mut seen_authorization = false;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let valid_name = name
@@ -326,6 +327,12 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
             connection = Some(h.value);
         } else if name_is(name, "expect") {
             expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
+        } else if name_is(name, "authorization") {
+            // nginx keeps one Authorization header (auth_basic, $remote_user).
+            if seen_authorization {
+                return Err(reject(400, "client sent duplicate header line", Some(line)));
+            }
+            seen_authorization = true;
         }
         headers.push(Hdr {
             name: in_head(name)?,

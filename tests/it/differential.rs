@@ -242,7 +242,7 @@ fn files(p: &Prefix) {
 }
 
 /// Both trees get the same timestamps, so Last-Modified, ETag and listings agree.
-fn fix_times(dir: &std::path::Path) {
+pub(crate) fn fix_times(dir: &std::path::Path) {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
@@ -510,7 +510,7 @@ fn corpus() -> Vec<String> {
 
 /// Sends `req` and reads until the server closes or stays silent for a
 /// moment (some requests in the corpus keep the connection open).
-fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
+pub(crate) fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
     use std::io::Read;
     let mut s = connect(port);
     s.set_read_timeout(Some(std::time::Duration::from_millis(300)))
@@ -528,7 +528,7 @@ fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
 }
 
 /// What may differ between the two servers, normalised away.
-fn normalize(raw: &[u8], port: u16) -> String {
+pub(crate) fn normalize(raw: &[u8], port: u16) -> String {
     let text = String::from_utf8_lossy(raw).into_owned();
     let text = text.replace(&format!(":{}", port), ":PORT");
     let mut out = Vec::new();

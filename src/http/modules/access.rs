@@ -1,7 +1,12 @@
-//! `allow`, `deny` and `limit_except`: the access phase's address rules.
+//! `allow`, `deny`, `satisfy` and `limit_except`: the access phase.
 //!
 //! Rules are checked in order and the first match decides; no match
-//! allows.
+//! says nothing. [`phase`] runs nginx's access phase: the address rules,
+//! then `auth_basic` ([`super::auth_basic::check`]), combined as
+//! `satisfy` says: with `all` (the default) each must let the request
+//! through, the first refusal answers; with `any` the first check that
+//! allows lets it through, and if none does the refusal answers (a 401
+//! over a 403, so the client is asked for credentials).
 //!
 //! `limit_except METHODS { ... }` is, as in nginx, a nameless location of
 //! its own: its directives (`allow`, `deny`, `access_log`, `proxy_pass`)
@@ -21,7 +26,7 @@ use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::http::conf::{HttpMain, LocConf};
-use crate::http::phases::{Ctx, Step};
+use crate::http::phases::Ctx;
 use crate::http::request::Method;
 use crate::http::response::Response;
 
@@ -84,6 +89,8 @@ pub fn limit_except(cx: &mut Ctx<'_>) {
 #[derive(Debug, Clone, Default)]
 pub struct AccessLoc {
     pub rules: Option<Vec<Rule>>,
+    /// `satisfy any` (true) or `all`.
+    pub satisfy_any: Option<bool>,
     /// Not inherited by nested locations (per location, as in nginx).
     pub limit_except: Option<Arc<LimitExcept>>,
 }
@@ -92,6 +99,9 @@ impl AccessLoc {
     pub fn merge(&mut self, p: &AccessLoc) {
         if self.rules.is_none() {
             self.rules = p.rules.clone();
+        }
+        if self.satisfy_any.is_none() {
+            self.satisfy_any = p.satisfy_any;
         }
     }
 }
@@ -132,24 +142,73 @@ pub(crate) fn matches_addr(addr: &Addr, peer: Option<IpAddr>) -> bool {
     }
 }
 
-/// The access-phase handler.
-pub fn access(cx: &mut Ctx<'_>) -> Step {
-    let rules = cx.loc.modules.access.rules.clone();
-    check(cx, rules.as_deref()).unwrap_or(Step::Next)
+/// What one access check says: nginx's `NGX_OK`, `NGX_DECLINED`, a
+/// refusal (403, 401) or an error.
+pub enum Verdict {
+    /// The request may go on (an `allow` matched, valid credentials).
+    Allow,
+    /// The check has nothing to say (no rule matched, no auth configured).
+    Declined,
+    /// Refused with this response; under `satisfy any` another check may
+    /// still let the request through.
+    Refuse(Response),
+    /// Ends the request whatever `satisfy` says (500).
+    Fail(Response),
 }
 
-fn check(cx: &Ctx<'_>, rules: Option<&[Rule]>) -> Option<Step> {
+/// nginx's access phase: allow/deny, then auth_basic, under `satisfy`.
+/// `None` lets the request go on to the content phase.
+pub async fn phase(cx: &mut Ctx<'_>) -> Option<Response> {
+    let any = cx.loc.modules.access.satisfy_any.unwrap_or(false);
+    let rules = cx.loc.modules.access.rules.clone();
+    let mut refused: Option<Response> = None;
+    match check(cx, rules.as_deref()) {
+        Verdict::Allow if any => return None,
+        Verdict::Refuse(r) if any => refused = Some(r),
+        Verdict::Refuse(r) | Verdict::Fail(r) => {
+            cx.log(Level::Error, "access forbidden by rule");
+            return Some(r);
+        }
+        Verdict::Allow | Verdict::Declined => {}
+    }
+    match super::auth_basic::check(cx).await {
+        Verdict::Allow if any => return None,
+        Verdict::Allow | Verdict::Declined => {}
+        Verdict::Refuse(r) if any => {
+            if refused.as_ref().is_none_or(|p| p.status != 401) {
+                refused = Some(r);
+            }
+        }
+        Verdict::Refuse(r) | Verdict::Fail(r) => return Some(r),
+    }
+    let r = refused?;
+    if r.status == 403 {
+        // nginx's post-access phase says so for any 403 under `satisfy any`.
+        cx.log(Level::Error, "access forbidden by rule");
+    }
+    Some(r)
+}
+
+fn check(cx: &Ctx<'_>, rules: Option<&[Rule]>) -> Verdict {
     let peer = cx.remote.map(|a| a.ip());
-    for r in rules? {
+    for r in rules.unwrap_or_default() {
         if matches_addr(&r.addr, peer) {
             if r.allow {
-                return None;
+                return Verdict::Allow;
             }
-            cx.log(Level::Error, "access forbidden by rule");
-            return Some(Step::done(Response::status(403)));
+            return Verdict::Refuse(Response::status(403));
         }
     }
-    None
+    Verdict::Declined
+}
+
+fn set_satisfy(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let any = match arg(d, 0) {
+        v if v.eq_ignore_ascii_case("all") => false,
+        v if v.eq_ignore_ascii_case("any") => true,
+        v => return Err(crate::config::registry::enum_invalid(d, v)),
+    };
+    crate::config::registry::set_once(&mut l.modules.access.satisfy_any, any, d)
 }
 
 pub(crate) fn parse_addr(d: &Directive) -> ConfResult<Addr> {
@@ -255,6 +314,12 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: ctx::HSL | ctx::LMT,
         args: Args::take(1),
         set: Setter::Loc(set_rule),
+    },
+    Spec {
+        name: "satisfy",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_satisfy),
     },
     Spec {
         name: "limit_except",

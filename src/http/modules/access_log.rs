@@ -83,9 +83,6 @@ pub enum Escape {
 enum Op {
     Lit(Vec<u8>),
     Var(Var),
-    /// `$remote_user`, decoded from `Authorization: Basic` (the variable
-    /// table has no such builtin yet). Holds `$http_authorization`.
-    RemoteUser(Var),
     /// `$pipe`: "p" for a pipelined request. The engine does not say, so
     /// this is always ".".
     Pipe,
@@ -150,7 +147,6 @@ impl Format {
                 }
                 ops.push(match name {
                     "pipe" => Op::Pipe,
-                    "remote_user" => Op::RemoteUser(Var::Http("authorization".into())),
                     _ => Op::Var(vars.resolve(name)),
                 });
             }
@@ -167,19 +163,6 @@ impl Format {
                 Op::Var(v) => {
                     let start = out.len();
                     let found = cx.var(v, out);
-                    self.finish_value(found, start, out);
-                }
-                Op::RemoteUser(auth) => {
-                    let start = out.len();
-                    let mut h = Vec::new();
-                    let found = cx.var(auth, &mut h)
-                        && match basic_user(&h) {
-                            Some(u) => {
-                                out.extend_from_slice(&u);
-                                true
-                            }
-                            None => false,
-                        };
                     self.finish_value(found, start, out);
                 }
             }
@@ -260,55 +243,6 @@ fn escape_json(src: &[u8], out: &mut Vec<u8>) {
             _ => out.push(c),
         }
     }
-}
-
-/// The user name of an `Authorization: Basic` header, as nginx's
-/// `$remote_user`: none when the scheme differs, the base64 is invalid, or
-/// there is no `:` or the name before it is empty.
-fn basic_user(h: &[u8]) -> Option<Vec<u8>> {
-    if h.len() < 6 || !h[..6].eq_ignore_ascii_case(b"basic ") {
-        return None;
-    }
-    let enc = h[6..].trim_ascii_start();
-    if enc.is_empty() {
-        return None;
-    }
-    let dec = base64_decode(enc)?;
-    let colon = dec.iter().position(|&c| c == b':')?;
-    if colon == 0 {
-        return None;
-    }
-    Some(dec[..colon].to_vec())
-}
-
-/// Standard base64; input ends at the first `=`; any other byte outside
-/// the alphabet before it is an error (as nginx's decoder).
-fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
-    fn val(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    let end = s.iter().position(|&c| c == b'=').unwrap_or(s.len());
-    let s = &s[..end];
-    if s.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    for chunk in s.chunks(4) {
-        let mut n = 0u32;
-        for (k, &c) in chunk.iter().enumerate() {
-            n |= val(c)? << (18 - 6 * k);
-        }
-        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&bytes[..chunk.len() - 1]);
-    }
-    Some(out)
 }
 
 /// The predefined `combined` format (compiled once: it uses builtins only).
@@ -1368,18 +1302,6 @@ mod tests {
             render(Escape::None, "${http_x_a}x|$http_none|", &cx),
             b"q\"\\\x01\x7f\xc3\xa9\t\x08\x0c\x1f\x1b/endx||".to_vec()
         );
-    }
-
-    #[test]
-    fn remote_user_from_basic_auth() {
-        let auth = |v: &'static [u8]| Fixed(vec![(Var::Http("authorization".into()), Some(v))]);
-        let r = |v| render(Escape::Default, "$remote_user", &auth(v));
-        assert_eq!(r(b"Basic dXNlcjpwYXNz"), b"user");
-        assert_eq!(r(b"basic   dXNlcjpwYXNz"), b"user");
-        assert_eq!(r(b"Basic Ojp4"), b"-");
-        assert_eq!(r(b"Basic bm9jb2xvbg=="), b"-");
-        assert_eq!(r(b"Bearer dXNlcjpwYXNz"), b"-");
-        assert_eq!(r(b"Basic !!!!"), b"-");
     }
 
     #[test]

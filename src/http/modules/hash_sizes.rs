@@ -40,6 +40,15 @@ const fn hsl(name: &'static str) -> Spec {
     }
 }
 
+const fn sl(name: &'static str) -> Spec {
+    Spec {
+        name,
+        ctx: ctx::SRV | ctx::LOC,
+        args: Args::take(1),
+        set: Setter::Loc(check_loc),
+    }
+}
+
 pub const DIRECTIVES: &[Spec] = &[
     http("server_names_hash_max_size"),
     http("server_names_hash_bucket_size"),
@@ -51,4 +60,6 @@ pub const DIRECTIVES: &[Spec] = &[
     hsl("types_hash_bucket_size"),
     hsl("proxy_headers_hash_max_size"),
     hsl("proxy_headers_hash_bucket_size"),
+    sl("referer_hash_max_size"),
+    sl("referer_hash_bucket_size"),
 ];

@@ -177,7 +177,7 @@ impl UserVar for MapVar {
 }
 
 /// The `$name` argument of `map`/`split_clients`, without the `$`.
-fn var_name<'a>(d: &Directive, a: &'a str) -> ConfResult<&'a str> {
+pub(super) fn var_name<'a>(d: &Directive, a: &'a str) -> ConfResult<&'a str> {
     match a.strip_prefix('$') {
         Some(n) if !n.is_empty() => Ok(n),
         _ => Err(ConfError::at(format!("invalid variable name \"{}\"", a), d)),
@@ -186,7 +186,12 @@ fn var_name<'a>(d: &Directive, a: &'a str) -> ConfResult<&'a str> {
 
 /// Registers the computed variable, refusing builtin names as nginx
 /// refuses its non-changeable variables.
-fn define(cx: &mut Compiler, d: &Directive, name: &str, def: Arc<dyn UserVar>) -> ConfResult<()> {
+pub(super) fn define(
+    cx: &mut Compiler,
+    d: &Directive,
+    name: &str,
+    def: Arc<dyn UserVar>,
+) -> ConfResult<()> {
     if let Some(v) = cx.vars.lookup(name) {
         if !matches!(v, Var::User(_)) {
             return Err(ConfError::at(
@@ -203,7 +208,7 @@ fn define(cx: &mut Compiler, d: &Directive, name: &str, def: Arc<dyn UserVar>) -
 
 /// An entry of a block: a `name args;` line; a nested block is nginx's
 /// `unexpected "{"`.
-fn no_block(e: &Directive) -> ConfResult<()> {
+pub(super) fn no_block(e: &Directive) -> ConfResult<()> {
     if e.block.is_some() {
         return Err(ConfError::at("unexpected \"{\"", e));
     }

@@ -7,9 +7,11 @@
 
 pub mod access;
 pub mod access_log;
+pub mod auth_basic;
 pub mod autoindex;
 pub mod charset;
 pub mod error_page;
+pub mod geo;
 pub mod gzip;
 pub mod gzip_static;
 pub mod hash_sizes;
@@ -23,10 +25,12 @@ pub mod open_file_cache;
 pub mod proxy;
 pub mod range;
 pub mod realip;
+pub mod referer;
 pub mod rewrite;
 pub mod ssl_settings;
 pub mod static_file;
 pub mod stub_status;
+pub mod sub_filter;
 pub mod try_files;
 pub mod upstream;
 
@@ -64,16 +68,22 @@ pub const TABLES: &[&[Spec]] = &[
     hash_sizes::DIRECTIVES,
     ssl_settings::DIRECTIVES,
     realip::DIRECTIVES,
+    auth_basic::DIRECTIVES,
+    geo::DIRECTIVES,
+    sub_filter::DIRECTIVES,
+    referer::DIRECTIVES,
     UNSUPPORTED,
 ];
 
-/// Access-phase handlers in order.
-pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access, access::access];
+/// Access-phase handlers in order (nginx's pre-access ones; then
+/// [`access::phase`] runs allow/deny and auth_basic under `satisfy`).
+pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 
 /// Header filters in execution order (as nginx runs them).
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
     not_modified::header_filter,
     headers::header_filter,
+    sub_filter::header_filter,
     charset::header_filter,
     gzip::header_filter,
     range::header_filter,
@@ -112,6 +122,8 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (stub_status::VARS, stub_status::var),
     (proxy::VARS, proxy::var),
     (crate::http::body::VARS, crate::http::body::var),
+    (auth_basic::VARS, auth_basic::var),
+    (referer::VARS, referer::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -155,11 +167,16 @@ pub struct ModLoc {
     pub proxy: proxy::ProxyLoc,
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
+    pub auth_basic: auth_basic::AuthBasicLoc,
+    pub sub_filter: sub_filter::SubFilterLoc,
+    pub referer: referer::RefererLoc,
 }
 
 impl ModLoc {
     pub fn merge(&mut self, p: &ModLoc) {
         self.index.merge(&p.index);
+        self.sub_filter.merge(&p.sub_filter);
+        self.referer.merge(&p.referer);
         self.rewrite.merge(&p.rewrite);
         self.access_log.merge(&p.access_log);
         self.autoindex.merge(&p.autoindex);
@@ -180,6 +197,7 @@ impl ModLoc {
         self.error_page.merge(&p.error_page);
         self.proxy.merge(&p.proxy);
         self.body.merge(&p.body);
+        self.auth_basic.merge(&p.auth_basic);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
@@ -260,5 +278,4 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "stub_status": ctx::SRV | ctx::LOC,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,
-    "sub_filter": ctx::HSL,
 ];

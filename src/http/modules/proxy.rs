@@ -122,6 +122,24 @@ pub const DIRECTIVES: &[Spec] = &[
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
     row("proxy_intercept_errors", HSL, Args::Flag, set_flag),
+    row(
+        "proxy_next_upstream",
+        HSL,
+        Args::AtLeast(1),
+        set_next_upstream,
+    ),
+    row(
+        "proxy_next_upstream_tries",
+        HSL,
+        Args::take(1),
+        set_next_upstream_tries,
+    ),
+    row(
+        "proxy_next_upstream_timeout",
+        HSL,
+        Args::take(1),
+        set_timeout,
+    ),
     row("proxy_force_ranges", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_headers", HSL, Args::Flag, set_flag),
     row("proxy_pass_request_body", HSL, Args::Flag, set_flag),
@@ -361,6 +379,58 @@ pub struct ProxyLoc {
     /// `https://` request from the merged settings (not inherited: each
     /// level has its own).
     pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
+    /// `proxy_next_upstream`: the [`ft`] cases that move to the next peer.
+    pub next_upstream: Option<u16>,
+    /// `proxy_next_upstream_tries` (0: as many as there are peers).
+    pub next_upstream_tries: Option<u64>,
+    /// `proxy_next_upstream_timeout` in ms (0: no limit).
+    pub next_upstream_timeout: Option<u64>,
+}
+
+/// nginx's `proxy_next_upstream` cases (its NGX_HTTP_UPSTREAM_FT_* bits).
+pub mod ft {
+    pub const ERROR: u16 = 1 << 1;
+    pub const TIMEOUT: u16 = 1 << 2;
+    pub const INVALID_HEADER: u16 = 1 << 3;
+    pub const HTTP_500: u16 = 1 << 4;
+    pub const HTTP_502: u16 = 1 << 5;
+    pub const HTTP_503: u16 = 1 << 6;
+    pub const HTTP_504: u16 = 1 << 7;
+    pub const HTTP_403: u16 = 1 << 8;
+    pub const HTTP_404: u16 = 1 << 9;
+    pub const HTTP_429: u16 = 1 << 10;
+    pub const NON_IDEMPOTENT: u16 = 1 << 11;
+    /// The default: `error timeout`.
+    pub const DEFAULT: u16 = ERROR | TIMEOUT;
+
+    pub const NAMES: &[(&str, u16)] = &[
+        ("error", ERROR),
+        ("timeout", TIMEOUT),
+        ("invalid_header", INVALID_HEADER),
+        ("http_500", HTTP_500),
+        ("http_502", HTTP_502),
+        ("http_503", HTTP_503),
+        ("http_504", HTTP_504),
+        ("http_403", HTTP_403),
+        ("http_404", HTTP_404),
+        ("http_429", HTTP_429),
+        ("non_idempotent", NON_IDEMPOTENT),
+        ("off", 0),
+    ];
+
+    /// The case an upstream's response status is, if it is one.
+    pub fn of_status(status: u16) -> Option<u16> {
+        Some(match status {
+            500 => HTTP_500,
+            502 => HTTP_502,
+            503 => HTTP_503,
+            504 => HTTP_504,
+            403 => HTTP_403,
+            404 => HTTP_404,
+            429 => HTTP_429,
+            _ => return None,
+        })
+    }
 }
 
 impl ProxyLoc {
@@ -371,8 +441,9 @@ impl ProxyLoc {
             send_timeout, buffering, buffers, buffer_size, max_temp_file_size, temp_file_write_size, temp_path, cache, cache_key,
             cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
             pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
-            request_buffering, set_body, force_ranges, ssl_verify, ssl_server_name,
-            ssl_session_reuse, ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted);
+            request_buffering, set_body, force_ranges, next_upstream, next_upstream_tries,
+            next_upstream_timeout, ssl_verify, ssl_server_name, ssl_session_reuse, ssl_name,
+            ssl_protocols, ssl_ciphers, ssl_trusted);
     }
 }
 
@@ -513,9 +584,42 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
     let slot = match d.name.as_str() {
         "proxy_connect_timeout" => &mut p.connect_timeout,
         "proxy_read_timeout" => &mut p.read_timeout,
+        "proxy_next_upstream_timeout" => &mut p.next_upstream_timeout,
         _ => &mut p.send_timeout,
     };
     set_once(slot, ms, d)
+}
+
+/// `proxy_next_upstream CASE...`: nginx's bitmask slot (`off` wins over
+/// the rest; a repeated case is a warning).
+fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let mut mask = 0u16;
+    let mut off = false;
+    let mut seen: Vec<&str> = Vec::new();
+    for a in &d.args {
+        let v = a.value.as_str();
+        let Some((_, bit)) = ft::NAMES.iter().find(|(n, _)| *n == v) else {
+            return Err(ConfError::at(format!("invalid value \"{}\"", v), d));
+        };
+        if seen.contains(&v) {
+            cx.warnings
+                .push(ConfError::at(format!("duplicate value \"{}\"", v), d).to_string());
+        }
+        seen.push(v);
+        off |= v == "off";
+        mask |= bit;
+    }
+    set_once(
+        &mut l.modules.proxy.next_upstream,
+        if off { 0 } else { mask },
+        d,
+    )
+}
+
+fn set_next_upstream_tries(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n =
+        value::number(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid_number(d))?;
+    set_once(&mut l.modules.proxy.next_upstream_tries, n, d)
 }
 
 fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -908,6 +1012,10 @@ struct Limits {
     mem_max: usize,
     /// proxy_max_temp_file_size (0: no temp file).
     temp_max: u64,
+    /// proxy_next_upstream and its limits.
+    next_mask: u16,
+    next_tries: u64,
+    next_timeout: Option<Duration>,
     /// `https://`: the client configuration and the upstream's name.
     tls: Option<(
         Arc<rustls::ClientConfig>,
@@ -947,6 +1055,12 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         head_max: conf.buffer_size.unwrap_or(4096).max(1024),
         mem_max: conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s)),
         temp_max: conf.max_temp_file_size.unwrap_or(1024 * 1024 * 1024),
+        next_mask: conf.next_upstream.unwrap_or(ft::DEFAULT),
+        next_tries: conf.next_upstream_tries.unwrap_or(0),
+        next_timeout: conf
+            .next_upstream_timeout
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis),
         tls: None,
     };
     let lim = if pass.tls {
@@ -1049,7 +1163,6 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         Ok(r) => r,
         Err(status) => return Response::status(status),
     };
-    set_note(cx, "upstream_status", resp.status.to_string().into_bytes());
     let relayed = relay_headers(cx, conf, pass, &resp.headers);
     let store = creq
         .as_ref()
@@ -1175,6 +1288,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     let producer = Producer {
         pipe: pipe.clone(),
         stream,
+        _lease: resp.lease.take(),
         framing,
         read_timeout: lim.read,
         mem_max,
@@ -1553,8 +1667,9 @@ fn push_header(h: &mut Vec<u8>, n: &[u8], v: &[u8]) {
 struct Fail {
     status: u16,
     msg: String,
-    /// May try the next peer (nothing of a response was received).
-    next: bool,
+    /// Which `proxy_next_upstream` case this is ([`ft`]; 0: never retried,
+    /// e.g. after part of a response was received).
+    ft: u16,
     /// The request had started to go out (nginx's `request_sent`).
     sent: bool,
 }
@@ -1563,8 +1678,20 @@ fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
     Fail {
         status,
         msg: msg.into(),
-        next,
+        ft: match (next, status) {
+            (false, _) => 0,
+            (true, 504) => ft::TIMEOUT,
+            (true, _) => ft::ERROR,
+        },
         sent: false,
+    }
+}
+
+/// An upstream response head nginx counts as `invalid_header`.
+fn invalid_header(msg: &str) -> Fail {
+    Fail {
+        ft: ft::INVALID_HEADER,
+        ..fail(502, msg, false)
     }
 }
 
@@ -1607,6 +1734,9 @@ struct UpResp {
     no_body: bool,
     /// The Content-Length upstream declared (for HEAD answers).
     declared_len: Option<u64>,
+    /// The peer counts as busy (least_conn, max_conns) while this lives:
+    /// it moves to the body's producer.
+    lease: Option<upstream::Lease>,
 }
 
 /// Tries peers until one answers with a response head.
@@ -1618,23 +1748,56 @@ async fn fetch(
     uri: &[u8],
     head_only: bool,
 ) -> Result<UpResp, u16> {
-    let mut at = up.attempt();
-    let mut last = 502;
-    let mut tried = false;
-    while let Some(pid) = up.next(&mut at) {
+    let mut at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
+    let started = std::time::Instant::now();
+    let mut tries_left = match lim.next_tries {
+        0 => up.tries(),
+        n => up.tries().min(n as usize),
+    };
+    // Whether the case `bit` may go on to the next peer (nginx's
+    // ngx_http_upstream_next checks, in its order).
+    let may_retry = |bit: u16, sent: bool, tries_left: usize| {
+        let mut need = bit;
+        if sent && send.non_idempotent {
+            need |= ft::NON_IDEMPOTENT;
+        }
+        bit != 0
+            && tries_left > 0
+            && lim.next_mask & need == need
+            && lim.next_timeout.is_none_or(|t| started.elapsed() < t)
+    };
+    while let Some(lease) = up.next(&mut at) {
+        let pid = lease.id();
         let Some(peer) = up.peer(pid) else { break };
-        tried = true;
+        tries_left = tries_left.saturating_sub(1);
         append_note(cx, "upstream_addr", peer.name.as_bytes());
         let url = upstream_url(lim.tls.is_some(), &peer.name, uri);
         match exchange(up, peer.addr, lim, send, head_only).await {
             Ok(mut r) => {
+                let bit = ft::of_status(r.status).unwrap_or(0);
+                if may_retry(bit, true, tries_left) {
+                    // The answer goes unread; 403 and 404 do not count
+                    // against the peer, the others do.
+                    append_note(cx, "upstream_status", r.status.to_string().as_bytes());
+                    if bit & (ft::HTTP_403 | ft::HTTP_404) == 0 && up.failed(pid) {
+                        log_upstream(
+                            cx,
+                            Level::Warn,
+                            "upstream server temporarily disabled while reading response header from upstream",
+                            &url,
+                        );
+                    }
+                    continue;
+                }
+                append_note(cx, "upstream_status", r.status.to_string().as_bytes());
                 up.succeeded(pid);
                 r.peer_name = peer.name.clone();
+                r.lease = Some(lease);
                 return Ok(r);
             }
             Err(f) => {
                 log_upstream(cx, Level::Error, &f.msg, &url);
-                last = f.status;
+                append_note(cx, "upstream_status", f.status.to_string().as_bytes());
                 if up.failed(pid) {
                     log_upstream(
                         cx,
@@ -1643,22 +1806,24 @@ async fn fetch(
                         &url,
                     );
                 }
-                if !f.next || (f.sent && send.non_idempotent) {
+                if !may_retry(f.ft, f.sent, tries_left) {
                     return Err(f.status);
                 }
             }
         }
     }
-    if !tried {
-        let url = upstream_url(lim.tls.is_some(), &up.name, uri);
-        log_upstream(
-            cx,
-            Level::Error,
-            "no live upstreams while connecting to upstream",
-            &url,
-        );
-    }
-    Err(last)
+    // Peers were left to try, but none can be used now: nginx records a
+    // pseudo-attempt named after the upstream.
+    let url = upstream_url(lim.tls.is_some(), &up.name, uri);
+    log_upstream(
+        cx,
+        Level::Error,
+        "no live upstreams while connecting to upstream",
+        &url,
+    );
+    append_note(cx, "upstream_addr", up.name.as_bytes());
+    append_note(cx, "upstream_status", b"502");
+    Err(502)
 }
 
 fn upstream_url(tls: bool, peer: &str, uri: &[u8]) -> String {
@@ -1836,10 +2001,8 @@ async fn send_and_read(
     loop {
         if !reparse {
             if have == buf.len() {
-                return Err(fail(
-                    502,
+                return Err(invalid_header(
                     "upstream sent too big header while reading response header from upstream",
-                    false,
                 ));
             }
             let n = timed_read(
@@ -1893,20 +2056,17 @@ async fn send_and_read(
                     peer: addr,
                     peer_name: String::new(),
                     requests: 1,
+                    lease: None,
                 });
             }
             Err(httparse::Error::Version | httparse::Error::Status) => {
-                return Err(fail(
-                    502,
+                return Err(invalid_header(
                     "upstream sent no valid HTTP/1.0 header while reading response header from upstream",
-                    false,
                 ))
             }
             Err(_) => {
-                return Err(fail(
-                    502,
+                return Err(invalid_header(
                     "upstream sent invalid header while reading response header from upstream",
-                    false,
                 ))
             }
         }
@@ -2241,6 +2401,8 @@ impl From<Fail> for Stop {
 struct Producer {
     pipe: Arc<Pipe>,
     stream: UpStream,
+    /// Dropped with the producer, when the body is done.
+    _lease: Option<upstream::Lease>,
     framing: Framing,
     read_timeout: Duration,
     mem_max: usize,

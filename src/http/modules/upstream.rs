@@ -9,6 +9,28 @@
 //! current weight is chosen and the total is subtracted from it. Over N
 //! picks each peer is chosen in proportion to its weight, interleaved.
 //!
+//! The other methods, as nginx computes them so that a key or a client
+//! goes to the same server as with nginx:
+//! - `ip_hash`: the first three bytes of an IPv4 client address (all
+//!   sixteen of IPv6) folded into a hash (`h = (h * 113 + byte) % 6271`,
+//!   from 89), taken modulo the total weight of the primary peers and
+//!   walked by weight; an unusable peer folds the bytes in again, up to 20
+//!   times, then round robin decides.
+//! - `hash KEY`: the same walk with `(crc32(N KEY) >> 16) & 0x7fff` added up
+//!   over the tries (N, the try number, is left out of the first).
+//! - `hash KEY consistent`: ketama points, 160 per unit of weight, each
+//!   the CRC32 of the `server` text's host, a NUL, its port and the previous
+//!   point; a key's CRC32 finds the first point at or after it, and the
+//!   usable peers of that point's `server` share it by weight.
+//! - `least_conn`: the fewest active requests per unit of weight, ties by
+//!   weighted round robin; backups when no primary is usable.
+//! - `random [two [least_conn]]`: a peer drawn by weight; with `two`, two
+//!   drawn and the one with fewer active requests per weight taken.
+//!
+//! Active requests per peer (for `least_conn`, `random two` and
+//! `max_conns=`) are counted from the pick until the [`Lease`] the pick
+//! returned is dropped, i.e. until the proxy is done with that peer.
+//!
 //! # Peer state (per upstream, shared by all workers)
 //!
 //! ```text
@@ -48,6 +70,7 @@ use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::conf::HttpMain;
+use crate::http::vars::{Template, VarCtx};
 
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
@@ -83,6 +106,30 @@ pub const DIRECTIVES: &[Spec] = &[
         args: Args::take(1),
         set: Setter::HttpMain(inside_upstream_only),
     },
+    Spec {
+        name: "ip_hash",
+        ctx: ctx::UPS,
+        args: Args::take(0),
+        set: Setter::HttpMain(inside_upstream_only),
+    },
+    Spec {
+        name: "hash",
+        ctx: ctx::UPS,
+        args: Args::take12(),
+        set: Setter::HttpMain(inside_upstream_only),
+    },
+    Spec {
+        name: "least_conn",
+        ctx: ctx::UPS,
+        args: Args::take(0),
+        set: Setter::HttpMain(inside_upstream_only),
+    },
+    Spec {
+        name: "random",
+        ctx: ctx::UPS,
+        args: Args::Take(0b111),
+        set: Setter::HttpMain(inside_upstream_only),
+    },
 ];
 
 fn inside_upstream_only(_: &mut HttpMain, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -104,10 +151,15 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// As nginx prints it in `$upstream_addr` and the error log.
     pub name: String,
+    /// The `server` directive's address as written (consistent hashing
+    /// places a server by it, as nginx does).
+    pub server: String,
     pub weight: i64,
     pub max_fails: u32,
     pub fail_timeout: Duration,
     pub down: bool,
+    /// `max_conns=`: active requests at most (0: no limit).
+    pub max_conns: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +168,33 @@ struct PeerState {
     effective: i64,
     fails: u32,
     checked: Option<Instant>,
+    /// Requests using the peer now (picked, lease not yet dropped).
+    conns: u32,
+}
+
+/// The load-balancing method of an upstream.
+#[derive(Debug, Default)]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    IpHash,
+    Hash {
+        key: Template,
+        /// Ketama points (hash, index of a primary peer's `server`), sorted;
+        /// `None` for plain `hash`.
+        points: Option<Vec<(u32, usize)>>,
+    },
+    LeastConn,
+    Random {
+        two: bool,
+    },
+}
+
+impl Balance {
+    /// Whether `server ... backup` is allowed with this method.
+    fn allows_backup(&self) -> bool {
+        matches!(self, Balance::RoundRobin | Balance::LeastConn)
+    }
 }
 
 /// An upstream group: primary and backup peers plus their shared state.
@@ -133,6 +212,7 @@ pub struct Upstream {
     /// Whether this came from an `upstream` block (affects `$proxy_host`
     /// and error wording only).
     pub explicit: bool,
+    pub balance: Balance,
     id: u64,
     state: Mutex<Vec<PeerState>>,
 }
@@ -141,10 +221,38 @@ pub struct Upstream {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerId(usize);
 
-/// One request's walk over the peers (which ones it already tried).
+/// One request's walk over the peers (which ones it already tried, and
+/// where a hashing method is in its sequence).
 #[derive(Debug)]
 pub struct Attempt {
     tried: Vec<bool>,
+    /// ip_hash: the address bytes; hash: the evaluated key.
+    input: Vec<u8>,
+    hash: u32,
+    rehash: u32,
+    tries: u32,
+}
+
+/// A peer picked for a request; it counts as active for `least_conn`,
+/// `random two` and `max_conns=` until this is dropped.
+#[derive(Debug)]
+pub struct Lease {
+    up: Arc<Upstream>,
+    id: PeerId,
+}
+
+impl Lease {
+    pub fn id(&self) -> PeerId {
+        self.id
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(s) = self.up.lock().get_mut(self.id.0) {
+            s.conns = s.conns.saturating_sub(1);
+        }
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -162,6 +270,7 @@ impl Upstream {
                 effective: p.weight,
                 fails: 0,
                 checked: None,
+                conns: 0,
             })
             .collect();
         Upstream {
@@ -172,6 +281,7 @@ impl Upstream {
             keepalive_timeout: Duration::from_secs(60),
             keepalive_requests: KEEPALIVE_REQUESTS,
             explicit,
+            balance: Balance::RoundRobin,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(state),
         }
@@ -185,10 +295,12 @@ impl Upstream {
             .map(|a| Peer {
                 addr: a,
                 name: a.to_string(),
+                server: name.to_string(),
                 weight: 1,
                 max_fails: 1,
                 fail_timeout: Duration::from_secs(10),
                 down: false,
+                max_conns: 0,
             })
             .collect();
         Upstream::new(name.to_string(), peers, Vec::new(), false)
@@ -201,9 +313,39 @@ impl Upstream {
         })
     }
 
+    /// A request's walk; `client` is the address `ip_hash` hashes (after
+    /// realip), `vars` evaluates a `hash` key.
+    pub fn attempt_for(&self, vars: &dyn VarCtx, client: Option<std::net::IpAddr>) -> Attempt {
+        let mut at = self.attempt();
+        match &self.balance {
+            Balance::IpHash => {
+                at.hash = 89;
+                at.input = match client {
+                    Some(std::net::IpAddr::V4(a)) => a.octets()[..3].to_vec(),
+                    Some(std::net::IpAddr::V6(a)) => a.octets().to_vec(),
+                    // nginx's pseudo address for unix-socket clients.
+                    None => vec![0, 0, 0],
+                };
+            }
+            Balance::Hash { key, .. } => at.input = key.render_vec(vars),
+            _ => {}
+        }
+        at
+    }
+
+    /// How many peers one request may try (nginx's `peer.tries`).
+    pub fn tries(&self) -> usize {
+        self.peers.len() + self.backup.len()
+    }
+
+    /// A walk with no request context (round robin and its relatives).
     pub fn attempt(&self) -> Attempt {
         Attempt {
             tried: vec![false; self.peers.len() + self.backup.len()],
+            input: Vec::new(),
+            hash: 0,
+            rehash: 0,
+            tries: 0,
         }
     }
 
@@ -212,53 +354,277 @@ impl Upstream {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether peer `i` may be picked now by this attempt.
+    fn usable(&self, st: &[PeerState], at: &Attempt, i: usize, now: Instant) -> bool {
+        let Some(p) = self.peer(PeerId(i)) else {
+            return false;
+        };
+        let Some(s) = st.get(i) else { return false };
+        if p.down || at.tried.get(i).copied().unwrap_or(true) {
+            return false;
+        }
+        if p.max_conns > 0 && s.conns >= p.max_conns {
+            return false;
+        }
+        let lone = self.peers.len() == 1 && self.backup.is_empty();
+        !(!lone
+            && p.max_fails > 0
+            && s.fails >= p.max_fails
+            && s.checked
+                .is_some_and(|c| now.duration_since(c) <= p.fail_timeout))
+    }
+
     /// Picks the next peer for this attempt, or None when none is left
     /// ("no live upstreams").
-    pub fn next(&self, at: &mut Attempt) -> Option<PeerId> {
+    pub fn next(self: &Arc<Self>, at: &mut Attempt) -> Option<Lease> {
         let now = Instant::now();
-        let lone = self.peers.len() == 1 && self.backup.is_empty();
         let mut st = self.lock();
-        for (lo, hi) in [
-            (0, self.peers.len()),
-            (self.peers.len(), self.peers.len() + self.backup.len()),
-        ] {
-            let mut best: Option<usize> = None;
-            let mut total = 0i64;
-            for i in lo..hi {
-                let Some(p) = self.peer(PeerId(i)) else {
-                    continue;
-                };
-                if p.down || at.tried.get(i).copied().unwrap_or(true) {
-                    continue;
+        let primary = 0..self.peers.len();
+        let backup = self.peers.len()..self.peers.len() + self.backup.len();
+        let single = self.peers.len() == 1;
+        let picked = match &self.balance {
+            Balance::RoundRobin => self
+                .smooth_pick(&mut st, at, primary, now, |_| true)
+                .or_else(|| self.smooth_pick(&mut st, at, backup, now, |_| true)),
+            Balance::IpHash if !single && at.tries <= 20 => self.hash_walk(&st, at, now, |at| {
+                for &b in &at.input {
+                    at.hash = (at.hash * 113 + u32::from(b)) % 6271;
                 }
-                let s = st[i];
-                if !lone
-                    && p.max_fails > 0
-                    && s.fails >= p.max_fails
-                    && s.checked
-                        .is_some_and(|c| now.duration_since(c) <= p.fail_timeout)
-                {
-                    continue;
-                }
-                let s = &mut st[i];
-                s.current += s.effective;
-                total += s.effective;
-                if s.effective < p.weight {
-                    s.effective += 1;
-                }
-                if best.is_none_or(|b| st[i].current > st[b].current) {
-                    best = Some(i);
-                }
+                at.hash
+            }),
+            Balance::Hash { points: None, .. }
+                if !single && at.tries <= 20 && !at.input.is_empty() =>
+            {
+                self.hash_walk(&st, at, now, |at| {
+                    let mut h = crc32fast::Hasher::new();
+                    if at.rehash > 0 {
+                        h.update(at.rehash.to_string().as_bytes());
+                    }
+                    h.update(&at.input);
+                    at.hash = at.hash.wrapping_add((h.finalize() >> 16) & 0x7fff);
+                    at.rehash += 1;
+                    at.hash
+                })
             }
-            if let Some(b) = best {
-                st[b].current -= total;
-                if let Some(t) = at.tried.get_mut(b) {
-                    *t = true;
-                }
-                return Some(PeerId(b));
+            Balance::Hash {
+                points: Some(points),
+                ..
+            } if !single && !at.input.is_empty() => self.chash_pick(&mut st, at, points, now),
+            Balance::LeastConn => self
+                .least_conn_pick(&mut st, at, primary, now)
+                .or_else(|| self.least_conn_pick(&mut st, at, backup, now)),
+            Balance::Random { two } if !single => self.random_pick(&st, at, *two, now),
+            // A lone peer, an empty key, or too many tries: round robin.
+            _ => self
+                .smooth_pick(&mut st, at, primary, now, |_| true)
+                .or_else(|| self.smooth_pick(&mut st, at, backup, now, |_| true)),
+        }?;
+        if let Some(t) = at.tried.get_mut(picked) {
+            *t = true;
+        }
+        st[picked].conns += 1;
+        drop(st);
+        Some(Lease {
+            up: self.clone(),
+            id: PeerId(picked),
+        })
+    }
+
+    /// nginx's smooth weighted round robin over the usable peers of
+    /// `range` that `keep` accepts.
+    fn smooth_pick(
+        &self,
+        st: &mut [PeerState],
+        at: &Attempt,
+        range: std::ops::Range<usize>,
+        now: Instant,
+        keep: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        let mut total = 0i64;
+        for i in range {
+            if !keep(i) || !self.usable(st, at, i, now) {
+                continue;
+            }
+            let weight = self.peer(PeerId(i)).map_or(1, |p| p.weight);
+            let s = &mut st[i];
+            s.current += s.effective;
+            total += s.effective;
+            if s.effective < weight {
+                s.effective += 1;
+            }
+            if best.is_none_or(|b| st[i].current > st[b].current) {
+                best = Some(i);
             }
         }
-        None
+        let b = best?;
+        st[b].current -= total;
+        Some(b)
+    }
+
+    /// ip_hash and hash: `step` advances the attempt's hash; the result,
+    /// modulo the primary peers' total weight, is walked by weight. After
+    /// 20 unusable picks round robin decides.
+    fn hash_walk(
+        &self,
+        st: &[PeerState],
+        at: &mut Attempt,
+        now: Instant,
+        step: impl Fn(&mut Attempt) -> u32,
+    ) -> Option<usize> {
+        let total: i64 = self.peers.iter().map(|p| p.weight).sum();
+        if total <= 0 {
+            return None;
+        }
+        loop {
+            let mut w = i64::from(step(at)) % total;
+            let mut i = 0;
+            while let Some(p) = self.peers.get(i) {
+                if w < p.weight {
+                    break;
+                }
+                w -= p.weight;
+                i += 1;
+            }
+            if self.usable(st, at, i, now) {
+                return Some(i);
+            }
+            at.tries += 1;
+            if at.tries > 20 {
+                break;
+            }
+        }
+        // nginx hands over to round robin here (its tried peers included).
+        let mut st = st.to_vec();
+        self.smooth_pick(&mut st, at, 0..self.peers.len(), now, |_| true)
+    }
+
+    /// `hash ... consistent`: the point at or after the key's CRC32, then
+    /// the following points while none of a point's peers is usable.
+    fn chash_pick(
+        &self,
+        st: &mut [PeerState],
+        at: &mut Attempt,
+        points: &[(u32, usize)],
+        now: Instant,
+    ) -> Option<usize> {
+        if points.is_empty() {
+            return None;
+        }
+        if at.tries == 0 && at.rehash == 0 {
+            let key = crc32fast::hash(&at.input);
+            at.hash = points.partition_point(|(h, _)| *h < key) as u32;
+            at.rehash = 1;
+        }
+        loop {
+            let server = &self
+                .peers
+                .get(points[at.hash as usize % points.len()].1)?
+                .server;
+            let picked = self.smooth_pick(st, at, 0..self.peers.len(), now, |i| {
+                &self.peers[i].server == server
+            });
+            if picked.is_some() {
+                return picked;
+            }
+            at.hash = at.hash.wrapping_add(1);
+            at.tries += 1;
+            if at.tries as usize >= points.len() {
+                return None;
+            }
+        }
+    }
+
+    /// Fewest active requests per unit of weight; ties by round robin.
+    fn least_conn_pick(
+        &self,
+        st: &mut [PeerState],
+        at: &Attempt,
+        range: std::ops::Range<usize>,
+        now: Instant,
+    ) -> Option<usize> {
+        let load = |i: usize, st: &[PeerState]| {
+            (
+                i64::from(st[i].conns),
+                self.peer(PeerId(i)).map_or(1, |p| p.weight),
+            )
+        };
+        let mut best: Option<usize> = None;
+        for i in range.clone() {
+            if !self.usable(st, at, i, now) {
+                continue;
+            }
+            match best {
+                None => best = Some(i),
+                Some(b) => {
+                    let ((ci, wi), (cb, wb)) = (load(i, st), load(b, st));
+                    if ci * wb < cb * wi {
+                        best = Some(i);
+                    }
+                }
+            }
+        }
+        let b = best?;
+        let (cb, wb) = load(b, st);
+        // The peers as loaded as the best share the pick by weight.
+        let tied: Vec<bool> = (0..st.len())
+            .map(|i| {
+                let (ci, wi) = load(i, st);
+                ci * wb == cb * wi
+            })
+            .collect();
+        self.smooth_pick(st, at, range, now, |i| tied[i])
+            .or(Some(b))
+    }
+
+    /// `random`: a primary peer drawn by weight (up to 20 draws, then
+    /// round robin); with `two`, the less loaded of two different draws.
+    fn random_pick(
+        &self,
+        st: &[PeerState],
+        at: &Attempt,
+        two: bool,
+        now: Instant,
+    ) -> Option<usize> {
+        let total: i64 = self.peers.iter().map(|p| p.weight).sum();
+        if total <= 0 {
+            return None;
+        }
+        let draw = || {
+            let mut w = (random_u64() % total as u64) as i64;
+            let mut i = 0;
+            while let Some(p) = self.peers.get(i) {
+                if w < p.weight {
+                    break;
+                }
+                w -= p.weight;
+                i += 1;
+            }
+            i
+        };
+        let mut first: Option<usize> = None;
+        for _ in 0..20 {
+            let i = draw();
+            if !self.usable(st, at, i, now) || first == Some(i) {
+                continue;
+            }
+            let Some(f) = first else {
+                if !two {
+                    return Some(i);
+                }
+                first = Some(i);
+                continue;
+            };
+            let (pf, pi) = (&self.peers[f], &self.peers[i]);
+            let load_f = i64::from(st[f].conns) * pi.weight;
+            let load_i = i64::from(st[i].conns) * pf.weight;
+            return Some(if load_i < load_f { i } else { f });
+        }
+        if first.is_some() {
+            return first;
+        }
+        let mut st = st.to_vec();
+        self.smooth_pick(&mut st, at, 0..self.peers.len(), now, |_| true)
     }
 
     /// Records a failed attempt; returns true when it just disabled the
@@ -326,6 +692,28 @@ impl Upstream {
     }
 }
 
+/// A per-thread xorshift generator for `random`: cheap, and its
+/// predictability does not matter for spreading load.
+fn random_u64() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
+                | 1,
+        );
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
+}
+
 struct Idle {
     addr: SocketAddr,
     stream: UpStream,
@@ -356,7 +744,7 @@ pub fn resolve(hostport: &str, d: &Directive, what: &str) -> ConfResult<Vec<Sock
     Ok(addrs)
 }
 
-fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfResult<()> {
+fn set_upstream(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let name = arg(d, 0).to_string();
     if hm.modules.upstream.upstreams.contains_key(&name) {
         return Err(ConfError::at(format!("duplicate upstream \"{}\"", name), d));
@@ -366,16 +754,27 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfRes
     let mut keepalive = 0usize;
     let mut keepalive_timeout = Duration::from_secs(60);
     let mut keepalive_requests: Option<u64> = None;
+    let mut balance: Option<Balance> = None;
+    let mut consistent = false;
     for k in d.block.as_deref().unwrap_or(&[]) {
         crate::core::conf::lookup(k, ctx::UPS)?;
-        match k.name.as_str() {
+        let method = match k.name.as_str() {
             "server" => {
                 let (list, is_backup) = parse_server(k)?;
                 if is_backup {
+                    // nginx checks the method chosen so far (a method
+                    // named after the backup server does not object).
+                    if balance.as_ref().is_some_and(|b| !b.allows_backup()) {
+                        return Err(ConfError::at(
+                            "balancing method does not support parameter \"backup\"",
+                            k,
+                        ));
+                    }
                     backup.extend(list);
                 } else {
                     peers.extend(list);
                 }
+                None
             }
             "keepalive" => {
                 keepalive = value::number(arg(k, 0)).filter(|n| *n > 0).ok_or_else(|| {
@@ -384,17 +783,45 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfRes
                         k,
                     )
                 })? as usize;
+                None
             }
             "keepalive_timeout" => {
                 keepalive_timeout = Duration::from_millis(
                     value::time_ms(arg(k, 0))
                         .ok_or_else(|| crate::config::registry::slot_invalid(k))?,
                 );
+                None
             }
             "keepalive_requests" => {
                 let n = value::number(arg(k, 0))
                     .ok_or_else(|| crate::config::registry::slot_invalid_number(k))?;
                 crate::config::registry::set_once(&mut keepalive_requests, n, k)?;
+                None
+            }
+            "ip_hash" => Some(Balance::IpHash),
+            "least_conn" => Some(Balance::LeastConn),
+            "hash" => {
+                consistent = match k.args.get(1).map(|a| a.value.as_str()) {
+                    None => false,
+                    Some("consistent") => true,
+                    Some(other) => {
+                        return Err(ConfError::at(format!("invalid parameter \"{}\"", other), k))
+                    }
+                };
+                Some(Balance::Hash {
+                    key: cx.template(arg(k, 0), k)?,
+                    points: None,
+                })
+            }
+            "random" => {
+                let words: Vec<&str> = k.args.iter().map(|a| a.value.as_str()).collect();
+                match words.as_slice() {
+                    [] => Some(Balance::Random { two: false }),
+                    ["two"] | ["two", "least_conn"] => Some(Balance::Random { two: true }),
+                    ["two", bad] | [bad, ..] => {
+                        return Err(ConfError::at(format!("invalid parameter \"{}\"", bad), k))
+                    }
+                }
             }
             _ => {
                 return Err(ConfError::at(
@@ -402,20 +829,74 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, _cx: &mut Compiler) -> ConfRes
                     k,
                 ))
             }
+        };
+        if let Some(m) = method {
+            if balance.is_some() {
+                cx.warnings
+                    .push(ConfError::at("load balancing method redefined", k).to_string());
+            }
+            balance = Some(m);
         }
     }
     if peers.is_empty() {
-        return Err(ConfError::at(
-            format!("no servers are inside upstream \"{}\"", name),
-            d,
-        ));
+        return Err(if backup.is_empty() {
+            ConfError::at("no servers are inside upstream", d)
+        } else {
+            ConfError::at(format!("no servers in upstream \"{}\"", name), d)
+        });
+    }
+    let mut balance = balance.unwrap_or_default();
+    if let Balance::Hash { points, .. } = &mut balance {
+        if consistent {
+            *points = Some(ketama_points(&peers));
+        }
     }
     let mut u = Upstream::new(name.clone(), peers, backup, true);
     u.keepalive = keepalive;
     u.keepalive_timeout = keepalive_timeout;
     u.keepalive_requests = keepalive_requests.unwrap_or(KEEPALIVE_REQUESTS);
+    u.balance = balance;
     hm.modules.upstream.upstreams.insert(name, Arc::new(u));
     Ok(())
+}
+
+/// The consistent-hash ring of the primary peers, as nginx builds it: per
+/// peer, 160 points per unit of weight, each the CRC32 of the `server`
+/// text's host, a NUL byte, its port and the previous point (little-endian);
+/// sorted, duplicates dropped.
+fn ketama_points(peers: &[Peer]) -> Vec<(u32, usize)> {
+    let mut points = Vec::new();
+    for (i, p) in peers.iter().enumerate() {
+        let (host, port) = split_server(&p.server);
+        let mut base = crc32fast::Hasher::new();
+        base.update(host.as_bytes());
+        base.update(&[0]);
+        base.update(port.as_bytes());
+        let mut prev = 0u32;
+        for _ in 0..p.weight.max(0) * 160 {
+            let mut h = base.clone();
+            h.update(&prev.to_le_bytes());
+            prev = h.finalize();
+            points.push((prev, i));
+        }
+    }
+    points.sort_by_key(|(h, _)| *h);
+    points.dedup_by_key(|(h, _)| *h);
+    points
+}
+
+/// A `server` address split as nginx does for hashing: `unix:PATH` is all
+/// host; otherwise a trailing `:DIGITS` is the port.
+fn split_server(s: &str) -> (&str, &str) {
+    if s.len() >= 5 && s[..5].eq_ignore_ascii_case("unix:") {
+        return (&s[5..], "");
+    }
+    match s.rfind(':') {
+        Some(c) if !s[c + 1..].is_empty() && s[c + 1..].bytes().all(|b| b.is_ascii_digit()) => {
+            (&s[..c], &s[c + 1..])
+        }
+        _ => (s, ""),
+    }
 }
 
 /// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down]`.
@@ -436,7 +917,7 @@ fn parse_server(d: &Directive) -> ConfResult<(Vec<Peer>, bool)> {
         ));
     }
     let (mut weight, mut max_fails, mut fail_timeout) = (1i64, 1u32, Duration::from_secs(10));
-    let (mut is_backup, mut down) = (false, false);
+    let (mut is_backup, mut down, mut max_conns) = (false, false, 0u32);
     let bad = |v: &str| ConfError::at(format!("invalid parameter \"{}\"", v), d);
     for a in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         if let Some(v) = a.strip_prefix("weight=") {
@@ -447,6 +928,10 @@ fn parse_server(d: &Directive) -> ConfResult<(Vec<Peer>, bool)> {
                 .ok_or_else(|| bad(a))?;
         } else if let Some(v) = a.strip_prefix("fail_timeout=") {
             fail_timeout = Duration::from_secs(value::time_secs(v).ok_or_else(|| bad(a))?);
+        } else if let Some(v) = a.strip_prefix("max_conns=") {
+            max_conns = value::number(v)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| bad(a))?;
         } else if a == "backup" {
             is_backup = true;
         } else if a == "down" {
@@ -461,10 +946,12 @@ fn parse_server(d: &Directive) -> ConfResult<(Vec<Peer>, bool)> {
         .map(|a| Peer {
             addr: a,
             name: a.to_string(),
+            server: addr.to_string(),
             weight,
             max_fails,
             fail_timeout,
             down,
+            max_conns,
         })
         .collect();
     Ok((peers, is_backup))
@@ -474,7 +961,7 @@ fn parse_server(d: &Directive) -> ConfResult<(Vec<Peer>, bool)> {
 mod tests {
     use super::*;
 
-    fn up(weights: &[i64]) -> Upstream {
+    fn up(weights: &[i64]) -> Arc<Upstream> {
         let peers = weights
             .iter()
             .enumerate()
@@ -483,21 +970,23 @@ mod tests {
                 Peer {
                     addr,
                     name: addr.to_string(),
+                    server: addr.to_string(),
                     weight: *w,
                     max_fails: 1,
                     fail_timeout: Duration::from_secs(10),
                     down: false,
+                    max_conns: 0,
                 }
             })
             .collect();
-        Upstream::new("u".into(), peers, Vec::new(), true)
+        Arc::new(Upstream::new("u".into(), peers, Vec::new(), true))
     }
 
     #[test]
     fn smooth_weighted_round_robin() {
         let u = up(&[5, 1, 1]);
         let picks: Vec<usize> = (0..7)
-            .map(|_| u.next(&mut u.attempt()).unwrap().0)
+            .map(|_| u.next(&mut u.attempt()).unwrap().id().0)
             .collect();
         // nginx's documented sequence for weights 5,1,1: a a b a c a a.
         assert_eq!(picks, vec![0, 0, 1, 0, 2, 0, 0]);
@@ -507,14 +996,14 @@ mod tests {
     fn failover_skips_tried_and_failed_peers() {
         let u = up(&[1, 1]);
         let mut at = u.attempt();
-        let a = u.next(&mut at).unwrap();
+        let a = u.next(&mut at).unwrap().id();
         assert!(u.failed(a));
-        let b = u.next(&mut at).unwrap();
+        let b = u.next(&mut at).unwrap().id();
         assert_ne!(a, b);
         assert!(u.next(&mut at).is_none());
         // The failed peer is down for fail_timeout: new requests avoid it.
         for _ in 0..3 {
-            assert_eq!(u.next(&mut u.attempt()), Some(b));
+            assert_eq!(u.next(&mut u.attempt()).map(|l| l.id()), Some(b));
         }
     }
 }
