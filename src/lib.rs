@@ -7,6 +7,7 @@
 //! - [`http`]: HTTP/1.1 engine, phases, modules (static, return, ...).
 //! - [`io`]: the file-I/O layer; the only place that may block on a disk.
 //! - [`stream`]: the `stream {}` TCP proxy.
+//! - [`tls`]: TLS for `listen ... ssl` (rustls): configuration, handshake, stream.
 
 pub mod cache;
 pub mod config;
@@ -14,3 +15,4 @@ pub mod core;
 pub mod http;
 pub mod io;
 pub mod stream;
+pub mod tls;

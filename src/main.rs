@@ -138,7 +138,8 @@ fn main() {
             tern::http::response::NGINX_VERSION
         );
         if o.configure {
-            eprintln!("built with Rust (stable); TLS: not built in yet (rustls planned)");
+            eprintln!("built with rustls {}", tern::tls::RUSTLS_VERSION);
+            eprintln!("TLS SNI support enabled");
             eprintln!(
                 "configure arguments: {}",
                 tern::core::modules::configure_arguments(DEFAULT_PREFIX)

@@ -6,7 +6,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("threads", false, true),
     ("file-aio", false, true),
     ("http_stub_status_module", false, true),
-    ("http_ssl_module", false, false),
+    ("http_ssl_module", false, true),
     ("http_v2_module", false, false),
     ("http_gzip_static_module", false, true),
     ("http_gunzip_module", false, true),

@@ -50,6 +50,7 @@ use tokio::time::Instant;
 use crate::core::sock::LazySock;
 use crate::core::worker::{self, ConnSlot, Either};
 use crate::http::conn::{ConnInfo, IdleWait};
+use crate::tls::stream::TlsStream;
 
 thread_local! {
     static LOT: RefCell<Option<Rc<Lot>>> = const { RefCell::new(None) };
@@ -59,6 +60,8 @@ thread_local! {
 struct Entry {
     fd: OwnedFd,
     tcp: bool,
+    /// The session of a TLS connection, kept while its socket waits.
+    tls: Option<Box<rustls::ServerConnection>>,
     /// Tells this entry from a later one in the same place, so that a
     /// stale epoll event cannot wake the wrong connection.
     gen: u32,
@@ -240,9 +243,17 @@ fn put(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait, trim: bool) {
         return;
     }
     // Deregisters from tokio: the lot's epoll watches it from now on.
-    let fd = match s {
-        Either::Tcp(t) => t.into_std().map(|t| (OwnedFd::from(t), true)),
-        Either::Unix(u) => u.into_std().map(|u| (OwnedFd::from(u), false)),
+    let (fd, tls) = match s {
+        Either::Tcp(t) => (t.into_std().map(|t| (OwnedFd::from(t), true)), None),
+        Either::Unix(u) => (u.into_std().map(|u| (OwnedFd::from(u), false)), None),
+        Either::TlsTcp(t) => {
+            let (t, c) = t.into_parts();
+            (t.into_std().map(|t| (OwnedFd::from(t), true)), Some(c))
+        }
+        Either::TlsUnix(u) => {
+            let (u, c) = u.into_parts();
+            (u.into_std().map(|u| (OwnedFd::from(u), false)), Some(c))
+        }
     };
     let Ok((fd, tcp)) = fd else {
         return;
@@ -251,6 +262,7 @@ fn put(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait, trim: bool) {
     let e = Entry {
         fd,
         tcp,
+        tls,
         gen: 0,
         wait,
         info,
@@ -410,12 +422,19 @@ fn wake_ready(lot: &Lot) -> bool {
         let Some(e) = e else { continue };
         // Back to a task as a bare socket: it joins tokio's epoll only
         // if the request does not arrive whole.
-        let s = if e.tcp {
-            Either::Tcp(LazySock::from_lot(std::net::TcpStream::from(e.fd)))
-        } else {
-            Either::Unix(LazySock::from_lot(std::os::unix::net::UnixStream::from(
-                e.fd,
-            )))
+        let s = match (e.tcp, e.tls) {
+            (true, None) => Either::Tcp(LazySock::from_lot(std::net::TcpStream::from(e.fd))),
+            (false, None) => Either::Unix(LazySock::from_lot(
+                std::os::unix::net::UnixStream::from(e.fd),
+            )),
+            (true, Some(c)) => Either::TlsTcp(TlsStream::from_parts(
+                LazySock::from_lot(std::net::TcpStream::from(e.fd)),
+                c,
+            )),
+            (false, Some(c)) => Either::TlsUnix(TlsStream::from_parts(
+                LazySock::from_lot(std::os::unix::net::UnixStream::from(e.fd)),
+                c,
+            )),
         };
         worker::spawn_http(s, e.info, e.slot, Some(e.wait));
     }

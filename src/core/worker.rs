@@ -32,6 +32,8 @@ use crate::core::park;
 use crate::core::sock::{LazySock, Registrable};
 use crate::http::conf::ListenAddr;
 use crate::http::conn::{self, ConnInfo, IdleWait, Served};
+use crate::tls::stream::{Accepted, TlsStream};
+use crate::tls::TlsState;
 
 /// Counters shared by all workers (stub_status and metrics read them).
 #[derive(Debug, Default)]
@@ -333,14 +335,15 @@ async fn accept_loop(
                         ListenAddr::Inet(a) if !a.ip().is_unspecified() => Some(*a),
                         _ => t.local_addr(),
                     },
-                    Either::Unix(_) => None,
+                    Either::Unix(_) | Either::TlsTcp(_) | Either::TlsUnix(_) => None,
                 };
-                let info = ConnInfo {
+                let mut info = ConnInfo {
                     id,
                     remote: peer,
                     local,
                     listen: addr.clone(),
                     requests: 0,
+                    tls: crate::tls::TlsState::Plain,
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.
@@ -349,7 +352,7 @@ async fn accept_loop(
                 // by a moment: the connection waits for it in the parking
                 // lot's epoll (one EPOLL_CTL_ADD, as nginx) and gets its
                 // task when the bytes are there.
-                match (&s, conn::first_wait(&shared, &info)) {
+                match (&s, conn::first_wait(&shared, &mut info)) {
                     (Either::Tcp(_), Some(wait)) => park::wait_first(s, info, slot, wait),
                     _ => spawn_http(s, info, slot, None),
                 }
@@ -396,6 +399,8 @@ fn serve_stream(
     let sock = match s {
         Either::Tcp(t) => t.into_registered().map(crate::stream::proxy::Sock::Tcp),
         Either::Unix(u) => u.into_registered().map(crate::stream::proxy::Sock::Unix),
+        // Stream listeners never speak TLS.
+        Either::TlsTcp(_) | Either::TlsUnix(_) => return,
     };
     let Ok(sock) = sock else { return };
     let sh = shared.clone();
@@ -471,8 +476,16 @@ async fn runner(runners: Rc<Runners>) {
                 slot,
                 wait,
             }) => match s {
+                Either::Tcp(t) if matches!(info.tls, TlsState::Pending) => {
+                    run_tls(t, info, slot, wait, Either::TlsTcp).await
+                }
+                Either::Unix(u) if matches!(info.tls, TlsState::Pending) => {
+                    run_tls(u, info, slot, wait, Either::TlsUnix).await
+                }
                 Either::Tcp(t) => run_http(t, info, slot, wait, Either::Tcp).await,
                 Either::Unix(u) => run_http(u, info, slot, wait, Either::Unix).await,
+                Either::TlsTcp(t) => run_http(t, info, slot, wait, Either::TlsTcp).await,
+                Either::TlsUnix(u) => run_http(u, info, slot, wait, Either::TlsUnix).await,
             },
             None => {
                 let idle = runners.idle.get();
@@ -487,15 +500,13 @@ async fn runner(runners: Rc<Runners>) {
     }
 }
 
-async fn run_http<T: Registrable>(
-    s: LazySock<T>,
+async fn run_http<S: conn::Stream>(
+    s: S,
     info: ConnInfo,
     slot: ConnSlot,
     wait: Option<IdleWait>,
-    kind: fn(LazySock<T>) -> Either,
-) where
-    for<'a> &'a T::Std: std::io::Read + std::io::Write,
-{
+    kind: fn(S) -> Either,
+) {
     // `slot` is released on drop: also when the connection panics.
     let sh = slot.0.clone();
     if let Served::Idle(s, info, w) = conn::serve(s, info, sh, wait).await {
@@ -503,10 +514,56 @@ async fn run_http<T: Registrable>(
     }
 }
 
-/// An accepted socket of either kind.
+/// A connection accepted on an `ssl` address: the TLS handshake (within
+/// client_header_timeout, as nginx), then HTTP over it. A client that
+/// speaks plain HTTP instead gets its request answered with 497.
+async fn run_tls<T: Registrable>(
+    s: LazySock<T>,
+    mut info: ConnInfo,
+    slot: ConnSlot,
+    wait: Option<IdleWait>,
+    kind: fn(TlsStream<LazySock<T>>) -> Either,
+) where
+    for<'a> &'a T::Std: std::io::Read + std::io::Write,
+{
+    let sh = slot.0.clone();
+    let config = sh.config.load_full();
+    let Some(addr) = config
+        .http
+        .as_ref()
+        .and_then(|h| h.addr_for(&info.listen, info.local))
+    else {
+        return;
+    };
+    let deadline = wait.map_or_else(
+        || {
+            tokio::time::Instant::now()
+                + Duration::from_millis(addr.default.srv.header_timeout_ms())
+        },
+        |w| w.deadline,
+    );
+    match crate::tls::stream::accept(s, &addr, &info, deadline).await {
+        Accepted::Tls(t, tls) => {
+            info.tls = TlsState::On(Arc::new(tls));
+            drop((addr, config));
+            run_http(t, info, slot, None, kind).await;
+        }
+        Accepted::Plain(p) => {
+            info.tls = TlsState::PlainOnSsl;
+            drop((addr, config));
+            // Answered with 497 and closed: never idle.
+            let _ = conn::serve(p, info, sh, wait).await;
+        }
+        Accepted::Failed => {}
+    }
+}
+
+/// An accepted socket of any kind.
 pub(crate) enum Either {
     Tcp(LazySock<tokio::net::TcpStream>),
     Unix(LazySock<tokio::net::UnixStream>),
+    TlsTcp(TlsStream<LazySock<tokio::net::TcpStream>>),
+    TlsUnix(TlsStream<LazySock<tokio::net::UnixStream>>),
 }
 
 /// One connection's share of `worker_connections`, given back on drop so

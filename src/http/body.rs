@@ -214,6 +214,7 @@ pub trait BodyIo {
     fn readable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>>;
     fn try_write(&self, data: &[u8]) -> io::Result<usize>;
     fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>>;
+    fn try_flush(&self) -> io::Result<()>;
 }
 
 impl<S: Stream> BodyIo for S {
@@ -228,6 +229,9 @@ impl<S: Stream> BodyIo for S {
     }
     fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
         Box::pin(crate::io::SendSock::writable(self))
+    }
+    fn try_flush(&self) -> io::Result<()> {
+        Stream::try_flush(self)
     }
 }
 
@@ -507,8 +511,18 @@ fn log_file_error(cx: &Ctx<'_>, temp: &TempDir, e: &io::Error) {
 /// Writes all of `data`, waiting at most `wait` between two writes.
 async fn write_all(io: &dyn BodyIo, data: &[u8], wait: Duration) -> io::Result<()> {
     let mut off = 0;
-    while off < data.len() {
-        match io.try_write(&data[off..]) {
+    // Past the data: what the stream still holds (TLS records) goes out.
+    let mut flushed = false;
+    while !flushed {
+        let r = if off < data.len() {
+            io.try_write(&data[off..])
+        } else {
+            io.try_flush().map(|()| {
+                flushed = true;
+                0
+            })
+        };
+        match r {
             Ok(n) => off += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 match tokio::time::timeout(wait, io.writable()).await {

@@ -60,6 +60,11 @@ pub struct Listen {
     pub ipv6only: bool,
     /// `so_keepalive=on|off|idle:intvl:cnt`.
     pub so_keepalive: Option<SoKeepalive>,
+    /// `ssl`: connections speak TLS (any server's `listen` of the address
+    /// saying so makes it so, as in nginx).
+    pub ssl: bool,
+    /// `http2`: accepted; only HTTP/1.x is served.
+    pub http2: bool,
 }
 
 /// `so_keepalive=`: on/off, then TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT.
@@ -96,12 +101,15 @@ pub struct SrvConf {
     pub merge_slashes: Option<bool>,
     pub ignore_invalid_headers: Option<bool>,
     pub underscores_in_headers: Option<bool>,
+    /// The `ssl_*` settings (`modules/ssl_settings.rs`).
+    pub ssl: crate::http::modules::ssl_settings::SslConf,
 }
 
 impl SrvConf {
     fn merge(&mut self, p: &SrvConf) {
         merge_opts!(self, p; client_header_buffer_size, large_client_header_buffers,
             client_header_timeout, merge_slashes, ignore_invalid_headers, underscores_in_headers);
+        self.ssl.merge(&p.ssl);
     }
     pub fn header_buffer(&self) -> usize {
         self.client_header_buffer_size.unwrap_or(1024)
@@ -347,6 +355,8 @@ impl Locations {
 #[derive(Debug)]
 pub struct Server {
     pub srv: SrvConf,
+    /// Where the `server` block starts (nginx names it in some errors).
+    pub at: (Arc<PathBuf>, usize),
     /// The server-level location configuration (used when no location matches).
     pub conf: Arc<LocConf>,
     pub locations: Locations,
@@ -494,12 +504,17 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
     finish_loc(&mut http_loc)?;
     cx.io_main.check_loc(&http_loc.io)?;
     let mut servers = Vec::new();
+    let mut keys = crate::tls::config::KeyCache::default();
     for sd in server_dirs {
-        servers.push(Arc::new(compile_server(
-            sd, cx, &mut hm, &http_srv, &http_loc,
-        )?));
+        let mut s = compile_server(sd, cx, &mut hm, &http_srv, &http_loc)?;
+        // Certificates are read here, on the master thread, at startup
+        // and reload: a bad one fails the reload and the old
+        // configuration keeps serving.
+        crate::tls::config::build(&mut s.srv.ssl, &mut keys)?;
+        servers.push(Arc::new(s));
     }
     let (addrs, specific) = group_addrs(&servers)?;
+    crate::tls::config::check_addrs(addrs.iter().chain(specific.values()))?;
     cx.vars.finish()?;
     hm.vars = std::mem::take(&mut cx.vars);
     Ok(HttpConf {
@@ -592,6 +607,11 @@ fn compile_server(
     if srv.names.is_empty() {
         srv.names.push(ServerName::Exact(String::new()));
     }
+    if srv.ssl.legacy_on == Some(true) {
+        for l in &mut srv.listen {
+            l.ssl = true;
+        }
+    }
     let loc = Arc::new(loc);
     let mut locations = Locations::default();
     let mut named = HashMap::new();
@@ -601,6 +621,7 @@ fn compile_server(
     }
     sort_statics(&mut locations);
     Ok(Server {
+        at: (d.file.clone(), d.line),
         srv,
         conf: loc,
         locations,
@@ -620,6 +641,8 @@ fn default_listen(addr: ListenAddr) -> Listen {
         bind: false,
         ipv6only: true,
         so_keepalive: None,
+        ssl: false,
+        http2: false,
     }
 }
 
@@ -789,6 +812,7 @@ fn compile_location(
     }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;
+    crate::http::modules::proxy::check_ssl(&loc)?;
     // The location's own error log first: its `if` blocks log there too.
     if own_error_log {
         loc.core.logger = None;
@@ -844,6 +868,8 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<Grouped> {
                 order.push(l.addr.clone());
                 (l.clone(), Vec::new(), None)
             });
+            // `ssl` and `http2` on any server's listen hold for the address.
+            let (ssl, http2) = (e.0.ssl || l.ssl, e.0.http2 || l.http2);
             if l.default_server {
                 if e.2.is_some() {
                     return Err(ConfError::new(format!(
@@ -855,6 +881,8 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<Grouped> {
                 // Socket options come from the default_server's listen.
                 e.0 = l.clone();
             }
+            e.0.ssl = ssl;
+            e.0.http2 = http2;
             if !e.1.iter().any(|x| Arc::ptr_eq(x, s)) {
                 e.1.push(s.clone());
             }
@@ -996,7 +1024,9 @@ pub fn parse_listen(d: &Directive) -> ConfResult<Listen> {
                     }
                 });
             }
-            "ssl" | "http2" | "quic" | "proxy_protocol" => {
+            "ssl" => l.ssl = true,
+            "http2" => l.http2 = true,
+            "quic" | "proxy_protocol" => {
                 return Err(ConfError::at(
                     format!(
                         "the \"{}\" parameter of \"listen\" is not supported by tern yet",

@@ -50,6 +50,18 @@ pub trait Stream: crate::io::SendSock + 'static {
     fn is_registered(&self) -> bool {
         true
     }
+    /// Pushes out bytes a write accepted but could not send yet (TLS
+    /// records); `WouldBlock` while some are left. Called after every
+    /// complete write.
+    fn try_flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Whether files may be `sendfile`d to the socket (not through TLS).
+    fn sendfile_ok(&self) -> bool {
+        true
+    }
+    /// The connection is about to close (TLS sends close_notify).
+    fn close(&self) {}
 }
 
 macro_rules! impl_stream {
@@ -118,6 +130,7 @@ pub struct ConnInfo {
     pub local: Option<SocketAddr>,
     pub listen: ListenAddr,
     pub requests: u64,
+    pub tls: crate::tls::TlsState,
 }
 
 enum HeadResult {
@@ -166,8 +179,25 @@ pub async fn serve<S: Stream>(
     stream: S,
     mut info: ConnInfo,
     shared: Arc<WorkerShared>,
-    mut resume: Option<IdleWait>,
+    resume: Option<IdleWait>,
 ) -> Served<S> {
+    match serve_on(&stream, &mut info, shared, resume).await {
+        Some(wait) => Served::Idle(stream, info, wait),
+        None => {
+            stream.close();
+            Served::Closed
+        }
+    }
+}
+
+/// [`serve`]'s loop: None when the connection is done, else the idle wait
+/// to park it with.
+async fn serve_on<S: Stream>(
+    stream: &S,
+    info: &mut ConnInfo,
+    shared: Arc<WorkerShared>,
+    mut resume: Option<IdleWait>,
+) -> Option<IdleWait> {
     let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
     loop {
@@ -175,11 +205,9 @@ pub async fn serve<S: Stream>(
         // Wait for the first byte: keepalive_timeout between requests.
         if buf.is_empty() {
             if *quit.borrow() && !first {
-                return Served::Closed;
+                return None;
             }
-            let Some((wait_ms, reset, size)) = idle_params(&shared, &info, first) else {
-                return Served::Closed;
-            };
+            let (wait_ms, reset, size) = idle_params(&shared, info, first)?;
             let now = tokio::time::Instant::now();
             // A resumed wait keeps the deadline it was parked with.
             let wait = resume.take().unwrap_or(IdleWait {
@@ -205,33 +233,33 @@ pub async fn serve<S: Stream>(
                         biased;
                         r = tokio::time::timeout_at(park_at, stream.readable()) => match r {
                             Ok(Ok(())) => {}
-                            Ok(Err(_)) => return Served::Closed,
+                            Ok(Err(_)) => return None,
                             Err(_) if park_at < wait.deadline => {
-                                return Served::Idle(stream, info, wait);
+                                return Some(wait);
                             }
                             Err(_) => {
                                 if wait.first && wait.reset {
                                     stream.set_linger_zero();
                                 }
-                                return Served::Closed;
+                                return None;
                             }
                         },
-                        _ = quit.changed(), if !first => return Served::Closed,
+                        _ = quit.changed(), if !first => return None,
                     }
                 }
-                match first_read(&stream, size) {
+                match first_read(stream, size) {
                     Ok(Some(b)) => {
                         buf = b;
                         break;
                     }
-                    Ok(None) => return Served::Closed,
+                    Ok(None) => return None,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return Served::Closed,
+                    Err(_) => return None,
                 }
             }
         }
-        if !request(&stream, &mut buf, &mut info, &shared, &quit).await {
-            return Served::Closed;
+        if !request(stream, &mut buf, info, &shared, &quit).await {
+            return None;
         }
         if buf.is_empty() {
             buf = Vec::new();
@@ -432,7 +460,8 @@ async fn request<S: Stream>(
         &mut cx.sent,
     )
     .await;
-    cx.sent.status = resp.status;
+    // nginx logs its internal 494-497 as the 400 they are sent as.
+    cx.sent.status = crate::http::status::wire_code(resp.status);
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
     // Module state tied to the request (a limit_conn slot) lives until
@@ -466,9 +495,12 @@ async fn request<S: Stream>(
 /// The wait of a connection just accepted for its first request, or None
 /// when its listener accepts only once data has arrived (`deferred`), so
 /// the request is there to be read at once.
-pub(crate) fn first_wait(shared: &WorkerShared, info: &ConnInfo) -> Option<IdleWait> {
+pub(crate) fn first_wait(shared: &WorkerShared, info: &mut ConnInfo) -> Option<IdleWait> {
     let config = shared.config.load();
     let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
+    if addr.listen.ssl {
+        info.tls = crate::tls::TlsState::Pending;
+    }
     if addr.listen.deferred {
         return None;
     }
@@ -647,7 +679,7 @@ async fn reject_and_close<S: Stream>(stream: &S, addr: &AddrConf, info: &ConnInf
     linger(stream, loc).await;
 }
 
-fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
+pub(crate) fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
     let client = info
         .remote
         .map(|a| a.ip().to_string())
@@ -942,7 +974,7 @@ async fn write_pieces<S: Stream>(
     sent: &mut phases::Sent,
     policy: &crate::io::Policy,
 ) -> io::Result<()> {
-    let sendfile = loc.core.sendfile.unwrap_or(false);
+    let sendfile = loc.core.sendfile.unwrap_or(false) && stream.sendfile_ok();
     let nopush = sendfile && loc.core.tcp_nopush.unwrap_or(false);
     let mut pending: Vec<u8> = head.to_vec();
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
@@ -1012,7 +1044,26 @@ async fn write_more<S: Stream>(stream: &S, data: &[u8], loc: &LocConf) -> io::Re
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    flush(stream, loc).await
+}
+
+/// Waits until `stream.try_flush` has pushed everything out, at most
+/// send_timeout between two steps.
+async fn flush<S: Stream>(stream: &S, loc: &LocConf) -> io::Result<()> {
+    loop {
+        match stream.try_flush() {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+                match timeout(to, crate::io::SendSock::writable(stream)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Streams the body through the filters, chunk-encoding the output for HTTP/1.1.
@@ -1322,7 +1373,7 @@ async fn write_all_more<S: Stream>(
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    flush(stream, loc).await
 }
 
 pub use response::Response as Resp;

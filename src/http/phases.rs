@@ -190,7 +190,17 @@ impl<'a> Ctx<'a> {
 
 /// Runs every phase, error_page redirects, and the header filters.
 pub async fn run(cx: &mut Ctx<'_>) -> Response {
-    let mut resp = run_phases(cx, Entry::Start).await;
+    let mut resp = if matches!(cx.conn.tls, crate::tls::TlsState::PlainOnSsl) {
+        // nginx: the request is read, the server chosen, and then no
+        // phase runs: 497, which `error_page 497` may catch.
+        cx.log(
+            Level::Info,
+            "client sent plain HTTP request to HTTPS port while reading client request headers",
+        );
+        Response::status(497)
+    } else {
+        run_phases(cx, Entry::Start).await
+    };
     let mut hops = 0;
     while resp.status >= 300
         && matches!(resp.body, crate::http::response::Body::Empty)
@@ -669,7 +679,32 @@ impl VarCtx for Ctx<'_> {
             } else {
                 b"HTTP/1.1"
             }),
-            Var::Scheme => out.extend_from_slice(b"http"),
+            Var::Scheme => out.extend_from_slice(if self.conn.tls.info().is_some() {
+                b"https"
+            } else {
+                b"http"
+            }),
+            Var::Https => {
+                if self.conn.tls.info().is_some() {
+                    out.extend_from_slice(b"on");
+                }
+            }
+            Var::SslProtocol => match self.conn.tls.info() {
+                Some(t) => out.extend_from_slice(t.protocol.as_bytes()),
+                None => return false,
+            },
+            Var::SslCipher => match self.conn.tls.info() {
+                Some(t) => out.extend_from_slice(t.cipher.as_bytes()),
+                None => return false,
+            },
+            Var::SslServerName => match self.conn.tls.info().and_then(|t| t.server_name.as_ref()) {
+                Some(n) => out.extend_from_slice(n.as_bytes()),
+                None => return false,
+            },
+            Var::SslSessionReused => match self.conn.tls.info() {
+                Some(t) => out.push(if t.reused { b'r' } else { b'.' }),
+                None => return false,
+            },
             Var::Request => out.extend_from_slice(r.line()),
             Var::RequestMethod => out.extend_from_slice(r.method_raw().as_bytes()),
             Var::RequestLength => response::push_num(out, r.head_len as u64),

@@ -33,5 +33,6 @@ mod static_headers;
 mod status;
 mod stream;
 mod sub_filter;
+mod tls;
 mod upgrade;
 mod upstream_balance;

@@ -9,7 +9,8 @@
 //!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
 //!   ├─ proxy_cache? ── key -> md5 -> zone lookup ── HIT ──▶ cache file as Body::File
 //!   │                                           └─ MISS / EXPIRED / BYPASS
-//!   ├─ pick a peer (round robin) ── connect ── send head + body ── read head ──┐
+//!   ├─ pick a peer (round robin) ── connect (+ TLS for https://, see
+//!   │   crate::tls::client) ── send head + body ── read head ──────────────┐
 //!   │        ▲ error/timeout before a response head: next peer                 │
 //!   │        │ (not for POST/LOCK/PATCH once sent, as nginx)                   │
 //!   │        └─────────────────────────────────────────────────────────────────┘
@@ -76,6 +77,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::tls::client::UpStream;
 
 use super::upstream::{self, Upstream};
 use crate::cache::{self, file::EntryHead, md5, Zone};
@@ -152,6 +155,34 @@ pub const DIRECTIVES: &[Spec] = &[
         Args::AtLeast(1),
         set_ignore_headers,
     ),
+    row("proxy_ssl_verify", HSL, Args::Flag, set_ssl_flag),
+    row("proxy_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
+    row("proxy_ssl_session_reuse", HSL, Args::Flag, set_ssl_flag),
+    row("proxy_ssl_name", HSL, Args::take(1), set_ssl_name),
+    row(
+        "proxy_ssl_protocols",
+        HSL,
+        Args::AtLeast(1),
+        set_ssl_protocols,
+    ),
+    row("proxy_ssl_ciphers", HSL, Args::take(1), set_ssl_ciphers),
+    row(
+        "proxy_ssl_trusted_certificate",
+        HSL,
+        Args::take(1),
+        set_ssl_trusted,
+    ),
+    row(
+        "proxy_ssl_verify_depth",
+        HSL,
+        Args::take(1),
+        set_ssl_verify_depth,
+    ),
+    unsupported("proxy_ssl_certificate"),
+    unsupported("proxy_ssl_certificate_key"),
+    unsupported("proxy_ssl_password_file"),
+    unsupported("proxy_ssl_crl"),
+    unsupported("proxy_ssl_conf_command"),
     Spec {
         name: "proxy_cache_path",
         ctx: ctx::HTTP,
@@ -159,6 +190,16 @@ pub const DIRECTIVES: &[Spec] = &[
         set: Setter::HttpMain(set_cache_path),
     },
 ];
+
+/// A directive of the module tern does not implement yet.
+const fn unsupported(name: &'static str) -> Spec {
+    Spec {
+        name,
+        ctx: HSL,
+        args: Args::Any,
+        set: Setter::Unsupported,
+    }
+}
 
 const fn row(
     name: &'static str,
@@ -241,6 +282,8 @@ pub enum Target {
 pub struct Pass {
     /// `http://HOST[:PORT]` as written (for messages).
     pub url: String,
+    /// `https://`: TLS to the upstream (`tls::client`).
+    pub tls: bool,
     /// `$proxy_host`: the Host header sent by default.
     pub host: Vec<u8>,
     pub port: u16,
@@ -315,6 +358,17 @@ pub struct ProxyLoc {
     /// `proxy_force_ranges`: byte ranges on proxied responses that do
     /// not come from the cache.
     pub force_ranges: Option<bool>,
+    pub ssl_verify: Option<bool>,
+    pub ssl_server_name: Option<bool>,
+    pub ssl_session_reuse: Option<bool>,
+    pub ssl_name: Option<String>,
+    pub ssl_protocols: Option<(bool, bool)>,
+    pub ssl_ciphers: Option<String>,
+    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    /// The TLS client configuration of this level, made on its first
+    /// `https://` request from the merged settings (not inherited: each
+    /// level has its own).
+    pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
     /// `proxy_next_upstream`: the [`ft`] cases that move to the next peer.
     pub next_upstream: Option<u16>,
     /// `proxy_next_upstream_tries` (0: as many as there are peers).
@@ -378,7 +432,8 @@ impl ProxyLoc {
             cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
             pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
             request_buffering, set_body, force_ranges, next_upstream, next_upstream_tries,
-            next_upstream_timeout);
+            next_upstream_timeout, ssl_verify, ssl_server_name, ssl_session_reuse, ssl_name,
+            ssl_protocols, ssl_ciphers, ssl_trusted);
     }
 }
 
@@ -418,13 +473,11 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
         ));
     }
     let lower = url.to_ascii_lowercase();
+    let tls = lower.starts_with("https://");
     let rest = if lower.starts_with("http://") {
         &url[7..]
-    } else if lower.starts_with("https://") {
-        return Err(ConfError::at(
-            "https upstreams are not supported by tern yet",
-            d,
-        ));
+    } else if tls {
+        &url[8..]
     } else {
         return Err(ConfError::at(
             format!("invalid URL prefix in \"{}\"", url),
@@ -441,8 +494,9 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
     let (host, port) = split_port(hostport)
         .ok_or_else(|| ConfError::at(format!("invalid port in \"{}\"", url), d))?;
     let explicit_port = port.is_some();
-    let port = port.unwrap_or(80);
-    let proxy_host = if port == 80 {
+    let default_port = if tls { 443 } else { 80 };
+    let port = port.unwrap_or(default_port);
+    let proxy_host = if port == default_port {
         host.to_string()
     } else {
         format!("{}:{}", host, port)
@@ -467,7 +521,8 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
     let temp_default = cx.path("proxy_temp");
     cache::allow_dir(&temp_default);
     l.modules.proxy.pass = Some(Arc::new(Pass {
-        url: format!("http://{}", hostport),
+        url: format!("{}://{}", if tls { "https" } else { "http" }, hostport),
+        tls,
         host: proxy_host.into_bytes(),
         port,
         uri,
@@ -569,6 +624,100 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
+}
+
+fn set_ssl_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    let p = &mut l.modules.proxy;
+    let slot = match d.name.as_str() {
+        "proxy_ssl_verify" => &mut p.ssl_verify,
+        "proxy_ssl_server_name" => &mut p.ssl_server_name,
+        _ => &mut p.ssl_session_reuse,
+    };
+    set_once(slot, v, d)
+}
+
+fn set_ssl_name(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = arg(d, 0);
+    if v.contains('$') {
+        return Err(ConfError::at(
+            "proxy_ssl_name with variables is not supported by tern yet",
+            d,
+        ));
+    }
+    set_once(&mut l.modules.proxy.ssl_name, v.to_string(), d)
+}
+
+fn set_ssl_protocols(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = super::ssl_settings::parse_protocols(d)?;
+    set_once(&mut l.modules.proxy.ssl_protocols, v, d)
+}
+
+fn set_ssl_ciphers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::tls::client::check_ciphers(arg(d, 0))?;
+    set_once(&mut l.modules.proxy.ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = arg(d, 0);
+    let path = if p.starts_with('/') {
+        p.to_string()
+    } else {
+        cx.conf_prefix.join(p).to_string_lossy().into_owned()
+    };
+    // Read here, on the master thread, never on a worker.
+    let roots = crate::tls::client::load_roots(&path)?;
+    set_once(&mut l.modules.proxy.ssl_trusted, roots, d)
+}
+
+fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    value::number(arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
+}
+
+/// nginx's check of a location that proxies to `https://` with
+/// `proxy_ssl_verify on`.
+pub fn check_ssl(l: &LocConf) -> ConfResult<()> {
+    let p = &l.modules.proxy;
+    if p.pass.as_ref().is_some_and(|x| x.tls)
+        && p.ssl_verify == Some(true)
+        && p.ssl_trusted.is_none()
+    {
+        return Err(ConfError::new(
+            "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+        ));
+    }
+    Ok(())
+}
+
+/// The location's TLS client configuration and the name to verify (and
+/// send as SNI), or None when the configuration cannot be made.
+fn ssl_client(
+    conf: &ProxyLoc,
+    pass: &Pass,
+) -> Option<(
+    Arc<rustls::ClientConfig>,
+    rustls::pki_types::ServerName<'static>,
+)> {
+    let cfg = conf
+        .ssl_client
+        .get_or_init(|| {
+            let s = crate::tls::client::UpSsl {
+                verify: conf.ssl_verify.unwrap_or(false),
+                server_name: conf.ssl_server_name.unwrap_or(false),
+                // nginx 1.22's default: TLSv1 TLSv1.1 TLSv1.2.
+                protocols: conf.ssl_protocols.unwrap_or((true, false)),
+                ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
+                roots: conf.ssl_trusted.clone(),
+                session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+            };
+            crate::tls::client::client_config(&s).ok()
+        })
+        .clone()?;
+    let host = String::from_utf8_lossy(&pass.host).into_owned();
+    let name = crate::tls::client::server_name(conf.ssl_name.as_deref().unwrap_or(&host))?;
+    Some((cfg, name))
 }
 
 fn set_buffers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -869,6 +1018,11 @@ struct Limits {
     next_mask: u16,
     next_tries: u64,
     next_timeout: Option<Duration>,
+    /// `https://`: the client configuration and the upstream's name.
+    tls: Option<(
+        Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
 }
 
 /// The cache side of one request.
@@ -909,6 +1063,24 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             .next_upstream_timeout
             .filter(|ms| *ms > 0)
             .map(Duration::from_millis),
+        tls: None,
+    };
+    let lim = if pass.tls {
+        match ssl_client(conf, pass) {
+            Some(t) => Limits {
+                tls: Some(t),
+                ..lim
+            },
+            None => {
+                cx.log(
+                    Level::Error,
+                    "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
+                );
+                return Response::status(502);
+            }
+        }
+    } else {
+        lim
     };
 
     // Cache lookup.
@@ -1002,7 +1174,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     // The body: what came with the head is decoded now; a body complete
     // with it (and not being cached) is answered from memory, anything
     // else streams to the client while it arrives (see `Producer`).
-    let url = upstream_url(&resp.peer_name, &req_uri);
+    let url = upstream_url(lim.tls.is_some(), &resp.peer_name, &req_uri);
     let mut framing = match Framing::of(&resp) {
         Ok(f) => f,
         Err(f) => {
@@ -1542,7 +1714,7 @@ const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
 /// One read from the upstream within `limit`: 504 on timeout, 502 on an
 /// error, with nginx's log wording (`... while reading upstream`).
 async fn timed_read(
-    s: &mut TcpStream,
+    s: &mut UpStream,
     buf: &mut [u8],
     limit: Duration,
     context: &str,
@@ -1564,7 +1736,7 @@ struct UpResp {
     status: u16,
     minor: u8,
     headers: Vec<(String, Vec<u8>)>,
-    stream: Option<TcpStream>,
+    stream: Option<UpStream>,
     /// Body bytes that came with the head.
     early: Vec<u8>,
     peer: SocketAddr,
@@ -1613,7 +1785,7 @@ async fn fetch(
         let Some(peer) = up.peer(pid) else { break };
         tries_left = tries_left.saturating_sub(1);
         append_note(cx, "upstream_addr", peer.name.as_bytes());
-        let url = upstream_url(&peer.name, uri);
+        let url = upstream_url(lim.tls.is_some(), &peer.name, uri);
         match exchange(up, peer.addr, lim, send, head_only).await {
             Ok(mut r) => {
                 let bit = ft::of_status(r.status).unwrap_or(0);
@@ -1656,7 +1828,7 @@ async fn fetch(
     }
     // Peers were left to try, but none can be used now: nginx records a
     // pseudo-attempt named after the upstream.
-    let url = format!("http://{}{}", up.name, String::from_utf8_lossy(uri));
+    let url = upstream_url(lim.tls.is_some(), &up.name, uri);
     log_upstream(
         cx,
         Level::Error,
@@ -1668,8 +1840,9 @@ async fn fetch(
     Err(502)
 }
 
-fn upstream_url(peer: &str, uri: &[u8]) -> String {
-    format!("http://{}{}", peer, String::from_utf8_lossy(uri))
+fn upstream_url(tls: bool, peer: &str, uri: &[u8]) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    format!("{}://{}{}", scheme, peer, String::from_utf8_lossy(uri))
 }
 
 /// One attempt on one peer: connect (or reuse), send, read the head.
@@ -1685,7 +1858,11 @@ async fn exchange(
     // the peer, as nginx does. A timeout is not a stale connection (the
     // peer may be working on the request): as nginx, it is the attempt's
     // result, and is not sent again here.
-    if let Some((s, served)) = up.take_idle(addr) {
+    // A kept connection of the other kind (plain vs TLS) is closed.
+    if let Some((s, served)) = up
+        .take_idle(addr)
+        .filter(|(s, _)| s.is_tls() == lim.tls.is_some())
+    {
         match send_and_read(s, addr, lim, send, head_only).await {
             Ok(r) => {
                 return Ok(UpResp {
@@ -1718,6 +1895,32 @@ async fn exchange(
         Ok(Ok(s)) => s,
     };
     let _ = s.set_nodelay(true);
+    let s = match &lim.tls {
+        None => UpStream::Plain(s),
+        Some((cfg, name)) => {
+            let hs = crate::tls::client::connect(s, cfg.clone(), name.clone());
+            match tokio::time::timeout(lim.connect, hs).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    return Err(fail(
+                        502,
+                        format!(
+                            "SSL_do_handshake() failed ({}) while SSL handshaking to upstream",
+                            e
+                        ),
+                        true,
+                    ))
+                }
+                Err(_) => {
+                    return Err(fail(
+                        504,
+                        format!("{} while SSL handshaking to upstream", TIMED_OUT),
+                        true,
+                    ))
+                }
+            }
+        }
+    };
     send_and_read(s, addr, lim, send, head_only)
         .await
         .map_err(|f| Fail { sent: true, ..f })
@@ -1728,7 +1931,7 @@ const JOIN_BODY_MAX: usize = 16 * 1024;
 
 /// Sends the head and the body (from memory, or read back from its temp
 /// file through the file-I/O layer a chunk at a time).
-async fn send_request(s: &mut TcpStream, lim: &Limits, send: &Outgoing<'_>) -> Result<(), Fail> {
+async fn send_request(s: &mut UpStream, lim: &Limits, send: &Outgoing<'_>) -> Result<(), Fail> {
     match send.body {
         OutBody::Mem(b) if b.len() <= JOIN_BODY_MAX => {
             let mut all = Vec::with_capacity(send.head.len() + b.len());
@@ -1772,8 +1975,13 @@ async fn send_request(s: &mut TcpStream, lim: &Limits, send: &Outgoing<'_>) -> R
 
 /// Writes all of `data` within proxy_send_timeout, with nginx's log
 /// wording on failure.
-async fn write_timed(s: &mut TcpStream, data: &[u8], lim: &Limits) -> Result<(), Fail> {
-    match tokio::time::timeout(lim.send, s.write_all(data)).await {
+async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits) -> Result<(), Fail> {
+    // The flush pushes out what TLS still holds (a no-op for plain TCP).
+    let write = async {
+        s.write_all(data).await?;
+        s.flush().await
+    };
+    match tokio::time::timeout(lim.send, write).await {
         Err(_) => Err(fail(
             504,
             format!("{} while sending request to upstream", TIMED_OUT),
@@ -1792,7 +2000,7 @@ async fn write_timed(s: &mut TcpStream, data: &[u8], lim: &Limits) -> Result<(),
 }
 
 async fn send_and_read(
-    mut s: TcpStream,
+    mut s: UpStream,
     addr: SocketAddr,
     lim: &Limits,
     send: &Outgoing<'_>,
@@ -2188,7 +2396,7 @@ impl From<Fail> for Stop {
 /// being cached goes whole into its cache file.
 struct Producer {
     pipe: Arc<Pipe>,
-    stream: TcpStream,
+    stream: UpStream,
     /// Dropped with the producer, when the body is done.
     _lease: Option<upstream::Lease>,
     framing: Framing,

@@ -343,7 +343,12 @@ pub fn absolute_location(cx: &Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
     if !v.starts_with(b"/") || !rw.absolute_redirect.unwrap_or(true) {
         return v;
     }
-    let mut out = b"http://".to_vec();
+    let tls = cx.conn.tls.info().is_some();
+    let mut out = if tls {
+        b"https://".to_vec()
+    } else {
+        b"http://".to_vec()
+    };
     let primary = cx.server.srv.primary_name.as_deref().unwrap_or("");
     match cx.req.host() {
         Some(h) if !rw.server_name_in_redirect.unwrap_or(false) => out.extend_from_slice(h),
@@ -358,7 +363,7 @@ pub fn absolute_location(cx: &Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
     }
     if rw.port_in_redirect.unwrap_or(true) {
         if let Some(a) = cx.conn.local {
-            if a.port() != 80 {
+            if a.port() != if tls { 443 } else { 80 } {
                 out.push(b':');
                 out.extend_from_slice(a.port().to_string().as_bytes());
             }

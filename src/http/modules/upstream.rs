@@ -64,7 +64,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
+use crate::tls::client::UpStream;
 
 use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
@@ -654,7 +654,7 @@ impl Upstream {
 
     /// An idle cached connection to `peer`, if this worker has one, with
     /// the number of requests it has served.
-    pub fn take_idle(&self, addr: SocketAddr) -> Option<(TcpStream, u64)> {
+    pub fn take_idle(&self, addr: SocketAddr) -> Option<(UpStream, u64)> {
         if self.keepalive == 0 {
             return None;
         }
@@ -672,7 +672,7 @@ impl Upstream {
     /// Caches an idle connection that has served `requests` requests
     /// (dropping the oldest beyond `keepalive`); one that has served
     /// `keepalive_requests` is dropped, which closes it.
-    pub fn put_idle(&self, addr: SocketAddr, s: TcpStream, requests: u64) {
+    pub fn put_idle(&self, addr: SocketAddr, s: UpStream, requests: u64) {
         if self.keepalive == 0 || requests >= self.keepalive_requests {
             return;
         }
@@ -716,7 +716,7 @@ fn random_u64() -> u64 {
 
 struct Idle {
     addr: SocketAddr,
-    stream: TcpStream,
+    stream: UpStream,
     since: Instant,
     requests: u64,
 }

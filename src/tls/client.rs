@@ -1,0 +1,245 @@
+//! TLS to upstreams (`proxy_pass https://...`), with tokio-rustls.
+//!
+//! A location's `proxy_ssl_*` settings are checked and the trusted
+//! certificates read at configuration time (master thread); the rustls
+//! `ClientConfig` is made from the merged settings on the location's first
+//! proxied request (CPU only) and kept with the location, so its session
+//! cache serves every later request (`proxy_ssl_session_reuse`).
+//!
+//! As nginx: the certificate is not verified unless `proxy_ssl_verify on`
+//! (then against `proxy_ssl_trusted_certificate` and `proxy_ssl_name`),
+//! and SNI is sent only with `proxy_ssl_server_name on`.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::Resumption;
+use rustls::crypto::{ring as provider, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::config::{ConfError, ConfResult};
+
+/// A location's merged `proxy_ssl_*` settings.
+#[derive(Debug, Clone)]
+pub struct UpSsl {
+    pub verify: bool,
+    pub server_name: bool,
+    pub protocols: (bool, bool),
+    /// TLS 1.2 suites from `proxy_ssl_ciphers` (checked at config time).
+    pub ciphers: String,
+    pub roots: Option<Arc<RootCertStore>>,
+    pub session_reuse: bool,
+}
+
+/// Reads `proxy_ssl_trusted_certificate` (PEM, one or more CAs).
+pub fn load_roots(path: &str) -> ConfResult<Arc<RootCertStore>> {
+    use rustls_pki_types::pem::PemObject;
+    let bad =
+        |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", path, why));
+    let pem = std::fs::read(path).map_err(|e| {
+        bad(format!(
+            "BIO_new_file() failed {}",
+            crate::core::errno_text(&e)
+        ))
+    })?;
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&pem) {
+        let c = c.map_err(|e| bad(format!("PEM_read_bio_X509() failed ({})", e)))?;
+        roots
+            .add(c)
+            .map_err(|e| bad(format!("X509_STORE_add_cert() failed ({})", e)))?;
+    }
+    if roots.is_empty() {
+        return Err(bad(
+            "PEM_read_bio_X509() failed (no certificate in the file)".into(),
+        ));
+    }
+    Ok(Arc::new(roots))
+}
+
+/// Checks a `proxy_ssl_ciphers` list (nginx's error if it selects nothing
+/// OpenSSL knows).
+pub fn check_ciphers(list: &str) -> ConfResult<()> {
+    crate::tls::config::tls12_suites(list).map(drop)
+}
+
+/// The rustls client configuration for `s`.
+pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
+    let tls12 = crate::tls::config::tls12_suites(&s.ciphers).unwrap_or_default();
+    let mut suites: Vec<rustls::SupportedCipherSuite> = provider::ALL_CIPHER_SUITES
+        .iter()
+        .filter(|c| c.version() == &rustls::version::TLS13)
+        .copied()
+        .collect();
+    suites.extend(tls12.iter().copied());
+    let p = Arc::new(CryptoProvider {
+        cipher_suites: suites,
+        ..provider::default_provider()
+    });
+    let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
+    if s.protocols.1 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if s.protocols.0 && !tls12.is_empty() {
+        versions.push(&rustls::version::TLS12);
+    }
+    let b = ClientConfig::builder_with_provider(p.clone()).with_protocol_versions(&versions)?;
+    let mut cfg = match (&s.roots, s.verify) {
+        (Some(roots), true) => {
+            let v = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), p)
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            b.with_webpki_verifier(v).with_no_client_auth()
+        }
+        _ => b
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(p)))
+            .with_no_client_auth(),
+    };
+    cfg.enable_sni = s.server_name;
+    if !s.session_reuse {
+        cfg.resumption = Resumption::disabled();
+    }
+    Ok(Arc::new(cfg))
+}
+
+/// `proxy_ssl_verify off`: any certificate is taken; the handshake's
+/// signatures are still checked against it.
+#[derive(Debug)]
+struct NoVerify(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The name to verify the upstream's certificate against (and to send as
+/// SNI): `proxy_ssl_name`, else the proxy_pass host without its port.
+pub fn server_name(name: &str) -> Option<ServerName<'static>> {
+    let host = match name.strip_prefix('[') {
+        Some(r) => r.split(']').next().unwrap_or(r),
+        None => name.rsplit_once(':').map_or(name, |(h, _)| h),
+    };
+    ServerName::try_from(host.to_string()).ok()
+}
+
+/// A connection to an upstream, plain or TLS.
+pub enum UpStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl UpStream {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, UpStream::Tls(_))
+    }
+}
+
+/// The TLS handshake on a connected socket.
+pub async fn connect(
+    tcp: TcpStream,
+    cfg: Arc<ClientConfig>,
+    name: ServerName<'static>,
+) -> io::Result<UpStream> {
+    let s = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await?;
+    Ok(UpStream::Tls(Box::new(s)))
+}
+
+impl AsyncRead for UpStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for UpStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpStream::Plain(s) => s.is_write_vectored(),
+            UpStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}

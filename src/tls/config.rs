@@ -1,0 +1,557 @@
+//! From a server's merged `ssl_*` settings to a rustls `ServerConfig`.
+//!
+//! Runs on the master thread while a configuration compiles (startup,
+//! reload), so reading certificate files here blocks no worker. Each
+//! server with certificates gets its own `ServerConfig`: the handshake
+//! picks the server by SNI first (see `tls::stream::accept`) and then uses
+//! that server's certificates, protocols and ciphers.
+//!
+//! The mapping onto rustls (ring provider):
+//! - `ssl_certificate`/`ssl_certificate_key` pairs: PEM chains and keys
+//!   (RSA, ECDSA, Ed25519); with several pairs, the first whose key can
+//!   sign with a scheme the client offers is used (RSA + ECDSA as nginx).
+//! - `ssl_protocols`: TLSv1.2 and TLSv1.3; older versions are accepted in
+//!   the file and never negotiated (rustls has none).
+//! - `ssl_ciphers`: OpenSSL's cipher-list syntax, evaluated against the
+//!   TLS 1.2 suites rustls has; like OpenSSL's, it does not touch TLS 1.3.
+//! - `ssl_prefer_server_ciphers`: `ignore_client_order`.
+//! - `ssl_ecdh_curve`: the key-exchange groups (X25519, P-256, P-384).
+//! - `ssl_session_cache`: `builtin[:N]` is a cache of N sessions per
+//!   server, `shared:NAME:SIZE` one cache per name for all servers and
+//!   workers (about 4000 sessions per MiB, as nginx), kept across reloads
+//!   while name and size stay; `none`/`off` keep no sessions.
+//! - `ssl_session_tickets`: tickets with a process-wide key (so a reload
+//!   keeps them valid), whose lifetime hint is `ssl_session_timeout`.
+//! - `ssl_buffer_size`: the largest TLS record's plaintext.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rustls::crypto::ring as provider;
+use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresServerSessions};
+use rustls::sign::CertifiedKey;
+use rustls::{CipherSuite, SupportedCipherSuite};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::{ConfError, ConfResult};
+use crate::core::errno_text;
+use crate::http::conf::AddrConf;
+use crate::http::modules::ssl_settings::{SessionCache, SslConf};
+
+/// Certificate/key pairs loaded while compiling one configuration: the
+/// http level's `ssl_certificate` inherited by many servers is read once.
+#[derive(Default)]
+pub struct KeyCache(HashMap<(String, String), Arc<CertifiedKey>>);
+
+/// nginx 1.22's default `ssl_ciphers`.
+const DEFAULT_CIPHERS: &str = "HIGH:!aNULL:!MD5";
+
+/// Builds `ssl.tls` for a server with certificates (None without).
+pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
+    let Some(certs) = ssl.certificates.clone() else {
+        return Ok(());
+    };
+    let key_paths = ssl.certificate_keys.clone().unwrap_or_default();
+    if key_paths.len() < certs.len() {
+        return Err(ConfError::new(format!(
+            "no \"ssl_certificate_key\" is defined for certificate \"{}\"",
+            certs.last().map(String::as_str).unwrap_or("")
+        )));
+    }
+    let mut pairs = Vec::with_capacity(certs.len());
+    for (c, k) in certs.iter().zip(&key_paths) {
+        let id = (c.clone(), k.clone());
+        let pair = match keys.0.get(&id) {
+            Some(p) => p.clone(),
+            None => {
+                let p = load_pair(c, k)?;
+                keys.0.insert(id, p.clone());
+                p
+            }
+        };
+        pairs.push(pair);
+    }
+    if let Some(p) = &ssl.dhparam {
+        // nginx reads it (DHE suites); rustls has none, but a missing
+        // file is still the error nginx reports.
+        std::fs::metadata(p).map_err(|e| {
+            ConfError::new(format!("BIO_new_file(\"{}\") failed {}", p, errno_text(&e)))
+        })?;
+    }
+    let ciphers = ssl.ciphers.as_deref().unwrap_or(DEFAULT_CIPHERS);
+    let tls12 = tls12_suites(ciphers)?;
+    let groups = kx_groups(ssl.ecdh_curve.as_deref().unwrap_or("auto"))?;
+    // nginx 1.22's default is `TLSv1 TLSv1.1 TLSv1.2` (TLSv1.3 joined it
+    // in 1.23.4).
+    let (want12, want13) = ssl.protocols.unwrap_or((true, false));
+    let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
+    if want13 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if want12 && !tls12.is_empty() {
+        versions.push(&rustls::version::TLS12);
+    }
+    if versions.is_empty() {
+        // Only versions rustls cannot speak (TLSv1, TLSv1.1): nginx
+        // starts, and every handshake fails. So does tern's.
+        ssl.tls = Some(Arc::new(no_protocols_config()?));
+        return Ok(());
+    }
+    let mut suites: Vec<SupportedCipherSuite> = provider::ALL_CIPHER_SUITES
+        .iter()
+        .filter(|s| s.version() == &rustls::version::TLS13)
+        .copied()
+        .collect();
+    suites.extend(tls12);
+    let p = rustls::crypto::CryptoProvider {
+        cipher_suites: suites,
+        kx_groups: groups,
+        ..provider::default_provider()
+    };
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(p))
+        .with_protocol_versions(&versions)
+        .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(Keys(pairs)));
+    cfg.ignore_client_order = ssl.prefer_server_ciphers.unwrap_or(false);
+    // HTTP/1.x only, also on `listen ... http2` (clients fall back).
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
+    if let Some(n) = ssl.buffer_size {
+        if n < 16384 {
+            cfg.max_fragment_size = Some(n.max(64));
+        }
+    }
+    let timeout = ssl.session_timeout.unwrap_or(300);
+    let tickets = ssl.session_tickets.unwrap_or(true);
+    cfg.session_storage = session_storage(ssl.session_cache.as_ref());
+    if tickets {
+        if let Some(t) = ticketer() {
+            cfg.ticketer = Arc::new(Lifetime {
+                inner: t,
+                secs: u32::try_from(timeout).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    if !tickets && !cfg.session_storage.can_cache() {
+        cfg.send_tls13_tickets = 0;
+    }
+    ssl.tls = Some(Arc::new(cfg));
+    Ok(())
+}
+
+/// A configuration every handshake fails with: no certificate is ever
+/// chosen.
+fn no_protocols_config() -> ConfResult<rustls::ServerConfig> {
+    rustls::ServerConfig::builder_with_provider(Arc::new(provider::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| {
+            b.with_no_client_auth()
+                .with_cert_resolver(Arc::new(Keys(Vec::new())))
+        })
+        .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))
+}
+
+/// nginx's check after the servers are grouped by address: the default
+/// server of an `ssl` address must have a certificate.
+pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfResult<()> {
+    for a in addrs {
+        if !a.listen.ssl || a.default.srv.ssl.tls.is_some() {
+            continue;
+        }
+        return Err(ConfError::new(format!(
+            "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}:{}",
+            a.default.at.0.display(),
+            a.default.at.1
+        )));
+    }
+    Ok(())
+}
+
+fn load_pair(cert: &str, key: &str) -> ConfResult<Arc<CertifiedKey>> {
+    let bad_cert =
+        |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", cert, why));
+    let bad_key =
+        |why: String| ConfError::new(format!("cannot load certificate key \"{}\": {}", key, why));
+    let pem = std::fs::read(cert)
+        .map_err(|e| bad_cert(format!("BIO_new_file() failed {}", errno_text(&e))))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad_cert(format!("PEM_read_bio_X509_AUX() failed ({})", e)))?;
+    if chain.is_empty() {
+        return Err(bad_cert(
+            "PEM_read_bio_X509_AUX() failed (no certificate in the file)".into(),
+        ));
+    }
+    let kpem = std::fs::read(key)
+        .map_err(|e| bad_key(format!("BIO_new_file() failed {}", errno_text(&e))))?;
+    let der = PrivateKeyDer::from_pem_slice(&kpem).map_err(|e| {
+        bad_key(match e {
+            rustls_pki_types::pem::Error::NoItemsFound => {
+                "PEM_read_bio_PrivateKey() failed (no private key in the file)".to_string()
+            }
+            e => format!("PEM_read_bio_PrivateKey() failed ({})", e),
+        })
+    })?;
+    let signer = provider::sign::any_supported_type(&der)
+        .map_err(|e| bad_key(format!("PEM_read_bio_PrivateKey() failed ({})", e)))?;
+    Ok(Arc::new(CertifiedKey::new(chain, signer)))
+}
+
+/// A server's certificate/key pairs.
+#[derive(Debug)]
+struct Keys(Vec<Arc<CertifiedKey>>);
+
+impl ResolvesServerCert for Keys {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let schemes = hello.signature_schemes();
+        self.0
+            .iter()
+            .find(|k| k.key.choose_scheme(schemes).is_some())
+            .or_else(|| self.0.first())
+            .cloned()
+    }
+}
+
+// ---- ciphers ----------------------------------------------------------------
+
+/// rustls's suites with OpenSSL's names (for `ssl_ciphers` and
+/// `$ssl_cipher`) and the cipher-list keywords each one matches.
+const SUITES: &[(CipherSuite, &str, &[&str])] = &[
+    (
+        CipherSuite::TLS13_AES_256_GCM_SHA384,
+        "TLS_AES_256_GCM_SHA384",
+        &[],
+    ),
+    (
+        CipherSuite::TLS13_AES_128_GCM_SHA256,
+        "TLS_AES_128_GCM_SHA256",
+        &[],
+    ),
+    (
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+        "TLS_CHACHA20_POLY1305_SHA256",
+        &[],
+    ),
+    (
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        &["aECDSA", "ECDSA", "AES", "AES256", "AESGCM", "SHA384"],
+    ),
+    (
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        &["aECDSA", "ECDSA", "AES", "AES128", "AESGCM", "SHA256"],
+    ),
+    (
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        &["aECDSA", "ECDSA", "CHACHA20", "SHA256"],
+    ),
+    (
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        &["aRSA", "AES", "AES256", "AESGCM", "SHA384"],
+    ),
+    (
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        &["aRSA", "AES", "AES128", "AESGCM", "SHA256"],
+    ),
+    (
+        CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+        "ECDHE-RSA-CHACHA20-POLY1305",
+        &["aRSA", "CHACHA20", "SHA256"],
+    ),
+];
+
+/// Keywords every TLS 1.2 suite of rustls matches (all are ECDHE, AEAD,
+/// strong).
+const COMMON: &[&str] = &[
+    "ALL", "DEFAULT", "HIGH", "ECDHE", "EECDH", "kECDHE", "kEECDH", "ECDH", "AEAD", "TLSv1.2",
+    "FIPS",
+];
+
+/// OpenSSL keywords that select only suites rustls lacks.
+const NONE_OF_OURS: &[&str] = &[
+    "COMPLEMENTOFDEFAULT",
+    "COMPLEMENTOFALL",
+    "MEDIUM",
+    "LOW",
+    "EXPORT",
+    "EXP",
+    "eNULL",
+    "NULL",
+    "aNULL",
+    "ADH",
+    "AECDH",
+    "DHE",
+    "EDH",
+    "kDHE",
+    "kEDH",
+    "DH",
+    "kRSA",
+    "RSA",
+    "PSK",
+    "kPSK",
+    "aPSK",
+    "ECDHEPSK",
+    "DHEPSK",
+    "RSAPSK",
+    "SRP",
+    "kSRP",
+    "MD5",
+    "RC4",
+    "DES",
+    "3DES",
+    "SHA1",
+    "SHA",
+    "DSS",
+    "aDSS",
+    "CAMELLIA",
+    "CAMELLIA128",
+    "CAMELLIA256",
+    "SEED",
+    "IDEA",
+    "ARIA",
+    "ARIA128",
+    "ARIA256",
+    "AESCCM",
+    "AESCCM8",
+    "CBC",
+    "SSLv3",
+    "TLSv1",
+    "TLSv1.0",
+    "SUITEB128",
+    "SUITEB192",
+    "SUITEB128ONLY",
+    "SUITEB128C2",
+];
+
+/// The OpenSSL name of a suite (`$ssl_cipher`).
+pub fn openssl_name(s: CipherSuite) -> Option<&'static str> {
+    SUITES.iter().find(|(c, _, _)| *c == s).map(|(_, n, _)| *n)
+}
+
+/// Whether a suite matches one `+`-joined cipher-list element.
+fn matches(elem: &str, name: &str, attrs: &[&str]) -> bool {
+    if elem == name {
+        return true;
+    }
+    elem.split('+')
+        .all(|k| COMMON.contains(&k) || attrs.contains(&k))
+}
+
+/// Evaluates an OpenSSL cipher list against rustls's TLS 1.2 suites,
+/// keeping the list's order. An element is added, `!`/`-` removes (`!`
+/// for good), `+` moves to the end, `@...` is ignored. A list none of
+/// whose elements OpenSSL would know either is nginx's "no cipher match".
+pub(crate) fn tls12_suites(list: &str) -> ConfResult<Vec<SupportedCipherSuite>> {
+    let ours: Vec<(SupportedCipherSuite, &str, &[&str])> = provider::ALL_CIPHER_SUITES
+        .iter()
+        .filter(|s| s.version() == &rustls::version::TLS12)
+        .filter_map(|s| {
+            SUITES
+                .iter()
+                .find(|(c, _, _)| *c == s.suite())
+                .map(|(_, n, a)| (*s, *n, *a))
+        })
+        .collect();
+    let mut out: Vec<usize> = Vec::new();
+    let mut banned: Vec<usize> = Vec::new();
+    let mut known = false;
+    for raw in list.split([':', ',', ' ', ';']).filter(|e| !e.is_empty()) {
+        if raw.starts_with('@') {
+            known = true;
+            continue;
+        }
+        let (op, elem) = match raw.as_bytes()[0] {
+            b'!' | b'-' | b'+' => (raw.as_bytes()[0], &raw[1..]),
+            _ => (0, raw),
+        };
+        let hits: Vec<usize> = ours
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, n, a))| matches(elem, n, a))
+            .map(|(i, _)| i)
+            .collect();
+        known |= !hits.is_empty()
+            || elem.contains('-')
+            || elem.contains('_')
+            || elem
+                .split('+')
+                .all(|k| NONE_OF_OURS.contains(&k) || COMMON.contains(&k));
+        match op {
+            b'!' => {
+                out.retain(|i| !hits.contains(i));
+                banned.extend(hits);
+            }
+            b'-' => out.retain(|i| !hits.contains(i)),
+            b'+' => {
+                let moved: Vec<usize> = out.iter().copied().filter(|i| hits.contains(i)).collect();
+                out.retain(|i| !hits.contains(i));
+                out.extend(moved);
+            }
+            _ => {
+                for i in hits {
+                    if !out.contains(&i) && !banned.contains(&i) {
+                        out.push(i);
+                    }
+                }
+            }
+        }
+    }
+    if !known {
+        return Err(ConfError::new(format!(
+            "SSL_CTX_set_cipher_list(\"{}\") failed (no cipher match)",
+            list
+        )));
+    }
+    Ok(out.into_iter().map(|i| ours[i].0).collect())
+}
+
+/// `ssl_ecdh_curve auto | NAME[:NAME...]`.
+fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKxGroup>> {
+    if v == "auto" {
+        return Ok(provider::DEFAULT_KX_GROUPS.to_vec());
+    }
+    let mut out: Vec<&'static dyn rustls::crypto::SupportedKxGroup> = Vec::new();
+    for n in v.split(':') {
+        let g: &'static dyn rustls::crypto::SupportedKxGroup = match n {
+            "X25519" | "x25519" => provider::kx_group::X25519,
+            "prime256v1" | "secp256r1" | "P-256" => provider::kx_group::SECP256R1,
+            "secp384r1" | "P-384" => provider::kx_group::SECP384R1,
+            // Known to OpenSSL, not to rustls: skipped.
+            "X448" | "x448" | "secp521r1" | "P-521" => continue,
+            _ => {
+                return Err(ConfError::new(format!(
+                    "SSL_CTX_set1_curves_list(\"{}\") failed (group '{}' cannot be set)",
+                    v, n
+                )))
+            }
+        };
+        if !out.iter().any(|x| x.name() == g.name()) {
+            out.push(g);
+        }
+    }
+    if out.is_empty() {
+        return Err(ConfError::new(format!(
+            "SSL_CTX_set1_curves_list(\"{}\") failed (no group rustls supports)",
+            v
+        )));
+    }
+    Ok(out)
+}
+
+// ---- sessions -----------------------------------------------------------------
+
+/// `shared:NAME:SIZE` caches by name: like nginx's shared zones, kept
+/// across reloads while the size is unchanged.
+type SharedCaches = Mutex<HashMap<String, (u64, Arc<dyn StoresServerSessions>)>>;
+
+fn shared_caches() -> &'static SharedCaches {
+    static C: OnceLock<SharedCaches> = OnceLock::new();
+    C.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn session_storage(c: Option<&SessionCache>) -> Arc<dyn StoresServerSessions> {
+    match c {
+        None | Some(SessionCache::None) | Some(SessionCache::Off) => {
+            Arc::new(rustls::server::NoServerSessionStorage {})
+        }
+        Some(SessionCache::Cache {
+            shared: Some((name, size)),
+            ..
+        }) => {
+            let mut m = shared_caches().lock().unwrap_or_else(|p| p.into_inner());
+            match m.get(name) {
+                Some((s, c)) if s == size => c.clone(),
+                _ => {
+                    // nginx: one megabyte stores about 4000 sessions.
+                    let n = usize::try_from(size / 256).unwrap_or(usize::MAX).max(1);
+                    let c: Arc<dyn StoresServerSessions> =
+                        rustls::server::ServerSessionMemoryCache::new(n);
+                    m.insert(name.clone(), (*size, c.clone()));
+                    c
+                }
+            }
+        }
+        Some(SessionCache::Cache {
+            builtin: Some(n),
+            shared: None,
+        }) => rustls::server::ServerSessionMemoryCache::new(*n),
+        Some(SessionCache::Cache { .. }) => Arc::new(rustls::server::NoServerSessionStorage {}),
+    }
+}
+
+/// The process's ticket keys (rotated by rustls), the same for every
+/// server and kept across reloads.
+fn ticketer() -> Option<Arc<dyn ProducesTickets>> {
+    static T: OnceLock<Option<Arc<dyn ProducesTickets>>> = OnceLock::new();
+    T.get_or_init(|| provider::Ticketer::new().ok()).clone()
+}
+
+/// Tickets with `ssl_session_timeout` as their lifetime hint.
+#[derive(Debug)]
+struct Lifetime {
+    inner: Arc<dyn ProducesTickets>,
+    secs: u32,
+}
+
+impl ProducesTickets for Lifetime {
+    fn enabled(&self) -> bool {
+        self.inner.enabled()
+    }
+    fn lifetime(&self) -> u32 {
+        self.secs.min(self.inner.lifetime())
+    }
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        self.inner.encrypt(plain)
+    }
+    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        self.inner.decrypt(cipher)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &str) -> Vec<&'static str> {
+        tls12_suites(list)
+            .unwrap()
+            .iter()
+            .filter_map(|s| openssl_name(s.suite()))
+            .collect()
+    }
+
+    #[test]
+    fn cipher_lists() {
+        assert_eq!(names("HIGH:!aNULL:!MD5").len(), 6);
+        assert_eq!(
+            names("ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384"),
+            [
+                "ECDHE-RSA-AES128-GCM-SHA256",
+                "ECDHE-ECDSA-AES256-GCM-SHA384"
+            ]
+        );
+        assert_eq!(
+            names("EECDH+AESGCM:EDH+AESGCM"),
+            [
+                "ECDHE-ECDSA-AES256-GCM-SHA384",
+                "ECDHE-ECDSA-AES128-GCM-SHA256",
+                "ECDHE-RSA-AES256-GCM-SHA384",
+                "ECDHE-RSA-AES128-GCM-SHA256"
+            ]
+        );
+        assert_eq!(names("HIGH:!aECDSA:!CHACHA20").len(), 2);
+        assert!(names("DHE-RSA-AES128-GCM-SHA256").is_empty());
+        assert!(tls12_suites("FOO").is_err());
+    }
+
+    #[test]
+    fn curves() {
+        assert_eq!(kx_groups("X25519:prime256v1").unwrap().len(), 2);
+        assert!(kx_groups("foo").is_err());
+    }
+}

@@ -1,0 +1,88 @@
+//! TLS for http servers (`listen ... ssl`), with rustls and its `ring`
+//! provider.
+//!
+//! ```text
+//!  config (master thread)            worker thread
+//!  ssl_* directives                   accept -> park (wait for the first byte)
+//!   -> http::modules::ssl_settings     -> core::worker::run_tls
+//!   -> config::build: certificates       stream::accept: first byte 0x16 (or
+//!      read, one rustls ServerConfig     SSLv2's high bit)? ClientHello ->
+//!      per server                        server by SNI (AddrConf::select) ->
+//!                                        its ServerConfig -> handshake
+//!                                        (client_header_timeout)
+//!                                      -> http::conn::serve(TlsStream)
+//!                                     otherwise plain HTTP: served as such and
+//!                                      answered with 497 (400, "The plain HTTP
+//!                                      request was sent to HTTPS port")
+//! ```
+//!
+//! [`stream::TlsStream`] is the engine's `Stream` over an accepted socket:
+//! reads decrypt, writes encrypt and go out at once, and whatever
+//! ciphertext the socket did not take waits in rustls until the engine's
+//! `try_flush` (called after every complete write) pushes it. Files cannot
+//! be `sendfile`d through TLS: the engine reads them through `crate::io`
+//! and writes them here. An idle TLS connection parks like a plain one;
+//! the parking lot keeps its rustls state beside the socket.
+//!
+//! Certificates are read on the master thread at startup and reload; a
+//! reload with a bad certificate fails as a whole and the old
+//! configuration keeps serving. Connections keep the `ServerConfig` they
+//! were accepted with.
+
+pub mod client;
+pub mod config;
+pub mod stream;
+
+use std::sync::Arc;
+
+/// The rustls release tern is built with (`-V`); a unit test keeps it
+/// equal to Cargo.lock's.
+pub const RUSTLS_VERSION: &str = "0.23.46";
+
+/// Where a connection stands with TLS (`ConnInfo::tls`).
+#[derive(Debug, Clone, Default)]
+pub enum TlsState {
+    /// A plain listener.
+    #[default]
+    Plain,
+    /// Accepted on an `ssl` listener, handshake not done yet.
+    Pending,
+    /// Handshake done.
+    On(Arc<TlsInfo>),
+    /// Plain HTTP on an `ssl` listener: its request is answered with 497.
+    PlainOnSsl,
+}
+
+impl TlsState {
+    /// The negotiated session, if any.
+    pub fn info(&self) -> Option<&TlsInfo> {
+        match self {
+            TlsState::On(i) => Some(i),
+            _ => None,
+        }
+    }
+}
+
+/// What the handshake settled (for `$ssl_*` variables).
+#[derive(Debug, Clone)]
+pub struct TlsInfo {
+    /// `TLSv1.2`, `TLSv1.3`.
+    pub protocol: &'static str,
+    /// OpenSSL's name of the suite.
+    pub cipher: &'static str,
+    /// The SNI name the client sent.
+    pub server_name: Option<String>,
+    /// An abbreviated (resumed) handshake.
+    pub reused: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rustls_version_matches_cargo_lock() {
+        let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))
+            .unwrap_or_default();
+        let want = format!("name = \"rustls\"\nversion = \"{}\"", super::RUSTLS_VERSION);
+        assert!(lock.contains(&want), "update tls::RUSTLS_VERSION");
+    }
+}
