@@ -213,6 +213,13 @@ where
     fn is_registered(&self) -> bool {
         self.registered.get().is_some()
     }
+    fn peek_hangup(&self) -> io::Result<bool> {
+        // Only asked after `readable()`, which registers the socket.
+        match self.registered.get() {
+            Some(t) => t.peek_hangup(),
+            None => Ok(false),
+        }
+    }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         match self.with_raw(|s| {
             let mut s = s;

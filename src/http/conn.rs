@@ -62,6 +62,38 @@ pub trait Stream: crate::io::SendSock + 'static {
     }
     /// The connection is about to close (TLS sends close_notify).
     fn close(&self) {}
+    /// Whether the client has closed its side (`Ok(true)`) or sent more
+    /// bytes (`Ok(false)`, left unread for the next request), by a peek;
+    /// `WouldBlock` when nothing has come (readiness is cleared, so the
+    /// next `readable()` really waits). Streams that cannot tell say
+    /// `Ok(false)`.
+    fn peek_hangup(&self) -> io::Result<bool> {
+        Ok(false)
+    }
+}
+
+/// A non-blocking one-byte peek: true at EOF.
+fn peek_eof(s: socket2::SockRef<'_>) -> io::Result<bool> {
+    let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    s.recv_with_flags(&mut b, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        .map(|n| n == 0)
+}
+
+/// Resolves when the client hangs up (EOF or an error); never once it
+/// has sent more bytes (they belong to the next request), nor if the
+/// stream cannot tell.
+async fn hangup<S: Stream>(stream: &S) {
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        match stream.peek_hangup() {
+            Ok(true) => return,
+            Ok(false) => std::future::pending::<()>().await,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        }
+    }
 }
 
 macro_rules! impl_stream {
@@ -115,6 +147,11 @@ macro_rules! impl_stream {
             }
             fn shutdown_write(&self) {
                 let _ = socket2::SockRef::from(self).shutdown(std::net::Shutdown::Write);
+            }
+            fn peek_hangup(&self) -> io::Result<bool> {
+                <$t>::try_io(self, tokio::io::Interest::READABLE, || {
+                    peek_eof(socket2::SockRef::from(self))
+                })
             }
         }
     };
@@ -1090,6 +1127,7 @@ async fn write_filtered<S: Stream>(
                 chunked,
                 &resp.trailers,
                 sent,
+                resp.watch_client,
             )
             .await;
             resp.filters = filters;
@@ -1184,6 +1222,7 @@ async fn write_streamed<S: Stream>(
     chunked: bool,
     trailers: &[(String, Vec<u8>)],
     sent: &mut phases::Sent,
+    watch_client: bool,
 ) -> io::Result<()> {
     let mut first = true;
     let mut out = Vec::new();
@@ -1195,7 +1234,22 @@ async fn write_streamed<S: Stream>(
         .await?;
     }
     loop {
-        let piece = match src.next().await {
+        // While the source keeps the client waiting, a client that hangs
+        // up ends the response at once (nginx's broken-connection check),
+        // so that the upstream behind it is let go.
+        let next = if watch_client && !src.ready() {
+            tokio::select! {
+                biased;
+                p = src.next() => p,
+                () = hangup(stream) => Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "client prematurely closed connection",
+                )),
+            }
+        } else {
+            src.next().await
+        };
+        let piece = match next {
             Ok(p) => p,
             Err(e) => {
                 if first {

@@ -104,6 +104,9 @@ pub struct Response {
     pub force_close: bool,
     /// Lingering close is needed (unread body may follow).
     pub linger: bool,
+    /// A streamed body ends as soon as the client hangs up while waiting
+    /// for it (proxied responses, unless `proxy_ignore_client_abort`).
+    pub watch_client: bool,
     /// Body filters in order; a non-empty list means the body streams
     /// through them (no sendfile) and goes out chunked for HTTP/1.1.
     pub filters: Vec<Box<dyn BodyFilter>>,

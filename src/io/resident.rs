@@ -342,6 +342,11 @@ mod tests {
             return;
         }
         assert_eq!(probe(&f, 0, CHUNK), Answer::Copied(false));
+        // A missed non-blocking read may start the kernel's readahead of
+        // what follows: evict again before asking about the second half.
+        if !evict(&f) {
+            return;
+        }
         assert_eq!(probe(&f, CHUNK, CHUNK), Answer::Copied(false));
         warm(&f);
         assert_eq!(probe(&f, 0, CHUNK), Answer::Copied(true));

@@ -8,6 +8,7 @@ mod access_log;
 mod auth;
 mod autoindex;
 mod charset;
+mod client_abort;
 mod differential;
 mod empty_gif;
 mod engine;

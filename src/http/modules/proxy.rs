@@ -1324,6 +1324,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         return out;
     }
     out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
+    out.watch_client = true;
     out
 }
 
