@@ -19,6 +19,7 @@ mod next_upstream;
 mod open_file_cache;
 mod proxy;
 mod proxy_body;
+mod proxy_cache_stale;
 mod proxy_directives;
 mod proxy_range;
 mod proxy_stream;

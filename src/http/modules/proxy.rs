@@ -19,6 +19,25 @@
 //!       task reads the rest as it arrives, independent of the client
 //! ```
 //!
+//! # A cache lookup (`$upstream_cache_status`)
+//!
+//! ```text
+//!  valid entry ───────────────────────────────────────────────▶ HIT
+//!  expired entry: take the key's `updating` mark (cache::UpdateGuard)
+//!    ├─ someone else holds it, use_stale updating ────────────▶ UPDATING (stale served)
+//!    ├─ taken, use_stale updating + background_update ────────▶ STALE (stale served;
+//!    │                                       a task refetches and stores, then drops the mark)
+//!    └─ else EXPIRED: fetch (If-Modified-Since/If-None-Match with revalidate)
+//!         ├─ 304 to a revalidation: validity rewritten in place ▶ REVALIDATED
+//!         ├─ error/timeout/invalid_header/http_5xx... listed in
+//!         │  proxy_cache_use_stale ───────────────────────────▶ STALE
+//!         └─ else the new response (stored; the mark is dropped once it is)
+//!  no entry: MISS; with min_uses > 1 stored only from the Nth request;
+//!    with proxy_cache_lock one request holds the mark (for at most
+//!    lock_age), the others wait for it (up to lock_timeout, then go
+//!    upstream uncached) and look again: HIT, or their turn to fill it
+//! ```
+//!
 //! # Streaming the body (nginx's `proxy_buffering`)
 //!
 //! ```text
@@ -114,6 +133,24 @@ pub const DIRECTIVES: &[Spec] = &[
         HSL,
         Args::AtLeast(1),
         set_cache_methods,
+    ),
+    row(
+        "proxy_cache_use_stale",
+        HSL,
+        Args::AtLeast(1),
+        set_cache_use_stale,
+    ),
+    row("proxy_cache_background_update", HSL, Args::Flag, set_flag),
+    row("proxy_cache_lock", HSL, Args::Flag, set_flag),
+    row("proxy_cache_lock_timeout", HSL, Args::take(1), set_timeout),
+    row("proxy_cache_lock_age", HSL, Args::take(1), set_timeout),
+    row("proxy_cache_revalidate", HSL, Args::Flag, set_flag),
+    row("proxy_cache_convert_head", HSL, Args::Flag, set_flag),
+    row(
+        "proxy_cache_min_uses",
+        HSL,
+        Args::take(1),
+        set_cache_min_uses,
     ),
     row("proxy_cache_bypass", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
@@ -331,6 +368,17 @@ pub struct ProxyLoc {
     pub next_upstream_tries: Option<u64>,
     /// `proxy_next_upstream_timeout` in ms (0: no limit).
     pub next_upstream_timeout: Option<u64>,
+    /// `proxy_cache_use_stale`: the [`ft`] cases (and [`ft::UPDATING`])
+    /// in which an expired entry is served.
+    pub cache_use_stale: Option<u16>,
+    pub cache_background_update: Option<bool>,
+    pub cache_lock: Option<bool>,
+    /// `proxy_cache_lock_timeout` and `_age`, ms.
+    pub cache_lock_timeout: Option<u64>,
+    pub cache_lock_age: Option<u64>,
+    pub cache_revalidate: Option<bool>,
+    pub cache_convert_head: Option<bool>,
+    pub cache_min_uses: Option<u64>,
 }
 
 /// nginx's `proxy_next_upstream` cases (its NGX_HTTP_UPSTREAM_FT_* bits).
@@ -346,6 +394,8 @@ pub mod ft {
     pub const HTTP_404: u16 = 1 << 9;
     pub const HTTP_429: u16 = 1 << 10;
     pub const NON_IDEMPOTENT: u16 = 1 << 11;
+    /// `proxy_cache_use_stale updating` (not a `proxy_next_upstream` case).
+    pub const UPDATING: u16 = 1 << 12;
     /// The default: `error timeout`.
     pub const DEFAULT: u16 = ERROR | TIMEOUT;
 
@@ -361,6 +411,21 @@ pub mod ft {
         ("http_404", HTTP_404),
         ("http_429", HTTP_429),
         ("non_idempotent", NON_IDEMPOTENT),
+        ("off", 0),
+    ];
+
+    pub const STALE_NAMES: &[(&str, u16)] = &[
+        ("error", ERROR),
+        ("timeout", TIMEOUT),
+        ("invalid_header", INVALID_HEADER),
+        ("updating", UPDATING),
+        ("http_500", HTTP_500),
+        ("http_502", HTTP_502),
+        ("http_503", HTTP_503),
+        ("http_504", HTTP_504),
+        ("http_403", HTTP_403),
+        ("http_404", HTTP_404),
+        ("http_429", HTTP_429),
         ("off", 0),
     ];
 
@@ -388,7 +453,9 @@ impl ProxyLoc {
             cache_valid, cache_methods, cache_bypass, no_cache, redirect, intercept_errors,
             pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
             request_buffering, set_body, force_ranges, next_upstream, next_upstream_tries,
-            next_upstream_timeout);
+            next_upstream_timeout, cache_use_stale, cache_background_update, cache_lock,
+            cache_lock_timeout, cache_lock_age, cache_revalidate, cache_convert_head,
+            cache_min_uses);
     }
 }
 
@@ -530,6 +597,8 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
         "proxy_connect_timeout" => &mut p.connect_timeout,
         "proxy_read_timeout" => &mut p.read_timeout,
         "proxy_next_upstream_timeout" => &mut p.next_upstream_timeout,
+        "proxy_cache_lock_timeout" => &mut p.cache_lock_timeout,
+        "proxy_cache_lock_age" => &mut p.cache_lock_age,
         _ => &mut p.send_timeout,
     };
     set_once(slot, ms, d)
@@ -538,12 +607,31 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
 /// `proxy_next_upstream CASE...`: nginx's bitmask slot (`off` wins over
 /// the rest; a repeated case is a warning).
 fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let mask = ft_mask(d, cx, ft::NAMES)?;
+    set_once(&mut l.modules.proxy.next_upstream, mask, d)
+}
+
+/// `proxy_cache_use_stale CASE...`: the same bitmask as
+/// `proxy_next_upstream`, with `updating` instead of `non_idempotent`.
+fn set_cache_use_stale(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let mask = ft_mask(d, cx, ft::STALE_NAMES)?;
+    set_once(&mut l.modules.proxy.cache_use_stale, mask, d)
+}
+
+fn set_cache_min_uses(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = crate::config::registry::num_arg(d, 0)?;
+    set_once(&mut l.modules.proxy.cache_min_uses, n, d)
+}
+
+/// nginx's bitmask slot over `names` (`off` wins over the rest; a
+/// repeated case is a warning).
+fn ft_mask(d: &Directive, cx: &mut Compiler, names: &[(&str, u16)]) -> ConfResult<u16> {
     let mut mask = 0u16;
     let mut off = false;
     let mut seen: Vec<&str> = Vec::new();
     for a in &d.args {
         let v = a.value.as_str();
-        let Some((_, bit)) = ft::NAMES.iter().find(|(n, _)| *n == v) else {
+        let Some((_, bit)) = names.iter().find(|(n, _)| *n == v) else {
             return Err(ConfError::at(format!("invalid value \"{}\"", v), d));
         };
         if seen.contains(&v) {
@@ -554,11 +642,7 @@ fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfR
         off |= v == "off";
         mask |= bit;
     }
-    set_once(
-        &mut l.modules.proxy.next_upstream,
-        if off { 0 } else { mask },
-        d,
-    )
+    Ok(if off { 0 } else { mask })
 }
 
 fn set_next_upstream_tries(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -576,6 +660,10 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
         "proxy_pass_request_body" => &mut p.pass_request_body,
         "proxy_request_buffering" => &mut p.request_buffering,
         "proxy_force_ranges" => &mut p.force_ranges,
+        "proxy_cache_background_update" => &mut p.cache_background_update,
+        "proxy_cache_lock" => &mut p.cache_lock,
+        "proxy_cache_revalidate" => &mut p.cache_revalidate,
+        "proxy_cache_convert_head" => &mut p.cache_convert_head,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -853,6 +941,7 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
 }
 
 /// How long each phase may wait, and the buffer limits.
+#[derive(Clone)]
 struct Limits {
     connect: Duration,
     send: Duration,
@@ -911,6 +1000,12 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     // Cache lookup.
     let mut creq: Option<CacheReq> = None;
+    // The expired entry, kept for proxy_cache_use_stale and _revalidate.
+    let mut stale: Option<Stale> = None;
+    // This request's `updating` mark on the key (proxy_cache_lock, and
+    // the UPDATING state of proxy_cache_use_stale): released when the
+    // entry is stored or the request is done with it.
+    let mut guard: Option<cache::UpdateGuard> = None;
     let zone = match &conf.cache {
         None | Some(CacheSel::Off) => None,
         Some(CacheSel::Zone(n)) => Some(n.clone().into_bytes()),
@@ -947,21 +1042,87 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             };
             let md5 = md5::digest(&key);
             let bypass = any_true(cx, conf.cache_bypass.as_deref());
-            let no_store = any_true(cx, conf.no_cache.as_deref());
+            let mut no_store = any_true(cx, conf.no_cache.as_deref());
+            let use_stale = conf.cache_use_stale.unwrap_or(0);
+            // proxy_cache_lock waits at most this long, over all rounds.
+            let lock_deadline = std::time::Instant::now()
+                + Duration::from_millis(conf.cache_lock_timeout.unwrap_or(5000));
             let status: &[u8] = if bypass {
                 b"BYPASS"
             } else {
-                match lookup(cx, &z, &md5, &key, &policy).await {
-                    Lookup::Hit(mut r) => {
-                        set_note(cx, "upstream_cache_status", b"HIT".to_vec());
-                        if conf.force_ranges.unwrap_or(false) {
-                            force_ranges(&mut r);
-                            r.single_range = false;
+                loop {
+                    match lookup(cx, &z, &md5, &key, &policy).await {
+                        Lookup::Hit(r) => return cache_answer(cx, conf, *r, b"HIT"),
+                        Lookup::Expired(st) => {
+                            // The first request to find it expired updates
+                            // it (nginx's STALE); others meanwhile find it
+                            // UPDATING.
+                            let g = z.try_update(&md5, None);
+                            if let Some(st) = st {
+                                if use_stale & ft::UPDATING != 0 {
+                                    match g {
+                                        None => {
+                                            let r = entry_response(st.eh, st.file, &policy);
+                                            return cache_answer(cx, conf, r, b"UPDATING");
+                                        }
+                                        Some(g)
+                                            if conf.cache_background_update.unwrap_or(false) =>
+                                        {
+                                            let c = CacheReq {
+                                                zone: z.clone(),
+                                                key,
+                                                md5,
+                                                no_store,
+                                            };
+                                            background_update(
+                                                cx,
+                                                loc,
+                                                pass,
+                                                &up,
+                                                &lim,
+                                                &policy,
+                                                c,
+                                                g,
+                                                Some(&st.eh),
+                                            );
+                                            let r = entry_response(st.eh, st.file, &policy);
+                                            return cache_answer(cx, conf, r, b"STALE");
+                                        }
+                                        Some(g) => guard = Some(g),
+                                    }
+                                } else {
+                                    guard = g;
+                                }
+                                stale = Some(st);
+                            } else {
+                                guard = g;
+                            }
+                            break b"EXPIRED";
                         }
-                        return *r;
+                        Lookup::Miss => {
+                            let min_uses = conf.cache_min_uses.unwrap_or(1);
+                            if min_uses > 1 && z.count_use(&md5) < min_uses {
+                                no_store = true;
+                                break b"MISS";
+                            }
+                            if !conf.cache_lock.unwrap_or(false) {
+                                break b"MISS";
+                            }
+                            let age = Duration::from_millis(conf.cache_lock_age.unwrap_or(5000));
+                            if let Some(g) = z.try_update(&md5, Some(age)) {
+                                guard = Some(g);
+                                break b"MISS";
+                            }
+                            // Another request is filling it: wait for it,
+                            // then look again (a HIT, or this request's
+                            // turn to fill it).
+                            if !z.wait_update(&md5, lock_deadline).await {
+                                cx.log(Level::Info, "cache lock timeout");
+                                no_store = true;
+                                break b"MISS";
+                            }
+                        }
                     }
-                    Lookup::Expired => b"EXPIRED",
-                    Lookup::Miss => b"MISS",
                 }
             };
             set_note(cx, "upstream_cache_status", status.to_vec());
@@ -976,8 +1137,21 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     let req_uri = upstream_uri(cx, pass);
     let (out_body, body_len) = outgoing_body(cx, conf);
-    let head = request_head(cx, conf, &req_uri, creq.is_some(), body_len);
-    let head_only = cx.method == Method::Head && creq.is_none();
+    // proxy_cache_revalidate: ask whether the expired entry still holds.
+    let revalidate = stale
+        .as_ref()
+        .filter(|_| conf.cache_revalidate.unwrap_or(false))
+        .map(|st| validators(&st.eh))
+        .filter(|v| v.0.is_some() || v.1.is_some());
+    let convert_head = conf.cache_convert_head.unwrap_or(true);
+    let head = request_head(
+        cx,
+        conf,
+        &req_uri,
+        creq.as_ref().map(|_| (convert_head, revalidate.as_ref())),
+        body_len,
+    );
+    let head_only = cx.method == Method::Head && (creq.is_none() || !convert_head);
     let send = Outgoing {
         head: &head,
         body: &out_body,
@@ -986,12 +1160,45 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // (proxy_next_upstream without non_idempotent).
         non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
     };
-    let got = fetch(cx, &up, &lim, &send, &req_uri, head_only).await;
+    let at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
+    let got = fetch(cx, at, &up, &lim, &send, &req_uri, head_only).await;
+    let use_stale = conf.cache_use_stale.unwrap_or(0);
     let mut resp = match got {
         Ok(r) => r,
-        Err(status) => return Response::status(status),
+        Err(e) => {
+            // proxy_cache_use_stale: the expired entry instead of an error.
+            if let Some(st) = stale.filter(|_| use_stale & e.ft != 0) {
+                let r = entry_response(st.eh, st.file, &policy);
+                return cache_answer(cx, conf, r, b"STALE");
+            }
+            return Response::status(e.status);
+        }
     };
-    let relayed = relay_headers(cx, conf, pass, &resp.headers);
+    if let Some(st) = stale.take() {
+        let bit = ft::of_status(resp.status).unwrap_or(0);
+        if use_stale & bit != 0 {
+            let r = entry_response(st.eh, st.file, &policy);
+            return cache_answer(cx, conf, r, b"STALE");
+        }
+        if resp.status == 304 && revalidate.is_some() {
+            if let Some(c) = &creq {
+                let r = refresh_entry(conf, c, &st.eh, st.file.size, &resp.headers, &policy);
+                if let Err(e) = r.await {
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cache file \"{}\" could not be updated {}",
+                            c.zone.file_path(&c.md5).display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                }
+            }
+            let r = entry_response(st.eh, st.file, &policy);
+            return cache_answer(cx, conf, r, b"REVALIDATED");
+        }
+    }
+    let relayed = relay_headers(loc_prefix(cx), conf, pass, &resp.headers);
     let store = creq
         .as_ref()
         .filter(|c| !c.no_store)
@@ -1020,15 +1227,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // proxy_intercept_errors: let error_page answer instead.
         return Response::status(resp.status);
     }
-    // proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
-    let mut buffering = conf.buffering.unwrap_or(true);
-    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
-        match header(&resp.headers, "x-accel-buffering") {
-            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
-            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
-            _ => {}
-        }
-    }
+    let buffering = buffering(conf, &resp.headers);
     let (mem_max, temp_max) = if buffering {
         (lim.mem_max, lim.temp_max)
     } else {
@@ -1038,7 +1237,13 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     let store = store.filter(|_| buffering);
     let cache_out = match &store {
         Some((c, valid_until)) => {
-            let eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+            let mut eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+            if let Some(n) = resp.declared_len.filter(|_| head_only) {
+                // A HEAD response stored as such (proxy_cache_convert_head
+                // off): its entry keeps the length it announced.
+                eh.headers
+                    .push(("Content-Length".into(), n.to_string().into_bytes()));
+            }
             let base = eh.header_len() as u64;
             match start_cache_file(c, &policy).await {
                 Ok((file, path)) => Some(CacheOut {
@@ -1050,6 +1255,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                     base,
                     written: 0,
                     held: None,
+                    _guard: guard.take(),
                 }),
                 Err(e) => {
                     // The response is still served; it just is not stored.
@@ -1080,7 +1286,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     } else {
         out.ranges_off = true;
     }
-    if head_only {
+    if head_only && cache_out.is_none() {
         out.content_length = resp.declared_len;
         out.body = Body::Bytes(Vec::new());
         return out;
@@ -1135,7 +1341,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     tokio::spawn(producer.run(first));
     if resp.no_body {
         // Stored all the same (an empty entry); the client needs nothing.
-        out.content_length = None;
+        out.content_length = if head_only { resp.declared_len } else { None };
         out.force_close = false;
         out.body = Body::Bytes(Vec::new());
         return out;
@@ -1150,6 +1356,258 @@ async fn start_cache_file(c: &CacheReq, policy: &Policy) -> io::Result<(Arc<File
     let path = c.zone.temp_path(&c.md5);
     let f = create_file(path.clone(), policy).await?;
     Ok((f, path))
+}
+
+/// A response from the cache (HIT, STALE, UPDATING, REVALIDATED).
+fn cache_answer(cx: &mut Ctx<'_>, conf: &ProxyLoc, mut r: Response, status: &[u8]) -> Response {
+    set_note(cx, "upstream_cache_status", status.to_vec());
+    if cx.method != Method::Head && matches!(&r.body, Body::Bytes(b) if b.is_empty()) {
+        // Only a HEAD may be told the length of a body the entry lacks.
+        r.content_length = Some(0);
+    }
+    if conf.force_ranges.unwrap_or(false) {
+        force_ranges(&mut r);
+        r.single_range = false;
+    }
+    r
+}
+
+/// proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
+fn buffering(conf: &ProxyLoc, hs: &[(String, Vec<u8>)]) -> bool {
+    let mut buffering = conf.buffering.unwrap_or(true);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
+        match header(hs, "x-accel-buffering") {
+            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
+            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
+            _ => {}
+        }
+    }
+    buffering
+}
+
+/// A 304 answered a revalidation (`proxy_cache_revalidate`): the entry
+/// gets a new validity (as nginx: what the 304's headers say, else what
+/// the entry's own headers and `proxy_cache_valid` say for its status)
+/// written into its file in place, and the zone learns it.
+async fn refresh_entry(
+    conf: &ProxyLoc,
+    c: &CacheReq,
+    eh: &EntryHead,
+    size: u64,
+    hs: &[(String, Vec<u8>)],
+    policy: &Policy,
+) -> io::Result<()> {
+    let now = cache::now_secs();
+    let valid = match header_validity(conf, hs, now) {
+        Some(Some(t)) => Some(t),
+        _ => cache_validity(conf, eh.status, &eh.headers),
+    };
+    let Some(valid) = valid else {
+        return Ok(());
+    };
+    let path = c.zone.file_path(&c.md5);
+    cache::blocking(policy, move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+        f.write_all_at(&cache::file::EntryHead::times(valid, now), 16)
+    })
+    .await?;
+    c.zone.insert(c.md5, valid, disk_bytes(size));
+    Ok(())
+}
+
+/// `proxy_cache_background_update`: the stale entry is being served; a
+/// task of its own fetches the response again and stores it, as nginx's
+/// background subrequest does. It holds the key's `updating` mark until
+/// the new entry is in place.
+#[allow(clippy::too_many_arguments)]
+fn background_update(
+    cx: &Ctx<'_>,
+    loc: &Arc<LocConf>,
+    pass: &Arc<Pass>,
+    up: &Arc<Upstream>,
+    lim: &Limits,
+    policy: &Policy,
+    c: CacheReq,
+    g: cache::UpdateGuard,
+    stale: Option<&EntryHead>,
+) {
+    let conf = &loc.modules.proxy;
+    let uri = upstream_uri(cx, pass);
+    let (body, body_len) = outgoing_body(cx, conf);
+    let convert_head = conf.cache_convert_head.unwrap_or(true);
+    let validators = stale
+        .filter(|_| conf.cache_revalidate.unwrap_or(false))
+        .map(validators)
+        .filter(|v| v.0.is_some() || v.1.is_some());
+    let head = request_head(
+        cx,
+        conf,
+        &uri,
+        Some((convert_head, validators.as_ref())),
+        body_len,
+    );
+    let job = Background {
+        loc: loc.clone(),
+        pass: pass.clone(),
+        up: up.clone(),
+        lim: lim.clone(),
+        policy: policy.clone(),
+        head_only: cx.method == Method::Head && !convert_head,
+        non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
+        at: up.attempt_for(cx, cx.remote.map(|a| a.ip())),
+        prefix: loc_prefix(cx).to_vec(),
+        log: UpLog::of(cx, ""),
+        stale: validators.and(stale.cloned()),
+        c,
+        g,
+        uri,
+        body,
+        head,
+    };
+    tokio::spawn(job.run());
+}
+
+/// A background cache update, with all it needs from the request.
+struct Background {
+    loc: Arc<LocConf>,
+    pass: Arc<Pass>,
+    up: Arc<Upstream>,
+    lim: Limits,
+    policy: Policy,
+    c: CacheReq,
+    g: cache::UpdateGuard,
+    uri: Vec<u8>,
+    body: OutBody,
+    head: Vec<u8>,
+    head_only: bool,
+    non_idempotent: bool,
+    at: upstream::Attempt,
+    prefix: Vec<u8>,
+    log: UpLog,
+    /// The entry being refreshed, when it is revalidated.
+    stale: Option<EntryHead>,
+}
+
+impl Background {
+    async fn run(self) {
+        let Background {
+            loc,
+            pass,
+            up,
+            lim,
+            policy,
+            c,
+            g,
+            uri,
+            body,
+            head,
+            head_only,
+            non_idempotent,
+            at,
+            prefix,
+            mut log,
+            stale,
+        } = self;
+        let conf = &loc.modules.proxy;
+        let send = Outgoing {
+            head: &head,
+            body: &body,
+            policy: &policy,
+            non_idempotent,
+        };
+        let Ok(mut resp) = fetch(&mut log, at, &up, &lim, &send, &uri, head_only).await else {
+            return;
+        };
+        let url = upstream_url(&resp.peer_name, &uri);
+        log.upstream = format!(", upstream: \"{}\"", url);
+        if let (304, Some(eh)) = (resp.status, &stale) {
+            let size = (eh.header_len() as u64).saturating_add(eh.body_len);
+            if let Err(e) = refresh_entry(conf, &c, eh, size, &resp.headers, &policy).await {
+                log.log(
+                    Level::Crit,
+                    &format!(
+                        "cache file could not be updated {}",
+                        crate::core::errno_text(&e)
+                    ),
+                    false,
+                );
+            }
+            return;
+        }
+        if c.no_store || !buffering(conf, &resp.headers) {
+            return;
+        }
+        let Some(valid) = cache_validity(conf, resp.status, &resp.headers) else {
+            return;
+        };
+        let relayed = relay_headers(&prefix, conf, &pass, &resp.headers);
+        let Ok(mut framing) = Framing::of(&resp) else {
+            return;
+        };
+        let mut first = Vec::new();
+        if framing
+            .feed(&std::mem::take(&mut resp.early), &mut first)
+            .is_err()
+        {
+            return;
+        }
+        let Some(stream) = resp.stream.take() else {
+            return;
+        };
+        let eh = entry_head(&c, &resp, &relayed, valid, 0);
+        let base = eh.header_len() as u64;
+        let (file, path) = match start_cache_file(&c, &policy).await {
+            Ok(fp) => fp,
+            Err(e) => {
+                log.log(
+                    Level::Crit,
+                    &format!(
+                        "cannot create cache temp file in \"{}\" {}",
+                        c.zone.conf.path.display(),
+                        crate::core::errno_text(&e)
+                    ),
+                    false,
+                );
+                return;
+            }
+        };
+        // Nobody reads this pipe: the body only goes into the entry.
+        let pipe = Arc::new(Pipe::default());
+        {
+            let mut p = pipe.lock();
+            p.gone = true;
+            p.file = Some(file.clone());
+        }
+        let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
+        let producer = Producer {
+            pipe,
+            stream,
+            _lease: resp.lease.take(),
+            framing,
+            read_timeout: lim.read,
+            mem_max: lim.mem_max,
+            temp_max: 0,
+            temp_dir: PathBuf::new(),
+            policy: policy.clone(),
+            temp: None,
+            temp_len: 0,
+            cache: Some(CacheOut {
+                zone: c.zone.clone(),
+                md5: c.md5,
+                file,
+                path,
+                eh,
+                base,
+                written: 0,
+                held: None,
+                _guard: Some(g),
+            }),
+            keep,
+            log,
+        };
+        producer.run(first).await;
+    }
 }
 
 /// `proxy_force_ranges`: upstream's `Accept-Ranges` gives way to the
@@ -1215,8 +1673,17 @@ async fn upstream_of(cx: &Ctx<'_>, pass: &Pass) -> Option<Arc<Upstream>> {
 
 enum Lookup {
     Hit(Box<Response>),
-    Expired,
+    /// Expired; the entry itself when its file is intact (what
+    /// `proxy_cache_use_stale` serves and `proxy_cache_revalidate` asks
+    /// about).
+    Expired(Option<Stale>),
     Miss,
+}
+
+/// An expired entry, open.
+struct Stale {
+    eh: EntryHead,
+    file: Arc<OpenFile>,
 }
 
 /// Looks `md5` up in the zone and, when valid, opens its file.
@@ -1229,11 +1696,9 @@ async fn lookup(
 ) -> Lookup {
     let now = cache::now_secs();
     let node = z.touch(md5);
-    match node {
-        Some(n) if n.valid_until <= now => return Lookup::Expired,
-        // The loader has seen the whole tree: no node, no file.
-        None if z.loaded.load(std::sync::atomic::Ordering::Acquire) => return Lookup::Miss,
-        _ => {}
+    // The loader has seen the whole tree: no node, no file.
+    if node.is_none() && z.loaded.load(std::sync::atomic::Ordering::Acquire) {
+        return Lookup::Miss;
     }
     let path = z.file_path(md5);
     let f = match crate::io::open(&path, policy).await {
@@ -1282,15 +1747,23 @@ async fn lookup(
     if node.is_none() {
         z.insert(*md5, eh.valid_until, disk_bytes(f.size));
     }
-    if eh.valid_until <= now {
-        return Lookup::Expired;
+    // Expired once its second is over, as nginx (`valid_sec < now`).
+    if eh.valid_until < now {
+        return Lookup::Expired(Some(Stale { eh, file: f }));
     }
+    Lookup::Hit(Box::new(entry_response(eh, f, policy)))
+}
+
+/// The response a cache entry holds (its body read from the file).
+fn entry_response(eh: EntryHead, f: Arc<OpenFile>, policy: &Policy) -> Response {
     let off = eh.header_len() as u64;
     let len = eh.body_len;
     let mut r = Response::status(eh.status);
     r.last_modified = eh.last_modified;
+    let announced = header(&eh.headers, "content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
     apply_headers(&mut r, eh.headers);
-    r.content_length = Some(len);
+    r.content_length = Some(len).filter(|n| *n > 0).or(announced).or(Some(0));
     r.body = if len == 0 {
         Body::Bytes(Vec::new())
     } else {
@@ -1301,7 +1774,7 @@ async fn lookup(
             len,
         }
     };
-    Lookup::Hit(Box::new(r))
+    r
 }
 
 /// Bytes a file of `size` occupies (4k blocks), for max_size accounting.
@@ -1325,6 +1798,10 @@ async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead
 /// Moves relayed headers into a response (Content-Type to its field).
 fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
     for (n, v) in headers {
+        if n.eq_ignore_ascii_case("content-length") {
+            // Only a stored HEAD response has one; see entry_response.
+            continue;
+        }
         if n.eq_ignore_ascii_case("content-type") {
             r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
             r.charset_param = true;
@@ -1380,6 +1857,7 @@ const CLEARED_WHEN_CACHING: &[&str] = &[
 ];
 
 /// What goes upstream after the head.
+#[derive(Clone)]
 enum OutBody {
     None,
     Mem(Bytes),
@@ -1418,14 +1896,32 @@ fn outgoing_body(cx: &Ctx<'_>, conf: &ProxyLoc) -> (OutBody, Option<u64>) {
     (out, len)
 }
 
+/// The validators of a cached entry for a revalidation request:
+/// `If-Modified-Since` (its Last-Modified) and `If-None-Match` (its ETag).
+type Validators = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn validators(eh: &EntryHead) -> Validators {
+    let lm = header(&eh.headers, "last-modified")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
+        .map(|t| httpdate::fmt_http_date(t).into_bytes());
+    let etag = header(&eh.headers, "etag").map(|v| v.to_vec());
+    (lm, etag)
+}
+
+/// The request head for upstream. `caching`: the request may be answered
+/// from or stored in the cache: whether HEAD becomes GET
+/// (`proxy_cache_convert_head`), and the validators to revalidate an
+/// expired entry with.
 fn request_head(
     cx: &Ctx<'_>,
     conf: &ProxyLoc,
     uri: &[u8],
-    caching: bool,
+    caching: Option<(bool, Option<&Validators>)>,
     body_len: Option<u64>,
 ) -> Vec<u8> {
-    let method: &[u8] = if caching && cx.method == Method::Head {
+    let convert_head = caching.is_some_and(|c| c.0);
+    let method: &[u8] = if convert_head && cx.method == Method::Head {
         b"GET"
     } else if cx.method != cx.req.method {
         // An error_page redirect turned the request into a GET.
@@ -1468,8 +1964,21 @@ fn request_head(
         }
         set_names.push(d.to_string());
     }
+    // nginx's defaults when caching: If-Modified-Since
+    // $upstream_cache_last_modified, If-None-Match $upstream_cache_etag
+    // (set only while revalidating), the other conditionals cleared.
+    if let Some((_, Some((lm, etag)))) = caching {
+        for (name, lower, v) in [
+            ("If-Modified-Since", "if-modified-since", lm),
+            ("If-None-Match", "if-none-match", etag),
+        ] {
+            if let Some(v) = v.as_ref().filter(|_| !set_names.iter().any(|n| n == lower)) {
+                push_header(&mut h, name.as_bytes(), v);
+            }
+        }
+    }
     set_names.extend(CLEARED.iter().map(|s| s.to_string()));
-    if caching {
+    if caching.is_some() {
         set_names.extend(CLEARED_WHEN_CACHING.iter().map(|s| s.to_string()));
     }
     if conf.pass_request_headers.unwrap_or(true) {
@@ -1567,16 +2076,52 @@ struct UpResp {
     lease: Option<upstream::Lease>,
 }
 
+/// Where [`fetch`] records `$upstream_addr`/`$upstream_status` and logs:
+/// the request, or (a background cache update) only the log.
+trait FetchEnv {
+    fn note(&mut self, key: &'static str, v: &[u8]);
+    fn log_up(&self, level: Level, msg: &str, url: &str);
+}
+
+impl FetchEnv for Ctx<'_> {
+    fn note(&mut self, key: &'static str, v: &[u8]) {
+        append_note(self, key, v);
+    }
+
+    fn log_up(&self, level: Level, msg: &str, url: &str) {
+        log_upstream(self, level, msg, url);
+    }
+}
+
+impl FetchEnv for UpLog {
+    fn note(&mut self, _: &'static str, _: &[u8]) {}
+
+    fn log_up(&self, level: Level, msg: &str, url: &str) {
+        self.logger.log(
+            level,
+            Some(self.conn),
+            format_args!("{}{}, upstream: \"{}\"{}", msg, self.tail, url, self.host),
+        );
+    }
+}
+
+/// Why [`fetch`] gave up: the status for the client and the
+/// `proxy_next_upstream` case of the last failure (0: none).
+struct FetchErr {
+    status: u16,
+    ft: u16,
+}
+
 /// Tries peers until one answers with a response head.
-async fn fetch(
-    cx: &mut Ctx<'_>,
+async fn fetch<E: FetchEnv>(
+    cx: &mut E,
+    mut at: upstream::Attempt,
     up: &Arc<Upstream>,
     lim: &Limits,
     send: &Outgoing<'_>,
     uri: &[u8],
     head_only: bool,
-) -> Result<UpResp, u16> {
-    let mut at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
+) -> Result<UpResp, FetchErr> {
     let started = std::time::Instant::now();
     let mut tries_left = match lim.next_tries {
         0 => up.tries(),
@@ -1598,7 +2143,7 @@ async fn fetch(
         let pid = lease.id();
         let Some(peer) = up.peer(pid) else { break };
         tries_left = tries_left.saturating_sub(1);
-        append_note(cx, "upstream_addr", peer.name.as_bytes());
+        cx.note("upstream_addr", peer.name.as_bytes());
         let url = upstream_url(&peer.name, uri);
         match exchange(up, peer.addr, lim, send, head_only).await {
             Ok(mut r) => {
@@ -1606,10 +2151,9 @@ async fn fetch(
                 if may_retry(bit, true, tries_left) {
                     // The answer goes unread; 403 and 404 do not count
                     // against the peer, the others do.
-                    append_note(cx, "upstream_status", r.status.to_string().as_bytes());
+                    cx.note("upstream_status", r.status.to_string().as_bytes());
                     if bit & (ft::HTTP_403 | ft::HTTP_404) == 0 && up.failed(pid) {
-                        log_upstream(
-                            cx,
+                        cx.log_up(
                             Level::Warn,
                             "upstream server temporarily disabled while reading response header from upstream",
                             &url,
@@ -1617,25 +2161,27 @@ async fn fetch(
                     }
                     continue;
                 }
-                append_note(cx, "upstream_status", r.status.to_string().as_bytes());
+                cx.note("upstream_status", r.status.to_string().as_bytes());
                 up.succeeded(pid);
                 r.peer_name = peer.name.clone();
                 r.lease = Some(lease);
                 return Ok(r);
             }
             Err(f) => {
-                log_upstream(cx, Level::Error, &f.msg, &url);
-                append_note(cx, "upstream_status", f.status.to_string().as_bytes());
+                cx.log_up(Level::Error, &f.msg, &url);
+                cx.note("upstream_status", f.status.to_string().as_bytes());
                 if up.failed(pid) {
-                    log_upstream(
-                        cx,
+                    cx.log_up(
                         Level::Warn,
                         "upstream server temporarily disabled while connecting to upstream",
                         &url,
                     );
                 }
                 if !may_retry(f.ft, f.sent, tries_left) {
-                    return Err(f.status);
+                    return Err(FetchErr {
+                        status: f.status,
+                        ft: f.ft,
+                    });
                 }
             }
         }
@@ -1643,15 +2189,18 @@ async fn fetch(
     // Peers were left to try, but none can be used now: nginx records a
     // pseudo-attempt named after the upstream.
     let url = format!("http://{}{}", up.name, String::from_utf8_lossy(uri));
-    log_upstream(
-        cx,
+    cx.log_up(
         Level::Error,
         "no live upstreams while connecting to upstream",
         &url,
     );
-    append_note(cx, "upstream_addr", up.name.as_bytes());
-    append_note(cx, "upstream_status", b"502");
-    Err(502)
+    cx.note("upstream_addr", up.name.as_bytes());
+    cx.note("upstream_status", b"502");
+    // nginx's NOLIVE case, which `proxy_cache_use_stale error` includes.
+    Err(FetchErr {
+        status: 502,
+        ft: ft::ERROR,
+    })
 }
 
 fn upstream_url(peer: &str, uri: &[u8]) -> String {
@@ -2171,6 +2720,9 @@ struct CacheOut {
     /// is committed, so that a request made once this response is
     /// complete finds the entry.
     held: Option<(u64, u64)>,
+    /// The key's `updating` mark, released once the entry is stored (or
+    /// given up).
+    _guard: Option<cache::UpdateGuard>,
 }
 
 /// Why the reader stopped early.
@@ -2479,9 +3031,15 @@ const HOP: &[&str] = &[
     "trailer",
 ];
 
+/// The part of the URI the location matched (what `proxy_redirect
+/// default` puts back).
+fn loc_prefix<'c>(cx: &'c Ctx<'_>) -> &'c [u8] {
+    cx.uri.get(..cx.loc_prefix_len).unwrap_or(b"")
+}
+
 /// The headers that go to the client (and into a cache file).
 fn relay_headers(
-    cx: &Ctx<'_>,
+    prefix: &[u8],
     conf: &ProxyLoc,
     pass: &Pass,
     hs: &[(String, Vec<u8>)],
@@ -2498,7 +3056,7 @@ fn relay_headers(
             continue;
         }
         if l == "location" && conf.redirect.unwrap_or(true) {
-            out.push((n.clone(), rewrite_location(cx, pass, v)));
+            out.push((n.clone(), rewrite_location(prefix, pass, v)));
             continue;
         }
         out.push((n.clone(), v.clone()));
@@ -2508,8 +3066,7 @@ fn relay_headers(
 
 /// `proxy_redirect default`: `http://HOST[:PORT]/URI...` of the proxy_pass
 /// becomes the location's prefix.
-fn rewrite_location(cx: &Ctx<'_>, pass: &Pass, v: &[u8]) -> Vec<u8> {
-    let prefix = cx.uri.get(..cx.loc_prefix_len).unwrap_or(b"");
+fn rewrite_location(prefix: &[u8], pass: &Pass, v: &[u8]) -> Vec<u8> {
     let mut pattern = pass.url.as_bytes().to_vec();
     match &pass.uri {
         Some(u) => pattern.extend_from_slice(u),
@@ -2540,6 +3097,27 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
     if ign & IGN_VARY == 0 && header(hs, "vary").is_some() {
         return None;
     }
+    if let Some(t) = header_validity(conf, hs, now)? {
+        return Some(t);
+    }
+    valid_for(conf, status, now)
+}
+
+/// `proxy_cache_valid`'s time for `status`, from `now`.
+fn valid_for(conf: &ProxyLoc, status: u16, now: i64) -> Option<i64> {
+    let list = conf.cache_valid.as_deref()?;
+    let secs = list
+        .iter()
+        .find(|(c, _)| *c == Some(status))
+        .or_else(|| list.iter().find(|(c, _)| c.is_none()))?
+        .1;
+    (secs > 0).then(|| now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX)))
+}
+
+/// What X-Accel-Expires, Cache-Control and Expires say: Some(None) when
+/// none of them decides, None when they forbid caching.
+fn header_validity(conf: &ProxyLoc, hs: &[(String, Vec<u8>)], now: i64) -> Option<Option<i64>> {
+    let ign = conf.ignore_headers.unwrap_or(0);
     let mut from_headers: Option<i64> = None;
     if ign & IGN_X_ACCEL_EXPIRES == 0 {
         if let Some(v) = header(hs, "x-accel-expires") {
@@ -2595,16 +3173,7 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
             }
         }
     }
-    if from_headers.is_some() {
-        return from_headers;
-    }
-    let list = conf.cache_valid.as_deref()?;
-    let secs = list
-        .iter()
-        .find(|(c, _)| *c == Some(status))
-        .or_else(|| list.iter().find(|(c, _)| c.is_none()))?
-        .1;
-    (secs > 0).then(|| now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX)))
+    Some(from_headers)
 }
 
 /// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
