@@ -21,6 +21,7 @@ mod proxy;
 mod proxy_body;
 mod proxy_cache_stale;
 mod proxy_directives;
+mod proxy_more;
 mod proxy_range;
 mod proxy_stream;
 mod runtime;

@@ -79,7 +79,9 @@
 //! `Transfer-Encoding`, `Connection`, `Keep-Alive`, ...) and nginx's hidden
 //! set (`Date`, `Server`, `X-Pad`, `X-Accel-Expires`, `X-Accel-Redirect`,
 //! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `X-Accel-Charset`); tern
-//! writes its own `Date` and `Server`.
+//! writes its own `Date` and `Server`. `Set-Cookie` goes through
+//! `proxy_cookie_domain`/`_path`/`_flags` (a header they change is
+//! rebuilt as nginx rebuilds it: `name=value; attr=value; attr`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -152,6 +154,24 @@ pub const DIRECTIVES: &[Spec] = &[
         Args::take(1),
         set_cache_min_uses,
     ),
+    row(
+        "proxy_cookie_domain",
+        HSL,
+        Args::take12(),
+        set_cookie_rewrite,
+    ),
+    row("proxy_cookie_path", HSL, Args::take12(), set_cookie_rewrite),
+    row(
+        "proxy_cookie_flags",
+        HSL,
+        Args::take1234(),
+        set_cookie_flags,
+    ),
+    row("proxy_method", HSL, Args::take(1), set_method),
+    row("proxy_ignore_client_abort", HSL, Args::Flag, set_flag),
+    row("proxy_bind", HSL, Args::take12(), set_bind),
+    row("proxy_socket_keepalive", HSL, Args::Flag, set_flag),
+    row("proxy_limit_rate", HSL, Args::take(1), set_size),
     row("proxy_cache_bypass", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
@@ -379,6 +399,50 @@ pub struct ProxyLoc {
     pub cache_revalidate: Option<bool>,
     pub cache_convert_head: Option<bool>,
     pub cache_min_uses: Option<u64>,
+    /// `proxy_cookie_domain` / `_path` rules in order (empty: `off`).
+    pub cookie_domain: Option<Arc<Vec<CookieRewrite>>>,
+    pub cookie_path: Option<Arc<Vec<CookieRewrite>>>,
+    /// `proxy_cookie_flags` entries in order (empty: `off`).
+    pub cookie_flags: Option<Arc<Vec<CookieFlags>>>,
+    /// `proxy_method`.
+    pub method: Option<Template>,
+    /// `proxy_ignore_client_abort`: stored only. tern does not watch the
+    /// client while it waits for the upstream yet, so a client that
+    /// leaves early is noticed only when its response is written (as
+    /// with `on`), and a response being read on is never cut short.
+    pub ignore_client_abort: Option<bool>,
+    /// `proxy_bind` (None inside: `off`).
+    pub bind: Option<Option<BindAddr>>,
+    pub socket_keepalive: Option<bool>,
+    /// `proxy_limit_rate`, bytes per second (0: unlimited).
+    pub limit_rate: Option<u64>,
+}
+
+/// What a `proxy_cookie_domain`/`_path` rule or a `proxy_cookie_flags`
+/// entry matches: text (with variables), or a regex (`~`, `~*`).
+#[derive(Debug, Clone)]
+pub enum CookieMatch {
+    Text(Template),
+    Regex(regex::bytes::Regex),
+}
+
+#[derive(Debug, Clone)]
+pub struct CookieRewrite {
+    pub pattern: CookieMatch,
+    pub replacement: Template,
+}
+
+#[derive(Debug, Clone)]
+pub struct CookieFlags {
+    pub cookie: CookieMatch,
+    pub flags: Vec<Template>,
+}
+
+/// `proxy_bind` address: literal or with variables.
+#[derive(Debug, Clone)]
+pub enum BindAddr {
+    Fixed(std::net::IpAddr),
+    Var(Template),
 }
 
 /// nginx's `proxy_next_upstream` cases (its NGX_HTTP_UPSTREAM_FT_* bits).
@@ -455,7 +519,8 @@ impl ProxyLoc {
             request_buffering, set_body, force_ranges, next_upstream, next_upstream_tries,
             next_upstream_timeout, cache_use_stale, cache_background_update, cache_lock,
             cache_lock_timeout, cache_lock_age, cache_revalidate, cache_convert_head,
-            cache_min_uses);
+            cache_min_uses, cookie_domain, cookie_path, cookie_flags, method,
+            ignore_client_abort, bind, socket_keepalive, limit_rate);
     }
 }
 
@@ -618,6 +683,139 @@ fn set_cache_use_stale(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> Con
     set_once(&mut l.modules.proxy.cache_use_stale, mask, d)
 }
 
+/// A cookie pattern: `~re`, `~*re`, or text (with variables; for
+/// domains a leading dot is dropped, as nginx matches without it).
+fn cookie_match(
+    d: &Directive,
+    cx: &mut Compiler,
+    a: &str,
+    domain: bool,
+) -> ConfResult<CookieMatch> {
+    if let Some(r) = a.strip_prefix('~') {
+        let (r, caseless) = match r.strip_prefix('*') {
+            Some(r) => (r, true),
+            None => (r, false),
+        };
+        let re = regex::bytes::RegexBuilder::new(r)
+            .case_insensitive(caseless)
+            .build()
+            .map_err(|e| {
+                let msg = e.to_string();
+                let last = msg.lines().last().unwrap_or("").trim().to_string();
+                ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", last, r), d)
+            })?;
+        return Ok(CookieMatch::Regex(re));
+    }
+    let a = if domain {
+        a.strip_prefix('.').unwrap_or(a)
+    } else {
+        a
+    };
+    Ok(CookieMatch::Text(cx.template(a, d)?))
+}
+
+/// `proxy_cookie_domain off | DOMAIN REPLACEMENT`, `proxy_cookie_path
+/// off | PATH REPLACEMENT` (several rules add up; `off` only alone).
+fn set_cookie_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let domain = d.name == "proxy_cookie_domain";
+    let p = &mut l.modules.proxy;
+    let slot = if domain {
+        &mut p.cookie_domain
+    } else {
+        &mut p.cookie_path
+    };
+    if slot.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if d.args.len() == 1 {
+        if arg(d, 0) != "off" {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", arg(d, 0)),
+                d,
+            ));
+        }
+        if slot.is_some() {
+            return Err(crate::config::registry::duplicate(d));
+        }
+        *slot = Some(Arc::new(Vec::new()));
+        return Ok(());
+    }
+    let pattern = cookie_match(d, cx, arg(d, 0), domain)?;
+    let replacement = cx.template(arg(d, 1), d)?;
+    let p = &mut l.modules.proxy;
+    let slot = if domain {
+        &mut p.cookie_domain
+    } else {
+        &mut p.cookie_path
+    };
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(CookieRewrite {
+        pattern,
+        replacement,
+    });
+    Ok(())
+}
+
+/// `proxy_cookie_flags off | COOKIE [FLAG...]`: flags are text with
+/// variables, read when applied (unknown ones are ignored, as nginx).
+fn set_cookie_flags(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let cur = &l.modules.proxy.cookie_flags;
+    if cur.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if d.args.len() == 1 && arg(d, 0) == "off" {
+        if cur.is_some() {
+            return Err(crate::config::registry::duplicate(d));
+        }
+        l.modules.proxy.cookie_flags = Some(Arc::new(Vec::new()));
+        return Ok(());
+    }
+    let cookie = cookie_match(d, cx, arg(d, 0), false)?;
+    let mut flags = Vec::new();
+    for a in &d.args[1..] {
+        flags.push(cx.template(&a.value, d)?);
+    }
+    let slot = &mut l.modules.proxy.cookie_flags;
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(CookieFlags { cookie, flags });
+    Ok(())
+}
+
+fn set_method(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    set_once(&mut l.modules.proxy.method, t, d)
+}
+
+/// `proxy_bind ADDRESS [transparent] | off`.
+fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    if d.args.len() == 2 {
+        if arg(d, 1) != "transparent" {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", arg(d, 1)),
+                d,
+            ));
+        }
+        return Err(ConfError::at(
+            "proxy_bind transparent is not supported by tern yet",
+            d,
+        ));
+    }
+    let v = if a == "off" {
+        None
+    } else if a.contains('$') {
+        Some(BindAddr::Var(cx.template(a, d)?))
+    } else {
+        Some(BindAddr::Fixed(parse_bind(a).ok_or_else(|| {
+            ConfError::at(format!("invalid address \"{}\"", a), d)
+        })?))
+    };
+    set_once(&mut l.modules.proxy.bind, v, d)
+}
+
+/// A local address for `proxy_bind`: an IP, IPv6 in brackets or not.
+fn parse_bind(a: &str) -> Option<std::net::IpAddr> {
+    a.trim_start_matches('[').trim_end_matches(']').parse().ok()
+}
+
 fn set_cache_min_uses(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let n = crate::config::registry::num_arg(d, 0)?;
     set_once(&mut l.modules.proxy.cache_min_uses, n, d)
@@ -664,6 +862,8 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
         "proxy_cache_lock" => &mut p.cache_lock,
         "proxy_cache_revalidate" => &mut p.cache_revalidate,
         "proxy_cache_convert_head" => &mut p.cache_convert_head,
+        "proxy_ignore_client_abort" => &mut p.ignore_client_abort,
+        "proxy_socket_keepalive" => &mut p.socket_keepalive,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -688,6 +888,7 @@ fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
     match d.name.as_str() {
         "proxy_max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
         "proxy_temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
+        "proxy_limit_rate" => set_once(&mut p.limit_rate, s, d),
         // proxy_busy_buffers_size: nginx's share of the buffers that may be
         // on their way to the client; tern's pieces are handed over whole.
         _ => Ok(()),
@@ -1159,6 +1360,8 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // nginx does not pass these to the next server once sent to one
         // (proxy_next_upstream without non_idempotent).
         non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
+        bind: bind_addr(cx, conf),
+        keepalive: conf.socket_keepalive.unwrap_or(false),
     };
     let at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
     let got = fetch(cx, at, &up, &lim, &send, &req_uri, head_only).await;
@@ -1198,7 +1401,8 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             return cache_answer(cx, conf, r, b"REVALIDATED");
         }
     }
-    let relayed = relay_headers(loc_prefix(cx), conf, pass, &resp.headers);
+    let mut relayed = relay_headers(loc_prefix(cx), conf, pass, &resp.headers);
+    rewrite_cookies(cx, conf, &mut relayed);
     let store = creq
         .as_ref()
         .filter(|c| !c.no_store)
@@ -1337,6 +1541,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         cache: cache_out,
         keep,
         log: UpLog::of(cx, &url),
+        limit_rate: conf.limit_rate.unwrap_or(0),
     };
     tokio::spawn(producer.run(first));
     if resp.no_body {
@@ -1455,6 +1660,8 @@ fn background_update(
         policy: policy.clone(),
         head_only: cx.method == Method::Head && !convert_head,
         non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
+        bind: bind_addr(cx, conf),
+        keepalive: conf.socket_keepalive.unwrap_or(false),
         at: up.attempt_for(cx, cx.remote.map(|a| a.ip())),
         prefix: loc_prefix(cx).to_vec(),
         log: UpLog::of(cx, ""),
@@ -1482,6 +1689,8 @@ struct Background {
     head: Vec<u8>,
     head_only: bool,
     non_idempotent: bool,
+    bind: Option<std::net::IpAddr>,
+    keepalive: bool,
     at: upstream::Attempt,
     prefix: Vec<u8>,
     log: UpLog,
@@ -1504,6 +1713,8 @@ impl Background {
             head,
             head_only,
             non_idempotent,
+            bind,
+            keepalive,
             at,
             prefix,
             mut log,
@@ -1515,6 +1726,8 @@ impl Background {
             body: &body,
             policy: &policy,
             non_idempotent,
+            bind,
+            keepalive,
         };
         let Ok(mut resp) = fetch(&mut log, at, &up, &lim, &send, &uri, head_only).await else {
             return;
@@ -1605,6 +1818,7 @@ impl Background {
             }),
             keep,
             log,
+            limit_rate: conf.limit_rate.unwrap_or(0),
         };
         producer.run(first).await;
     }
@@ -1873,6 +2087,32 @@ struct Outgoing<'o> {
     policy: &'o Policy,
     /// POST, LOCK, PATCH: not passed to another peer once sent.
     non_idempotent: bool,
+    /// `proxy_bind`'s address for this request.
+    bind: Option<std::net::IpAddr>,
+    /// `proxy_socket_keepalive`.
+    keepalive: bool,
+}
+
+/// `proxy_bind`'s address for a request (an unusable rendered value is
+/// logged and ignored, as nginx does).
+fn bind_addr(cx: &Ctx<'_>, conf: &ProxyLoc) -> Option<std::net::IpAddr> {
+    match conf.bind.as_ref()?.as_ref()? {
+        BindAddr::Fixed(a) => Some(*a),
+        BindAddr::Var(t) => {
+            let v = t.render_vec(cx);
+            if v.is_empty() {
+                return None;
+            }
+            let a = std::str::from_utf8(&v).ok().and_then(parse_bind);
+            if a.is_none() {
+                cx.log(
+                    Level::Error,
+                    &format!("invalid local address \"{}\"", String::from_utf8_lossy(&v)),
+                );
+            }
+            a
+        }
+    }
 }
 
 /// The body to send and the length for `Content-Length` (as nginx:
@@ -1921,8 +2161,11 @@ fn request_head(
     body_len: Option<u64>,
 ) -> Vec<u8> {
     let convert_head = caching.is_some_and(|c| c.0);
+    let set_method = conf.method.as_ref().map(|t| t.render_vec(cx));
     let method: &[u8] = if convert_head && cx.method == Method::Head {
         b"GET"
+    } else if let Some(m) = &set_method {
+        m
     } else if cx.method != cx.req.method {
         // An error_page redirect turned the request into a GET.
         b"GET"
@@ -2168,9 +2411,13 @@ async fn fetch<E: FetchEnv>(
                 return Ok(r);
             }
             Err(f) => {
-                cx.log_up(Level::Error, &f.msg, &url);
+                // 500: tern's own failure (proxy_bind, the body's temp
+                // file), logged as nginx does such, and not the peer's.
+                let local = f.status == 500;
+                let level = if local { Level::Crit } else { Level::Error };
+                cx.log_up(level, &f.msg, &url);
                 cx.note("upstream_status", f.status.to_string().as_bytes());
-                if up.failed(pid) {
+                if !local && up.failed(pid) {
                     cx.log_up(
                         Level::Warn,
                         "upstream server temporarily disabled while connecting to upstream",
@@ -2232,7 +2479,7 @@ async fn exchange(
             Err(_) => {}
         }
     }
-    let s = match tokio::time::timeout(lim.connect, TcpStream::connect(addr)).await {
+    let s = match tokio::time::timeout(lim.connect, connect(addr, send)).await {
         Err(_) => {
             return Err(fail(
                 504,
@@ -2241,6 +2488,21 @@ async fn exchange(
             ))
         }
         Ok(Err(e)) => {
+            // proxy_bind's failure carries its own words (nginx's
+            // "bind(ADDR) failed (...)").
+            if let Some(m) = e
+                .get_ref()
+                .map(|m| m.to_string())
+                .filter(|m| m.starts_with("bind("))
+            {
+                // A local failure, as nginx: 500, not the peer's fault,
+                // no next server.
+                return Err(fail(
+                    500,
+                    format!("{} while connecting to upstream", m),
+                    false,
+                ));
+            }
             return Err(fail(
                 502,
                 format!(
@@ -2248,7 +2510,7 @@ async fn exchange(
                     crate::core::errno_text(&e)
                 ),
                 true,
-            ))
+            ));
         }
         Ok(Ok(s)) => s,
     };
@@ -2256,6 +2518,31 @@ async fn exchange(
     send_and_read(s, addr, lim, send, head_only)
         .await
         .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// A new connection to `addr`, from `proxy_bind`'s address, with
+/// `proxy_socket_keepalive`.
+async fn connect(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
+    if send.bind.is_none() && !send.keepalive {
+        return TcpStream::connect(addr).await;
+    }
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if send.keepalive {
+        sock.set_keepalive(true)?;
+    }
+    if let Some(ip) = send.bind {
+        sock.bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("bind({}) failed {}", ip, crate::core::errno_text(&e)),
+            )
+        })?;
+    }
+    sock.connect(addr).await
 }
 
 /// Memory bodies up to this size leave in one write with the head.
@@ -2760,6 +3047,8 @@ struct Producer {
     /// has carried.
     keep: Option<(Arc<Upstream>, SocketAddr, u64)>,
     log: UpLog,
+    /// `proxy_limit_rate` in bytes per second (0: none).
+    limit_rate: u64,
 }
 
 impl Producer {
@@ -2810,11 +3099,31 @@ impl Producer {
     async fn pump(&mut self, first: Vec<u8>) -> Result<(), Stop> {
         self.place(first).await?;
         let mut rbuf = vec![0u8; 64 * 1024];
+        let started = std::time::Instant::now();
+        let mut read_len = 0u64;
         while !self.framing.done() {
             let pipe = self.pipe.clone();
             let caching = self.cache.is_some();
+            let mut room = rbuf.len();
+            if self.limit_rate > 0 {
+                // nginx's pipe: up to rate x (whole seconds since the
+                // start + 1) read so far; past that, wait.
+                let secs = started.elapsed().as_secs();
+                let allowed = self.limit_rate.saturating_mul(secs + 1);
+                if read_len >= allowed {
+                    // Until the second in which more is allowed.
+                    let at = Duration::from_secs(read_len / self.limit_rate);
+                    let wait = tokio::time::sleep(at.saturating_sub(started.elapsed()));
+                    tokio::select! {
+                        () = wait => {}
+                        () = gone(&pipe), if !caching => return Err(Stop::Gone),
+                    }
+                    continue;
+                }
+                room = room.min((allowed - read_len) as usize);
+            }
             let n = tokio::select! {
-                r = timed_read(&mut self.stream, &mut rbuf, self.read_timeout, "while reading upstream", false) => r?,
+                r = timed_read(&mut self.stream, &mut rbuf[..room], self.read_timeout, "while reading upstream", false) => r?,
                 // A client gone is noticed at once, also while upstream is
                 // silent; a response being cached is still read whole.
                 () = gone(&pipe), if !caching => return Err(Stop::Gone),
@@ -2830,6 +3139,7 @@ impl Producer {
                 )
                 .into());
             }
+            read_len += n as u64;
             let mut data = Vec::new();
             self.framing.feed(&rbuf[..n], &mut data)?;
             self.place(data).await?;
@@ -3062,6 +3372,201 @@ fn relay_headers(
         out.push((n.clone(), v.clone()));
     }
     out
+}
+
+/// `Set-Cookie` attributes: name, and the value when there is an `=`.
+type CookieAttrs = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+fn parse_cookie(v: &[u8]) -> CookieAttrs {
+    v.split(|&c| c == b';')
+        .map(|part| match memchr::memchr(b'=', part) {
+            Some(i) => (
+                part[..i].trim_ascii().to_vec(),
+                Some(part[i + 1..].trim_ascii().to_vec()),
+            ),
+            None => (part.trim_ascii().to_vec(), None),
+        })
+        .collect()
+}
+
+/// Whether `m` matches `v`: text case-insensitively and whole, a regex
+/// anywhere (its captures become `$1`.. for the replacement).
+fn cookie_matches(cx: &mut Ctx<'_>, m: &CookieMatch, v: &[u8]) -> bool {
+    match m {
+        CookieMatch::Text(t) => t.render_vec(&*cx).eq_ignore_ascii_case(v),
+        CookieMatch::Regex(re) => match re.captures(v) {
+            Some(c) => {
+                cx.captures = (0..c.len())
+                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
+                    .collect();
+                cx.capture_src = v.to_vec();
+                true
+            }
+            None => false,
+        },
+    }
+}
+
+/// `proxy_cookie_domain`, `proxy_cookie_path`, `proxy_cookie_flags` on
+/// the `Set-Cookie` headers, as nginx: a header that any of them changes
+/// is rebuilt as `name=value; attr=value; attr`, others pass as they came.
+fn rewrite_cookies(cx: &mut Ctx<'_>, conf: &ProxyLoc, headers: &mut [(String, Vec<u8>)]) {
+    let domains = conf.cookie_domain.as_deref().filter(|v| !v.is_empty());
+    let paths = conf.cookie_path.as_deref().filter(|v| !v.is_empty());
+    let flags = conf.cookie_flags.as_deref().filter(|v| !v.is_empty());
+    if domains.is_none() && paths.is_none() && flags.is_none() {
+        return;
+    }
+    for (n, v) in headers.iter_mut() {
+        if !n.eq_ignore_ascii_case("set-cookie") {
+            continue;
+        }
+        let mut attrs = parse_cookie(v);
+        if attrs.first().is_none_or(|a| a.1.is_none()) {
+            continue;
+        }
+        let mut changed = false;
+        for a in attrs.iter_mut().skip(1) {
+            let Some(val) = a.1.as_mut() else { continue };
+            if let Some(rules) = domains.filter(|_| a.0.eq_ignore_ascii_case(b"domain")) {
+                changed |= rewrite_domain(cx, rules, val);
+            }
+            if let Some(rules) = paths.filter(|_| a.0.eq_ignore_ascii_case(b"path")) {
+                changed |= rewrite_path(cx, rules, val);
+            }
+        }
+        if let Some(list) = flags {
+            changed |= edit_flags(cx, list, &mut attrs);
+        }
+        if changed {
+            let mut out = Vec::with_capacity(v.len() + 16);
+            for (i, (k, val)) in attrs.iter().enumerate() {
+                if i > 0 {
+                    out.extend_from_slice(b"; ");
+                }
+                out.extend_from_slice(k);
+                if let Some(val) = val {
+                    out.push(b'=');
+                    out.extend_from_slice(val);
+                }
+            }
+            *v = out;
+        }
+    }
+}
+
+/// The first matching `proxy_cookie_domain` rule replaces the domain (a
+/// leading dot is kept and not matched).
+fn rewrite_domain(cx: &mut Ctx<'_>, rules: &[CookieRewrite], val: &mut Vec<u8>) -> bool {
+    let dot = usize::from(val.first() == Some(&b'.'));
+    for r in rules {
+        let cur = val[dot..].to_vec();
+        if cookie_matches(cx, &r.pattern, &cur) {
+            let rep = r.replacement.render_vec(&*cx);
+            val.truncate(dot);
+            val.extend_from_slice(&rep);
+            return true;
+        }
+    }
+    false
+}
+
+/// The first matching `proxy_cookie_path` rule: text replaces the prefix
+/// it matches (case-sensitively), a regex the whole path.
+fn rewrite_path(cx: &mut Ctx<'_>, rules: &[CookieRewrite], val: &mut Vec<u8>) -> bool {
+    for r in rules {
+        match &r.pattern {
+            CookieMatch::Text(t) => {
+                let pat = t.render_vec(&*cx);
+                if val.starts_with(&pat) {
+                    let mut out = r.replacement.render_vec(&*cx);
+                    out.extend_from_slice(&val[pat.len()..]);
+                    *val = out;
+                    return true;
+                }
+            }
+            m @ CookieMatch::Regex(_) => {
+                let cur = val.clone();
+                if cookie_matches(cx, m, &cur) {
+                    *val = r.replacement.render_vec(&*cx);
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// The first `proxy_cookie_flags` entry naming the cookie: `secure`,
+/// `httponly`, `samesite=strict|lax|none` add (or set) the attribute,
+/// `nosecure`, `nohttponly`, `nosamesite` remove it; attributes added go
+/// last, in the order Secure, HttpOnly, SameSite (nginx's).
+fn edit_flags(cx: &mut Ctx<'_>, list: &[CookieFlags], attrs: &mut CookieAttrs) -> bool {
+    let name = attrs.first().map(|a| a.0.clone()).unwrap_or_default();
+    let Some(entry) = list.iter().find(|e| cookie_matches(cx, &e.cookie, &name)) else {
+        return false;
+    };
+    let (mut secure, mut httponly, mut samesite): (
+        Option<bool>,
+        Option<bool>,
+        Option<Option<&str>>,
+    ) = (None, None, None);
+    for f in &entry.flags {
+        let f = f.render_vec(&*cx).to_ascii_lowercase();
+        match f.as_slice() {
+            b"secure" => secure = Some(true),
+            b"nosecure" => secure = Some(false),
+            b"httponly" => httponly = Some(true),
+            b"nohttponly" => httponly = Some(false),
+            b"samesite=strict" => samesite = Some(Some("Strict")),
+            b"samesite=lax" => samesite = Some(Some("Lax")),
+            b"samesite=none" => samesite = Some(Some("None")),
+            b"nosamesite" => samesite = Some(None),
+            _ => {}
+        }
+    }
+    let (mut has_secure, mut has_httponly, mut has_samesite) = (false, false, false);
+    let mut i = 1;
+    while i < attrs.len() {
+        let k = attrs[i].0.to_ascii_lowercase();
+        let remove = match k.as_slice() {
+            b"secure" => {
+                has_secure = true;
+                secure == Some(false)
+            }
+            b"httponly" => {
+                has_httponly = true;
+                httponly == Some(false)
+            }
+            b"samesite" => {
+                has_samesite = true;
+                match samesite {
+                    Some(Some(v)) => {
+                        attrs[i] = (b"SameSite".to_vec(), Some(v.as_bytes().to_vec()));
+                        false
+                    }
+                    Some(None) => true,
+                    None => false,
+                }
+            }
+            _ => false,
+        };
+        if remove {
+            attrs.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    if secure == Some(true) && !has_secure {
+        attrs.push((b"Secure".to_vec(), None));
+    }
+    if httponly == Some(true) && !has_httponly {
+        attrs.push((b"HttpOnly".to_vec(), None));
+    }
+    if let (Some(Some(v)), false) = (samesite, has_samesite) {
+        attrs.push((b"SameSite".to_vec(), Some(v.as_bytes().to_vec())));
+    }
+    true
 }
 
 /// `proxy_redirect default`: `http://HOST[:PORT]/URI...` of the proxy_pass
