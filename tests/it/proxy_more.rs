@@ -248,6 +248,19 @@ fn more_proxy_directives_are_checked_as_nginx() {
             "invalid number of arguments in \"proxy_method\" directive",
         ),
         ("proxy_bind 127.0.0.1 foo;", "invalid parameter \"foo\""),
+        ("proxy_store_access user:rwx;", "invalid value \"user:rwx\""),
+        (
+            "proxy_cache z; proxy_store on;",
+            "\"proxy_store\" directive is incompatible with \"proxy_cache\"",
+        ),
+        (
+            "proxy_store on; proxy_cache z;",
+            "\"proxy_cache\" directive is incompatible with \"proxy_store\"",
+        ),
+        (
+            "proxy_store on; proxy_store off;",
+            "\"proxy_store\" directive is duplicate",
+        ),
         ("proxy_bind nonsense;", "invalid address \"nonsense\""),
         (
             "proxy_bind 127.0.0.1 transparent;",
@@ -287,4 +300,98 @@ fn more_proxy_directives_are_checked_as_nginx() {
         let want = format!("tern: [emerg] {} in {}:2\n", msg, f.display());
         assert!(err.contains(&want), "{}\nwanted: {}", err, want);
     }
+}
+
+#[test]
+fn proxy_store_writes_the_file_as_nginx() {
+    use std::os::unix::fs::PermissionsExt;
+    let b = free_port();
+    let body = format!(
+        "http {{ access_log off;\n\
+         server {{ listen 127.0.0.1:{b}; root html; }}\n\
+         server {{ listen 127.0.0.1:@PORT@;\n\
+           location /s/ {{ proxy_pass http://127.0.0.1:{b}/; proxy_store on; root store;\n\
+             proxy_store_access group:rw all:r; }}\n\
+           location /p/ {{ proxy_pass http://127.0.0.1:{b}/; root other;\n\
+             proxy_store $document_root/$arg_n; }}\n\
+           location /miss/ {{ proxy_pass http://127.0.0.1:{b}/; proxy_store on; root store; }}\n\
+         }}\n\
+         }}\n"
+    );
+    let paths = ["/s/a/f.txt", "/p/f.txt?n=x.txt", "/miss/nope.txt"];
+    // Last-Modified has whole seconds.
+    let secs = |t: Option<std::time::SystemTime>| {
+        t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs())
+    };
+    let check = |p: &Prefix| -> String {
+        let mut out = Vec::new();
+        for f in ["store/s/a/f.txt", "other/x.txt", "store/miss/nope.txt"] {
+            let path = p.path(f);
+            match std::fs::metadata(&path) {
+                Ok(m) => {
+                    let src = std::fs::metadata(p.path("html/a/f.txt")).expect("source");
+                    out.push(format!(
+                        "{} {:o} {:?} same-mtime={}",
+                        f,
+                        m.permissions().mode() & 0o777,
+                        std::fs::read_to_string(&path).unwrap_or_default(),
+                        secs(m.modified().ok()) == secs(src.modified().ok())
+                    ));
+                }
+                Err(_) => out.push(format!("{} absent", f)),
+            }
+        }
+        out.join("\n")
+    };
+    let setup = |p: &Prefix| {
+        // Workers run as nobody under root (nginx here runs without a
+        // master, as root): the target directories let them in.
+        for d in ["store", "other"] {
+            std::fs::create_dir_all(p.path(d)).expect("mkdir");
+            std::fs::set_permissions(p.path(d), std::fs::Permissions::from_mode(0o777))
+                .expect("chmod");
+        }
+        p.write("html/a/f.txt", "stored body\n");
+        p.write("html/f.txt", "stored body\n");
+        // The same mtime as html/a/f.txt for the comparison above.
+        let t = std::fs::metadata(p.path("html/a/f.txt"))
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        let f = std::fs::File::options()
+            .write(true)
+            .open(p.path("html/f.txt"))
+            .expect("open");
+        f.set_modified(t).expect("set mtime");
+    };
+    let p = Prefix::new();
+    setup(&p);
+    let tern = Server::start_in(p, &body);
+    let ours: Vec<String> = paths.iter().map(|x| cookies(tern.port, x)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let ours_files = check(&tern.prefix);
+    let log = tern.error_log();
+    drop(tern);
+    assert_eq!(
+        ours_files,
+        "store/s/a/f.txt 664 \"stored body\\n\" same-mtime=true\n\
+         other/x.txt 600 \"stored body\\n\" same-mtime=true\n\
+         store/miss/nope.txt absent",
+        "{}\n{}",
+        ours.join("\n"),
+        log
+    );
+    if !nginx_installed() {
+        return;
+    }
+    let p = Prefix::new();
+    setup(&p);
+    let port = free_port();
+    let Some(_nginx) = start_nginx(&p, &body, port) else {
+        panic!("nginx did not start: {}", p.read("logs/error.log"));
+    };
+    let theirs: Vec<String> = paths.iter().map(|x| cookies(port, x)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(ours.join("\n"), theirs.join("\n"));
+    assert_eq!(ours_files, check(&p));
 }

@@ -88,6 +88,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -172,6 +173,8 @@ pub const DIRECTIVES: &[Spec] = &[
     row("proxy_bind", HSL, Args::take12(), set_bind),
     row("proxy_socket_keepalive", HSL, Args::Flag, set_flag),
     row("proxy_limit_rate", HSL, Args::take(1), set_size),
+    row("proxy_store", HSL, Args::take(1), set_store),
+    row("proxy_store_access", HSL, Args::take123(), set_store_access),
     row("proxy_cache_bypass", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
@@ -416,6 +419,18 @@ pub struct ProxyLoc {
     pub socket_keepalive: Option<bool>,
     /// `proxy_limit_rate`, bytes per second (0: unlimited).
     pub limit_rate: Option<u64>,
+    /// `proxy_store` (None inside: `off`).
+    pub store: Option<Option<StoreTo>>,
+    /// `proxy_store_access` as a file mode.
+    pub store_access: Option<u32>,
+}
+
+/// Where `proxy_store` puts a file.
+#[derive(Debug, Clone)]
+pub enum StoreTo {
+    /// `on`: root (or alias) + URI, as a static file would be found.
+    Root,
+    Path(Template),
 }
 
 /// What a `proxy_cookie_domain`/`_path` rule or a `proxy_cookie_flags`
@@ -520,7 +535,7 @@ impl ProxyLoc {
             next_upstream_timeout, cache_use_stale, cache_background_update, cache_lock,
             cache_lock_timeout, cache_lock_age, cache_revalidate, cache_convert_head,
             cache_min_uses, cookie_domain, cookie_path, cookie_flags, method,
-            ignore_client_abort, bind, socket_keepalive, limit_rate);
+            ignore_client_abort, bind, socket_keepalive, limit_rate, store, store_access);
     }
 }
 
@@ -779,6 +794,66 @@ fn set_cookie_flags(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfRe
     Ok(())
 }
 
+/// `proxy_store on | off | PATH`: incompatible with `proxy_cache` in the
+/// same block, as nginx.
+fn set_store(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let v = match a {
+        "off" => None,
+        "on" => Some(StoreTo::Root),
+        // A relative path is under the prefix, as nginx's.
+        _ if a.starts_with('$') => Some(StoreTo::Path(cx.template(a, d)?)),
+        _ => {
+            let p = cx.path(a);
+            Some(StoreTo::Path(cx.template(&p.to_string_lossy(), d)?))
+        }
+    };
+    if l.modules.proxy.store.is_some() {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if v.is_some()
+        && l.modules
+            .proxy
+            .cache
+            .as_ref()
+            .is_some_and(|c| !matches!(c, CacheSel::Off))
+    {
+        return Err(ConfError::at(
+            "\"proxy_store\" directive is incompatible with \"proxy_cache\"",
+            d,
+        ));
+    }
+    l.modules.proxy.store = Some(v);
+    Ok(())
+}
+
+/// `proxy_store_access [user:r|rw] [group:r|rw] [all:r|rw]` (the user
+/// keeps rw unless `user:` says otherwise).
+fn set_store_access(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let mut mode = 0u32;
+    let mut user = 0o600;
+    for a in d.args.iter().map(|a| a.value.as_str()) {
+        let bad = || ConfError::at(format!("invalid value \"{}\"", a), d);
+        let (shift, rights) = if let Some(r) = a.strip_prefix("user:") {
+            user = 0;
+            (6, r)
+        } else if let Some(r) = a.strip_prefix("group:") {
+            (3, r)
+        } else if let Some(r) = a.strip_prefix("all:") {
+            (0, r)
+        } else {
+            return Err(bad());
+        };
+        let bits = match rights {
+            "rw" => 6,
+            "r" => 4,
+            _ => return Err(bad()),
+        };
+        mode |= bits << shift;
+    }
+    set_once(&mut l.modules.proxy.store_access, mode | user, d)
+}
+
 fn set_method(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let t = cx.template(arg(d, 0), d)?;
     set_once(&mut l.modules.proxy.method, t, d)
@@ -907,6 +982,12 @@ fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResul
 
 fn set_cache(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let a = arg(d, 0);
+    if a != "off" && l.modules.proxy.store.as_ref().is_some_and(|s| s.is_some()) {
+        return Err(ConfError::at(
+            "\"proxy_cache\" directive is incompatible with \"proxy_store\"",
+            d,
+        ));
+    }
     let sel = if a == "off" {
         CacheSel::Off
     } else if a.contains('$') {
@@ -1478,6 +1559,52 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         None => None,
     };
 
+    // proxy_store: a 200 read whole goes to its own file as well.
+    let store_to = conf.store.as_ref().and_then(|s| s.as_ref());
+    let store_out = match store_to {
+        Some(to)
+            if cache_out.is_none()
+                && resp.status == 200
+                && buffering
+                && !head_only
+                && !resp.no_body =>
+        {
+            let dest = match to {
+                StoreTo::Root => cx.request_filename(),
+                StoreTo::Path(t) => t.render_vec(&*cx),
+            };
+            let dest = PathBuf::from(std::ffi::OsString::from_vec(dest));
+            let dir = conf
+                .temp_path
+                .clone()
+                .unwrap_or_else(|| pass.temp_default.clone());
+            match named_temp(&dir, &policy).await {
+                Ok((file, path)) => Some(StoreOut {
+                    file,
+                    path,
+                    dest,
+                    mode: conf.store_access.unwrap_or(0o600),
+                    mtime: header(&resp.headers, "last-modified")
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|s| httpdate::parse_http_date(s.trim()).ok()),
+                    written: 0,
+                }),
+                Err(e) => {
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cannot create temp file in \"{}\" {}",
+                            dir.display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+
     let mut out = Response::status(resp.status);
     apply_headers(&mut out, relayed);
     // Ranges, as nginx: a response being cached may be cut to one range
@@ -1499,7 +1626,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         out.body = Body::Bytes(Vec::new());
         return out;
     }
-    if framing.done() && cache_out.is_none() {
+    if framing.done() && cache_out.is_none() && store_out.is_none() {
         if reusable(&resp, &framing) {
             if let Some(s) = resp.stream.take() {
                 up.put_idle(resp.peer, s, resp.requests);
@@ -1542,6 +1669,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         keep,
         log: UpLog::of(cx, &url),
         limit_rate: conf.limit_rate.unwrap_or(0),
+        store: store_out,
     };
     tokio::spawn(producer.run(first));
     if resp.no_body {
@@ -1819,6 +1947,7 @@ impl Background {
             keep,
             log,
             limit_rate: conf.limit_rate.unwrap_or(0),
+            store: None,
         };
         producer.run(first).await;
     }
@@ -3049,6 +3178,79 @@ struct Producer {
     log: UpLog,
     /// `proxy_limit_rate` in bytes per second (0: none).
     limit_rate: u64,
+    /// `proxy_store`: the file the body is copied to.
+    store: Option<StoreOut>,
+}
+
+/// A `proxy_store` file being written: a named temp file, renamed to
+/// `dest` (directories made as needed) once the body is complete.
+struct StoreOut {
+    file: Arc<File>,
+    path: PathBuf,
+    dest: PathBuf,
+    mode: u32,
+    mtime: Option<std::time::SystemTime>,
+    written: u64,
+}
+
+/// A named temp file in `dir` (made when missing).
+async fn named_temp(dir: &Path, policy: &Policy) -> io::Result<(Arc<File>, PathBuf)> {
+    let path = dir.join(format!(
+        "tern-store-{}-{}",
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    match create_file(path.clone(), policy).await {
+        Ok(f) => Ok((f, path)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            cache::prepare_dir(dir).await?;
+            Ok((create_file(path.clone(), policy).await?, path))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Puts a complete `proxy_store` file in place: its mode
+/// (`proxy_store_access`), its mtime (upstream's Last-Modified), then the
+/// rename (a copy across file systems), making directories as nginx does
+/// (the file's mode plus x where r is).
+async fn commit_store(st: StoreOut, policy: &Policy) -> io::Result<()> {
+    cache::blocking(policy, move || {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        st.file
+            .set_permissions(std::fs::Permissions::from_mode(st.mode))?;
+        if let Some(t) = st.mtime {
+            st.file.set_modified(t)?;
+        }
+        let place = || match std::fs::rename(&st.path, &st.dest) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                std::fs::copy(&st.path, &st.dest)?;
+                std::fs::remove_file(&st.path)
+            }
+            r => r,
+        };
+        match place() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(parent) = st.dest.parent() {
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(st.mode | (st.mode & 0o444) >> 2)
+                        .create(parent)?;
+                }
+                place()
+            }
+            r => r,
+        }
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&st.path);
+        })
+    })
+    .await
 }
 
 impl Producer {
@@ -3072,6 +3274,21 @@ impl Producer {
                         self.pipe.push(Seg::File(o, l));
                     }
                 }
+                if let Some(st) = self.store.take() {
+                    let (from, to) = (st.path.clone(), st.dest.clone());
+                    if let Err(e) = commit_store(st, &self.policy).await {
+                        self.log.log(
+                            Level::Crit,
+                            &format!(
+                                "rename() \"{}\" to \"{}\" failed {}",
+                                from.display(),
+                                to.display(),
+                                crate::core::errno_text(&e)
+                            ),
+                            false,
+                        );
+                    }
+                }
                 // Bytes after the body make the connection unusable.
                 if let Some((up, addr, n)) = self.keep.take().filter(|_| !self.framing.extra) {
                     up.put_idle(addr, self.stream, n);
@@ -3079,6 +3296,9 @@ impl Producer {
                 self.pipe.finish(Ok(()));
             }
             Err(stop) => {
+                if let Some(st) = self.store.take() {
+                    let _ = remove(&st.path, &self.policy).await;
+                }
                 if let Some(c) = self.cache.take() {
                     // The client gets all that came; the entry never exists.
                     if let Some((o, l)) = c.held {
@@ -3103,7 +3323,8 @@ impl Producer {
         let mut read_len = 0u64;
         while !self.framing.done() {
             let pipe = self.pipe.clone();
-            let caching = self.cache.is_some();
+            // A response being cached or stored is read whole.
+            let caching = self.cache.is_some() || self.store.is_some();
             let mut room = rbuf.len();
             if self.limit_rate > 0 {
                 // nginx's pipe: up to rate x (whole seconds since the
@@ -3163,6 +3384,22 @@ impl Producer {
                 self.pipe.push(Seg::File(o, l));
             }
             return Ok(());
+        }
+        if let Some(st) = self.store.as_mut() {
+            crate::io::write_at(
+                &st.file,
+                st.written,
+                Bytes::from(data.clone()),
+                &self.policy,
+            )
+            .await
+            .map_err(temp_write_failed)?;
+            st.written += len;
+            if self.pipe.lock().gone {
+                // As nginx, a body being stored is read whole even when
+                // the client left.
+                return Ok(());
+            }
         }
         loop {
             {
