@@ -68,6 +68,15 @@ impl EntryHead {
         t
     }
 
+    /// Bytes 16..32 of a header: validity and store time, which a
+    /// revalidation (`proxy_cache_revalidate`) rewrites in place.
+    pub fn times(valid_until: i64, date: i64) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&valid_until.to_le_bytes());
+        b[8..].copy_from_slice(&date.to_le_bytes());
+        b
+    }
+
     /// Offset of the body (the header's length).
     pub fn header_len(&self) -> usize {
         FIXED + self.key.len() + self.headers_text().len()

@@ -34,6 +34,13 @@
 //!                                                           until the rename)
 //! ```
 //!
+//! A key being fetched carries an `updating` mark in its zone (nginx's
+//! node->updating): the request that holds it ([`UpdateGuard`]) refreshes
+//! an expired entry or, with `proxy_cache_lock`, fills a new one; others
+//! serve the stale entry (`proxy_cache_use_stale updating`) or wait for
+//! the mark to go ([`Zone::wait_update`]). The mark goes when the guard is
+//! dropped: after the rename, or when the fetch is given up.
+//!
 //! Invariants:
 //!
 //! - a file under a final (32-hex) name is always complete: it only gets
@@ -168,6 +175,12 @@ struct Inner {
     disk: u64,
     /// Evicted entries whose files the keeper must unlink.
     doomed: Vec<[u8; 16]>,
+    /// Keys a request is fetching (nginx's `updating` node flag): the
+    /// holder's token, and when another request may take over
+    /// (`proxy_cache_lock_age`; None: only when the holder is done).
+    updating: HashMap<[u8; 16], (u64, Option<Instant>)>,
+    /// Requests seen for keys not stored yet (`proxy_cache_min_uses`).
+    uses: HashMap<[u8; 16], u64>,
 }
 
 /// A keys zone: the in-memory index of one cache directory.
@@ -189,6 +202,8 @@ pub struct Zone {
     ready: AtomicBool,
     /// Loader finished (for tests and the status page).
     pub loaded: AtomicBool,
+    /// Woken whenever an [`UpdateGuard`] is released.
+    released: tokio::sync::Notify,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -207,6 +222,7 @@ impl Zone {
             inactive_secs: AtomicU64::new(600),
             min_free: AtomicU64::new(0),
             pacing: Mutex::new(conf.pacing),
+            released: tokio::sync::Notify::new(),
             conf,
         };
         z.set_limits(&z.conf.clone());
@@ -285,6 +301,7 @@ impl Zone {
         inner.disk += disk;
         // Re-inserted: whatever eviction was pending for this key is void.
         inner.doomed.retain(|d| *d != md5);
+        inner.uses.remove(&md5);
         while inner.nodes.len() > self.max_nodes {
             let Some((_, k)) = inner.lru.pop_first() else {
                 break;
@@ -390,8 +407,89 @@ impl Zone {
         self.lock().doomed.extend_from_slice(keys);
     }
 
+    /// Takes the key's `updating` mark (nginx's node->updating): None when
+    /// another request holds it and, with a `lock_age`, has held it for
+    /// less than that. The mark goes with the guard.
+    pub fn try_update(
+        self: &Arc<Zone>,
+        md5: &[u8; 16],
+        lock_age: Option<Duration>,
+    ) -> Option<UpdateGuard> {
+        static TOKEN: AtomicU64 = AtomicU64::new(1);
+        let now = Instant::now();
+        let mut g = self.lock();
+        if let Some((_, until)) = g.updating.get(md5) {
+            if until.is_none_or(|u| u > now) {
+                return None;
+            }
+        }
+        let token = TOKEN.fetch_add(1, Ordering::Relaxed);
+        g.updating.insert(*md5, (token, lock_age.map(|a| now + a)));
+        Some(UpdateGuard {
+            zone: self.clone(),
+            md5: *md5,
+            token,
+        })
+    }
+
+    /// Waits until the key's `updating` mark is released or aged
+    /// (`proxy_cache_lock_age`), or until `deadline`. True unless the
+    /// deadline came first.
+    pub async fn wait_update(&self, md5: &[u8; 16], deadline: Instant) -> bool {
+        loop {
+            let n = self.released.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            let until = match self.lock().updating.get(md5) {
+                None => return true,
+                Some((_, Some(u))) if *u <= Instant::now() => return true,
+                Some((_, u)) => u.map_or(deadline, |u| u.min(deadline)),
+            };
+            if tokio::time::timeout_at(until.into(), n).await.is_err() && until == deadline {
+                return false;
+            }
+        }
+    }
+
+    /// Counts a request for a key not stored yet; returns the count so
+    /// far (`proxy_cache_min_uses`). The counts are forgotten when the
+    /// table outgrows the zone.
+    pub fn count_use(&self, md5: &[u8; 16]) -> u64 {
+        let mut g = self.lock();
+        if g.uses.len() >= self.max_nodes && !g.uses.contains_key(md5) {
+            g.uses.clear();
+        }
+        let n = g.uses.entry(*md5).or_insert(0);
+        *n += 1;
+        *n
+    }
+
     fn still_absent(&self, md5: &[u8; 16]) -> bool {
         !self.lock().nodes.contains_key(md5)
+    }
+}
+
+/// A request's hold on a key's `updating` mark; released when dropped
+/// (after the entry was stored, or the fetch failed), waking waiters.
+#[derive(Debug)]
+pub struct UpdateGuard {
+    zone: Arc<Zone>,
+    md5: [u8; 16],
+    token: u64,
+}
+
+impl Drop for UpdateGuard {
+    fn drop(&mut self) {
+        {
+            let mut g = self.zone.lock();
+            if g.updating
+                .get(&self.md5)
+                .is_some_and(|(t, _)| *t == self.token)
+            {
+                g.updating.remove(&self.md5);
+            }
+        }
+        self.zone.released.notify_waiters();
     }
 }
 

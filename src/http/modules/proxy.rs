@@ -20,6 +20,25 @@
 //!       task reads the rest as it arrives, independent of the client
 //! ```
 //!
+//! # A cache lookup (`$upstream_cache_status`)
+//!
+//! ```text
+//!  valid entry ───────────────────────────────────────────────▶ HIT
+//!  expired entry: take the key's `updating` mark (cache::UpdateGuard)
+//!    ├─ someone else holds it, use_stale updating ────────────▶ UPDATING (stale served)
+//!    ├─ taken, use_stale updating + background_update ────────▶ STALE (stale served;
+//!    │                                       a task refetches and stores, then drops the mark)
+//!    └─ else EXPIRED: fetch (If-Modified-Since/If-None-Match with revalidate)
+//!         ├─ 304 to a revalidation: validity rewritten in place ▶ REVALIDATED
+//!         ├─ error/timeout/invalid_header/http_5xx... listed in
+//!         │  proxy_cache_use_stale ───────────────────────────▶ STALE
+//!         └─ else the new response (stored; the mark is dropped once it is)
+//!  no entry: MISS; with min_uses > 1 stored only from the Nth request;
+//!    with proxy_cache_lock one request holds the mark (for at most
+//!    lock_age), the others wait for it (up to lock_timeout, then go
+//!    upstream uncached) and look again: HIT, or their turn to fill it
+//! ```
+//!
 //! # Streaming the body (nginx's `proxy_buffering`)
 //!
 //! ```text
@@ -63,13 +82,16 @@
 //! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `X-Accel-Charset`); tern
 //! writes its own `Date` and `Server`. `X-Accel-Charset` goes to the
 //! charset filter instead (`Response::override_charset`) unless
-//! `proxy_ignore_headers` names it.
+//! `proxy_ignore_headers` names it. `Set-Cookie` goes through
+//! `proxy_cookie_domain`/`_path`/`_flags` (a header they change is
+//! rebuilt as nginx rebuilds it: `name=value; attr=value; attr`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -120,6 +142,44 @@ pub const DIRECTIVES: &[Spec] = &[
         Args::AtLeast(1),
         set_cache_methods,
     ),
+    row(
+        "proxy_cache_use_stale",
+        HSL,
+        Args::AtLeast(1),
+        set_cache_use_stale,
+    ),
+    row("proxy_cache_background_update", HSL, Args::Flag, set_flag),
+    row("proxy_cache_lock", HSL, Args::Flag, set_flag),
+    row("proxy_cache_lock_timeout", HSL, Args::take(1), set_timeout),
+    row("proxy_cache_lock_age", HSL, Args::take(1), set_timeout),
+    row("proxy_cache_revalidate", HSL, Args::Flag, set_flag),
+    row("proxy_cache_convert_head", HSL, Args::Flag, set_flag),
+    row(
+        "proxy_cache_min_uses",
+        HSL,
+        Args::take(1),
+        set_cache_min_uses,
+    ),
+    row(
+        "proxy_cookie_domain",
+        HSL,
+        Args::take12(),
+        set_cookie_rewrite,
+    ),
+    row("proxy_cookie_path", HSL, Args::take12(), set_cookie_rewrite),
+    row(
+        "proxy_cookie_flags",
+        HSL,
+        Args::take1234(),
+        set_cookie_flags,
+    ),
+    row("proxy_method", HSL, Args::take(1), set_method),
+    row("proxy_ignore_client_abort", HSL, Args::Flag, set_flag),
+    row("proxy_bind", HSL, Args::take12(), set_bind),
+    row("proxy_socket_keepalive", HSL, Args::Flag, set_flag),
+    row("proxy_limit_rate", HSL, Args::take(1), set_size),
+    row("proxy_store", HSL, Args::take(1), set_store),
+    row("proxy_store_access", HSL, Args::take123(), set_store_access),
     row("proxy_cache_bypass", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_no_cache", HSL, Args::AtLeast(1), set_predicates),
     row("proxy_redirect", HSL, Args::take12(), set_redirect),
@@ -375,6 +435,71 @@ pub struct ProxyLoc {
     pub next_upstream_tries: Option<u64>,
     /// `proxy_next_upstream_timeout` in ms (0: no limit).
     pub next_upstream_timeout: Option<u64>,
+    /// `proxy_cache_use_stale`: the [`ft`] cases (and [`ft::UPDATING`])
+    /// in which an expired entry is served.
+    pub cache_use_stale: Option<u16>,
+    pub cache_background_update: Option<bool>,
+    pub cache_lock: Option<bool>,
+    /// `proxy_cache_lock_timeout` and `_age`, ms.
+    pub cache_lock_timeout: Option<u64>,
+    pub cache_lock_age: Option<u64>,
+    pub cache_revalidate: Option<bool>,
+    pub cache_convert_head: Option<bool>,
+    pub cache_min_uses: Option<u64>,
+    /// `proxy_cookie_domain` / `_path` rules in order (empty: `off`).
+    pub cookie_domain: Option<Arc<Vec<CookieRewrite>>>,
+    pub cookie_path: Option<Arc<Vec<CookieRewrite>>>,
+    /// `proxy_cookie_flags` entries in order (empty: `off`).
+    pub cookie_flags: Option<Arc<Vec<CookieFlags>>>,
+    /// `proxy_method`.
+    pub method: Option<Template>,
+    /// `proxy_ignore_client_abort`: `on` keeps reading the upstream's
+    /// body after the client hung up (see `Response::watch_client`).
+    pub ignore_client_abort: Option<bool>,
+    /// `proxy_bind` (None inside: `off`).
+    pub bind: Option<Option<BindAddr>>,
+    pub socket_keepalive: Option<bool>,
+    /// `proxy_limit_rate`, bytes per second (0: unlimited).
+    pub limit_rate: Option<u64>,
+    /// `proxy_store` (None inside: `off`).
+    pub store: Option<Option<StoreTo>>,
+    /// `proxy_store_access` as a file mode.
+    pub store_access: Option<u32>,
+}
+
+/// Where `proxy_store` puts a file.
+#[derive(Debug, Clone)]
+pub enum StoreTo {
+    /// `on`: root (or alias) + URI, as a static file would be found.
+    Root,
+    Path(Template),
+}
+
+/// What a `proxy_cookie_domain`/`_path` rule or a `proxy_cookie_flags`
+/// entry matches: text (with variables), or a regex (`~`, `~*`).
+#[derive(Debug, Clone)]
+pub enum CookieMatch {
+    Text(Template),
+    Regex(regex::bytes::Regex),
+}
+
+#[derive(Debug, Clone)]
+pub struct CookieRewrite {
+    pub pattern: CookieMatch,
+    pub replacement: Template,
+}
+
+#[derive(Debug, Clone)]
+pub struct CookieFlags {
+    pub cookie: CookieMatch,
+    pub flags: Vec<Template>,
+}
+
+/// `proxy_bind` address: literal or with variables.
+#[derive(Debug, Clone)]
+pub enum BindAddr {
+    Fixed(std::net::IpAddr),
+    Var(Template),
 }
 
 /// nginx's `proxy_next_upstream` cases (its NGX_HTTP_UPSTREAM_FT_* bits).
@@ -390,6 +515,8 @@ pub mod ft {
     pub const HTTP_404: u16 = 1 << 9;
     pub const HTTP_429: u16 = 1 << 10;
     pub const NON_IDEMPOTENT: u16 = 1 << 11;
+    /// `proxy_cache_use_stale updating` (not a `proxy_next_upstream` case).
+    pub const UPDATING: u16 = 1 << 12;
     /// The default: `error timeout`.
     pub const DEFAULT: u16 = ERROR | TIMEOUT;
 
@@ -405,6 +532,21 @@ pub mod ft {
         ("http_404", HTTP_404),
         ("http_429", HTTP_429),
         ("non_idempotent", NON_IDEMPOTENT),
+        ("off", 0),
+    ];
+
+    pub const STALE_NAMES: &[(&str, u16)] = &[
+        ("error", ERROR),
+        ("timeout", TIMEOUT),
+        ("invalid_header", INVALID_HEADER),
+        ("updating", UPDATING),
+        ("http_500", HTTP_500),
+        ("http_502", HTTP_502),
+        ("http_503", HTTP_503),
+        ("http_504", HTTP_504),
+        ("http_403", HTTP_403),
+        ("http_404", HTTP_404),
+        ("http_429", HTTP_429),
         ("off", 0),
     ];
 
@@ -433,7 +575,10 @@ impl ProxyLoc {
             pass_request_headers, hide, pass_headers, ignore_headers, pass_request_body,
             request_buffering, set_body, force_ranges, next_upstream, next_upstream_tries,
             next_upstream_timeout, ssl_verify, ssl_server_name, ssl_session_reuse, ssl_name,
-            ssl_protocols, ssl_ciphers, ssl_trusted);
+            ssl_protocols, ssl_ciphers, ssl_trusted, cache_use_stale, cache_background_update,
+            cache_lock, cache_lock_timeout, cache_lock_age, cache_revalidate, cache_convert_head,
+            cache_min_uses, cookie_domain, cookie_path, cookie_flags, method,
+            ignore_client_abort, bind, socket_keepalive, limit_rate, store, store_access);
     }
 }
 
@@ -575,6 +720,8 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
         "proxy_connect_timeout" => &mut p.connect_timeout,
         "proxy_read_timeout" => &mut p.read_timeout,
         "proxy_next_upstream_timeout" => &mut p.next_upstream_timeout,
+        "proxy_cache_lock_timeout" => &mut p.cache_lock_timeout,
+        "proxy_cache_lock_age" => &mut p.cache_lock_age,
         _ => &mut p.send_timeout,
     };
     set_once(slot, ms, d)
@@ -583,12 +730,224 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
 /// `proxy_next_upstream CASE...`: nginx's bitmask slot (`off` wins over
 /// the rest; a repeated case is a warning).
 fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let mask = ft_mask(d, cx, ft::NAMES)?;
+    set_once(&mut l.modules.proxy.next_upstream, mask, d)
+}
+
+/// `proxy_cache_use_stale CASE...`: the same bitmask as
+/// `proxy_next_upstream`, with `updating` instead of `non_idempotent`.
+fn set_cache_use_stale(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let mask = ft_mask(d, cx, ft::STALE_NAMES)?;
+    set_once(&mut l.modules.proxy.cache_use_stale, mask, d)
+}
+
+/// A cookie pattern: `~re`, `~*re`, or text (with variables; for
+/// domains a leading dot is dropped, as nginx matches without it).
+fn cookie_match(
+    d: &Directive,
+    cx: &mut Compiler,
+    a: &str,
+    domain: bool,
+) -> ConfResult<CookieMatch> {
+    if let Some(r) = a.strip_prefix('~') {
+        let (r, caseless) = match r.strip_prefix('*') {
+            Some(r) => (r, true),
+            None => (r, false),
+        };
+        let re = regex::bytes::RegexBuilder::new(r)
+            .case_insensitive(caseless)
+            .build()
+            .map_err(|e| {
+                let msg = e.to_string();
+                let last = msg.lines().last().unwrap_or("").trim().to_string();
+                ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", last, r), d)
+            })?;
+        return Ok(CookieMatch::Regex(re));
+    }
+    let a = if domain {
+        a.strip_prefix('.').unwrap_or(a)
+    } else {
+        a
+    };
+    Ok(CookieMatch::Text(cx.template(a, d)?))
+}
+
+/// `proxy_cookie_domain off | DOMAIN REPLACEMENT`, `proxy_cookie_path
+/// off | PATH REPLACEMENT` (several rules add up; `off` only alone).
+fn set_cookie_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let domain = d.name == "proxy_cookie_domain";
+    let p = &mut l.modules.proxy;
+    let slot = if domain {
+        &mut p.cookie_domain
+    } else {
+        &mut p.cookie_path
+    };
+    if slot.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if d.args.len() == 1 {
+        if arg(d, 0) != "off" {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", arg(d, 0)),
+                d,
+            ));
+        }
+        if slot.is_some() {
+            return Err(crate::config::registry::duplicate(d));
+        }
+        *slot = Some(Arc::new(Vec::new()));
+        return Ok(());
+    }
+    let pattern = cookie_match(d, cx, arg(d, 0), domain)?;
+    let replacement = cx.template(arg(d, 1), d)?;
+    let p = &mut l.modules.proxy;
+    let slot = if domain {
+        &mut p.cookie_domain
+    } else {
+        &mut p.cookie_path
+    };
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(CookieRewrite {
+        pattern,
+        replacement,
+    });
+    Ok(())
+}
+
+/// `proxy_cookie_flags off | COOKIE [FLAG...]`: flags are text with
+/// variables, read when applied (unknown ones are ignored, as nginx).
+fn set_cookie_flags(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let cur = &l.modules.proxy.cookie_flags;
+    if cur.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if d.args.len() == 1 && arg(d, 0) == "off" {
+        if cur.is_some() {
+            return Err(crate::config::registry::duplicate(d));
+        }
+        l.modules.proxy.cookie_flags = Some(Arc::new(Vec::new()));
+        return Ok(());
+    }
+    let cookie = cookie_match(d, cx, arg(d, 0), false)?;
+    let mut flags = Vec::new();
+    for a in &d.args[1..] {
+        flags.push(cx.template(&a.value, d)?);
+    }
+    let slot = &mut l.modules.proxy.cookie_flags;
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(CookieFlags { cookie, flags });
+    Ok(())
+}
+
+/// `proxy_store on | off | PATH`: incompatible with `proxy_cache` in the
+/// same block, as nginx.
+fn set_store(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let v = match a {
+        "off" => None,
+        "on" => Some(StoreTo::Root),
+        // A relative path is under the prefix, as nginx's.
+        _ if a.starts_with('$') => Some(StoreTo::Path(cx.template(a, d)?)),
+        _ => {
+            let p = cx.path(a);
+            Some(StoreTo::Path(cx.template(&p.to_string_lossy(), d)?))
+        }
+    };
+    if l.modules.proxy.store.is_some() {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if v.is_some()
+        && l.modules
+            .proxy
+            .cache
+            .as_ref()
+            .is_some_and(|c| !matches!(c, CacheSel::Off))
+    {
+        return Err(ConfError::at(
+            "\"proxy_store\" directive is incompatible with \"proxy_cache\"",
+            d,
+        ));
+    }
+    l.modules.proxy.store = Some(v);
+    Ok(())
+}
+
+/// `proxy_store_access [user:r|rw] [group:r|rw] [all:r|rw]` (the user
+/// keeps rw unless `user:` says otherwise).
+fn set_store_access(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let mut mode = 0u32;
+    let mut user = 0o600;
+    for a in d.args.iter().map(|a| a.value.as_str()) {
+        let bad = || ConfError::at(format!("invalid value \"{}\"", a), d);
+        let (shift, rights) = if let Some(r) = a.strip_prefix("user:") {
+            user = 0;
+            (6, r)
+        } else if let Some(r) = a.strip_prefix("group:") {
+            (3, r)
+        } else if let Some(r) = a.strip_prefix("all:") {
+            (0, r)
+        } else {
+            return Err(bad());
+        };
+        let bits = match rights {
+            "rw" => 6,
+            "r" => 4,
+            _ => return Err(bad()),
+        };
+        mode |= bits << shift;
+    }
+    set_once(&mut l.modules.proxy.store_access, mode | user, d)
+}
+
+fn set_method(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    set_once(&mut l.modules.proxy.method, t, d)
+}
+
+/// `proxy_bind ADDRESS [transparent] | off`.
+fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    if d.args.len() == 2 {
+        if arg(d, 1) != "transparent" {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", arg(d, 1)),
+                d,
+            ));
+        }
+        return Err(ConfError::at(
+            "proxy_bind transparent is not supported by tern yet",
+            d,
+        ));
+    }
+    let v = if a == "off" {
+        None
+    } else if a.contains('$') {
+        Some(BindAddr::Var(cx.template(a, d)?))
+    } else {
+        Some(BindAddr::Fixed(parse_bind(a).ok_or_else(|| {
+            ConfError::at(format!("invalid address \"{}\"", a), d)
+        })?))
+    };
+    set_once(&mut l.modules.proxy.bind, v, d)
+}
+
+/// A local address for `proxy_bind`: an IP, IPv6 in brackets or not.
+fn parse_bind(a: &str) -> Option<std::net::IpAddr> {
+    a.trim_start_matches('[').trim_end_matches(']').parse().ok()
+}
+
+fn set_cache_min_uses(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let n = crate::config::registry::num_arg(d, 0)?;
+    set_once(&mut l.modules.proxy.cache_min_uses, n, d)
+}
+
+/// nginx's bitmask slot over `names` (`off` wins over the rest; a
+/// repeated case is a warning).
+fn ft_mask(d: &Directive, cx: &mut Compiler, names: &[(&str, u16)]) -> ConfResult<u16> {
     let mut mask = 0u16;
     let mut off = false;
     let mut seen: Vec<&str> = Vec::new();
     for a in &d.args {
         let v = a.value.as_str();
-        let Some((_, bit)) = ft::NAMES.iter().find(|(n, _)| *n == v) else {
+        let Some((_, bit)) = names.iter().find(|(n, _)| *n == v) else {
             return Err(ConfError::at(format!("invalid value \"{}\"", v), d));
         };
         if seen.contains(&v) {
@@ -599,11 +958,7 @@ fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfR
         off |= v == "off";
         mask |= bit;
     }
-    set_once(
-        &mut l.modules.proxy.next_upstream,
-        if off { 0 } else { mask },
-        d,
-    )
+    Ok(if off { 0 } else { mask })
 }
 
 fn set_next_upstream_tries(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -621,6 +976,12 @@ fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
         "proxy_pass_request_body" => &mut p.pass_request_body,
         "proxy_request_buffering" => &mut p.request_buffering,
         "proxy_force_ranges" => &mut p.force_ranges,
+        "proxy_cache_background_update" => &mut p.cache_background_update,
+        "proxy_cache_lock" => &mut p.cache_lock,
+        "proxy_cache_revalidate" => &mut p.cache_revalidate,
+        "proxy_cache_convert_head" => &mut p.cache_convert_head,
+        "proxy_ignore_client_abort" => &mut p.ignore_client_abort,
+        "proxy_socket_keepalive" => &mut p.socket_keepalive,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -739,6 +1100,7 @@ fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> 
     match d.name.as_str() {
         "proxy_max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
         "proxy_temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
+        "proxy_limit_rate" => set_once(&mut p.limit_rate, s, d),
         // proxy_busy_buffers_size: nginx's share of the buffers that may be
         // on their way to the client; tern's pieces are handed over whole.
         _ => Ok(()),
@@ -757,6 +1119,12 @@ fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResul
 
 fn set_cache(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let a = arg(d, 0);
+    if a != "off" && l.modules.proxy.store.as_ref().is_some_and(|s| s.is_some()) {
+        return Err(ConfError::at(
+            "\"proxy_cache\" directive is incompatible with \"proxy_store\"",
+            d,
+        ));
+    }
     let sel = if a == "off" {
         CacheSel::Off
     } else if a.contains('$') {
@@ -1004,6 +1372,7 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
 }
 
 /// How long each phase may wait, and the buffer limits.
+#[derive(Clone)]
 struct Limits {
     connect: Duration,
     send: Duration,
@@ -1085,6 +1454,12 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     // Cache lookup.
     let mut creq: Option<CacheReq> = None;
+    // The expired entry, kept for proxy_cache_use_stale and _revalidate.
+    let mut stale: Option<Stale> = None;
+    // This request's `updating` mark on the key (proxy_cache_lock, and
+    // the UPDATING state of proxy_cache_use_stale): released when the
+    // entry is stored or the request is done with it.
+    let mut guard: Option<cache::UpdateGuard> = None;
     let zone = match &conf.cache {
         None | Some(CacheSel::Off) => None,
         Some(CacheSel::Zone(n)) => Some(n.clone().into_bytes()),
@@ -1121,21 +1496,87 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             };
             let md5 = md5::digest(&key);
             let bypass = any_true(cx, conf.cache_bypass.as_deref());
-            let no_store = any_true(cx, conf.no_cache.as_deref());
+            let mut no_store = any_true(cx, conf.no_cache.as_deref());
+            let use_stale = conf.cache_use_stale.unwrap_or(0);
+            // proxy_cache_lock waits at most this long, over all rounds.
+            let lock_deadline = std::time::Instant::now()
+                + Duration::from_millis(conf.cache_lock_timeout.unwrap_or(5000));
             let status: &[u8] = if bypass {
                 b"BYPASS"
             } else {
-                match lookup(cx, &z, &md5, &key, &policy).await {
-                    Lookup::Hit(mut r) => {
-                        cx.set_note("upstream_cache_status", b"HIT".to_vec());
-                        if conf.force_ranges.unwrap_or(false) {
-                            force_ranges(&mut r);
-                            r.single_range = false;
+                loop {
+                    match lookup(cx, &z, &md5, &key, &policy).await {
+                        Lookup::Hit(r) => return cache_answer(cx, conf, *r, b"HIT"),
+                        Lookup::Expired(st) => {
+                            // The first request to find it expired updates
+                            // it (nginx's STALE); others meanwhile find it
+                            // UPDATING.
+                            let g = z.try_update(&md5, None);
+                            if let Some(st) = st {
+                                if use_stale & ft::UPDATING != 0 {
+                                    match g {
+                                        None => {
+                                            let r = entry_response(st.eh, st.file, &policy);
+                                            return cache_answer(cx, conf, r, b"UPDATING");
+                                        }
+                                        Some(g)
+                                            if conf.cache_background_update.unwrap_or(false) =>
+                                        {
+                                            let c = CacheReq {
+                                                zone: z.clone(),
+                                                key,
+                                                md5,
+                                                no_store,
+                                            };
+                                            background_update(
+                                                cx,
+                                                loc,
+                                                pass,
+                                                &up,
+                                                &lim,
+                                                &policy,
+                                                c,
+                                                g,
+                                                Some(&st.eh),
+                                            );
+                                            let r = entry_response(st.eh, st.file, &policy);
+                                            return cache_answer(cx, conf, r, b"STALE");
+                                        }
+                                        Some(g) => guard = Some(g),
+                                    }
+                                } else {
+                                    guard = g;
+                                }
+                                stale = Some(st);
+                            } else {
+                                guard = g;
+                            }
+                            break b"EXPIRED";
                         }
-                        return *r;
+                        Lookup::Miss => {
+                            let min_uses = conf.cache_min_uses.unwrap_or(1);
+                            if min_uses > 1 && z.count_use(&md5) < min_uses {
+                                no_store = true;
+                                break b"MISS";
+                            }
+                            if !conf.cache_lock.unwrap_or(false) {
+                                break b"MISS";
+                            }
+                            let age = Duration::from_millis(conf.cache_lock_age.unwrap_or(5000));
+                            if let Some(g) = z.try_update(&md5, Some(age)) {
+                                guard = Some(g);
+                                break b"MISS";
+                            }
+                            // Another request is filling it: wait for it,
+                            // then look again (a HIT, or this request's
+                            // turn to fill it).
+                            if !z.wait_update(&md5, lock_deadline).await {
+                                cx.log(Level::Info, "cache lock timeout");
+                                no_store = true;
+                                break b"MISS";
+                            }
+                        }
                     }
-                    Lookup::Expired => b"EXPIRED",
-                    Lookup::Miss => b"MISS",
                 }
             };
             cx.set_note("upstream_cache_status", status.to_vec());
@@ -1150,8 +1591,21 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
 
     let req_uri = upstream_uri(cx, pass);
     let (out_body, body_len) = outgoing_body(cx, conf);
-    let head = request_head(cx, conf, &req_uri, creq.is_some(), body_len);
-    let head_only = cx.method == Method::Head && creq.is_none();
+    // proxy_cache_revalidate: ask whether the expired entry still holds.
+    let revalidate = stale
+        .as_ref()
+        .filter(|_| conf.cache_revalidate.unwrap_or(false))
+        .map(|st| validators(&st.eh))
+        .filter(|v| v.0.is_some() || v.1.is_some());
+    let convert_head = conf.cache_convert_head.unwrap_or(true);
+    let head = request_head(
+        cx,
+        conf,
+        &req_uri,
+        creq.as_ref().map(|_| (convert_head, revalidate.as_ref())),
+        body_len,
+    );
+    let head_only = cx.method == Method::Head && (creq.is_none() || !convert_head);
     let send = Outgoing {
         head: &head,
         body: &out_body,
@@ -1159,13 +1613,49 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // nginx does not pass these to the next server once sent to one
         // (proxy_next_upstream without non_idempotent).
         non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
+        bind: bind_addr(cx, conf),
+        keepalive: conf.socket_keepalive.unwrap_or(false),
     };
-    let got = fetch(cx, &up, &lim, &send, &req_uri, head_only).await;
+    let at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
+    let got = fetch(cx, at, &up, &lim, &send, &req_uri, head_only).await;
+    let use_stale = conf.cache_use_stale.unwrap_or(0);
     let mut resp = match got {
         Ok(r) => r,
-        Err(status) => return Response::status(status),
+        Err(e) => {
+            // proxy_cache_use_stale: the expired entry instead of an error.
+            if let Some(st) = stale.filter(|_| use_stale & e.ft != 0) {
+                let r = entry_response(st.eh, st.file, &policy);
+                return cache_answer(cx, conf, r, b"STALE");
+            }
+            return Response::status(e.status);
+        }
     };
-    let relayed = relay_headers(cx, conf, pass, &resp.headers);
+    if let Some(st) = stale.take() {
+        let bit = ft::of_status(resp.status).unwrap_or(0);
+        if use_stale & bit != 0 {
+            let r = entry_response(st.eh, st.file, &policy);
+            return cache_answer(cx, conf, r, b"STALE");
+        }
+        if resp.status == 304 && revalidate.is_some() {
+            if let Some(c) = &creq {
+                let r = refresh_entry(conf, c, &st.eh, st.file.meta.size, &resp.headers, &policy);
+                if let Err(e) = r.await {
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cache file \"{}\" could not be updated {}",
+                            c.zone.file_path(&c.md5).display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                }
+            }
+            let r = entry_response(st.eh, st.file, &policy);
+            return cache_answer(cx, conf, r, b"REVALIDATED");
+        }
+    }
+    let mut relayed = relay_headers(loc_prefix(cx), conf, pass, &resp.headers);
+    rewrite_cookies(cx, conf, &mut relayed);
     let store = creq
         .as_ref()
         .filter(|c| !c.no_store)
@@ -1194,15 +1684,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // proxy_intercept_errors: let error_page answer instead.
         return Response::status(resp.status);
     }
-    // proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
-    let mut buffering = conf.buffering.unwrap_or(true);
-    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
-        match header(&resp.headers, "x-accel-buffering") {
-            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
-            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
-            _ => {}
-        }
-    }
+    let buffering = buffering(conf, &resp.headers);
     let (mem_max, temp_max) = if buffering {
         (lim.mem_max, lim.temp_max)
     } else {
@@ -1212,7 +1694,13 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     let store = store.filter(|_| buffering);
     let cache_out = match &store {
         Some((c, valid_until)) => {
-            let eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+            let mut eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+            if let Some(n) = resp.declared_len.filter(|_| head_only) {
+                // A HEAD response stored as such (proxy_cache_convert_head
+                // off): its entry keeps the length it announced.
+                eh.headers
+                    .push(("Content-Length".into(), n.to_string().into_bytes()));
+            }
             let base = eh.header_len() as u64;
             match start_cache_file(c, &policy).await {
                 Ok((file, path)) => Some(CacheOut {
@@ -1224,6 +1712,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                     base,
                     written: 0,
                     held: None,
+                    _guard: guard.take(),
                 }),
                 Err(e) => {
                     // The response is still served; it just is not stored.
@@ -1240,6 +1729,52 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             }
         }
         None => None,
+    };
+
+    // proxy_store: a 200 read whole goes to its own file as well.
+    let store_to = conf.store.as_ref().and_then(|s| s.as_ref());
+    let store_out = match store_to {
+        Some(to)
+            if cache_out.is_none()
+                && resp.status == 200
+                && buffering
+                && !head_only
+                && !resp.no_body =>
+        {
+            let dest = match to {
+                StoreTo::Root => cx.request_filename(),
+                StoreTo::Path(t) => t.render_vec(&*cx),
+            };
+            let dest = PathBuf::from(std::ffi::OsString::from_vec(dest));
+            let dir = conf
+                .temp_path
+                .clone()
+                .unwrap_or_else(|| pass.temp_default.clone());
+            match named_temp(&dir, &policy).await {
+                Ok((file, path)) => Some(StoreOut {
+                    file,
+                    path,
+                    dest,
+                    mode: conf.store_access.unwrap_or(0o600),
+                    mtime: header(&resp.headers, "last-modified")
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|s| httpdate::parse_http_date(s.trim()).ok()),
+                    written: 0,
+                }),
+                Err(e) => {
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cannot create temp file in \"{}\" {}",
+                            dir.display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
     };
 
     let mut out = Response::status(resp.status);
@@ -1263,7 +1798,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     } else {
         out.ranges_off = true;
     }
-    if head_only {
+    if head_only && cache_out.is_none() {
         out.content_length = resp.declared_len;
         out.body = Body::Bytes(Vec::new());
         return out;
@@ -1272,7 +1807,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         out.body = Body::Bytes(Vec::new());
         return out;
     }
-    if framing.done() && cache_out.is_none() {
+    if framing.done() && cache_out.is_none() && store_out.is_none() {
         if reusable(&resp, &framing) {
             if let Some(s) = resp.stream.take() {
                 up.put_idle(resp.peer, s, resp.requests);
@@ -1314,17 +1849,19 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         cache: cache_out,
         keep,
         log: UpLog::of(cx, &url),
+        limit_rate: conf.limit_rate.unwrap_or(0),
+        store: store_out,
     };
     tokio::spawn(producer.run(first));
     if resp.no_body {
         // Stored all the same (an empty entry); the client needs nothing.
-        out.content_length = None;
+        out.content_length = if head_only { resp.declared_len } else { None };
         out.force_close = false;
         out.body = Body::Bytes(Vec::new());
         return out;
     }
     out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
-    out.watch_client = true;
+    out.watch_client = !conf.ignore_client_abort.unwrap_or(false);
     out
 }
 
@@ -1334,6 +1871,268 @@ async fn start_cache_file(c: &CacheReq, policy: &Policy) -> io::Result<(Arc<File
     let path = c.zone.temp_path(&c.md5);
     let f = create_file(path.clone(), policy).await?;
     Ok((f, path))
+}
+
+/// A response from the cache (HIT, STALE, UPDATING, REVALIDATED).
+fn cache_answer(cx: &mut Ctx<'_>, conf: &ProxyLoc, mut r: Response, status: &[u8]) -> Response {
+    cx.set_note("upstream_cache_status", status.to_vec());
+    if cx.method != Method::Head && matches!(&r.body, Body::Bytes(b) if b.is_empty()) {
+        // Only a HEAD may be told the length of a body the entry lacks.
+        r.content_length = Some(0);
+    }
+    if conf.force_ranges.unwrap_or(false) {
+        force_ranges(&mut r);
+        r.single_range = false;
+    }
+    r
+}
+
+/// proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
+fn buffering(conf: &ProxyLoc, hs: &[(String, Vec<u8>)]) -> bool {
+    let mut buffering = conf.buffering.unwrap_or(true);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
+        match header(hs, "x-accel-buffering") {
+            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
+            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
+            _ => {}
+        }
+    }
+    buffering
+}
+
+/// A 304 answered a revalidation (`proxy_cache_revalidate`): the entry
+/// gets a new validity (as nginx: what the 304's headers say, else what
+/// the entry's own headers and `proxy_cache_valid` say for its status)
+/// written into its file in place, and the zone learns it.
+async fn refresh_entry(
+    conf: &ProxyLoc,
+    c: &CacheReq,
+    eh: &EntryHead,
+    size: u64,
+    hs: &[(String, Vec<u8>)],
+    policy: &Policy,
+) -> io::Result<()> {
+    let now = cache::now_secs();
+    let valid = match header_validity(conf, hs, now) {
+        Some(Some(t)) => Some(t),
+        _ => cache_validity(conf, eh.status, &eh.headers),
+    };
+    let Some(valid) = valid else {
+        return Ok(());
+    };
+    let path = c.zone.file_path(&c.md5);
+    cache::blocking(policy, move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+        f.write_all_at(&cache::file::EntryHead::times(valid, now), 16)
+    })
+    .await?;
+    c.zone.insert(c.md5, valid, disk_bytes(size));
+    Ok(())
+}
+
+/// `proxy_cache_background_update`: the stale entry is being served; a
+/// task of its own fetches the response again and stores it, as nginx's
+/// background subrequest does. It holds the key's `updating` mark until
+/// the new entry is in place.
+#[allow(clippy::too_many_arguments)]
+fn background_update(
+    cx: &Ctx<'_>,
+    loc: &Arc<LocConf>,
+    pass: &Arc<Pass>,
+    up: &Arc<Upstream>,
+    lim: &Limits,
+    policy: &Policy,
+    c: CacheReq,
+    g: cache::UpdateGuard,
+    stale: Option<&EntryHead>,
+) {
+    let conf = &loc.modules.proxy;
+    let uri = upstream_uri(cx, pass);
+    let (body, body_len) = outgoing_body(cx, conf);
+    let convert_head = conf.cache_convert_head.unwrap_or(true);
+    let validators = stale
+        .filter(|_| conf.cache_revalidate.unwrap_or(false))
+        .map(validators)
+        .filter(|v| v.0.is_some() || v.1.is_some());
+    let head = request_head(
+        cx,
+        conf,
+        &uri,
+        Some((convert_head, validators.as_ref())),
+        body_len,
+    );
+    let job = Background {
+        loc: loc.clone(),
+        pass: pass.clone(),
+        up: up.clone(),
+        lim: lim.clone(),
+        policy: policy.clone(),
+        head_only: cx.method == Method::Head && !convert_head,
+        non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
+        bind: bind_addr(cx, conf),
+        keepalive: conf.socket_keepalive.unwrap_or(false),
+        at: up.attempt_for(cx, cx.remote.map(|a| a.ip())),
+        prefix: loc_prefix(cx).to_vec(),
+        log: UpLog::of(cx, ""),
+        stale: validators.and(stale.cloned()),
+        c,
+        g,
+        uri,
+        body,
+        head,
+    };
+    tokio::spawn(job.run());
+}
+
+/// A background cache update, with all it needs from the request.
+struct Background {
+    loc: Arc<LocConf>,
+    pass: Arc<Pass>,
+    up: Arc<Upstream>,
+    lim: Limits,
+    policy: Policy,
+    c: CacheReq,
+    g: cache::UpdateGuard,
+    uri: Vec<u8>,
+    body: OutBody,
+    head: Vec<u8>,
+    head_only: bool,
+    non_idempotent: bool,
+    bind: Option<std::net::IpAddr>,
+    keepalive: bool,
+    at: upstream::Attempt,
+    prefix: Vec<u8>,
+    log: UpLog,
+    /// The entry being refreshed, when it is revalidated.
+    stale: Option<EntryHead>,
+}
+
+impl Background {
+    async fn run(self) {
+        let Background {
+            loc,
+            pass,
+            up,
+            lim,
+            policy,
+            c,
+            g,
+            uri,
+            body,
+            head,
+            head_only,
+            non_idempotent,
+            bind,
+            keepalive,
+            at,
+            prefix,
+            mut log,
+            stale,
+        } = self;
+        let conf = &loc.modules.proxy;
+        let send = Outgoing {
+            head: &head,
+            body: &body,
+            policy: &policy,
+            non_idempotent,
+            bind,
+            keepalive,
+        };
+        let Ok(mut resp) = fetch(&mut log, at, &up, &lim, &send, &uri, head_only).await else {
+            return;
+        };
+        let url = upstream_url(lim.tls.is_some(), &resp.peer_name, &uri);
+        log.upstream = format!(", upstream: \"{}\"", url);
+        if let (304, Some(eh)) = (resp.status, &stale) {
+            let size = (eh.header_len() as u64).saturating_add(eh.body_len);
+            if let Err(e) = refresh_entry(conf, &c, eh, size, &resp.headers, &policy).await {
+                log.log(
+                    Level::Crit,
+                    &format!(
+                        "cache file could not be updated {}",
+                        crate::core::errno_text(&e)
+                    ),
+                    false,
+                );
+            }
+            return;
+        }
+        if c.no_store || !buffering(conf, &resp.headers) {
+            return;
+        }
+        let Some(valid) = cache_validity(conf, resp.status, &resp.headers) else {
+            return;
+        };
+        let relayed = relay_headers(&prefix, conf, &pass, &resp.headers);
+        let Ok(mut framing) = Framing::of(&resp) else {
+            return;
+        };
+        let mut first = Vec::new();
+        if framing
+            .feed(&std::mem::take(&mut resp.early), &mut first)
+            .is_err()
+        {
+            return;
+        }
+        let Some(stream) = resp.stream.take() else {
+            return;
+        };
+        let eh = entry_head(&c, &resp, &relayed, valid, 0);
+        let base = eh.header_len() as u64;
+        let (file, path) = match start_cache_file(&c, &policy).await {
+            Ok(fp) => fp,
+            Err(e) => {
+                log.log(
+                    Level::Crit,
+                    &format!(
+                        "cannot create cache temp file in \"{}\" {}",
+                        c.zone.conf.path.display(),
+                        crate::core::errno_text(&e)
+                    ),
+                    false,
+                );
+                return;
+            }
+        };
+        // Nobody reads this pipe: the body only goes into the entry.
+        let pipe = Arc::new(Pipe::default());
+        {
+            let mut p = pipe.lock();
+            p.gone = true;
+            p.file = Some(file.clone());
+        }
+        let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
+        let producer = Producer {
+            pipe,
+            stream,
+            _lease: resp.lease.take(),
+            framing,
+            read_timeout: lim.read,
+            mem_max: lim.mem_max,
+            temp_max: 0,
+            temp_dir: PathBuf::new(),
+            policy: policy.clone(),
+            temp: None,
+            temp_len: 0,
+            cache: Some(CacheOut {
+                zone: c.zone.clone(),
+                md5: c.md5,
+                file,
+                path,
+                eh,
+                base,
+                written: 0,
+                held: None,
+                _guard: Some(g),
+            }),
+            keep,
+            log,
+            limit_rate: conf.limit_rate.unwrap_or(0),
+            store: None,
+        };
+        producer.run(first).await;
+    }
 }
 
 /// `proxy_force_ranges`: upstream's `Accept-Ranges` gives way to the
@@ -1399,8 +2198,17 @@ async fn upstream_of(cx: &Ctx<'_>, pass: &Pass) -> Option<Arc<Upstream>> {
 
 enum Lookup {
     Hit(Box<Response>),
-    Expired,
+    /// Expired; the entry itself when its file is intact (what
+    /// `proxy_cache_use_stale` serves and `proxy_cache_revalidate` asks
+    /// about).
+    Expired(Option<Stale>),
     Miss,
+}
+
+/// An expired entry, open.
+struct Stale {
+    eh: EntryHead,
+    file: Arc<OpenFile>,
 }
 
 /// Looks `md5` up in the zone and, when valid, opens its file.
@@ -1413,11 +2221,9 @@ async fn lookup(
 ) -> Lookup {
     let now = cache::now_secs();
     let node = z.touch(md5);
-    match node {
-        Some(n) if n.valid_until <= now => return Lookup::Expired,
-        // The loader has seen the whole tree: no node, no file.
-        None if z.loaded.load(std::sync::atomic::Ordering::Acquire) => return Lookup::Miss,
-        _ => {}
+    // The loader has seen the whole tree: no node, no file.
+    if node.is_none() && z.loaded.load(std::sync::atomic::Ordering::Acquire) {
+        return Lookup::Miss;
     }
     let path = z.file_path(md5);
     let f = match crate::io::open(&path, policy).await {
@@ -1467,15 +2273,23 @@ async fn lookup(
     if node.is_none() {
         z.insert(*md5, eh.valid_until, disk_bytes(f.meta.size));
     }
-    if eh.valid_until <= now {
-        return Lookup::Expired;
+    // Expired once its second is over, as nginx (`valid_sec < now`).
+    if eh.valid_until < now {
+        return Lookup::Expired(Some(Stale { eh, file: f }));
     }
+    Lookup::Hit(Box::new(entry_response(eh, f, policy)))
+}
+
+/// The response a cache entry holds (its body read from the file).
+fn entry_response(eh: EntryHead, f: Arc<OpenFile>, policy: &Policy) -> Response {
     let off = eh.header_len() as u64;
     let len = eh.body_len;
     let mut r = Response::status(eh.status);
     r.last_modified = eh.last_modified;
+    let announced = header(&eh.headers, "content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
     apply_headers(&mut r, eh.headers);
-    r.content_length = Some(len);
+    r.content_length = Some(len).filter(|n| *n > 0).or(announced).or(Some(0));
     r.body = if len == 0 {
         Body::Bytes(Vec::new())
     } else {
@@ -1486,7 +2300,7 @@ async fn lookup(
             len,
         }
     };
-    Lookup::Hit(Box::new(r))
+    r
 }
 
 /// Bytes a file of `size` occupies (4k blocks), for max_size accounting.
@@ -1512,6 +2326,10 @@ async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead
 /// Moves relayed headers into a response (Content-Type to its field).
 fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
     for (n, v) in headers {
+        if n.eq_ignore_ascii_case("content-length") {
+            // Only a stored HEAD response has one; see entry_response.
+            continue;
+        }
         if n.eq_ignore_ascii_case("content-type") {
             r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
             r.charset_param = true;
@@ -1567,6 +2385,7 @@ const CLEARED_WHEN_CACHING: &[&str] = &[
 ];
 
 /// What goes upstream after the head.
+#[derive(Clone)]
 enum OutBody {
     None,
     Mem(Bytes),
@@ -1582,6 +2401,32 @@ struct Outgoing<'o> {
     policy: &'o Policy,
     /// POST, LOCK, PATCH: not passed to another peer once sent.
     non_idempotent: bool,
+    /// `proxy_bind`'s address for this request.
+    bind: Option<std::net::IpAddr>,
+    /// `proxy_socket_keepalive`.
+    keepalive: bool,
+}
+
+/// `proxy_bind`'s address for a request (an unusable rendered value is
+/// logged and ignored, as nginx does).
+fn bind_addr(cx: &Ctx<'_>, conf: &ProxyLoc) -> Option<std::net::IpAddr> {
+    match conf.bind.as_ref()?.as_ref()? {
+        BindAddr::Fixed(a) => Some(*a),
+        BindAddr::Var(t) => {
+            let v = t.render_vec(cx);
+            if v.is_empty() {
+                return None;
+            }
+            let a = std::str::from_utf8(&v).ok().and_then(parse_bind);
+            if a.is_none() {
+                cx.log(
+                    Level::Error,
+                    &format!("invalid local address \"{}\"", String::from_utf8_lossy(&v)),
+                );
+            }
+            a
+        }
+    }
 }
 
 /// The body to send and the length for `Content-Length` (as nginx:
@@ -1605,15 +2450,36 @@ fn outgoing_body(cx: &Ctx<'_>, conf: &ProxyLoc) -> (OutBody, Option<u64>) {
     (out, len)
 }
 
+/// The validators of a cached entry for a revalidation request:
+/// `If-Modified-Since` (its Last-Modified) and `If-None-Match` (its ETag).
+type Validators = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn validators(eh: &EntryHead) -> Validators {
+    let lm = header(&eh.headers, "last-modified")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
+        .map(|t| httpdate::fmt_http_date(t).into_bytes());
+    let etag = header(&eh.headers, "etag").map(|v| v.to_vec());
+    (lm, etag)
+}
+
+/// The request head for upstream. `caching`: the request may be answered
+/// from or stored in the cache: whether HEAD becomes GET
+/// (`proxy_cache_convert_head`), and the validators to revalidate an
+/// expired entry with.
 fn request_head(
     cx: &Ctx<'_>,
     conf: &ProxyLoc,
     uri: &[u8],
-    caching: bool,
+    caching: Option<(bool, Option<&Validators>)>,
     body_len: Option<u64>,
 ) -> Vec<u8> {
-    let method: &[u8] = if caching && cx.method == Method::Head {
+    let convert_head = caching.is_some_and(|c| c.0);
+    let set_method = conf.method.as_ref().map(|t| t.render_vec(cx));
+    let method: &[u8] = if convert_head && cx.method == Method::Head {
         b"GET"
+    } else if let Some(m) = &set_method {
+        m
     } else if cx.method != cx.req.method {
         // An error_page redirect turned the request into a GET.
         b"GET"
@@ -1655,8 +2521,21 @@ fn request_head(
         }
         set_names.push(d.to_string());
     }
+    // nginx's defaults when caching: If-Modified-Since
+    // $upstream_cache_last_modified, If-None-Match $upstream_cache_etag
+    // (set only while revalidating), the other conditionals cleared.
+    if let Some((_, Some((lm, etag)))) = caching {
+        for (name, lower, v) in [
+            ("If-Modified-Since", "if-modified-since", lm),
+            ("If-None-Match", "if-none-match", etag),
+        ] {
+            if let Some(v) = v.as_ref().filter(|_| !set_names.iter().any(|n| n == lower)) {
+                push_header(&mut h, name.as_bytes(), v);
+            }
+        }
+    }
     set_names.extend(CLEARED.iter().map(|s| s.to_string()));
-    if caching {
+    if caching.is_some() {
         set_names.extend(CLEARED_WHEN_CACHING.iter().map(|s| s.to_string()));
     }
     if conf.pass_request_headers.unwrap_or(true) {
@@ -1754,16 +2633,52 @@ struct UpResp {
     lease: Option<upstream::Lease>,
 }
 
+/// Where [`fetch`] records `$upstream_addr`/`$upstream_status` and logs:
+/// the request, or (a background cache update) only the log.
+trait FetchEnv {
+    fn note(&mut self, key: &'static str, v: &[u8]);
+    fn log_up(&self, level: Level, msg: &str, url: &str);
+}
+
+impl FetchEnv for Ctx<'_> {
+    fn note(&mut self, key: &'static str, v: &[u8]) {
+        append_note(self, key, v);
+    }
+
+    fn log_up(&self, level: Level, msg: &str, url: &str) {
+        log_upstream(self, level, msg, url);
+    }
+}
+
+impl FetchEnv for UpLog {
+    fn note(&mut self, _: &'static str, _: &[u8]) {}
+
+    fn log_up(&self, level: Level, msg: &str, url: &str) {
+        self.logger.log(
+            level,
+            Some(self.conn),
+            format_args!("{}{}, upstream: \"{}\"{}", msg, self.tail, url, self.host),
+        );
+    }
+}
+
+/// Why [`fetch`] gave up: the status for the client and the
+/// `proxy_next_upstream` case of the last failure (0: none).
+struct FetchErr {
+    status: u16,
+    ft: u16,
+}
+
 /// Tries peers until one answers with a response head.
-async fn fetch(
-    cx: &mut Ctx<'_>,
+async fn fetch<E: FetchEnv>(
+    cx: &mut E,
+    mut at: upstream::Attempt,
     up: &Arc<Upstream>,
     lim: &Limits,
     send: &Outgoing<'_>,
     uri: &[u8],
     head_only: bool,
-) -> Result<UpResp, u16> {
-    let mut at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
+) -> Result<UpResp, FetchErr> {
     let started = std::time::Instant::now();
     let mut tries_left = match lim.next_tries {
         0 => up.tries(),
@@ -1785,7 +2700,7 @@ async fn fetch(
         let pid = lease.id();
         let Some(peer) = up.peer(pid) else { break };
         tries_left = tries_left.saturating_sub(1);
-        append_note(cx, "upstream_addr", peer.name.as_bytes());
+        cx.note("upstream_addr", peer.name.as_bytes());
         let url = upstream_url(lim.tls.is_some(), &peer.name, uri);
         match exchange(up, peer.addr, lim, send, head_only).await {
             Ok(mut r) => {
@@ -1793,10 +2708,9 @@ async fn fetch(
                 if may_retry(bit, true, tries_left) {
                     // The answer goes unread; 403 and 404 do not count
                     // against the peer, the others do.
-                    append_note(cx, "upstream_status", r.status.to_string().as_bytes());
+                    cx.note("upstream_status", r.status.to_string().as_bytes());
                     if bit & (ft::HTTP_403 | ft::HTTP_404) == 0 && up.failed(pid) {
-                        log_upstream(
-                            cx,
+                        cx.log_up(
                             Level::Warn,
                             "upstream server temporarily disabled while reading response header from upstream",
                             &url,
@@ -1804,25 +2718,31 @@ async fn fetch(
                     }
                     continue;
                 }
-                append_note(cx, "upstream_status", r.status.to_string().as_bytes());
+                cx.note("upstream_status", r.status.to_string().as_bytes());
                 up.succeeded(pid);
                 r.peer_name = peer.name.clone();
                 r.lease = Some(lease);
                 return Ok(r);
             }
             Err(f) => {
-                log_upstream(cx, Level::Error, &f.msg, &url);
-                append_note(cx, "upstream_status", f.status.to_string().as_bytes());
-                if up.failed(pid) {
-                    log_upstream(
-                        cx,
+                // 500: tern's own failure (proxy_bind, the body's temp
+                // file), logged as nginx does such, and not the peer's.
+                let local = f.status == 500;
+                let level = if local { Level::Crit } else { Level::Error };
+                cx.log_up(level, &f.msg, &url);
+                cx.note("upstream_status", f.status.to_string().as_bytes());
+                if !local && up.failed(pid) {
+                    cx.log_up(
                         Level::Warn,
                         "upstream server temporarily disabled while connecting to upstream",
                         &url,
                     );
                 }
                 if !may_retry(f.ft, f.sent, tries_left) {
-                    return Err(f.status);
+                    return Err(FetchErr {
+                        status: f.status,
+                        ft: f.ft,
+                    });
                 }
             }
         }
@@ -1830,15 +2750,18 @@ async fn fetch(
     // Peers were left to try, but none can be used now: nginx records a
     // pseudo-attempt named after the upstream.
     let url = upstream_url(lim.tls.is_some(), &up.name, uri);
-    log_upstream(
-        cx,
+    cx.log_up(
         Level::Error,
         "no live upstreams while connecting to upstream",
         &url,
     );
-    append_note(cx, "upstream_addr", up.name.as_bytes());
-    append_note(cx, "upstream_status", b"502");
-    Err(502)
+    cx.note("upstream_addr", up.name.as_bytes());
+    cx.note("upstream_status", b"502");
+    // nginx's NOLIVE case, which `proxy_cache_use_stale error` includes.
+    Err(FetchErr {
+        status: 502,
+        ft: ft::ERROR,
+    })
 }
 
 fn upstream_url(tls: bool, peer: &str, uri: &[u8]) -> String {
@@ -1875,7 +2798,7 @@ async fn exchange(
             Err(_) => {}
         }
     }
-    let s = match tokio::time::timeout(lim.connect, TcpStream::connect(addr)).await {
+    let s = match tokio::time::timeout(lim.connect, connect(addr, send)).await {
         Err(_) => {
             return Err(fail(
                 504,
@@ -1884,6 +2807,21 @@ async fn exchange(
             ))
         }
         Ok(Err(e)) => {
+            // proxy_bind's failure carries its own words (nginx's
+            // "bind(ADDR) failed (...)").
+            if let Some(m) = e
+                .get_ref()
+                .map(|m| m.to_string())
+                .filter(|m| m.starts_with("bind("))
+            {
+                // A local failure, as nginx: 500, not the peer's fault,
+                // no next server.
+                return Err(fail(
+                    500,
+                    format!("{} while connecting to upstream", m),
+                    false,
+                ));
+            }
             return Err(fail(
                 502,
                 format!(
@@ -1891,7 +2829,7 @@ async fn exchange(
                     crate::core::errno_text(&e)
                 ),
                 true,
-            ))
+            ));
         }
         Ok(Ok(s)) => s,
     };
@@ -1925,6 +2863,31 @@ async fn exchange(
     send_and_read(s, addr, lim, send, head_only)
         .await
         .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// A new connection to `addr`, from `proxy_bind`'s address, with
+/// `proxy_socket_keepalive`.
+async fn connect(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
+    if send.bind.is_none() && !send.keepalive {
+        return TcpStream::connect(addr).await;
+    }
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if send.keepalive {
+        sock.set_keepalive(true)?;
+    }
+    if let Some(ip) = send.bind {
+        sock.bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("bind({}) failed {}", ip, crate::core::errno_text(&e)),
+            )
+        })?;
+    }
+    sock.connect(addr).await
 }
 
 /// Memory bodies up to this size leave in one write with the head.
@@ -2376,6 +3339,9 @@ struct CacheOut {
     /// is committed, so that a request made once this response is
     /// complete finds the entry.
     held: Option<(u64, u64)>,
+    /// The key's `updating` mark, released once the entry is stored (or
+    /// given up).
+    _guard: Option<cache::UpdateGuard>,
 }
 
 /// Why the reader stopped early.
@@ -2413,6 +3379,81 @@ struct Producer {
     /// has carried.
     keep: Option<(Arc<Upstream>, SocketAddr, u64)>,
     log: UpLog,
+    /// `proxy_limit_rate` in bytes per second (0: none).
+    limit_rate: u64,
+    /// `proxy_store`: the file the body is copied to.
+    store: Option<StoreOut>,
+}
+
+/// A `proxy_store` file being written: a named temp file, renamed to
+/// `dest` (directories made as needed) once the body is complete.
+struct StoreOut {
+    file: Arc<File>,
+    path: PathBuf,
+    dest: PathBuf,
+    mode: u32,
+    mtime: Option<std::time::SystemTime>,
+    written: u64,
+}
+
+/// A named temp file in `dir` (made when missing).
+async fn named_temp(dir: &Path, policy: &Policy) -> io::Result<(Arc<File>, PathBuf)> {
+    let path = dir.join(format!(
+        "tern-store-{}-{}",
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    match create_file(path.clone(), policy).await {
+        Ok(f) => Ok((f, path)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            cache::prepare_dir(dir).await?;
+            Ok((create_file(path.clone(), policy).await?, path))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Puts a complete `proxy_store` file in place: its mode
+/// (`proxy_store_access`), its mtime (upstream's Last-Modified), then the
+/// rename (a copy across file systems), making directories as nginx does
+/// (the file's mode plus x where r is).
+async fn commit_store(st: StoreOut, policy: &Policy) -> io::Result<()> {
+    cache::blocking(policy, move || {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        st.file
+            .set_permissions(std::fs::Permissions::from_mode(st.mode))?;
+        if let Some(t) = st.mtime {
+            st.file.set_modified(t)?;
+        }
+        let place = || match std::fs::rename(&st.path, &st.dest) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                std::fs::copy(&st.path, &st.dest)?;
+                std::fs::remove_file(&st.path)
+            }
+            r => r,
+        };
+        match place() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(parent) = st.dest.parent() {
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(st.mode | (st.mode & 0o444) >> 2)
+                        .create(parent)?;
+                }
+                place()
+            }
+            r => r,
+        }
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&st.path);
+        })
+    })
+    .await
 }
 
 impl Producer {
@@ -2436,6 +3477,21 @@ impl Producer {
                         self.pipe.push(Seg::File(o, l));
                     }
                 }
+                if let Some(st) = self.store.take() {
+                    let (from, to) = (st.path.clone(), st.dest.clone());
+                    if let Err(e) = commit_store(st, &self.policy).await {
+                        self.log.log(
+                            Level::Crit,
+                            &format!(
+                                "rename() \"{}\" to \"{}\" failed {}",
+                                from.display(),
+                                to.display(),
+                                crate::core::errno_text(&e)
+                            ),
+                            false,
+                        );
+                    }
+                }
                 // Bytes after the body make the connection unusable.
                 if let Some((up, addr, n)) = self.keep.take().filter(|_| !self.framing.extra) {
                     up.put_idle(addr, self.stream, n);
@@ -2443,6 +3499,9 @@ impl Producer {
                 self.pipe.finish(Ok(()));
             }
             Err(stop) => {
+                if let Some(st) = self.store.take() {
+                    let _ = remove(&st.path, &self.policy).await;
+                }
                 if let Some(c) = self.cache.take() {
                     // The client gets all that came; the entry never exists.
                     if let Some((o, l)) = c.held {
@@ -2463,11 +3522,32 @@ impl Producer {
     async fn pump(&mut self, first: Vec<u8>) -> Result<(), Stop> {
         self.place(first).await?;
         let mut rbuf = vec![0u8; 64 * 1024];
+        let started = std::time::Instant::now();
+        let mut read_len = 0u64;
         while !self.framing.done() {
             let pipe = self.pipe.clone();
-            let caching = self.cache.is_some();
+            // A response being cached or stored is read whole.
+            let caching = self.cache.is_some() || self.store.is_some();
+            let mut room = rbuf.len();
+            if self.limit_rate > 0 {
+                // nginx's pipe: up to rate x (whole seconds since the
+                // start + 1) read so far; past that, wait.
+                let secs = started.elapsed().as_secs();
+                let allowed = self.limit_rate.saturating_mul(secs + 1);
+                if read_len >= allowed {
+                    // Until the second in which more is allowed.
+                    let at = Duration::from_secs(read_len / self.limit_rate);
+                    let wait = tokio::time::sleep(at.saturating_sub(started.elapsed()));
+                    tokio::select! {
+                        () = wait => {}
+                        () = gone(&pipe), if !caching => return Err(Stop::Gone),
+                    }
+                    continue;
+                }
+                room = room.min((allowed - read_len) as usize);
+            }
             let n = tokio::select! {
-                r = timed_read(&mut self.stream, &mut rbuf, self.read_timeout, "while reading upstream", false) => r?,
+                r = timed_read(&mut self.stream, &mut rbuf[..room], self.read_timeout, "while reading upstream", false) => r?,
                 // A client gone is noticed at once, also while upstream is
                 // silent; a response being cached is still read whole.
                 () = gone(&pipe), if !caching => return Err(Stop::Gone),
@@ -2483,6 +3563,7 @@ impl Producer {
                 )
                 .into());
             }
+            read_len += n as u64;
             let mut data = Vec::new();
             self.framing.feed(&rbuf[..n], &mut data)?;
             self.place(data).await?;
@@ -2506,6 +3587,22 @@ impl Producer {
                 self.pipe.push(Seg::File(o, l));
             }
             return Ok(());
+        }
+        if let Some(st) = self.store.as_mut() {
+            crate::io::write_at(
+                &st.file,
+                st.written,
+                Bytes::from(data.clone()),
+                &self.policy,
+            )
+            .await
+            .map_err(temp_write_failed)?;
+            st.written += len;
+            if self.pipe.lock().gone {
+                // As nginx, a body being stored is read whole even when
+                // the client left.
+                return Ok(());
+            }
         }
         loop {
             {
@@ -2662,9 +3759,15 @@ const HOP: &[&str] = &[
     "trailer",
 ];
 
+/// The part of the URI the location matched (what `proxy_redirect
+/// default` puts back).
+fn loc_prefix<'c>(cx: &'c Ctx<'_>) -> &'c [u8] {
+    cx.uri.get(..cx.loc_prefix_len).unwrap_or(b"")
+}
+
 /// The headers that go to the client (and into a cache file).
 fn relay_headers(
-    cx: &Ctx<'_>,
+    prefix: &[u8],
     conf: &ProxyLoc,
     pass: &Pass,
     hs: &[(String, Vec<u8>)],
@@ -2681,7 +3784,7 @@ fn relay_headers(
             continue;
         }
         if l == "location" && conf.redirect.unwrap_or(true) {
-            out.push((n.clone(), rewrite_location(cx, pass, v)));
+            out.push((n.clone(), rewrite_location(prefix, pass, v)));
             continue;
         }
         out.push((n.clone(), v.clone()));
@@ -2689,10 +3792,204 @@ fn relay_headers(
     out
 }
 
+/// `Set-Cookie` attributes: name, and the value when there is an `=`.
+type CookieAttrs = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+fn parse_cookie(v: &[u8]) -> CookieAttrs {
+    v.split(|&c| c == b';')
+        .map(|part| match memchr::memchr(b'=', part) {
+            Some(i) => (
+                part[..i].trim_ascii().to_vec(),
+                Some(part[i + 1..].trim_ascii().to_vec()),
+            ),
+            None => (part.trim_ascii().to_vec(), None),
+        })
+        .collect()
+}
+
+/// Whether `m` matches `v`: text case-insensitively and whole, a regex
+/// anywhere (its captures become `$1`.. for the replacement).
+fn cookie_matches(cx: &mut Ctx<'_>, m: &CookieMatch, v: &[u8]) -> bool {
+    match m {
+        CookieMatch::Text(t) => t.render_vec(&*cx).eq_ignore_ascii_case(v),
+        CookieMatch::Regex(re) => match re.captures(v) {
+            Some(c) => {
+                cx.captures = (0..c.len())
+                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
+                    .collect();
+                cx.capture_src = v.to_vec();
+                true
+            }
+            None => false,
+        },
+    }
+}
+
+/// `proxy_cookie_domain`, `proxy_cookie_path`, `proxy_cookie_flags` on
+/// the `Set-Cookie` headers, as nginx: a header that any of them changes
+/// is rebuilt as `name=value; attr=value; attr`, others pass as they came.
+fn rewrite_cookies(cx: &mut Ctx<'_>, conf: &ProxyLoc, headers: &mut [(String, Vec<u8>)]) {
+    let domains = conf.cookie_domain.as_deref().filter(|v| !v.is_empty());
+    let paths = conf.cookie_path.as_deref().filter(|v| !v.is_empty());
+    let flags = conf.cookie_flags.as_deref().filter(|v| !v.is_empty());
+    if domains.is_none() && paths.is_none() && flags.is_none() {
+        return;
+    }
+    for (n, v) in headers.iter_mut() {
+        if !n.eq_ignore_ascii_case("set-cookie") {
+            continue;
+        }
+        let mut attrs = parse_cookie(v);
+        if attrs.first().is_none_or(|a| a.1.is_none()) {
+            continue;
+        }
+        let mut changed = false;
+        for a in attrs.iter_mut().skip(1) {
+            let Some(val) = a.1.as_mut() else { continue };
+            if let Some(rules) = domains.filter(|_| a.0.eq_ignore_ascii_case(b"domain")) {
+                changed |= rewrite_domain(cx, rules, val);
+            }
+            if let Some(rules) = paths.filter(|_| a.0.eq_ignore_ascii_case(b"path")) {
+                changed |= rewrite_path(cx, rules, val);
+            }
+        }
+        if let Some(list) = flags {
+            changed |= edit_flags(cx, list, &mut attrs);
+        }
+        if changed {
+            let mut out = Vec::with_capacity(v.len() + 16);
+            for (i, (k, val)) in attrs.iter().enumerate() {
+                if i > 0 {
+                    out.extend_from_slice(b"; ");
+                }
+                out.extend_from_slice(k);
+                if let Some(val) = val {
+                    out.push(b'=');
+                    out.extend_from_slice(val);
+                }
+            }
+            *v = out;
+        }
+    }
+}
+
+/// The first matching `proxy_cookie_domain` rule replaces the domain (a
+/// leading dot is kept and not matched).
+fn rewrite_domain(cx: &mut Ctx<'_>, rules: &[CookieRewrite], val: &mut Vec<u8>) -> bool {
+    let dot = usize::from(val.first() == Some(&b'.'));
+    for r in rules {
+        let cur = val[dot..].to_vec();
+        if cookie_matches(cx, &r.pattern, &cur) {
+            let rep = r.replacement.render_vec(&*cx);
+            val.truncate(dot);
+            val.extend_from_slice(&rep);
+            return true;
+        }
+    }
+    false
+}
+
+/// The first matching `proxy_cookie_path` rule: text replaces the prefix
+/// it matches (case-sensitively), a regex the whole path.
+fn rewrite_path(cx: &mut Ctx<'_>, rules: &[CookieRewrite], val: &mut Vec<u8>) -> bool {
+    for r in rules {
+        match &r.pattern {
+            CookieMatch::Text(t) => {
+                let pat = t.render_vec(&*cx);
+                if val.starts_with(&pat) {
+                    let mut out = r.replacement.render_vec(&*cx);
+                    out.extend_from_slice(&val[pat.len()..]);
+                    *val = out;
+                    return true;
+                }
+            }
+            m @ CookieMatch::Regex(_) => {
+                let cur = val.clone();
+                if cookie_matches(cx, m, &cur) {
+                    *val = r.replacement.render_vec(&*cx);
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// The first `proxy_cookie_flags` entry naming the cookie: `secure`,
+/// `httponly`, `samesite=strict|lax|none` add (or set) the attribute,
+/// `nosecure`, `nohttponly`, `nosamesite` remove it; attributes added go
+/// last, in the order Secure, HttpOnly, SameSite (nginx's).
+fn edit_flags(cx: &mut Ctx<'_>, list: &[CookieFlags], attrs: &mut CookieAttrs) -> bool {
+    let name = attrs.first().map(|a| a.0.clone()).unwrap_or_default();
+    let Some(entry) = list.iter().find(|e| cookie_matches(cx, &e.cookie, &name)) else {
+        return false;
+    };
+    let (mut secure, mut httponly, mut samesite): (
+        Option<bool>,
+        Option<bool>,
+        Option<Option<&str>>,
+    ) = (None, None, None);
+    for f in &entry.flags {
+        let f = f.render_vec(&*cx).to_ascii_lowercase();
+        match f.as_slice() {
+            b"secure" => secure = Some(true),
+            b"nosecure" => secure = Some(false),
+            b"httponly" => httponly = Some(true),
+            b"nohttponly" => httponly = Some(false),
+            b"samesite=strict" => samesite = Some(Some("Strict")),
+            b"samesite=lax" => samesite = Some(Some("Lax")),
+            b"samesite=none" => samesite = Some(Some("None")),
+            b"nosamesite" => samesite = Some(None),
+            _ => {}
+        }
+    }
+    let (mut has_secure, mut has_httponly, mut has_samesite) = (false, false, false);
+    let mut i = 1;
+    while i < attrs.len() {
+        let k = attrs[i].0.to_ascii_lowercase();
+        let remove = match k.as_slice() {
+            b"secure" => {
+                has_secure = true;
+                secure == Some(false)
+            }
+            b"httponly" => {
+                has_httponly = true;
+                httponly == Some(false)
+            }
+            b"samesite" => {
+                has_samesite = true;
+                match samesite {
+                    Some(Some(v)) => {
+                        attrs[i] = (b"SameSite".to_vec(), Some(v.as_bytes().to_vec()));
+                        false
+                    }
+                    Some(None) => true,
+                    None => false,
+                }
+            }
+            _ => false,
+        };
+        if remove {
+            attrs.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    if secure == Some(true) && !has_secure {
+        attrs.push((b"Secure".to_vec(), None));
+    }
+    if httponly == Some(true) && !has_httponly {
+        attrs.push((b"HttpOnly".to_vec(), None));
+    }
+    if let (Some(Some(v)), false) = (samesite, has_samesite) {
+        attrs.push((b"SameSite".to_vec(), Some(v.as_bytes().to_vec())));
+    }
+    true
+}
+
 /// `proxy_redirect default`: `http://HOST[:PORT]/URI...` of the proxy_pass
 /// becomes the location's prefix.
-fn rewrite_location(cx: &Ctx<'_>, pass: &Pass, v: &[u8]) -> Vec<u8> {
-    let prefix = cx.uri.get(..cx.loc_prefix_len).unwrap_or(b"");
+fn rewrite_location(prefix: &[u8], pass: &Pass, v: &[u8]) -> Vec<u8> {
     let mut pattern = pass.url.as_bytes().to_vec();
     match &pass.uri {
         Some(u) => pattern.extend_from_slice(u),
@@ -2723,6 +4020,27 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
     if ign & IGN_VARY == 0 && header(hs, "vary").is_some() {
         return None;
     }
+    if let Some(t) = header_validity(conf, hs, now)? {
+        return Some(t);
+    }
+    valid_for(conf, status, now)
+}
+
+/// `proxy_cache_valid`'s time for `status`, from `now`.
+fn valid_for(conf: &ProxyLoc, status: u16, now: i64) -> Option<i64> {
+    let list = conf.cache_valid.as_deref()?;
+    let secs = list
+        .iter()
+        .find(|(c, _)| *c == Some(status))
+        .or_else(|| list.iter().find(|(c, _)| c.is_none()))?
+        .1;
+    (secs > 0).then(|| now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX)))
+}
+
+/// What X-Accel-Expires, Cache-Control and Expires say: Some(None) when
+/// none of them decides, None when they forbid caching.
+fn header_validity(conf: &ProxyLoc, hs: &[(String, Vec<u8>)], now: i64) -> Option<Option<i64>> {
+    let ign = conf.ignore_headers.unwrap_or(0);
     let mut from_headers: Option<i64> = None;
     if ign & IGN_X_ACCEL_EXPIRES == 0 {
         if let Some(v) = header(hs, "x-accel-expires") {
@@ -2778,16 +4096,7 @@ fn cache_validity(conf: &ProxyLoc, status: u16, hs: &[(String, Vec<u8>)]) -> Opt
             }
         }
     }
-    if from_headers.is_some() {
-        return from_headers;
-    }
-    let list = conf.cache_valid.as_deref()?;
-    let secs = list
-        .iter()
-        .find(|(c, _)| *c == Some(status))
-        .or_else(|| list.iter().find(|(c, _)| c.is_none()))?
-        .1;
-    (secs > 0).then(|| now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX)))
+    Some(from_headers)
 }
 
 /// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
