@@ -23,6 +23,12 @@ fn site(p: &Prefix) {
     }
     p.write("html/all/big.html", &big);
     p.write("html/empty/a.html", "");
+    // A compressed page the backend sends as is (gzip_static always):
+    // gunzip runs before sub_filter, as in nginx.
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut z, b"<b>hello gzip, hello</b>\n").expect("gzip");
+    p.write("html/gz/z.html.gz", z.finish().expect("gzip"));
+    p.write("html/gz/z.html", "stale plain copy\n");
     fix_times(&p.path("html"));
 }
 
@@ -31,7 +37,7 @@ fn conf(backend: u16) -> String {
         "http {{\n\
          access_log off;\n\
          types {{ text/html html; text/plain txt; }}\n\
-         server {{ listen 127.0.0.1:{backend}; location / {{ }} }}\n\
+         server {{ listen 127.0.0.1:{backend}; location / {{ }} location /gz/ {{ gzip_static always; }} }}\n\
          server {{ listen 127.0.0.1:@PORT@;\n\
            location /once/ {{ sub_filter 'Hello' 'Bye'; sub_filter 'world' \"[$uri]\"; }}\n\
            location /all/ {{ sub_filter 'Hello' 'Bye'; sub_filter_once off; }}\n\
@@ -39,6 +45,7 @@ fn conf(backend: u16) -> String {
            location /types/ {{ sub_filter 'hello' 'x'; }}\n\
            location /typesany/ {{ sub_filter 'hello' 'x'; sub_filter_types *; }}\n\
            location /empty/ {{ sub_filter 'hello' 'x'; }}\n\
+           location /gunzip/ {{ gunzip on; sub_filter_once off; sub_filter 'hello' 'HI'; proxy_pass http://127.0.0.1:{backend}/gz/; }}\n\
            location /proxied/ {{ sub_filter_once off; sub_filter 'says hello' 'HI'; proxy_buffering off; proxy_pass http://127.0.0.1:{backend}/all/; }}\n\
          }}\n\
          }}\n"
@@ -55,6 +62,7 @@ fn series(port: u16) -> Vec<String> {
         "/typesany/a.txt",
         "/empty/a.html",
         "/proxied/big.html",
+        "/gunzip/z.html",
     ]
     .iter()
     .flat_map(|path| {
@@ -94,6 +102,11 @@ fn sub_filter_rewrites_bodies_as_nginx_does() {
         &big[..400]
     );
     assert!(!big.contains("hello"));
+    let gunzipped = ours
+        .iter()
+        .find(|l| l.starts_with("GET /gunzip/"))
+        .expect("gunzip case");
+    assert!(gunzipped.contains("<b>HI gzip, HI</b>"), "{}", gunzipped);
     if !nginx_installed() {
         return;
     }

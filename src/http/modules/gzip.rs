@@ -682,10 +682,9 @@ pub fn has_body(cx: &Ctx<'_>, resp: &Response) -> bool {
     cx.req.method != Method::Head && !matches!(resp.body, Body::Empty)
 }
 
-/// Header filter: gunzip first (nginx runs it before gzip), then the gzip
-/// decision, then `Vary`.
+/// Header filter: the gzip decision, then `Vary` (gunzip is its own
+/// filter, earlier in `HEADER_FILTERS`, as in nginx's order).
 pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
-    super::gzip_static::gunzip_header_filter(cx, resp);
     compress_filter(cx, resp);
     if cx.note("gzip_vary").is_some() && cx.loc.modules.gzip.vary.unwrap_or(false) {
         // nginx writes Vary right after Connection/Keep-Alive, before the

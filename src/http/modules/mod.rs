@@ -85,6 +85,7 @@ pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
     not_modified::header_filter,
     headers::header_filter,
+    gzip_static::gunzip_header_filter,
     sub_filter::header_filter,
     charset::header_filter,
     gzip::header_filter,
