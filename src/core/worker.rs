@@ -344,6 +344,7 @@ async fn accept_loop(
                     listen: addr.clone(),
                     requests: 0,
                     tls: crate::tls::TlsState::Plain,
+                    started: std::time::Instant::now(),
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.

@@ -148,6 +148,8 @@ pub struct CoreLoc {
     pub tcp_nodelay: Option<bool>,
     pub keepalive: Option<Keepalive>,
     pub keepalive_requests: Option<u64>,
+    /// `keepalive_time` in ms: the longest a connection serves requests.
+    pub keepalive_time: Option<u64>,
     pub send_timeout: Option<u64>,
     pub client_body_timeout: Option<u64>,
     pub client_max_body_size: Option<u64>,
@@ -168,7 +170,7 @@ pub struct CoreLoc {
 impl CoreLoc {
     fn merge(&mut self, p: &CoreLoc) {
         merge_opts!(self, p; root, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
-            keepalive, keepalive_requests, send_timeout, client_body_timeout,
+            keepalive, keepalive_requests, keepalive_time, send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
             lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, error_log, logger);
     }
@@ -1224,6 +1226,47 @@ fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Co
     )
 }
 
+fn set_keepalive_time(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::msec_arg(d, 0)?;
+    set_once(&mut l.core.keepalive_time, v, d)
+}
+
+/// Directives of nginx's core module that size its memory pools or act
+/// only on other platforms: values checked as nginx checks them, no
+/// effect (see DIFFERENCES.md).
+fn check_core_no_effect(_: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    match d.name.as_str() {
+        "connection_pool_size" | "request_pool_size" => {
+            let v = registry::size_arg(d, 0)?;
+            if v < 112 {
+                return Err(ConfError::at("the pool size must be no less than 112", d));
+            }
+            if v % 16 != 0 {
+                return Err(ConfError::at("the pool size must be a multiple of 16", d));
+            }
+        }
+        "send_lowat" => {
+            registry::size_arg(d, 0)?;
+            cx.warnings
+                .push(ConfError::at("\"send_lowat\" is not supported, ignored", d).to_string());
+        }
+        "subrequest_output_buffer_size" => {
+            registry::size_arg(d, 0)?;
+        }
+        "log_subrequest" => {
+            registry::flag(d)?;
+        }
+        _ => {
+            for a in &d.args {
+                if !matches!(a.value.as_str(), "none" | "msie6" | "safari") {
+                    return Err(ConfError::at(format!("invalid value \"{}\"", a.value), d));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn set_keepalive_requests(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
     set_once(&mut l.core.keepalive_requests, v, d)
@@ -1425,6 +1468,48 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: ctx::HSL,
         args: Args::take12(),
         set: Setter::Loc(set_keepalive_timeout),
+    },
+    Spec {
+        name: "keepalive_time",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_keepalive_time),
+    },
+    Spec {
+        name: "connection_pool_size",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::take(1),
+        set: Setter::Loc(check_core_no_effect),
+    },
+    Spec {
+        name: "request_pool_size",
+        ctx: ctx::HTTP | ctx::SRV,
+        args: Args::take(1),
+        set: Setter::Loc(check_core_no_effect),
+    },
+    Spec {
+        name: "send_lowat",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(check_core_no_effect),
+    },
+    Spec {
+        name: "subrequest_output_buffer_size",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(check_core_no_effect),
+    },
+    Spec {
+        name: "log_subrequest",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(check_core_no_effect),
+    },
+    Spec {
+        name: "keepalive_disable",
+        ctx: ctx::HSL,
+        args: Args::AtLeast(1),
+        set: Setter::Loc(check_core_no_effect),
     },
     Spec {
         name: "keepalive_requests",

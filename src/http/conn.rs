@@ -168,6 +168,8 @@ pub struct ConnInfo {
     pub listen: ListenAddr,
     pub requests: u64,
     pub tls: crate::tls::TlsState,
+    /// When the connection was accepted (`keepalive_time`).
+    pub started: std::time::Instant,
 }
 
 enum HeadResult {
@@ -428,6 +430,11 @@ async fn request<S: Stream>(
     let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
     let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
     if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
+        keepalive = false;
+    }
+    // keepalive_time: no further request once the connection is this old.
+    if info.started.elapsed() > Duration::from_millis(loc.core.keepalive_time.unwrap_or(3_600_000))
+    {
         keepalive = false;
     }
     // A body read half-way leaves the connection unusable.

@@ -42,7 +42,7 @@
 //! [`IoError`] whose text is nginx's; an overflow is logged here at
 //! `error` level (as nginx does), the request then fails like nginx's: the
 //! connection is closed (no 500: the status line may already be out).
-//! With `error_log ... info`, each request's decision is logged when its
+//! With `error_log ... debug`, each request's decision is logged when its
 //! [`Policy`] is dropped: `tern io: inline|offload|uring [pool "NAME"]`.
 
 mod conf;

@@ -192,7 +192,7 @@ impl Policy {
         self.decision.record(Decision::Uring);
     }
 
-    /// The per-request line logged at `info` level when the policy is
+    /// The per-request line logged at `debug` level when the policy is
     /// dropped: `tern io: inline|offload|uring [pool "NAME"]`.
     pub fn describe(&self) -> String {
         match &self.aio {
@@ -207,9 +207,9 @@ impl Drop for Policy {
     fn drop(&mut self) {
         if self.decision() != Decision::None {
             let log = crate::core::log::main_logger();
-            if log.enabled(crate::core::log::Level::Info) {
+            if log.enabled(crate::core::log::Level::Debug) {
                 log.log(
-                    crate::core::log::Level::Info,
+                    crate::core::log::Level::Debug,
                     None,
                     format_args!("{}", self.describe()),
                 );

@@ -1,7 +1,7 @@
 //! The file-I/O layer end to end: thread-pool overflow, `aio
 //! threads=pool_$var`, directio byte-exactness, `aio on` (io_uring), and a
 //! reload that removes a pool. Decisions are observed through the
-//! `tern io: ...` line logged per request at `info` level.
+//! `tern io: ...` line logged per request at `debug` level.
 use crate::harness::*;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -110,7 +110,7 @@ fn aio_threads_pool_name_from_a_variable() {
     let path = p.write("html/big", &data);
     let s = Server::start_in(
         p,
-        "error_log logs/error.log info;
+        "error_log logs/error.log debug;
          thread_pool p_a threads=1;
          thread_pool p_b threads=2;
          http { server { listen 127.0.0.1:@PORT@; root html;
@@ -176,7 +176,7 @@ fn directio_serves_exact_bytes_for_unaligned_sizes() {
     let dir = p.path("html");
     let s = Server::start_in(
         p,
-        "error_log logs/error.log info;
+        "error_log logs/error.log debug;
          thread_pool dio threads=2;
          http { server { listen 127.0.0.1:@PORT@; root html; directio 4k;
            location /off/ { alias html/; }
@@ -327,7 +327,7 @@ fn sendfile_of_a_hot_file_is_inline_where_cachestat_is_refused() {
     let path = p.write("html/hot", &data);
     let s = Server::start_in(
         p,
-        "error_log logs/error.log info;
+        "error_log logs/error.log debug;
          http { server { listen 127.0.0.1:@PORT@; root html;
            location / { aio threads; sendfile on; sendfile_max_chunk 256k; } } }",
     );

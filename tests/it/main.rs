@@ -9,6 +9,7 @@ mod auth;
 mod autoindex;
 mod charset;
 mod client_abort;
+mod core_directives;
 mod differential;
 mod empty_gif;
 mod engine;

@@ -281,7 +281,7 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "autoindex_exact_size": ctx::HSL, "autoindex_localtime": ctx::HSL, "autoindex_format": ctx::HSL,
     "add_header": HSL, "add_trailer": HSL, "expires": HSL, "etag": ctx::HSL, "if_modified_since": ctx::HSL, "max_ranges": ctx::HSL,
     "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "msie_padding": ctx::HSL, "msie_refresh": ctx::HSL, "log_not_found": ctx::HSL,
-    "log_subrequest": ctx::HSL, "chunked_transfer_encoding": ctx::HSL,
+    "chunked_transfer_encoding": ctx::HSL,
     "stub_status": ctx::SRV | ctx::LOC,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,
