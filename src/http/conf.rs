@@ -150,6 +150,9 @@ pub struct CoreLoc {
     pub keepalive_requests: Option<u64>,
     /// `keepalive_time` in ms: the longest a connection serves requests.
     pub keepalive_time: Option<u64>,
+    /// `limit_rate` in bytes per second (0: none) and `limit_rate_after`.
+    pub limit_rate: Option<u64>,
+    pub limit_rate_after: Option<u64>,
     pub send_timeout: Option<u64>,
     pub client_body_timeout: Option<u64>,
     pub client_max_body_size: Option<u64>,
@@ -170,7 +173,8 @@ pub struct CoreLoc {
 impl CoreLoc {
     fn merge(&mut self, p: &CoreLoc) {
         merge_opts!(self, p; root, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
-            keepalive, keepalive_requests, keepalive_time, send_timeout, client_body_timeout,
+            keepalive, keepalive_requests, keepalive_time, limit_rate, limit_rate_after,
+            send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
             lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, error_log, logger);
     }
@@ -1226,6 +1230,16 @@ fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Co
     )
 }
 
+fn set_limit_rate(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::size_arg(d, 0)?;
+    let slot = if d.name == "limit_rate" {
+        &mut l.core.limit_rate
+    } else {
+        &mut l.core.limit_rate_after
+    };
+    set_once(slot, v, d)
+}
+
 fn set_keepalive_time(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = registry::msec_arg(d, 0)?;
     set_once(&mut l.core.keepalive_time, v, d)
@@ -1468,6 +1482,18 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: ctx::HSL,
         args: Args::take12(),
         set: Setter::Loc(set_keepalive_timeout),
+    },
+    Spec {
+        name: "limit_rate",
+        ctx: ctx::HSL | ctx::LIF,
+        args: Args::take(1),
+        set: Setter::Loc(set_limit_rate),
+    },
+    Spec {
+        name: "limit_rate_after",
+        ctx: ctx::HSL | ctx::LIF,
+        args: Args::take(1),
+        set: Setter::Loc(set_limit_rate),
     },
     Spec {
         name: "keepalive_time",

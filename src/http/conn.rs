@@ -983,7 +983,9 @@ async fn write_body_with<S: Stream>(
             sent.body_bytes += b.len() as u64;
             write_all_more(stream, &[head, &b], loc, closing).await?;
         }
-        Body::File { file, offset, len } if len <= INLINE_FILE_MAX => {
+        Body::File { file, offset, len }
+            if len <= INLINE_FILE_MAX && loc.core.limit_rate.unwrap_or(0) == 0 =>
+        {
             let data = crate::io::read(&file, offset, len as usize, policy).await?;
             sent.body_bytes += data.len() as u64;
             write_all_more(stream, &[head, &data], loc, closing).await?;
@@ -1007,6 +1009,44 @@ async fn write_body_with<S: Stream>(
     Ok(())
 }
 
+/// `limit_rate`/`limit_rate_after` as nginx paces a response: by the end
+/// of second N (counted from the response's start) at most
+/// `limit_rate_after + rate * (N + 1)` bytes, head included, have gone.
+struct Pacer {
+    rate: u64,
+    after: u64,
+    start: std::time::Instant,
+    sent: u64,
+}
+
+impl Pacer {
+    fn new(loc: &LocConf, head_len: usize) -> Option<Pacer> {
+        let rate = loc.core.limit_rate.filter(|r| *r > 0)?;
+        Some(Pacer {
+            rate,
+            after: loc.core.limit_rate_after.unwrap_or(0),
+            start: std::time::Instant::now(),
+            sent: head_len as u64,
+        })
+    }
+
+    /// Bytes that may go now, after waiting as long as nothing may.
+    async fn allowance(&mut self) -> u64 {
+        loop {
+            let budget = self
+                .rate
+                .saturating_mul(self.start.elapsed().as_secs() + 1)
+                .saturating_add(self.after);
+            if budget > self.sent {
+                return budget - self.sent;
+            }
+            let missing = self.sent - budget;
+            let ms = missing.saturating_mul(1000) / self.rate + 1;
+            tokio::time::sleep(Duration::from_millis(ms.min(1000))).await;
+        }
+    }
+}
+
 /// Sends the head and a list of pieces: files with sendfile (the head
 /// sent with MSG_MORE first under `tcp_nopush`, so it shares the first
 /// segment with the file) or read through the file-I/O layer.
@@ -1022,6 +1062,7 @@ async fn write_pieces<S: Stream>(
     let nopush = sendfile && loc.core.tcp_nopush.unwrap_or(false);
     let mut pending: Vec<u8> = head.to_vec();
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    let mut pacer = Pacer::new(loc, 0);
     for p in pieces {
         match p {
             response::Piece::Bytes(b) => {
@@ -1038,10 +1079,30 @@ async fn write_pieces<S: Stream>(
                         } else {
                             write_all(stream, &[&pending], loc).await?;
                         }
+                        if let Some(p) = pacer.as_mut() {
+                            p.sent += pending.len() as u64;
+                        }
                         pending.clear();
                     }
-                    let progress = &mut sent.body_bytes;
-                    crate::io::send_file(stream, file, *offset, *len, policy, to, progress).await?;
+                    match pacer.as_mut() {
+                        None => {
+                            let progress = &mut sent.body_bytes;
+                            crate::io::send_file(stream, file, *offset, *len, policy, to, progress)
+                                .await?;
+                        }
+                        Some(p) => {
+                            let (mut off, end) = (*offset, offset + len);
+                            while off < end {
+                                let n = (end - off).min(p.allowance().await);
+                                let before = sent.body_bytes;
+                                let progress = &mut sent.body_bytes;
+                                crate::io::send_file(stream, file, off, n, policy, to, progress)
+                                    .await?;
+                                p.sent += sent.body_bytes - before;
+                                off += n;
+                            }
+                        }
+                    }
                 } else {
                     let mut off = *offset;
                     let end = offset + len;
@@ -1049,7 +1110,11 @@ async fn write_pieces<S: Stream>(
                     // at a time: it goes out before the next is read).
                     let piece = loc.io.output_buffers().1.max(1) as u64;
                     while off < end {
-                        let n = (end - off).min(piece);
+                        let mut n = (end - off).min(piece);
+                        if let Some(p) = pacer.as_mut() {
+                            n = n.min(p.allowance().await);
+                            p.sent += n + pending.len() as u64;
+                        }
                         let data = crate::io::read(file, off, n as usize, policy).await?;
                         pending.extend_from_slice(&data);
                         write_all(stream, &[&pending], loc).await?;
@@ -1233,6 +1298,7 @@ async fn write_streamed<S: Stream>(
 ) -> io::Result<()> {
     let mut first = true;
     let mut out = Vec::new();
+    let mut pacer = Pacer::new(loc, 0);
     if !src.ready() {
         // The body keeps the client waiting: the head goes now.
         emit(
@@ -1290,7 +1356,13 @@ async fn write_streamed<S: Stream>(
                 after.extend_from_slice(b"\r\n");
             }
             sent.body_bytes += data.len() as u64;
-            sent.bytes += (before.len() + size.len() + data.len() + after.len()) as u64;
+            let piece_len = (before.len() + size.len() + data.len() + after.len()) as u64;
+            sent.bytes += piece_len;
+            if let Some(p) = pacer.as_mut() {
+                // A piece goes whole once the pace allows any of it.
+                p.allowance().await;
+                p.sent += piece_len;
+            }
             write_all(stream, &[before, &size, &data, &after], loc).await?;
             if last {
                 return Ok(());

@@ -70,3 +70,53 @@ fn no_effect_core_directives_are_checked_as_nginx_does() {
         assert_eq!(ours.status.code(), theirs.status.code(), "{}", d);
     }
 }
+
+/// Seconds to download `path` whole, checking the bytes.
+fn timed_download(s: &Server, path: &str, want: &[u8]) -> f64 {
+    let t = std::time::Instant::now();
+    let r = s.get(path);
+    assert_eq!(r.status, 200, "{}", path);
+    assert!(
+        r.body == want,
+        "{}: body differs ({} bytes)",
+        path,
+        r.body.len()
+    );
+    t.elapsed().as_secs_f64()
+}
+
+#[test]
+fn limit_rate_paces_files_and_proxied_bodies() {
+    let p = Prefix::new();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    p.write("html/f.bin", &data);
+    let backend = crate::harness::free_port();
+    let s = Server::start_in(
+        p,
+        &format!(
+            "http {{\n\
+             server {{ listen 127.0.0.1:{backend}; location / {{ }} }}\n\
+             server {{ listen 127.0.0.1:@PORT@;\n\
+               location /plain/ {{ alias html/; limit_rate 100k; }}\n\
+               location /sendfile/ {{ alias html/; sendfile on; limit_rate 100k; }}\n\
+               location /after/ {{ alias html/; limit_rate 100k; limit_rate_after 1m; }}\n\
+               location /if/ {{ alias html/; if ($arg_slow) {{ limit_rate 100k; }} }}\n\
+               location /proxied/ {{ limit_rate 100k; proxy_pass http://127.0.0.1:{backend}/; }}\n\
+             }}\n\
+             }}\n"
+        ),
+    );
+    // 300 KB at 100 KB/s: the third 100 KB may go in the third second.
+    for path in [
+        "/plain/f.bin",
+        "/sendfile/f.bin",
+        "/if/f.bin?slow=1",
+        "/proxied/f.bin",
+    ] {
+        let secs = timed_download(&s, path, &data);
+        assert!(secs >= 1.5, "{} took {:.2} s", path, secs);
+    }
+    // Not limited: the same bytes (no lower bound to check).
+    timed_download(&s, "/after/f.bin", &data);
+    timed_download(&s, "/if/f.bin", &data);
+}

@@ -441,6 +441,15 @@ fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
             d,
         ));
     };
+    // nginx's $limit_rate changes the response's rate when set; tern
+    // paces only by the `limit_rate` directive, so setting it would do
+    // nothing: refused rather than silently ignored.
+    if name == "limit_rate" {
+        return Err(ConfError::at(
+            "setting \"$limit_rate\" is not supported by tern yet, use the \"limit_rate\" directive",
+            d,
+        ));
+    }
     if crate::http::vars::VarTable::default()
         .lookup(name)
         .is_some()
