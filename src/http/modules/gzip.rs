@@ -253,14 +253,7 @@ fn set_disable(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
         let re = RegexBuilder::new(&a.value)
             .case_insensitive(true)
             .build()
-            .map_err(|e| {
-                let msg = e.to_string();
-                let last = msg.lines().last().unwrap_or("").trim().to_string();
-                ConfError::at(
-                    format!("pcre2_compile() failed: {} in \"{}\"", last, a.value),
-                    d,
-                )
-            })?;
+            .map_err(|e| crate::config::registry::regex_failed(d, &a.value, &e))?;
         list.push(re);
     }
     l.modules.gzip.disable = Some(Arc::new(list));

@@ -757,11 +757,7 @@ fn cookie_match(
         let re = regex::bytes::RegexBuilder::new(r)
             .case_insensitive(caseless)
             .build()
-            .map_err(|e| {
-                let msg = e.to_string();
-                let last = msg.lines().last().unwrap_or("").trim().to_string();
-                ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", last, r), d)
-            })?;
+            .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
         return Ok(CookieMatch::Regex(re));
     }
     let a = if domain {

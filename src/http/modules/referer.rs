@@ -90,16 +90,7 @@ fn set_valid_referers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
                 let re = regex::RegexBuilder::new(&s[1..])
                     .case_insensitive(true)
                     .build()
-                    .map_err(|e| {
-                        ConfError::at(
-                            format!(
-                                "pcre2_compile() failed: {} in \"{}\"",
-                                e.to_string().lines().last().unwrap_or(""),
-                                &s[1..]
-                            ),
-                            d,
-                        )
-                    })?;
+                    .map_err(|e| crate::config::registry::regex_failed(d, &s[1..], &e))?;
                 v.regexes.push(re);
             }
             _ => {

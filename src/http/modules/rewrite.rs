@@ -489,11 +489,7 @@ fn compile_regex(d: &Directive, r: &str, caseless: bool, cx: &mut Compiler) -> C
     let re = regex::bytes::RegexBuilder::new(r)
         .case_insensitive(caseless)
         .build()
-        .map_err(|e| {
-            let msg = e.to_string();
-            let last = msg.lines().last().unwrap_or("").trim().to_string();
-            ConfError::at(format!("pcre2_compile() failed: {} in \"{}\"", last, r), d)
-        })?;
+        .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
     // Named captures become variables, as with PCRE in nginx.
     for name in re.capture_names().flatten() {
         cx.vars.define(name);
