@@ -546,3 +546,42 @@ pub fn wait_log(p: &Prefix, rel: &str, substr: &str) -> String {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `tern -t` on a configuration text written to a fresh prefix.
+pub struct ConfTest {
+    pub stderr: String,
+    pub file: PathBuf,
+    pub code: Option<i32>,
+    _prefix: Prefix,
+}
+
+impl ConfTest {
+    pub fn run(text: &str) -> ConfTest {
+        let p = Prefix::new();
+        let file = p.write("conf/t.conf", text);
+        let o = p.run(&["-t", "-c", file.to_str().unwrap_or("")]);
+        ConfTest {
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+            file,
+            code: o.status.code(),
+            _prefix: p,
+        }
+    }
+
+    /// Asserts the line `tern: [LEVEL] MSG in FILE:LINE` was printed.
+    pub fn assert_says(&self, level: &str, msg: &str, line: u32) {
+        let want = format!(
+            "tern: [{}] {} in {}:{}\n",
+            level,
+            msg,
+            self.file.display(),
+            line
+        );
+        assert!(
+            self.stderr.contains(&want),
+            "{}\nwanted: {}",
+            self.stderr,
+            want
+        );
+    }
+}

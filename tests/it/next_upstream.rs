@@ -3,7 +3,9 @@
 //! none is left, and `$upstream_status`/`$upstream_addr` along the way,
 //! compared with the real nginx on the same configuration.
 
-use crate::harness::{free_port, nginx_installed, raw, start_nginx, Prefix, Resp, Server};
+use crate::harness::{
+    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+};
 
 /// Backends (fixed ports, the same for nginx and tern): A answers 502,
 /// A2 503, C 404, B 200; `dead` has nothing listening.
@@ -149,33 +151,15 @@ fn proxy_next_upstream_values_are_checked_as_nginx_does() {
         ),
     ];
     for (d, msg) in cases {
-        let p = Prefix::new();
-        let f = p.write(
-            "conf/t.conf",
-            format!(
-                "events {{}}\nhttp {{ server {{ location / {{ {} proxy_pass http://127.0.0.1:1; }} }} }}\n",
-                d
-            ),
-        );
-        let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        let want = format!("tern: [emerg] {} in {}:2\n", msg, f.display());
-        assert!(err.contains(&want), "{}\nwanted: {}", err, want);
+        ConfTest::run(&format!(
+            "events {{}}\nhttp {{ server {{ location / {{ {} proxy_pass http://127.0.0.1:1; }} }} }}\n",
+            d
+        ))
+        .assert_says("emerg", msg, 2);
     }
-    let p = Prefix::new();
-    let f = p.write(
-        "conf/t.conf",
+    let t = ConfTest::run(
         "events {}\nhttp { server { location / { proxy_next_upstream error error; proxy_pass http://127.0.0.1:1; } } }\n",
     );
-    let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains(&format!(
-            "tern: [warn] duplicate value \"error\" in {}:2\n",
-            f.display()
-        )),
-        "{}",
-        err
-    );
-    assert_eq!(o.status.code(), Some(0));
+    t.assert_says("warn", "duplicate value \"error\"", 2);
+    assert_eq!(t.code, Some(0));
 }

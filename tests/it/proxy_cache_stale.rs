@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::harness::{free_port, nginx_installed, raw, start_nginx, Prefix, Resp, Server};
+use crate::harness::{
+    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+};
 use crate::origin::Origin;
 
 /// Status, `$upstream_cache_status` and body of one GET.
@@ -514,17 +516,10 @@ fn new_cache_directives_are_checked_as_nginx() {
         ),
     ];
     for (d, msg) in cases {
-        let p = Prefix::new();
-        let f = p.write(
-            "conf/t.conf",
-            format!(
-                "events {{}}\nhttp {{ server {{ location / {{ {} proxy_pass http://127.0.0.1:1; }} }} }}\n",
-                d
-            ),
-        );
-        let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        let want = format!("tern: [emerg] {} in {}:2\n", msg, f.display());
-        assert!(err.contains(&want), "{}\nwanted: {}", err, want);
+        ConfTest::run(&format!(
+            "events {{}}\nhttp {{ server {{ location / {{ {} proxy_pass http://127.0.0.1:1; }} }} }}\n",
+            d
+        ))
+        .assert_says("emerg", msg, 2);
     }
 }

@@ -7,7 +7,9 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use crate::harness::{free_port, nginx_installed, raw, start_nginx, Prefix, Resp, Server};
+use crate::harness::{
+    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+};
 
 /// Status, the Set-Cookie lines and the body of a GET.
 fn cookies(port: u16, path: &str) -> String {
@@ -287,18 +289,11 @@ fn more_proxy_directives_are_checked_as_nginx() {
         err
     );
     for (d, msg) in cases {
-        let p = Prefix::new();
-        let f = p.write(
-            "conf/t.conf",
-            format!(
-                "events {{}}\nhttp {{ server {{ location / {{ {} proxy_pass http://127.0.0.1:1; }} }} }}\n",
-                d
-            ),
-        );
-        let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        let want = format!("tern: [emerg] {} in {}:2\n", msg, f.display());
-        assert!(err.contains(&want), "{}\nwanted: {}", err, want);
+        ConfTest::run(&format!(
+            "events {{}}\nhttp {{ server {{ location / {{ {} proxy_pass http://127.0.0.1:1; }} }} }}\n",
+            d
+        ))
+        .assert_says("emerg", msg, 2);
     }
 }
 

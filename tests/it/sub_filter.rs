@@ -4,7 +4,7 @@
 //! are left alone.
 
 use crate::differential::{exchange, fix_times, normalize};
-use crate::harness::{free_port, nginx_installed, start_nginx, Prefix, Server};
+use crate::harness::{free_port, nginx_installed, start_nginx, ConfTest, Prefix, Server};
 
 fn site(p: &Prefix) {
     p.write(
@@ -148,14 +148,10 @@ fn sub_filter_errors_are_nginx_s() {
             "invalid value \"maybe\" in \"sub_filter_once\" directive, it must be \"on\" or \"off\"",
         ),
     ] {
-        let p = Prefix::new();
-        let f = p.write(
-            "conf/t.conf",
-            format!("events {{}}\nhttp {{ server {{ location / {{ {} }} }} }}\n", d),
-        );
-        let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        let want = format!("tern: [emerg] {} in {}:2\n", msg, f.display());
-        assert!(err.contains(&want), "{}\nwanted: {}", err, want);
+        ConfTest::run(&format!(
+            "events {{}}\nhttp {{ server {{ location / {{ {} }} }} }}\n",
+            d
+        ))
+        .assert_says("emerg", msg, 2);
     }
 }

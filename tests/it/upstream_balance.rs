@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::harness::{free_port, nginx_installed, raw, start_nginx, Prefix, Resp, Server};
+use crate::harness::{
+    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+};
 
 /// Four backends answering their number, and a front with one location
 /// per method. Backend ports are fixed in the text so that nginx and tern
@@ -273,29 +275,14 @@ fn balancing_errors_are_nginx_s() {
         ),
     ];
     for (ups, msg) in cases {
-        let p = Prefix::new();
-        let f = p.write("conf/t.conf", format!("events {{}}\nhttp {{ {} }}\n", ups));
-        let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        let want = format!("tern: [emerg] {} in {}:2\n", msg, f.display());
-        assert!(err.contains(&want), "{}\nwanted: {}", err, want);
-        assert_eq!(o.status.code(), Some(1));
+        let t = ConfTest::run(&format!("events {{}}\nhttp {{ {} }}\n", ups));
+        t.assert_says("emerg", msg, 2);
+        assert_eq!(t.code, Some(1));
     }
     // A second method is a warning, as in nginx; the last one counts.
-    let p = Prefix::new();
-    let f = p.write(
-        "conf/t.conf",
+    let t = ConfTest::run(
         "events {}\nhttp { upstream u { random two; ip_hash; server 127.0.0.1:1; } }\n",
     );
-    let o = p.run(&["-t", "-c", f.to_str().unwrap_or("")]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains(&format!(
-            "tern: [warn] load balancing method redefined in {}:2\n",
-            f.display()
-        )),
-        "{}",
-        err
-    );
-    assert_eq!(o.status.code(), Some(0));
+    t.assert_says("warn", "load balancing method redefined", 2);
+    assert_eq!(t.code, Some(0));
 }
