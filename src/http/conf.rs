@@ -88,6 +88,20 @@ pub enum ServerName {
     Regex(Regex),
 }
 
+impl ServerName {
+    /// Whether a lowercase `host` is this name (any kind of it).
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            ServerName::Exact(e) => e == host,
+            ServerName::Leading { suffix, also_bare } => {
+                host.ends_with(suffix.as_str()) || (*also_bare && host == &suffix[1..])
+            }
+            ServerName::Trailing(prefix) => host.starts_with(prefix.as_str()),
+            ServerName::Regex(re) => re.is_match(host.as_bytes()),
+        }
+    }
+}
+
 /// Server-level configuration (also set at http level as the default).
 #[derive(Debug, Clone, Default)]
 pub struct SrvConf {

@@ -33,21 +33,9 @@ pub const DIRECTIVES: &[Spec] = &[Spec {
 pub const VARS: &[&str] = &["invalid_referer"];
 
 #[derive(Debug)]
-enum Host {
-    Exact(String),
-    /// `.example.com` stored for `*.example.com` (and `.example.com`,
-    /// which also matches `example.com`).
-    Leading {
-        suffix: String,
-        also_bare: bool,
-    },
-    /// `www.example.` for `www.example.*`.
-    Trailing(String),
-}
-
-#[derive(Debug)]
 struct Entry {
-    host: Host,
+    /// Never a regex: `~` entries go to `Valid::regexes`.
+    host: ServerName,
     /// The URI prefix the path must start with (`example.org/pics/`).
     uri: Option<String>,
 }
@@ -100,21 +88,21 @@ fn set_valid_referers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
                 };
                 let host = host.to_ascii_lowercase();
                 let host = if let Some(rest) = host.strip_prefix("*.") {
-                    Host::Leading {
+                    ServerName::Leading {
                         suffix: format!(".{}", rest),
                         also_bare: false,
                     }
                 } else if host.starts_with('.') && host.len() > 1 {
-                    Host::Leading {
+                    ServerName::Leading {
                         suffix: host,
                         also_bare: true,
                     }
                 } else if let Some(rest) = host.strip_suffix(".*") {
-                    Host::Trailing(format!("{}.", rest))
+                    ServerName::Trailing(format!("{}.", rest))
                 } else if host.contains('*') {
                     return Err(ConfError::at(format!("invalid referer \"{}\"", s), d));
                 } else {
-                    Host::Exact(host)
+                    ServerName::Exact(host)
                 };
                 v.entries.push(Entry { host, uri });
             }
@@ -124,46 +112,27 @@ fn set_valid_referers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
     Ok(())
 }
 
-/// Where a host is found among `entries`: `None` if nowhere, else the
-/// entry's URI prefix (`Some(None)`: none to check).
+/// Where a host is found among `entries` (exact, then the longest
+/// leading, then the longest trailing wildcard): `None` if nowhere, else
+/// the entry's URI prefix (`Some(None)`: none to check).
 fn lookup<'e>(entries: &'e [Entry], host: &str) -> Option<Option<&'e str>> {
-    let mut best: Option<(&Entry, usize)> = None;
-    if let Some(e) = entries
-        .iter()
-        .find(|e| matches!(&e.host, Host::Exact(h) if h == host))
-    {
-        return Some(e.uri.as_deref());
-    }
-    for e in entries {
-        if let Host::Leading { suffix, also_bare } = &e.host {
-            let hit = host.ends_with(suffix.as_str()) || (*also_bare && host == &suffix[1..]);
-            if hit && best.is_none_or(|(_, l)| suffix.len() > l) {
-                best = Some((e, suffix.len()));
-            }
-        }
-    }
-    if best.is_none() {
-        for e in entries {
-            if let Host::Trailing(prefix) = &e.host {
-                if host.starts_with(prefix.as_str()) && best.is_none_or(|(_, l)| prefix.len() > l) {
-                    best = Some((e, prefix.len()));
-                }
-            }
-        }
-    }
-    best.map(|(e, _)| e.uri.as_deref())
-}
-
-/// Whether the server's own names (`server_names`) take `host`.
-fn server_name_matches(names: &[ServerName], host: &str) -> bool {
-    names.iter().any(|n| match n {
-        ServerName::Exact(e) => e == host,
-        ServerName::Leading { suffix, also_bare } => {
-            host.ends_with(suffix.as_str()) || (*also_bare && host == &suffix[1..])
-        }
-        ServerName::Trailing(prefix) => host.starts_with(prefix.as_str()),
-        ServerName::Regex(re) => re.is_match(host.as_bytes()),
-    })
+    let wildcard_len = |e: &Entry| match &e.host {
+        ServerName::Leading { suffix, .. } => suffix.len(),
+        ServerName::Trailing(prefix) => prefix.len(),
+        _ => 0,
+    };
+    let best = |kind: fn(&ServerName) -> bool| {
+        // The first of equals wins (max_by_key keeps the last).
+        entries
+            .iter()
+            .rev()
+            .filter(|e| kind(&e.host) && e.host.matches(host))
+            .max_by_key(|e| wildcard_len(e))
+    };
+    best(|n| matches!(n, ServerName::Exact(_)))
+        .or_else(|| best(|n| matches!(n, ServerName::Leading { .. })))
+        .or_else(|| best(|n| matches!(n, ServerName::Trailing(_))))
+        .map(|e| e.uri.as_deref())
 }
 
 fn invalid(cx: &Ctx<'_>, v: &Valid) -> bool {
@@ -201,7 +170,7 @@ fn invalid(cx: &Ctx<'_>, v: &Valid) -> bool {
             .map_or(&b""[..], |i| &rest[end + i..]);
         return !path.starts_with(uri.as_bytes());
     }
-    if v.server_names && server_name_matches(&cx.server.srv.names, &host) {
+    if v.server_names && cx.server.srv.names.iter().any(|n| n.matches(&host)) {
         return false;
     }
     let text = String::from_utf8_lossy(rest);
