@@ -381,7 +381,7 @@ async fn request<S: Stream>(
         }
         HeadResult::Reject(r) => {
             info.requests += 1;
-            Box::pin(reject_and_close(stream, &addr, info, r)).await;
+            Box::pin(reject_and_close(stream, http, &addr, info, shared, r)).await;
             return false;
         }
     };
@@ -399,12 +399,24 @@ async fn request<S: Stream>(
     let req = match request::parse_head(head, dsrv) {
         Ok(r) => r,
         Err(r) => {
-            Box::pin(reject_and_close(stream, &addr, info, r)).await;
+            Box::pin(reject_and_close(stream, http, &addr, info, shared, r)).await;
             return false;
         }
     };
     let server = addr.select(req.host()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    for bad in req.invalid_lines() {
+        cx.logger().log(
+            Level::Info,
+            Some(info.id),
+            format_args!(
+                "client sent invalid header line: \"{}\" while reading client request headers{}{}",
+                String::from_utf8_lossy(bad),
+                cx.log_request_ctx(),
+                cx.log_host_ctx()
+            ),
+        );
+    }
     // A handler that needs the body (proxy_pass) reads it through this;
     // the read buffer comes back after the phases (see http::body).
     if req.content_length.is_some_and(|n| n > 0) || req.chunked {
@@ -477,8 +489,11 @@ async fn request<S: Stream>(
                     status: 400,
                     log: "client sent invalid chunked body",
                     line: Some(req.line().to_vec()),
+                    in_headers: true,
+                    host: req.header("host").map(<[u8]>::to_vec),
+                    http09: false,
                 };
-                Box::pin(reject_and_close(stream, &addr, info, r)).await;
+                Box::pin(reject_and_close(stream, http, &addr, info, shared, r)).await;
                 return false;
             }
             Err(DiscardError::Io) => return false,
@@ -498,7 +513,7 @@ async fn request<S: Stream>(
         stream,
         &mut resp,
         &loc,
-        req.minor,
+        if req.http09 { 9 } else { req.minor },
         keepalive,
         head_only,
         &mut cx.sent,
@@ -617,6 +632,14 @@ async fn read_head<S: Stream>(
         if let Some(r) = check_limits(buf, large, limit) {
             return HeadResult::Reject(r);
         }
+        // As nginx, a request line is judged as soon as it is there (a
+        // TLS hello on a plain port is refused at once), and one without
+        // a version (HTTP/0.9) is the whole head.
+        match request::parse_line(buf) {
+            Err(r) => return HeadResult::Reject(r),
+            Ok(Some(l)) if l.minor == 9 => return HeadResult::Head(l.next),
+            Ok(_) => {}
+        }
         if buf.capacity() - buf.len() < 512 {
             buf.reserve(if buf.capacity() == 0 {
                 small
@@ -660,7 +683,7 @@ fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
         return Some(Reject {
             status: 414,
             log: "client sent too long URI",
-            line: None,
+            ..Default::default()
         });
     }
     let first_nl = first_nl?;
@@ -682,6 +705,8 @@ fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
             status: 494,
             log: "client sent too long header line",
             line: Some(line.to_vec()),
+            in_headers: true,
+            ..Default::default()
         });
     }
     None
@@ -711,16 +736,65 @@ fn head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
     None
 }
 
-async fn reject_and_close<S: Stream>(stream: &S, addr: &AddrConf, info: &ConnInfo, r: Reject) {
-    let loc = &addr.default.conf;
-    let level = Level::Info;
-    log_conn(loc, level, info, r.log);
+/// Answers a head that was refused and closes, as nginx finalises such a
+/// request: the error log says why (and while reading what), the answer
+/// is the status's page with the server's `add_header ... always` lines,
+/// and the access log has the request as far as it was read.
+async fn reject_and_close<S: Stream>(
+    stream: &S,
+    http: &Arc<crate::http::conf::HttpConf>,
+    addr: &AddrConf,
+    info: &ConnInfo,
+    shared: &Arc<WorkerShared>,
+    r: Reject,
+) {
+    let line = r.line.as_deref().unwrap_or_default();
+    let req = Request::refused(line, r.host.as_deref());
+    // The server the Host names once the headers were read, else the
+    // listener's default one.
+    let server = match req.host() {
+        Some(h) => addr.select(Some(h)).clone(),
+        None => addr.default.clone(),
+    };
+    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    let (reading, host) = if r.in_headers {
+        ("headers", cx.log_host_ctx())
+    } else {
+        ("line", String::new())
+    };
+    cx.logger().log(
+        Level::Info,
+        Some(info.id),
+        format_args!(
+            "{} while reading client request {}{}{}",
+            r.log,
+            reading,
+            cx.log_request_ctx(),
+            host
+        ),
+    );
+    let loc = cx.loc.clone();
     let mut resp = Response::status(r.status);
-    response::special_response(&mut resp, loc);
+    response::special_response(&mut resp, &loc);
+    crate::http::modules::headers::apply(&mut cx, &mut resp);
     // Once the request line is known, a HEAD gets no body even here.
-    let head_only = r.line.as_ref().is_some_and(|l| l.starts_with(b"HEAD "));
-    let _ = write_response_raw(stream, &resp, loc, 1, false, head_only).await;
-    linger(stream, loc).await;
+    let head_only = line.starts_with(b"HEAD ") && !r.http09;
+    let minor = if r.http09 { 9 } else { 1 };
+    let _ = write_response(
+        stream,
+        &mut resp,
+        &loc,
+        minor,
+        false,
+        head_only,
+        &mut cx.sent,
+    )
+    .await;
+    cx.sent.status = crate::http::status::wire_code(r.status);
+    crate::http::modules::stub_status::metrics::record_response(r.status, cx.sent.bytes);
+    crate::http::modules::log_phase(&cx);
+    drop(cx);
+    linger(stream, &loc).await;
 }
 
 pub(crate) fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
@@ -900,22 +974,6 @@ fn take_head_buf() -> Vec<u8> {
 fn recycle_head_buf(v: Vec<u8>) {
     if v.capacity() <= 4096 {
         HEAD_BUF.set(v);
-    }
-}
-
-async fn write_response_raw<S: Stream>(
-    stream: &S,
-    resp: &Response,
-    loc: &LocConf,
-    minor: u8,
-    keepalive: bool,
-    head_only: bool,
-) -> io::Result<()> {
-    let mut head = Vec::with_capacity(256);
-    response::write_head(&mut head, resp, loc, minor, keepalive);
-    match &resp.body {
-        Body::Bytes(b) if !head_only => write_all(stream, &[&head, b], loc).await,
-        _ => write_all(stream, &[&head], loc).await,
     }
 }
 

@@ -674,11 +674,7 @@ impl VarCtx for Ctx<'_> {
             Var::ServerAddr => push_addr(out, self.conn.local, false),
             Var::ServerPort => push_addr(out, self.conn.local, true),
             Var::ServerName => out.extend_from_slice(self.server_name().as_bytes()),
-            Var::ServerProtocol => out.extend_from_slice(if r.minor == 0 {
-                b"HTTP/1.0"
-            } else {
-                b"HTTP/1.1"
-            }),
+            Var::ServerProtocol => out.extend_from_slice(r.proto()),
             Var::Scheme => out.extend_from_slice(if self.conn.tls.info().is_some() {
                 b"https"
             } else {

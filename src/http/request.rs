@@ -100,8 +100,10 @@ fn name_is(name: &[u8], lname: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Request {
     pub method: Method,
-    /// 9 (HTTP/0.9 is refused), 10 or 11.
+    /// 0 (HTTP/1.0 and 0.9) or 1 (1.1 and any later 1.x).
     pub minor: u8,
+    /// An HTTP/0.9 request (`GET /path` alone): answered with the body only.
+    pub http09: bool,
     pub content_length: Option<u64>,
     pub chunked: bool,
     pub keepalive: bool,
@@ -112,10 +114,16 @@ pub struct Request {
     method_raw: Span,
     line: Span,
     raw_uri: Span,
+    /// `HTTP/x.y` as sent, up to the end of the line (`$server_protocol`);
+    /// empty for HTTP/0.9.
+    proto: Span,
     uri: Span,
     args: Option<Span>,
     host: Option<Span>,
     headers: Vec<Hdr>,
+    /// Header lines left out as invalid (`ignore_invalid_headers`), which
+    /// nginx reports in the error log.
+    invalid: Vec<Span>,
 }
 
 impl Request {
@@ -130,9 +138,84 @@ impl Request {
         self.line.get(&self.buf)
     }
 
-    /// The target as sent (`$request_uri`).
+    /// The target as sent, from its path on (`$request_uri`: an
+    /// absolute-form target loses its scheme and host, as in nginx).
     pub fn raw_uri(&self) -> &[u8] {
         self.raw_uri.get(&self.buf)
+    }
+
+    /// The protocol as sent (`$server_protocol`), empty for HTTP/0.9.
+    pub fn proto(&self) -> &[u8] {
+        self.proto.get(&self.buf)
+    }
+
+    /// Header lines left out as invalid, for the error log.
+    pub fn invalid_lines(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.invalid.iter().map(|s| s.get(&self.buf))
+    }
+
+    /// The request nginx logs for a head it refused: only the request
+    /// line (possibly empty) and, when it was read, the Host header.
+    pub fn refused(line: &[u8], host: Option<&[u8]>) -> Request {
+        let mut buf = line.to_vec();
+        let line_span = Span {
+            start: 0,
+            end: buf.len() as u32,
+        };
+        let method_len = line
+            .iter()
+            .take_while(|c| c.is_ascii_uppercase() || **c == b'_' || **c == b'-')
+            .count();
+        let mut host_span = None;
+        let headers = match host {
+            Some(h) => {
+                let start = buf.len() as u32;
+                buf.extend_from_slice(b"Host");
+                let vstart = buf.len() as u32;
+                buf.extend_from_slice(h);
+                let hdr_end = buf.len();
+                if let Some(v) = validate_host(h) {
+                    let hs = buf.len();
+                    buf.extend_from_slice(v);
+                    buf[hs..].make_ascii_lowercase();
+                    host_span = Some(Span {
+                        start: hs as u32,
+                        end: buf.len() as u32,
+                    });
+                }
+                vec![Hdr {
+                    name: Span { start, end: vstart },
+                    value: Span {
+                        start: vstart,
+                        end: hdr_end as u32,
+                    },
+                }]
+            }
+            None => Vec::new(),
+        };
+        Request {
+            method: Method::Other,
+            minor: 1,
+            http09: false,
+            content_length: None,
+            chunked: false,
+            keepalive: false,
+            expect_continue: false,
+            head_len: 0,
+            method_raw: Span {
+                start: 0,
+                end: method_len as u32,
+            },
+            line: line_span,
+            raw_uri: Span::default(),
+            proto: Span::default(),
+            uri: Span::default(),
+            args: None,
+            host: host_span,
+            headers,
+            invalid: Vec::new(),
+            buf,
+        }
     }
 
     /// Decoded, normalised path (`$uri` before any rewrite).
@@ -169,12 +252,19 @@ impl Request {
 }
 
 /// Why a head was refused: the status to answer and the error-log text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Reject {
     pub status: u16,
     pub log: &'static str,
     /// The request line, when it was parsed (for the log line and `$request`).
     pub line: Option<Vec<u8>>,
+    /// Refused while reading the headers (else the request line): nginx
+    /// says which in the error log, and then knows the Host.
+    pub in_headers: bool,
+    /// The Host header, when one was read (server choice and the log).
+    pub host: Option<Vec<u8>>,
+    /// Refused as an HTTP/0.9 request: the answer has no head.
+    pub http09: bool,
 }
 
 fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
@@ -182,6 +272,222 @@ fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
         status,
         log,
         line: line.map(<[u8]>::to_vec),
+        in_headers: line.is_some(),
+        host: None,
+        http09: false,
+    }
+}
+
+/// A refusal of the request line: `buf` is what has arrived of it, and
+/// nginx logs the line as far as it goes (empty while no line end came).
+fn line_reject(status: u16, log: &'static str, buf: &[u8]) -> Reject {
+    let line = memchr::memchr(b'\n', buf).map_or(&b""[..], |nl| trim_cr(&buf[..nl]));
+    Reject {
+        status,
+        log,
+        line: Some(line.to_vec()),
+        in_headers: false,
+        host: None,
+        http09: false,
+    }
+}
+
+/// The parts of a request line, as offsets into the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line {
+    method_end: usize,
+    target: (usize, usize),
+    /// `HTTP/...` up to the line end; None for HTTP/0.9.
+    proto: Option<(usize, usize)>,
+    /// 0, 1 (any 1.x above 1.0 is served as 1.1) or 9.
+    pub minor: u8,
+    /// The end of the line's text (before CR LF).
+    text_end: usize,
+    /// Where the headers start (after the line's LF).
+    pub next: usize,
+}
+
+/// Parses the request line at the start of `buf` by nginx's rules: a
+/// method of upper-case letters, `_` and `-`; one or more spaces; a target
+/// that starts with `/` or a scheme and holds no controls or spaces; and
+/// either the line end (HTTP/0.9, GET only) or spaces, `HTTP/1.N` and
+/// optional spaces. A major version above 1 is 505; anything else wrong
+/// is 400. `Ok(None)`: valid so far, the line has not ended yet (so a
+/// connection can be refused as soon as its first bytes are wrong).
+pub fn parse_line(buf: &[u8]) -> Result<Option<Line>, Reject> {
+    let bad = |log| Err(line_reject(400, log, buf));
+    let method_end = buf
+        .iter()
+        .position(|c| !(c.is_ascii_uppercase() || *c == b'_' || *c == b'-'))
+        .unwrap_or(buf.len());
+    let Some(&after_method) = buf.get(method_end) else {
+        return Ok(None);
+    };
+    if method_end == 0 || after_method != b' ' {
+        return bad("client sent invalid method");
+    }
+    let mut i = method_end;
+    while buf.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(c) if *c == b'/' || c.is_ascii_alphabetic() => {}
+        Some(_) => return bad("client sent invalid request"),
+    }
+    let target_start = i;
+    while let Some(&c) = buf.get(i) {
+        if c == b' ' || c == b'\r' || c == b'\n' {
+            break;
+        }
+        if c < 0x20 || c == 0x7f {
+            return bad("client sent invalid request");
+        }
+        i += 1;
+    }
+    let target = (target_start, i);
+    while buf.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    // The line end: LF or CR LF; None while it has not arrived.
+    let eol = |j: usize| -> Result<Option<usize>, Reject> {
+        match (buf.get(j), buf.get(j + 1)) {
+            (Some(b'\n'), _) => Ok(Some(j + 1)),
+            (Some(b'\r'), Some(b'\n')) => Ok(Some(j + 2)),
+            (Some(b'\r'), None) | (None, _) => Ok(None),
+            _ => Err(line_reject(400, "client sent invalid request", buf)),
+        }
+    };
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(b'\r') | Some(b'\n') => {
+            let Some(next) = eol(i)? else { return Ok(None) };
+            if &buf[..method_end] != b"GET" {
+                let mut r = line_reject(400, "client sent invalid method in HTTP/0.9 request", buf);
+                r.http09 = true;
+                return Err(r);
+            }
+            return Ok(Some(Line {
+                method_end,
+                target,
+                proto: None,
+                minor: 9,
+                text_end: target.1,
+                next,
+            }));
+        }
+        Some(_) => {}
+    }
+    let proto_start = i;
+    let rest = &buf[i..];
+    if rest.len() < 5 {
+        return if b"HTTP/".starts_with(rest) {
+            Ok(None)
+        } else {
+            bad("client sent invalid request")
+        };
+    }
+    if !rest.starts_with(b"HTTP/") {
+        return bad("client sent invalid request");
+    }
+    i += 5;
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(b'1'..=b'9') => {}
+        Some(_) => return bad("client sent invalid request"),
+    }
+    let mut major: u32 = 0;
+    while let Some(c @ b'0'..=b'9') = buf.get(i) {
+        major = (major * 10 + u32::from(c - b'0')).min(1000);
+        i += 1;
+    }
+    if major > 1 {
+        // nginx refuses it as soon as the major version is known.
+        return Err(line_reject(505, "client sent invalid version", buf));
+    }
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(b'.') => i += 1,
+        Some(_) => return bad("client sent invalid request"),
+    }
+    let minor_start = i;
+    let mut minor: u32 = 0;
+    while let Some(c @ b'0'..=b'9') = buf.get(i) {
+        minor = (minor * 10 + u32::from(c - b'0')).min(1000);
+        i += 1;
+    }
+    if i == buf.len() {
+        return Ok(None);
+    }
+    if i == minor_start {
+        return bad("client sent invalid request");
+    }
+    while buf.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    let text_end = i;
+    match eol(i)? {
+        None if i < buf.len() && buf[i] != b'\r' => bad("client sent invalid request"),
+        None => Ok(None),
+        Some(next) => Ok(Some(Line {
+            method_end,
+            target,
+            proto: Some((proto_start, text_end)),
+            minor: minor.min(1) as u8,
+            text_end,
+            next,
+        })),
+    }
+}
+
+/// One header line as nginx reads it, or why it is refused.
+enum HeaderLine<'b> {
+    Header(&'b [u8], &'b [u8]),
+    /// A name with characters nginx does not accept (left out under
+    /// `ignore_invalid_headers`): the whole line.
+    Invalid(&'b [u8], &'b [u8], &'b [u8]),
+}
+
+/// Reads the header lines of `block` (ending with the blank line) by
+/// nginx's rules, for heads httparse refuses: a name may not hold spaces,
+/// controls or NUL (400); other characters outside letters, digits, `-`
+/// (and `_` with `underscores_in_headers`) make the line invalid; a line
+/// without a colon is a header with an empty value; a value may hold any
+/// byte but NUL, CR and LF; a line may not start with white space.
+fn lenient_headers(block: &[u8], underscores: bool) -> Result<Vec<HeaderLine<'_>>, ()> {
+    let mut out = Vec::new();
+    let mut rest = block;
+    loop {
+        let nl = memchr::memchr(b'\n', rest).ok_or(())?;
+        let line = trim_cr(&rest[..nl]);
+        rest = &rest[nl + 1..];
+        if line.is_empty() {
+            return Ok(out);
+        }
+        if line.contains(&b'\r') || line.contains(&0) {
+            return Err(());
+        }
+        let (name, value) = match memchr::memchr(b':', line) {
+            Some(c) => (&line[..c], &line[c + 1..]),
+            // (An empty value within the line: parts are ranges of the head.)
+            None => (line, &line[line.len()..]),
+        };
+        if name.is_empty() || name.iter().any(|&c| c <= 0x20 || c == 0x7f) {
+            return Err(());
+        }
+        let value = value.trim_ascii_start();
+        let value = match value.iter().rposition(|&c| c != b' ') {
+            Some(e) => &value[..=e],
+            None => &value[..0],
+        };
+        let valid = name
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
+        out.push(if valid {
+            HeaderLine::Header(name, value)
+        } else {
+            HeaderLine::Invalid(name, value, line)
+        });
     }
 }
 
@@ -195,51 +501,17 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         return Err(reject(400, "client sent invalid request", None));
     }
     let buf = head.as_slice();
-    // Uninitialised slots: 128 initialised headers would be a 4 KiB
-    // memset on every request.
-    let mut hdrs = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 128];
-    let mut req = httparse::Request::new(&mut []);
-    let status = req.parse_with_uninit_headers(buf, &mut hdrs);
-    let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
-    let line = trim_cr(&buf[..line_end]);
-    let head_len = match status {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return Err(reject(400, "client sent invalid request", None))
-        }
-        Err(httparse::Error::Version) => {
-            // nginx answers a well-formed version above 1.x with 505.
-            let status = if major_version_above_one(line) {
-                505
-            } else {
-                400
-            };
-            let log = if status == 505 {
-                "client sent unsupported HTTP version"
-            } else {
-                "client sent invalid request"
-            };
-            return Err(reject(status, log, None));
-        }
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(reject(494, "client sent too long header line", Some(line)))
-        }
-        Err(httparse::Error::Token) => return Err(reject(400, "client sent invalid method", None)),
-        Err(httparse::Error::HeaderName)
-        | Err(httparse::Error::HeaderValue)
-        | Err(httparse::Error::NewLine) => {
-            return Err(reject(400, "client sent invalid header line", Some(line)))
-        }
-        Err(_) => return Err(reject(400, "client sent invalid request", None)),
+    let line = match parse_line(buf)? {
+        Some(l) => l,
+        None => return Err(reject(400, "client sent invalid request", None)),
     };
-    let method_raw = req.method.unwrap_or("");
-    // nginx accepts only upper-case letters, `_` and `-` in a method.
-    if !method_raw
-        .bytes()
-        .all(|c| c.is_ascii_uppercase() || c == b'_' || c == b'-')
-    {
-        return Err(reject(400, "client sent invalid method", None));
-    }
+    let line_text = &buf[..line.text_end];
+    // HTTP/0.9 is served as 1.0 is (no keep-alive, no chunking), but
+    // its answer has no head.
+    let http09 = line.minor == 9;
+    let minor = if http09 { 0 } else { line.minor };
+    let head_len = buf.len();
+    let method_raw = std::str::from_utf8(&buf[..line.method_end]).unwrap_or("");
     let method = match method_raw {
         "GET" => Method::Get,
         "HEAD" => Method::Head,
@@ -249,17 +521,28 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         "OPTIONS" => Method::Options,
         _ => Method::Other,
     };
-    let minor = req.version.unwrap_or(0);
-    let raw_target = req.path.unwrap_or("").as_bytes();
-    // httparse's slices are of `buf`, so these always succeed.
+    let raw_target = &buf[line.target.0..line.target.1];
+    // The slices below are of `buf`, so these always succeed.
     let in_head = |part: &[u8]| {
         Span::within(buf, part).ok_or_else(|| reject(400, "client sent invalid request", None))
     };
     let method_raw = in_head(method_raw.as_bytes())?;
-    let raw_uri = in_head(raw_target)?;
-    let line_span = in_head(line)?;
+    let line_span = in_head(line_text)?;
+    let proto = match line.proto {
+        Some((a, b)) => in_head(&buf[a..b])?,
+        None => Span::default(),
+    };
     let target = uri::split_target(raw_target)
-        .map_err(|_| reject(400, "client sent invalid request", Some(line)))?;
+        .map_err(|_| line_reject(400, "client sent invalid request", buf))?;
+    // `$request_uri` starts at the path: an absolute-form target's scheme
+    // and host are not part of it.
+    let raw_uri = match target.host {
+        Some(h) => {
+            let from = (h.as_ptr() as usize - raw_target.as_ptr() as usize) + h.len();
+            in_head(&raw_target[from..])?
+        }
+        None => in_head(raw_target)?,
+    };
     let args = target.query.map(in_head).transpose()?;
     let merge = srv.merge_slashes.unwrap_or(true);
     // The path as sent when normalising would not change it (the usual
@@ -267,78 +550,160 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     let path = match Span::within(buf, target.path) {
         Some(p) if uri::is_normal(target.path, merge) => Ok(p),
         _ => Err(uri::normalize_path(target.path, merge)
-            .map_err(|_| reject(400, "client sent invalid request", Some(line)))?),
+            .map_err(|_| line_reject(400, "client sent invalid request", buf))?),
     };
     let mut host = match target.host {
         Some(h) => Some(in_head(validate_host(h).ok_or_else(|| {
-            reject(400, "client sent invalid host in request line", Some(line))
+            line_reject(400, "client sent invalid host in request line", buf)
         })?)?),
         None => None,
     };
     let underscores = srv.underscores_in_headers.unwrap_or(false);
     let ignore_invalid = srv.ignore_invalid_headers.unwrap_or(true);
-    let mut headers = Vec::with_capacity(req.headers.len());
+    let block = &buf[line.next..];
+    // httparse reads the usual head; what it refuses is read again by
+    // nginx's more lenient rules (and refused only where nginx refuses).
+    // (httparse reads the whole head: its line is one nginx accepts too.)
+    // Uninitialised slots: 128 initialised headers would be a 4 KiB
+    // memset on every request.
+    let mut hdrs = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 128];
+    let mut hreq = httparse::Request::new(&mut []);
+    let mut parsed: Vec<HeaderLine<'_>> = Vec::new();
+    let fast = if http09 {
+        Some(&[][..])
+    } else {
+        match hreq.parse_with_uninit_headers(buf, &mut hdrs) {
+            Ok(httparse::Status::Complete(_)) => Some(&*hreq.headers),
+            _ => None,
+        }
+    };
+    let fast = match fast {
+        Some(h) => h,
+        None => {
+            parsed = lenient_headers(block, underscores).map_err(|()| {
+                let mut r = reject(400, "client sent invalid header line", Some(line_text));
+                r.in_headers = true;
+                r
+            })?;
+            &[][..]
+        }
+    };
+    let lines = fast
+        .iter()
+        .map(|h| {
+            let name = h.name.as_bytes();
+            let valid = name
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
+            if valid {
+                HeaderLine::Header(name, h.value)
+            } else {
+                // The whole line, from the name to the value's end.
+                let end = h.value.as_ptr() as usize + h.value.len() - name.as_ptr() as usize;
+                let whole = buf
+                    .get(name.as_ptr() as usize - buf.as_ptr() as usize..)
+                    .and_then(|b| b.get(..end))
+                    .unwrap_or(name);
+                HeaderLine::Invalid(name, h.value, whole)
+            }
+        })
+        .chain(parsed);
+    let mut headers = Vec::with_capacity(fast.len());
+    let mut invalid = Vec::new();
     let mut content_length: Option<u64> = None;
     let mut te: Option<&[u8]> = None;
-    let mut seen_host = false;
+    let mut seen_host: Option<&[u8]> = None;
     let mut connection: Option<&[u8]> = None;
     let mut expect_continue = false;
     let mut seen_authorization = false;
-    for h in req.headers.iter() {
-        let name = h.name.as_bytes();
-        let valid_name = name
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
-        if !valid_name && ignore_invalid {
-            continue;
-        }
-        if name_is(name, "host") {
-            if seen_host {
-                return Err(reject(400, "client sent duplicate host header", Some(line)));
+    let hdr_reject = |log: &'static str, host: Option<&[u8]>| {
+        let mut r = reject(400, log, Some(line_text));
+        r.host = host.map(<[u8]>::to_vec);
+        r
+    };
+    for hl in lines {
+        let (name, value) = match hl {
+            HeaderLine::Header(n, v) => (n, v),
+            HeaderLine::Invalid(n, v, whole) => {
+                if ignore_invalid {
+                    invalid.push(in_head(whole)?);
+                    continue;
+                }
+                (n, v)
             }
-            seen_host = true;
-            let v = validate_host(h.value)
-                .ok_or_else(|| reject(400, "client sent invalid host header", Some(line)))?;
+        };
+        if name_is(name, "host") {
+            if seen_host.is_some() {
+                return Err(hdr_reject("client sent duplicate host header", seen_host));
+            }
+            seen_host = Some(value);
+            // nginx skips only spaces around a value: a tab there is
+            // part of the host, which makes it invalid.
+            let around = |a: usize, b: usize| buf.get(a..b).is_some_and(|g| g.contains(&b'\t'));
+            let (n_end, v_start) = (
+                name.as_ptr() as usize - buf.as_ptr() as usize + name.len(),
+                value.as_ptr() as usize - buf.as_ptr() as usize,
+            );
+            let v_end = v_start + value.len();
+            let line_end = memchr::memchr(b'\n', &buf[v_end..]).map_or(v_end, |i| v_end + i);
+            if around(n_end, v_start) || around(v_end, line_end) {
+                return Err(hdr_reject("client sent invalid host header", None));
+            }
+            let v = validate_host(value)
+                .ok_or_else(|| hdr_reject("client sent invalid host header", None))?;
             if host.is_none() {
                 host = Some(in_head(v)?);
             }
         } else if name_is(name, "content-length") {
             if content_length.is_some() {
-                return Err(reject(400, "client sent duplicate header line", Some(line)));
+                return Err(hdr_reject("client sent duplicate header line", seen_host));
             }
-            let s = std::str::from_utf8(h.value).ok().map(str::trim);
+            let s = std::str::from_utf8(value).ok().map(str::trim);
             let n = s
                 .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
                 .and_then(|s| s.parse::<i64>().ok())
                 .ok_or_else(|| {
-                    reject(
-                        400,
-                        "client sent invalid \"Content-Length\" header",
-                        Some(line),
-                    )
+                    hdr_reject("client sent invalid \"Content-Length\" header", seen_host)
                 })?;
             content_length = Some(n as u64);
         } else if name_is(name, "transfer-encoding") {
             if te.is_some() {
-                return Err(reject(400, "client sent duplicate header line", Some(line)));
+                return Err(hdr_reject("client sent duplicate header line", seen_host));
             }
-            te = Some(h.value);
+            te = Some(value);
         } else if name_is(name, "connection") {
-            connection = Some(h.value);
+            connection = Some(value);
         } else if name_is(name, "expect") {
-            expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
+            expect_continue = value.eq_ignore_ascii_case(b"100-continue");
         } else if name_is(name, "authorization") {
             // nginx keeps one Authorization header (auth_basic, $remote_user).
             if seen_authorization {
-                return Err(reject(400, "client sent duplicate header line", Some(line)));
+                return Err(hdr_reject("client sent duplicate header line", seen_host));
             }
             seen_authorization = true;
         }
         headers.push(Hdr {
             name: in_head(name)?,
-            value: in_head(h.value)?,
+            value: in_head(value)?,
         });
     }
+    let line = line_text;
+    // nginx refuses these once the headers are read (so the Host chose
+    // the server that answers).
+    if method_raw.get(buf) == b"TRACE" || method_raw.get(buf) == b"CONNECT" {
+        let mut r = hdr_reject(
+            if method_raw.get(buf) == b"TRACE" {
+                "client sent TRACE method"
+            } else {
+                "client sent CONNECT method"
+            },
+            seen_host,
+        );
+        r.status = 405;
+        return Err(r);
+    }
+    let host_hdr = seen_host;
+    let seen_host = seen_host.is_some();
     if minor >= 1 && !seen_host && target.host.is_none() {
         return Err(reject(
             400,
@@ -349,25 +714,25 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     let mut chunked = false;
     if let Some(te) = te {
         if minor == 0 {
-            return Err(reject(
-                400,
+            let mut r = hdr_reject(
                 "client sent HTTP/1.0 request with \"Transfer-Encoding\" header",
-                Some(line),
-            ));
+                host_hdr,
+            );
+            r.status = 400;
+            return Err(r);
         }
         if !te.eq_ignore_ascii_case(b"chunked") {
-            return Err(reject(
-                501,
-                "client sent unknown \"Transfer-Encoding\"",
-                Some(line),
-            ));
+            let mut r = hdr_reject("client sent unknown \"Transfer-Encoding\"", host_hdr);
+            r.status = 501;
+            return Err(r);
         }
         if content_length.is_some() {
-            return Err(reject(
-                400,
+            let mut r = hdr_reject(
                 "client sent \"Content-Length\" and \"Transfer-Encoding\" headers at the same time",
-                Some(line),
-            ));
+                host_hdr,
+            );
+            r.status = 400;
+            return Err(r);
         }
         chunked = true;
     }
@@ -401,6 +766,7 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     Ok(Request {
         method,
         minor,
+        http09,
         content_length,
         chunked,
         keepalive,
@@ -410,10 +776,12 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         method_raw,
         line: line_span,
         raw_uri,
+        proto,
         uri,
         args,
         host,
         headers,
+        invalid,
     })
 }
 
@@ -424,22 +792,6 @@ fn appended(buf: &[u8], start: usize) -> Result<Span, Reject> {
         (Some(start), Some(end)) => Ok(Span { start, end }),
         _ => Err(reject(400, "client sent invalid request", None)),
     }
-}
-
-/// True for a request line ending in `HTTP/<major>.<minor>` with major > 1.
-fn major_version_above_one(line: &[u8]) -> bool {
-    let Some(sp) = memchr::memrchr(b' ', line) else {
-        return false;
-    };
-    let Some(v) = line[sp + 1..].strip_prefix(b"HTTP/") else {
-        return false;
-    };
-    let mut parts = v.splitn(2, |&c| c == b'.');
-    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    let digits = |d: &[u8]| !d.is_empty() && d.len() <= 3 && d.iter().all(u8::is_ascii_digit);
-    digits(major) && digits(minor) && major != b"1" && major != b"0"
 }
 
 fn contains_token(v: &[u8], tok: &[u8]) -> bool {
@@ -473,8 +825,10 @@ pub fn validate_host(h: &[u8]) -> Option<&[u8]> {
             }
             b'[' if i == 0 => in_brackets = true,
             b']' => in_brackets = false,
-            b'\0' | b'/' | b'\\' => return None,
-            c if c.is_ascii_control() => return None,
+            // As nginx: the path separator, spaces and controls (a
+            // backslash is an ordinary character).
+            b'/' => return None,
+            c if c <= b' ' || c == 0x7f => return None,
             _ => {}
         }
     }
@@ -535,7 +889,10 @@ mod tests {
         assert_eq!(r.uri(), b"/");
         assert_eq!(r.args(), None);
         assert_eq!(r.host(), Some(&b"foo.example"[..]));
-        assert_eq!(r.raw_uri(), b"http://Foo.example");
+        // `$request_uri` is from the path on: empty here, as nginx has it.
+        assert_eq!(r.raw_uri(), b"");
+        let r = parse("GET ftp://h:81/p?q HTTP/1.1\r\nHost: bar\r\n\r\n").unwrap();
+        assert_eq!(r.raw_uri(), b"/p?q");
     }
 
     #[test]

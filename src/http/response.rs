@@ -178,7 +178,7 @@ impl Response {
     pub fn chunked(&self, minor: u8) -> bool {
         self.content_length.is_none()
             && (!self.filters.is_empty() || matches!(self.body, Body::Stream(_)))
-            && minor >= 1
+            && minor == 1
     }
 }
 
@@ -214,8 +214,12 @@ pub fn special_response(resp: &mut Response, loc: &LocConf) {
     }
 }
 
-/// Serialises the head. `minor` is the request's HTTP minor version.
+/// Serialises the head. `minor` is the request's HTTP minor version (9
+/// for HTTP/0.9, which gets no head at all).
 pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, keepalive: bool) {
+    if minor == 9 {
+        return;
+    }
     // nginx answers 1.0 and 1.1 requests with an HTTP/1.1 status line.
     let code = match resp.status {
         494..=497 => 400,

@@ -34,8 +34,8 @@ fn is_forbidden(b: u8) -> bool {
     b <= 0x20 || b == 0x7f
 }
 
-/// Split an origin-form (`/p?q`) or absolute-form (`http://host[:port]/p?q`,
-/// scheme case-insensitive, `http` or `https`) target. Anything else -> BadUri.
+/// Split an origin-form (`/p?q`) or absolute-form (`scheme://host[:port]/p?q`,
+/// any scheme, as nginx) target. Anything else -> BadUri.
 /// Absolute-form with no path -> path `/`.
 pub fn split_target(raw: &[u8]) -> Result<Target<'_>, BadUri> {
     if raw.iter().any(|&b| is_forbidden(b)) {
@@ -74,8 +74,14 @@ fn split_path_query(s: &[u8]) -> (&[u8], Option<&[u8]>) {
 
 fn split_absolute(raw: &[u8]) -> Result<Target<'_>, BadUri> {
     let colon = memchr::memchr(b':', raw).ok_or(BadUri)?;
+    // Any scheme (nginx does not look at it): a letter, then letters,
+    // digits, `+`, `-` and `.`.
     let scheme = &raw[..colon];
-    if !scheme.eq_ignore_ascii_case(b"http") && !scheme.eq_ignore_ascii_case(b"https") {
+    let scheme_ok = scheme.first().is_some_and(u8::is_ascii_alphabetic)
+        && scheme
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.'));
+    if !scheme_ok {
         return Err(BadUri);
     }
     let rest = raw[colon + 1..].strip_prefix(b"//").ok_or(BadUri)?;
@@ -430,7 +436,6 @@ mod tests {
             &b""[..],
             b"*",
             b"a/b",
-            b"ftp://h/",
             b"http:/h/",
             b"http:h/",
             b"http//h/",
@@ -447,7 +452,8 @@ mod tests {
             b"/a\x7f",
             b"/a\x00",
             b"/a?b\x01",
-            b"httpx://h/",
+            b"1http://h/",
+            b"ht_tp://h/",
         ] {
             assert_eq!(split_target(bad), Err(BadUri), "{:?}", bad);
         }

@@ -30,6 +30,7 @@ mod proxy_more;
 mod proxy_range;
 mod proxy_stream;
 mod referer;
+mod request_line;
 mod runtime;
 mod seeds;
 mod smoke;

@@ -350,10 +350,14 @@ pub fn absolute_location(cx: &Ctx<'_>, v: Vec<u8>) -> Vec<u8> {
         b"http://".to_vec()
     };
     let primary = cx.server.srv.primary_name.as_deref().unwrap_or("");
+    // As nginx: the server's name when server_name_in_redirect is on,
+    // else the host the client sent, else the local address.
     match cx.req.host() {
-        Some(h) if !rw.server_name_in_redirect.unwrap_or(false) => out.extend_from_slice(h),
-        _ if !primary.is_empty() => out.extend_from_slice(primary.as_bytes()),
-        _ => out.extend_from_slice(
+        _ if rw.server_name_in_redirect.unwrap_or(false) => {
+            out.extend_from_slice(primary.as_bytes())
+        }
+        Some(h) => out.extend_from_slice(h),
+        None => out.extend_from_slice(
             cx.conn
                 .local
                 .map(|a| a.ip().to_string())

@@ -32,15 +32,15 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         Err(e) => return Step::done(open_error(cx, &path, &e)),
     };
     if file.meta.is_dir {
-        let mut loc = cx.uri.to_vec();
-        loc.push(b'/');
+        // As nginx: the path is escaped, the arguments go as they are.
+        let mut escaped = Vec::new();
+        crate::http::uri::escape_uri(&cx.uri, &mut escaped);
+        escaped.push(b'/');
         if let Some(a) = cx.req.args() {
-            loc.push(b'?');
-            loc.extend_from_slice(a);
+            escaped.push(b'?');
+            escaped.extend_from_slice(a);
         }
         let mut r = Response::status(301);
-        let mut escaped = Vec::new();
-        crate::http::uri::escape_uri(&loc, &mut escaped);
         r.location = Some(crate::http::modules::rewrite::absolute_location(
             cx, escaped,
         ));
