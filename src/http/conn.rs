@@ -773,10 +773,10 @@ async fn reject_and_close<S: Stream>(
             host
         ),
     );
+    let mut resp = phases::conclude(&mut cx, Response::status(r.status)).await;
+    // An error page may not keep the connection: nginx closes after these.
+    resp.force_close = true;
     let loc = cx.loc.clone();
-    let mut resp = Response::status(r.status);
-    response::special_response(&mut resp, &loc);
-    crate::http::modules::headers::apply(&mut cx, &mut resp);
     // Once the request line is known, a HEAD gets no body even here.
     let head_only = line.starts_with(b"HEAD ") && !r.http09;
     let minor = if r.http09 { 9 } else { 1 };

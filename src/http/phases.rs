@@ -190,7 +190,7 @@ impl<'a> Ctx<'a> {
 
 /// Runs every phase, error_page redirects, and the header filters.
 pub async fn run(cx: &mut Ctx<'_>) -> Response {
-    let mut resp = if matches!(cx.conn.tls, crate::tls::TlsState::PlainOnSsl) {
+    let resp = if matches!(cx.conn.tls, crate::tls::TlsState::PlainOnSsl) {
         // nginx: the request is read, the server chosen, and then no
         // phase runs: 497, which `error_page 497` may catch.
         cx.log(
@@ -201,6 +201,13 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
     } else {
         run_phases(cx, Entry::Start).await
     };
+    conclude(cx, resp).await
+}
+
+/// Applies `error_page` to a decided response (internal redirects, named
+/// locations, redirects), then the header filters. Also how a head that
+/// was refused while being read gets its answer, as in nginx.
+pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
     let mut hops = 0;
     while resp.status >= 300
         && matches!(resp.body, crate::http::response::Body::Empty)

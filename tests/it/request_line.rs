@@ -24,6 +24,7 @@ http {
         root html;
         add_header X-Always yes always;
         add_header X-Ok yes;
+        error_page 414 /custom.html;
         location = /ret { return 200 "m=$request_method u=$uri a=$args r=$request_uri p=$server_protocol h=$host hh=$http_host\n"; }
     }
     server {
@@ -39,6 +40,7 @@ fn files(p: &Prefix) {
     p.write("html/index.html", "hello\n");
     p.write("html/a.txt", "a text\n");
     p.write("html/dir/x.txt", "x\n");
+    p.write("html/custom.html", "custom page\n");
     crate::differential::fix_times(&p.path("html"));
 }
 
@@ -130,6 +132,7 @@ fn corpus() -> Vec<Vec<u8>> {
             .collect::<String>()
     ));
     reqs.push("GET /ret HTTP/1.1\r\nConnection: close\r\n\r\n".into());
+    reqs.push(format!("GET /{} HTTP/1.1\r\n{h}\r\n", "u".repeat(9000)));
     reqs.push("GET /dir HTTP/1.0\r\n\r\n".into());
     reqs.push("GET /ret\r\n".into());
     reqs.push("GET /a.txt \r\n".into());
