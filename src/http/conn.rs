@@ -341,6 +341,8 @@ async fn request<S: Stream>(
     quit: &tokio::sync::watch::Receiver<bool>,
 ) -> bool {
     let first = info.requests == 0;
+    // Bytes already here behind the previous request: a pipelined one.
+    let pipelined = !first && !buf.is_empty();
     // Loaded once the request has started: a reload while this
     // connection idled applies to this request.
     let config = shared.config.load_full();
@@ -379,7 +381,8 @@ async fn request<S: Stream>(
             }
             return false;
         }
-        HeadResult::Reject(r) => {
+        HeadResult::Reject(mut r) => {
+            r.pipelined = pipelined;
             info.requests += 1;
             Box::pin(reject_and_close(stream, http, &addr, info, shared, r)).await;
             return false;
@@ -398,7 +401,8 @@ async fn request<S: Stream>(
     };
     let req = match request::parse_head(head, dsrv) {
         Ok(r) => r,
-        Err(r) => {
+        Err(mut r) => {
+            r.pipelined = pipelined;
             Box::pin(reject_and_close(stream, http, &addr, info, shared, r)).await;
             return false;
         }
@@ -491,7 +495,7 @@ async fn request<S: Stream>(
                     line: Some(req.line().to_vec()),
                     in_headers: true,
                     host: req.header("host").map(<[u8]>::to_vec),
-                    http09: false,
+                    ..Default::default()
                 };
                 Box::pin(reject_and_close(stream, http, &addr, info, shared, r)).await;
                 return false;
@@ -683,6 +687,8 @@ fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
         return Some(Reject {
             status: 414,
             log: "client sent too long URI",
+            // nginx logs the line as far as its buffer held it.
+            line: Some(buf[..large.min(buf.len())].to_vec()),
             ..Default::default()
         });
     }
@@ -758,16 +764,22 @@ async fn reject_and_close<S: Stream>(
     };
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     let (reading, host) = if r.in_headers {
-        ("headers", cx.log_host_ctx())
+        ("request headers", cx.log_host_ctx())
+    } else if r.pipelined {
+        ("pipelined request line", String::new())
     } else {
-        ("line", String::new())
+        ("request line", String::new())
     };
     cx.logger().log(
         Level::Info,
         Some(info.id),
         format_args!(
-            "{} while reading client request {}{}{}",
+            "{}{} while reading client {}{}{}",
             r.log,
+            r.detail
+                .as_ref()
+                .map(|d| format!(": \"{}\"", String::from_utf8_lossy(d)))
+                .unwrap_or_default(),
             reading,
             cx.log_request_ctx(),
             host

@@ -265,6 +265,10 @@ pub struct Reject {
     pub host: Option<Vec<u8>>,
     /// Refused as an HTTP/0.9 request: the answer has no head.
     pub http09: bool,
+    /// What follows the message in quotes (the bad header line).
+    pub detail: Option<Vec<u8>>,
+    /// The request line arrived behind the previous request's bytes.
+    pub pipelined: bool,
 }
 
 fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
@@ -275,13 +279,16 @@ fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
         in_headers: line.is_some(),
         host: None,
         http09: false,
+        detail: None,
+        pipelined: false,
     }
 }
 
 /// A refusal of the request line: `buf` is what has arrived of it, and
-/// nginx logs the line as far as it goes (empty while no line end came).
+/// nginx logs the line as far as it goes.
 fn line_reject(status: u16, log: &'static str, buf: &[u8]) -> Reject {
-    let line = memchr::memchr(b'\n', buf).map_or(&b""[..], |nl| trim_cr(&buf[..nl]));
+    // (As far as it goes: to the first CR or LF, or all that came.)
+    let line = memchr::memchr2(b'\r', b'\n', buf).map_or(buf, |end| &buf[..end]);
     Reject {
         status,
         log,
@@ -289,6 +296,8 @@ fn line_reject(status: u16, log: &'static str, buf: &[u8]) -> Reject {
         in_headers: false,
         host: None,
         http09: false,
+        detail: None,
+        pipelined: false,
     }
 }
 
@@ -454,28 +463,47 @@ enum HeaderLine<'b> {
 /// (and `_` with `underscores_in_headers`) make the line invalid; a line
 /// without a colon is a header with an empty value; a value may hold any
 /// byte but NUL, CR and LF; a line may not start with white space.
-fn lenient_headers(block: &[u8], underscores: bool) -> Result<Vec<HeaderLine<'_>>, ()> {
+/// A refusal carries nginx's report of the line and the Host read before it.
+type LenientError<'b> = (Vec<u8>, Option<&'b [u8]>);
+
+fn lenient_headers(
+    block: &[u8],
+    underscores: bool,
+) -> Result<Vec<HeaderLine<'_>>, LenientError<'_>> {
+    // nginx's report of a refused line: what precedes the bad byte, the
+    // byte in hex, and "...".
+    let mut host = None;
+    let refuse = |line: &[u8], at: usize, host| {
+        let mut m = line[..at].to_vec();
+        m.extend_from_slice(format!("\\x{:02x}...", line.get(at).copied().unwrap_or(0)).as_bytes());
+        (m, host)
+    };
     let mut out = Vec::new();
     let mut rest = block;
     loop {
-        let nl = memchr::memchr(b'\n', rest).ok_or(())?;
+        let nl = memchr::memchr(b'\n', rest).ok_or((Vec::new(), host))?;
         let line = trim_cr(&rest[..nl]);
         rest = &rest[nl + 1..];
         if line.is_empty() {
             return Ok(out);
-        }
-        if line.contains(&b'\r') || line.contains(&0) {
-            return Err(());
         }
         let (name, value) = match memchr::memchr(b':', line) {
             Some(c) => (&line[..c], &line[c + 1..]),
             // (An empty value within the line: parts are ranges of the head.)
             None => (line, &line[line.len()..]),
         };
-        if name.is_empty() || name.iter().any(|&c| c <= 0x20 || c == 0x7f) {
-            return Err(());
+        if let Some(at) = name.iter().position(|&c| c <= 0x20 || c == 0x7f) {
+            return Err(refuse(line, at, host));
         }
-        let value = value.trim_ascii_start();
+        if name.is_empty() {
+            return Err(refuse(line, 0, host));
+        }
+        if let Some(at) = line.iter().position(|&c| c == b'\r' || c == 0) {
+            return Err(refuse(line, at, host));
+        }
+        // Only spaces around a value are dropped, as nginx does.
+        let from = value.iter().position(|&c| c != b' ').unwrap_or(value.len());
+        let value = &value[from..];
         let value = match value.iter().rposition(|&c| c != b' ') {
             Some(e) => &value[..=e],
             None => &value[..0],
@@ -483,6 +511,9 @@ fn lenient_headers(block: &[u8], underscores: bool) -> Result<Vec<HeaderLine<'_>
         let valid = name
             .iter()
             .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
+        if valid && host.is_none() && name_is(name, "host") {
+            host = Some(value);
+        }
         out.push(if valid {
             HeaderLine::Header(name, value)
         } else {
@@ -532,8 +563,17 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         Some((a, b)) => in_head(&buf[a..b])?,
         None => Span::default(),
     };
-    let target = uri::split_target(raw_target)
-        .map_err(|_| line_reject(400, "client sent invalid request", buf))?;
+    let target = uri::split_target(raw_target).map_err(|_| {
+        // "scheme://" with nothing before the path: nginx names the host.
+        let empty_host = memchr::memmem::find(raw_target, b"://")
+            .is_some_and(|i| matches!(raw_target.get(i + 3), None | Some(b'/' | b'?' | b':')));
+        let log = if empty_host {
+            "client sent invalid host in request line"
+        } else {
+            "client sent invalid request"
+        };
+        line_reject(400, log, buf)
+    })?;
     // `$request_uri` starts at the path: an absolute-form target's scheme
     // and host are not part of it.
     let raw_uri = match target.host {
@@ -580,9 +620,10 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     let fast = match fast {
         Some(h) => h,
         None => {
-            parsed = lenient_headers(block, underscores).map_err(|()| {
+            parsed = lenient_headers(block, underscores).map_err(|(detail, host)| {
                 let mut r = reject(400, "client sent invalid header line", Some(line_text));
-                r.in_headers = true;
+                r.detail = Some(detail);
+                r.host = host.map(<[u8]>::to_vec);
                 r
             })?;
             &[][..]
@@ -621,6 +662,22 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         r.host = host.map(<[u8]>::to_vec);
         r
     };
+    // The first of a header that may come once, for nginx's report of
+    // the second: `"NAME: VALUE", previous value: "NAME: FIRST"`.
+    let mut firsts: [Option<(&[u8], &[u8])>; 4] = [None; 4];
+    let dup = |log: &'static str,
+               first: Option<(&[u8], &[u8])>,
+               name: &[u8],
+               value: &[u8],
+               host: Option<&[u8]>| {
+        let mut r = hdr_reject(log, host);
+        if let Some((n, v)) = first {
+            let mut d = [name, b": ", value, b"\", previous value: \"", n, b": ", v].concat();
+            d.shrink_to_fit();
+            r.detail = Some(d);
+        }
+        r
+    };
     for hl in lines {
         let (name, value) = match hl {
             HeaderLine::Header(n, v) => (n, v),
@@ -634,8 +691,15 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         };
         if name_is(name, "host") {
             if seen_host.is_some() {
-                return Err(hdr_reject("client sent duplicate host header", seen_host));
+                return Err(dup(
+                    "client sent duplicate host header",
+                    firsts[0],
+                    name,
+                    value,
+                    seen_host,
+                ));
             }
+            firsts[0] = Some((name, value));
             seen_host = Some(value);
             // nginx skips only spaces around a value: a tab there is
             // part of the host, which makes it invalid.
@@ -647,17 +711,27 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
             let v_end = v_start + value.len();
             let line_end = memchr::memchr(b'\n', &buf[v_end..]).map_or(v_end, |i| v_end + i);
             if around(n_end, v_start) || around(v_end, line_end) {
-                return Err(hdr_reject("client sent invalid host header", None));
+                // nginx logs the value as it read it (tabs included).
+                let raw = trim_cr(buf.get(n_end + 1..line_end).unwrap_or_default());
+                let raw = &raw[raw.iter().take_while(|&&c| c == b' ').count()..];
+                return Err(hdr_reject("client sent invalid host header", Some(raw)));
             }
             let v = validate_host(value)
-                .ok_or_else(|| hdr_reject("client sent invalid host header", None))?;
+                .ok_or_else(|| hdr_reject("client sent invalid host header", Some(value)))?;
             if host.is_none() {
                 host = Some(in_head(v)?);
             }
         } else if name_is(name, "content-length") {
             if content_length.is_some() {
-                return Err(hdr_reject("client sent duplicate header line", seen_host));
+                return Err(dup(
+                    "client sent duplicate header line",
+                    firsts[1],
+                    name,
+                    value,
+                    seen_host,
+                ));
             }
+            firsts[1] = Some((name, value));
             let s = std::str::from_utf8(value).ok().map(str::trim);
             let n = s
                 .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
@@ -668,8 +742,15 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
             content_length = Some(n as u64);
         } else if name_is(name, "transfer-encoding") {
             if te.is_some() {
-                return Err(hdr_reject("client sent duplicate header line", seen_host));
+                return Err(dup(
+                    "client sent duplicate header line",
+                    firsts[2],
+                    name,
+                    value,
+                    seen_host,
+                ));
             }
+            firsts[2] = Some((name, value));
             te = Some(value);
         } else if name_is(name, "connection") {
             connection = Some(value);
@@ -678,8 +759,15 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         } else if name_is(name, "authorization") {
             // nginx keeps one Authorization header (auth_basic, $remote_user).
             if seen_authorization {
-                return Err(hdr_reject("client sent duplicate header line", seen_host));
+                return Err(dup(
+                    "client sent duplicate header line",
+                    firsts[3],
+                    name,
+                    value,
+                    seen_host,
+                ));
             }
+            firsts[3] = Some((name, value));
             seen_authorization = true;
         }
         headers.push(Hdr {
@@ -807,7 +895,6 @@ fn trim_cr(l: &[u8]) -> &[u8] {
 /// `..`, `/`, a backslash, NUL and controls; an empty host is invalid.
 /// Returns the host within `h` (the caller lowercases it).
 pub fn validate_host(h: &[u8]) -> Option<&[u8]> {
-    let h = h.trim_ascii();
     let mut in_brackets = false;
     let mut dot_pos: Option<usize> = None;
     let mut host_len = h.len();
