@@ -12,6 +12,7 @@ pub mod autoindex;
 pub mod charset;
 pub mod empty_gif;
 pub mod error_page;
+pub mod fastcgi;
 pub mod geo;
 pub mod gzip;
 pub mod gzip_static;
@@ -171,6 +172,7 @@ pub struct ModLoc {
     pub static_file: static_file::StaticLoc,
     pub error_page: error_page::ErrorPageLoc,
     pub proxy: proxy::ProxyLoc,
+    pub fastcgi: fastcgi::FastcgiLoc,
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,

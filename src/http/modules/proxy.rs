@@ -102,7 +102,7 @@ use tokio::net::TcpStream;
 
 use crate::tls::client::UpStream;
 
-use super::upstream::{self, Upstream};
+use super::upstream::{self, PeerAddr, Upstream};
 use crate::cache::{self, file::EntryHead, md5, Zone};
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
@@ -606,6 +606,22 @@ pub fn check_no_uri_part(own: &LocConf, block: &[Directive]) -> ConfResult<()> {
     })
 }
 
+/// The upstream settings a directive fills: proxy's own, or the FastCGI
+/// module's (`fastcgi_*` rows share these setters, as nginx's modules
+/// share one `ngx_http_upstream_conf_t` layout and its slot setters).
+pub(crate) fn up_conf<'l>(l: &'l mut LocConf, d: &Directive) -> &'l mut ProxyLoc {
+    if d.name.starts_with("fastcgi_") {
+        &mut l.modules.fastcgi.up
+    } else {
+        &mut l.modules.proxy
+    }
+}
+
+/// A directive's name without its module prefix (`proxy_`, `fastcgi_`).
+fn suffix(d: &Directive) -> &str {
+    d.name.split_once('_').map_or("", |(_, s)| s)
+}
+
 fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     if l.modules.proxy.pass.is_some() {
         return Err(crate::config::registry::duplicate(d));
@@ -715,13 +731,13 @@ fn set_http_version(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRes
 
 fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let ms = value::time_ms(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
-    let p = &mut l.modules.proxy;
-    let slot = match d.name.as_str() {
-        "proxy_connect_timeout" => &mut p.connect_timeout,
-        "proxy_read_timeout" => &mut p.read_timeout,
-        "proxy_next_upstream_timeout" => &mut p.next_upstream_timeout,
-        "proxy_cache_lock_timeout" => &mut p.cache_lock_timeout,
-        "proxy_cache_lock_age" => &mut p.cache_lock_age,
+    let p = up_conf(l, d);
+    let slot = match suffix(d) {
+        "connect_timeout" => &mut p.connect_timeout,
+        "read_timeout" => &mut p.read_timeout,
+        "next_upstream_timeout" => &mut p.next_upstream_timeout,
+        "cache_lock_timeout" => &mut p.cache_lock_timeout,
+        "cache_lock_age" => &mut p.cache_lock_age,
         _ => &mut p.send_timeout,
     };
     set_once(slot, ms, d)
@@ -731,7 +747,7 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
 /// the rest; a repeated case is a warning).
 fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let mask = ft_mask(d, cx, ft::NAMES)?;
-    set_once(&mut l.modules.proxy.next_upstream, mask, d)
+    set_once(&mut up_conf(l, d).next_upstream, mask, d)
 }
 
 /// `proxy_cache_use_stale CASE...`: the same bitmask as
@@ -909,7 +925,7 @@ fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
             ));
         }
         return Err(ConfError::at(
-            "proxy_bind transparent is not supported by tern yet",
+            format!("{} transparent is not supported by tern yet", d.name),
             d,
         ));
     }
@@ -922,7 +938,7 @@ fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
             ConfError::at(format!("invalid address \"{}\"", a), d)
         })?))
     };
-    set_once(&mut l.modules.proxy.bind, v, d)
+    set_once(&mut up_conf(l, d).bind, v, d)
 }
 
 /// A local address for `proxy_bind`: an IP, IPv6 in brackets or not.
@@ -960,24 +976,24 @@ fn ft_mask(d: &Directive, cx: &mut Compiler, names: &[(&str, u16)]) -> ConfResul
 fn set_next_upstream_tries(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let n =
         value::number(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid_number(d))?;
-    set_once(&mut l.modules.proxy.next_upstream_tries, n, d)
+    set_once(&mut up_conf(l, d).next_upstream_tries, n, d)
 }
 
 fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = flag(d)?;
-    let p = &mut l.modules.proxy;
-    let slot = match d.name.as_str() {
-        "proxy_buffering" => &mut p.buffering,
-        "proxy_intercept_errors" => &mut p.intercept_errors,
-        "proxy_pass_request_body" => &mut p.pass_request_body,
-        "proxy_request_buffering" => &mut p.request_buffering,
-        "proxy_force_ranges" => &mut p.force_ranges,
-        "proxy_cache_background_update" => &mut p.cache_background_update,
-        "proxy_cache_lock" => &mut p.cache_lock,
-        "proxy_cache_revalidate" => &mut p.cache_revalidate,
-        "proxy_cache_convert_head" => &mut p.cache_convert_head,
-        "proxy_ignore_client_abort" => &mut p.ignore_client_abort,
-        "proxy_socket_keepalive" => &mut p.socket_keepalive,
+    let p = up_conf(l, d);
+    let slot = match suffix(d) {
+        "buffering" => &mut p.buffering,
+        "intercept_errors" => &mut p.intercept_errors,
+        "pass_request_body" => &mut p.pass_request_body,
+        "request_buffering" => &mut p.request_buffering,
+        "force_ranges" => &mut p.force_ranges,
+        "cache_background_update" => &mut p.cache_background_update,
+        "cache_lock" => &mut p.cache_lock,
+        "cache_revalidate" => &mut p.cache_revalidate,
+        "cache_convert_head" => &mut p.cache_convert_head,
+        "ignore_client_abort" => &mut p.ignore_client_abort,
+        "socket_keepalive" => &mut p.socket_keepalive,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -1084,19 +1100,19 @@ fn set_buffers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
     let s = value::size(arg(d, 1))
         .filter(|n| *n > 0)
         .ok_or_else(|| crate::config::registry::slot_invalid(d))? as usize;
-    set_once(&mut l.modules.proxy.buffers, (n, s), d)
+    set_once(&mut up_conf(l, d).buffers, (n, s), d)
 }
 
 fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let s = value::size(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
-    if d.name == "proxy_buffer_size" {
-        return set_once(&mut l.modules.proxy.buffer_size, s as usize, d);
+    if suffix(d) == "buffer_size" {
+        return set_once(&mut up_conf(l, d).buffer_size, s as usize, d);
     }
-    let p = &mut l.modules.proxy;
-    match d.name.as_str() {
-        "proxy_max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
-        "proxy_temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
-        "proxy_limit_rate" => set_once(&mut p.limit_rate, s, d),
+    let p = up_conf(l, d);
+    match suffix(d) {
+        "max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
+        "temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
+        "limit_rate" => set_once(&mut p.limit_rate, s, d),
         // proxy_busy_buffers_size: nginx's share of the buffers that may be
         // on their way to the client; tern's pieces are handed over whole.
         _ => Ok(()),
@@ -1110,7 +1126,7 @@ fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResul
     crate::http::body::temp_levels(d)?;
     let p = cx.path(arg(d, 0));
     cache::allow_dir(&p);
-    set_once(&mut l.modules.proxy.temp_path, p, d)
+    set_once(&mut up_conf(l, d).temp_path, p, d)
 }
 
 fn set_cache(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -1212,8 +1228,8 @@ fn set_redirect(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
 }
 
 fn set_hide_pass(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let p = &mut l.modules.proxy;
-    let slot = if d.name == "proxy_hide_header" {
+    let p = up_conf(l, d);
+    let slot = if suffix(d) == "hide_header" {
         &mut p.hide
     } else {
         &mut p.pass_headers
@@ -1239,7 +1255,7 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
-    set_once(&mut l.modules.proxy.ignore_headers, m, d)
+    set_once(&mut up_conf(l, d).ignore_headers, m, d)
 }
 
 /// `proxy_cache_path PATH [levels=] keys_zone=NAME:SIZE [inactive=]
@@ -1806,7 +1822,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if framing.done() && cache_out.is_none() && store_out.is_none() {
         if reusable(&resp, &framing) {
             if let Some(s) = resp.stream.take() {
-                up.put_idle(resp.peer, s, resp.requests);
+                up.put_idle(resp.peer.clone(), s, resp.requests);
             }
         }
         out.content_length = Some(first.len() as u64);
@@ -1826,7 +1842,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if let Some(c) = &cache_out {
         pipe.lock().file = Some(c.file.clone());
     }
-    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
+    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer.clone(), resp.requests));
     let producer = Producer {
         pipe: pipe.clone(),
         stream,
@@ -2098,7 +2114,7 @@ impl Background {
             p.gone = true;
             p.file = Some(file.clone());
         }
-        let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
+        let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer.clone(), resp.requests));
         let producer = Producer {
             pipe,
             stream,
@@ -2615,7 +2631,7 @@ struct UpResp {
     stream: Option<UpStream>,
     /// Body bytes that came with the head.
     early: Vec<u8>,
-    peer: SocketAddr,
+    peer: PeerAddr,
     peer_name: String,
     /// Requests the connection has carried, this one included
     /// (`keepalive_requests`).
@@ -2698,7 +2714,7 @@ async fn fetch<E: FetchEnv>(
         tries_left = tries_left.saturating_sub(1);
         cx.note("upstream_addr", peer.name.as_bytes());
         let url = upstream_url(lim.tls.is_some(), &peer.name, uri);
-        match exchange(up, peer.addr, lim, send, head_only).await {
+        match exchange(up, &peer.addr, lim, send, head_only).await {
             Ok(mut r) => {
                 let bit = ft::of_status(r.status).unwrap_or(0);
                 if may_retry(bit, true, tries_left) {
@@ -2768,7 +2784,7 @@ fn upstream_url(tls: bool, peer: &str, uri: &[u8]) -> String {
 /// One attempt on one peer: connect (or reuse), send, read the head.
 async fn exchange(
     up: &Upstream,
-    addr: SocketAddr,
+    addr: &PeerAddr,
     lim: &Limits,
     send: &Outgoing<'_>,
     head_only: bool,
@@ -2829,10 +2845,9 @@ async fn exchange(
         }
         Ok(Ok(s)) => s,
     };
-    let _ = s.set_nodelay(true);
-    let s = match &lim.tls {
-        None => UpStream::Plain(s),
-        Some((cfg, name)) => {
+    let s = match (s, &lim.tls) {
+        (s, None) => s,
+        (UpStream::Plain(s), Some((cfg, name))) => {
             let hs = crate::tls::client::connect(s, cfg.clone(), name.clone());
             match tokio::time::timeout(lim.connect, hs).await {
                 Ok(Ok(s)) => s,
@@ -2855,6 +2870,13 @@ async fn exchange(
                 }
             }
         }
+        (_, Some(_)) => {
+            return Err(fail(
+                502,
+                "SSL to a unix-domain upstream is not supported by tern yet while SSL handshaking to upstream",
+                false,
+            ))
+        }
     };
     send_and_read(s, addr, lim, send, head_only)
         .await
@@ -2862,8 +2884,18 @@ async fn exchange(
 }
 
 /// A new connection to `addr`, from `proxy_bind`'s address, with
-/// `proxy_socket_keepalive`.
-async fn connect(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
+/// `proxy_socket_keepalive` (a unix-domain socket takes neither).
+async fn connect(addr: &PeerAddr, send: &Outgoing<'_>) -> io::Result<UpStream> {
+    let addr = match addr {
+        PeerAddr::Unix(p) => return Ok(UpStream::Unix(tokio::net::UnixStream::connect(p).await?)),
+        PeerAddr::Inet(a) => *a,
+    };
+    let s = connect_tcp(addr, send).await?;
+    let _ = s.set_nodelay(true);
+    Ok(UpStream::Plain(s))
+}
+
+async fn connect_tcp(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
     if send.bind.is_none() && !send.keepalive {
         return TcpStream::connect(addr).await;
     }
@@ -2961,7 +2993,7 @@ async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits) -> Result<(), 
 
 async fn send_and_read(
     mut s: UpStream,
-    addr: SocketAddr,
+    addr: &PeerAddr,
     lim: &Limits,
     send: &Outgoing<'_>,
     head_only: bool,
@@ -3027,7 +3059,7 @@ async fn send_and_read(
                     headers,
                     stream: Some(s),
                     early: buf[end..have].to_vec(),
-                    peer: addr,
+                    peer: addr.clone(),
                     peer_name: String::new(),
                     requests: 1,
                     lease: None,
@@ -3373,7 +3405,7 @@ struct Producer {
     cache: Option<CacheOut>,
     /// Where a complete, reusable connection goes, and the requests it
     /// has carried.
-    keep: Option<(Arc<Upstream>, SocketAddr, u64)>,
+    keep: Option<(Arc<Upstream>, PeerAddr, u64)>,
     log: UpLog,
     /// `proxy_limit_rate` in bytes per second (0: none).
     limit_rate: u64,
