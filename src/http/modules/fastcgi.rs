@@ -948,19 +948,11 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     {
         return Response::status(resp.status);
     }
+    // `Location:` is relayed as it came, also a relative one: nginx keeps
+    // upstream redirects out of its header filter's absolute_redirect.
     let relayed = proxy::relay_headers(b"", conf, None, &resp.headers, HIDDEN);
     let mut out = Response::status(resp.status);
-    let mut location = None;
-    let mut rest = Vec::with_capacity(relayed.len());
-    for (n, v) in relayed {
-        if n.eq_ignore_ascii_case("location") && location.is_none() {
-            location = Some(v);
-        } else {
-            rest.push((n, v));
-        }
-    }
-    proxy::apply_headers(&mut out, rest);
-    out.location = location.map(|l| crate::http::modules::rewrite::absolute_location(cx, l));
+    proxy::apply_headers(&mut out, relayed);
     if conf.ignore_headers.unwrap_or(0) & proxy::IGN_X_ACCEL_CHARSET == 0 {
         out.override_charset = resp
             .headers
@@ -999,8 +991,18 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                 up.put_idle(peer, s, n);
             }
         }
-        out.content_length = Some(first.len() as u64);
-        out.body = Body::Bytes(first);
+        // As nginx: the script's Content-Length if it sent one, else
+        // chunked (or the close, for HTTP/1.0), however short the body.
+        match resp.declared_len {
+            Some(_) => {
+                out.content_length = Some(first.len() as u64);
+                out.body = Body::Bytes(first);
+            }
+            None => {
+                out.force_close = cx.req.minor == 0;
+                out.body = proxy::complete_stream(first, policy);
+            }
+        }
         return out;
     }
     let Some(stream) = resp.stream.take() else {

@@ -3355,6 +3355,18 @@ impl Pipe {
     }
 }
 
+/// A body already complete in memory, sent as a stream all the same:
+/// the client is told no length (chunked), as nginx tells it when
+/// upstream did not say one.
+pub(crate) fn complete_stream(data: Vec<u8>, policy: Policy) -> Body {
+    let pipe = Arc::new(Pipe::default());
+    if !data.is_empty() {
+        pipe.push(Seg::Mem(Bytes::from(data)));
+    }
+    pipe.finish(Ok(()));
+    Body::Stream(Box::new(Consumer { pipe, policy }))
+}
+
 /// Pieces read back from a file are at most this big.
 const FILE_PIECE: u64 = 64 * 1024;
 
