@@ -662,6 +662,8 @@ pub(crate) fn stderr_msg(e: &[u8], head: bool) -> String {
     )
 }
 
+type Headers = Vec<(String, Vec<u8>)>;
+
 /// A response head read from the records.
 pub(crate) struct Head {
     pub(crate) status: u16,
@@ -782,7 +784,7 @@ fn head_end(b: &[u8]) -> Option<(usize, usize)> {
 /// The CGI header lines: the status (`Status:`, else 302 with a
 /// `Location:`, else 200) and the headers (`Status` among them; it is
 /// hidden when relayed).
-fn parse_head(b: &[u8]) -> Result<(u16, Vec<(String, Vec<u8>)>), String> {
+fn parse_head(b: &[u8]) -> Result<(u16, Headers), String> {
     let mut headers = Vec::new();
     let mut status = None;
     for line in b.split(|&c| c == b'\n') {
