@@ -204,7 +204,7 @@ fn script(g: &Got) -> Vec<u8> {
         }
         "/nohead" => reply(b""),
         "/badstatus" => reply(b"Status: abc\r\n\r\n"),
-        "/server" => reply(b"Server: php\r\nX-Powered-By: PHP/8\r\nContent-Type: text/html\r\n\r\n<p>"),
+        "/server" => reply(b"Server: php\r\nDate: Mon, 01 Jan 2001 00:00:00 GMT\r\nX-Powered-By: PHP/8\r\nContent-Type: text/html\r\n\r\n<p>"),
         _ => reply(b"Content-Type: text/plain\r\n\r\nok"),
     }
 }
@@ -412,6 +412,21 @@ fn answers_match_nginx() {
     for ((p, a), b) in paths.iter().zip(&want).zip(&got) {
         assert_eq!(a, b, "{}", p);
     }
+    // The script's own Server and Date replace tern's (once each).
+    let r = Resp::parse(&raw(
+        tern.port,
+        b"GET /server HTTP/1.1\r\nHost: fcgi.test\r\nConnection: close\r\n\r\n",
+    ))
+    .expect("response");
+    let all = |n: &str| {
+        r.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(all("server"), vec!["php"]);
+    assert_eq!(all("date"), vec!["Mon, 01 Jan 2001 00:00:00 GMT"]);
     let log = tern.wait_error_log("FastCGI sent in stderr: \"PHP Notice: something\" while reading response header from upstream");
     assert!(log.contains("upstream: \"fastcgi://127.0.0.1:"), "{}", log);
     tern.wait_error_log(

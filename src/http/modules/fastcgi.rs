@@ -954,6 +954,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     // upstream redirects out of its header filter's absolute_redirect.
     let relayed = proxy::relay_headers(b"", conf, None, &resp.headers, HIDDEN);
     let mut out = Response::status(resp.status);
+    out.upstream_server_date = true;
     proxy::apply_headers(&mut out, relayed);
     if conf.ignore_headers.unwrap_or(0) & proxy::IGN_X_ACCEL_CHARSET == 0 {
         out.override_charset = resp
