@@ -203,6 +203,11 @@ fn script(g: &Got) -> Vec<u8> {
             o
         }
         "/nohead" => reply(b""),
+        "/fatal" => {
+            let mut o = rec(7, b"PHP Fatal error: boom in /x.php\n");
+            o.extend(reply(b"Content-Type: text/plain\r\n\r\nhalf"));
+            o
+        }
         "/badstatus" => reply(b"Status: abc\r\n\r\n"),
         "/server" => reply(b"Server: php\r\nDate: Mon, 01 Jan 2001 00:00:00 GMT\r\nX-Powered-By: PHP/8\r\nContent-Type: text/html\r\n\r\n<p>"),
         _ => reply(b"Content-Type: text/plain\r\n\r\nok"),
@@ -488,6 +493,8 @@ fn next_upstream_and_failures() {
            location /intercept/ {{ fastcgi_intercept_errors on; error_page 503 =200 /fallback; fastcgi_pass 127.0.0.1:{a}; }}\n\
            location = /fallback {{ return 200 \"fallback\"; }}\n\
            location /var/ {{ set $be 127.0.0.1:{b}; fastcgi_pass $be; }}\n\
+           location /catch/ {{ fastcgi_param REQUEST_URI /fatal; fastcgi_catch_stderr \"PHP Fatal\"; fastcgi_pass 127.0.0.1:{b}; }}\n\
+           location /nocatch/ {{ fastcgi_param REQUEST_URI /fatal; fastcgi_pass 127.0.0.1:{b}; }}\n\
          }} }}\n"
     );
     let tern = Server::start(&c);
@@ -509,6 +516,14 @@ fn next_upstream_and_failures() {
     let r = tern.get("/intercept/");
     assert_eq!((r.status, r.body_str().as_str()), (200, "fallback"));
     assert_eq!(tern.get("/var/").body_str(), "ok");
+    // fastcgi_catch_stderr: a matching stderr line makes the answer invalid.
+    assert_eq!(tern.get("/catch/").status, 502);
+    let log = tern.wait_error_log("request: \"GET /catch/ HTTP/1.1\"");
+    assert!(log.contains("FastCGI sent in stderr: \"PHP Fatal error: boom in /x.php\" while reading response header from upstream, client: 127.0.0.1, server: , request: \"GET /catch/"), "{log}");
+    assert!(!log.contains("invalid header"), "{log}");
+    let r = tern.get("/nocatch/");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "half"));
+    tern.wait_error_log("FastCGI sent in stderr: \"PHP Fatal error: boom in /x.php\"");
 }
 
 #[test]

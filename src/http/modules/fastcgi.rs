@@ -717,10 +717,11 @@ pub(crate) async fn read_head(
             .any(|e| catch.iter().any(|c| contains(e, c)));
         stderr.append(&mut dec.stderr);
         if caught {
-            // fastcgi_catch_stderr: as an invalid response.
+            // fastcgi_catch_stderr: an invalid response (nginx logs the
+            // stderr line only).
             return Err(Fail {
                 stderr,
-                ..proxy::invalid_header(&format!("upstream sent invalid header {}", WHILE_HEAD))
+                ..proxy::invalid_header("")
             });
         }
         if let Some((end, body_at)) = head_end(&out) {

@@ -1,6 +1,14 @@
 //! `proxy_pass` and the `proxy_*` directives: the reverse proxy and its
 //! HTTP cache front end (the cache itself is [`crate::cache`]).
 //!
+//! The upstream side here is shared with [`super::fastcgi`], as nginx
+//! shares ngx_http_upstream: the setters of the upstream settings fill
+//! proxy's or fastcgi's [`ProxyLoc`] by the directive's prefix
+//! ([`up_conf`]), and [`fetch`] (peers, next_upstream, keepalive),
+//! [`Producer`]/[`Consumer`] (buffering, temp files, client abort) and the
+//! header relaying serve both; [`Limits::fcgi`] switches the wire format
+//! (request records out, [`Framing`] decoding records in).
+//!
 //! # A proxied request
 //!
 //! ```text
@@ -2790,7 +2798,11 @@ pub(crate) async fn fetch<E: FetchEnv>(
                 // file), logged as nginx does such, and not the peer's.
                 let local = f.status == 500;
                 let level = if local { Level::Crit } else { Level::Error };
-                cx.log_up(level, &f.msg, &url);
+                // An empty message: already said (fastcgi_catch_stderr's
+                // line is the stderr itself, as nginx logs it).
+                if !f.msg.is_empty() {
+                    cx.log_up(level, &f.msg, &url);
+                }
                 cx.note("upstream_status", f.status.to_string().as_bytes());
                 if !local && up.failed(pid) {
                     cx.log_up(
