@@ -567,6 +567,14 @@ fn config_checks() {
     );
     let t = ConfTest::run(&base("fastcgi_pass 127.0.0.1:0;"));
     t.assert_says("emerg", "invalid port in upstream \"127.0.0.1:0\"", 5);
+    let t = ConfTest::run(&base("fastcgi_pass backend;"));
+    t.assert_says("emerg", "no port in upstream \"backend\"", 5);
+    // An upstream block is found wherever it is in the http block.
+    let t = ConfTest::run(
+        "events {}\nhttp {\nserver {\nlocation / { fastcgi_pass php; }\n}\n\
+         upstream php { server 127.0.0.1:9000; }\n}\n",
+    );
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
     let t = ConfTest::run(&base("fastcgi_param A b c;"));
     t.assert_says("emerg", "invalid parameter \"c\"", 5);
     let t = ConfTest::run(&base("fastcgi_keep_conn maybe;"));

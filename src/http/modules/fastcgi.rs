@@ -44,7 +44,7 @@ use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::http::body::{self, TempDir};
-use crate::http::conf::{merge_opts, LocConf};
+use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::phases::{Ctx, Step};
 use crate::http::request::Method;
 use crate::http::response::{Body, Response};
@@ -335,6 +335,29 @@ fn target(a: &str) -> Result<Target, String> {
             }
             Ok(Target::Fixed(Arc::new(Upstream::implicit(a, addrs))))
         }
+    }
+}
+
+/// nginx's `no port in upstream "NAME"` for a `fastcgi_pass NAME` with
+/// no `upstream NAME` block. Checked per location once it is compiled:
+/// upstream blocks are http-level directives, all applied before any
+/// server is compiled. `own` is the location's own configuration,
+/// `block` its directives (for the line).
+pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
+    let Some(p) = own.modules.fastcgi.pass.as_ref() else {
+        return Ok(());
+    };
+    match &p.to {
+        PassTo::Static(Target::Named { name, .. })
+            if !hm.modules.upstream.upstreams.contains_key(name) =>
+        {
+            let msg = format!("no port in upstream \"{}\"", name);
+            Err(match block.iter().find(|k| k.name == "fastcgi_pass") {
+                Some(d) => ConfError::at(msg, d),
+                None => ConfError::new(msg),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
