@@ -27,7 +27,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_referer_module", true, true),
     ("http_rewrite_module", true, true),
     ("http_proxy_module", true, true),
-    ("http_fastcgi_module", true, false),
+    ("http_fastcgi_module", true, true),
     ("http_uwsgi_module", true, false),
     ("http_scgi_module", true, false),
     ("http_grpc_module", true, false),

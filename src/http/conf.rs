@@ -823,12 +823,17 @@ fn compile_location(
     }
     let own_error_log = loc.core.error_log.is_some();
     let own_pass = loc.modules.proxy.pass.is_some();
+    let own_fastcgi_pass = loc.modules.fastcgi.pass.is_some();
+    crate::http::modules::fastcgi::check_pass(&loc, hm, d.block.as_deref().unwrap_or(&[]))?;
     loc.merge(parent);
     // A content handler belongs to its location: nginx does not pass the
     // enclosing location's proxy_pass on to a nested one (only to its
     // `if` and `limit_except` blocks, which merge on their own).
     if !own_pass {
         loc.modules.proxy.pass = None;
+    }
+    if !own_fastcgi_pass {
+        loc.modules.fastcgi.pass = None;
     }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;

@@ -129,6 +129,9 @@ pub struct Response {
     /// `X-Accel-Charset` of a proxied response: the charset the charset
     /// filter declares (nginx's `headers_out.override_charset`).
     pub override_charset: Option<String>,
+    /// `headers` may hold upstream's own `Server` and `Date` (FastCGI
+    /// relays them, as nginx does): the writer leaves out its own then.
+    pub upstream_server_date: bool,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {
@@ -233,16 +236,25 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
     } else {
         out.push(b' ');
     }
-    out.extend_from_slice(b"\r\nServer: ");
-    if loc.core.server_tokens.unwrap_or(true) {
-        out.extend_from_slice(b"tern/");
-        out.extend_from_slice(VERSION.as_bytes());
-    } else {
-        out.extend_from_slice(b"tern");
-    }
-    out.extend_from_slice(b"\r\nDate: ");
-    out.extend_from_slice(&date::http_date());
     out.extend_from_slice(b"\r\n");
+    let has = |n: &str| {
+        resp.upstream_server_date && resp.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n))
+    };
+    if !has("server") {
+        out.extend_from_slice(b"Server: ");
+        if loc.core.server_tokens.unwrap_or(true) {
+            out.extend_from_slice(b"tern/");
+            out.extend_from_slice(VERSION.as_bytes());
+        } else {
+            out.extend_from_slice(b"tern");
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has("date") {
+        out.extend_from_slice(b"Date: ");
+        out.extend_from_slice(&date::http_date());
+        out.extend_from_slice(b"\r\n");
+    }
     if let Some(ct) = &resp.content_type {
         out.extend_from_slice(b"Content-Type: ");
         out.extend_from_slice(ct.as_bytes());

@@ -166,10 +166,11 @@ pub fn server_name(name: &str) -> Option<ServerName<'static>> {
     ServerName::try_from(host.to_string()).ok()
 }
 
-/// A connection to an upstream, plain or TLS.
+/// A connection to an upstream, plain or TLS, or a unix-domain socket.
 pub enum UpStream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Unix(tokio::net::UnixStream),
 }
 
 impl UpStream {
@@ -198,6 +199,7 @@ impl AsyncRead for UpStream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             UpStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -211,6 +213,7 @@ impl AsyncWrite for UpStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             UpStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
@@ -221,24 +224,28 @@ impl AsyncWrite for UpStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             UpStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpStream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
             UpStream::Plain(s) => s.is_write_vectored(),
+            UpStream::Unix(s) => s.is_write_vectored(),
             UpStream::Tls(s) => s.is_write_vectored(),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpStream::Unix(s) => Pin::new(s).poll_flush(cx),
             UpStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             UpStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }

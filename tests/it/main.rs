@@ -13,6 +13,7 @@ mod core_directives;
 mod differential;
 mod empty_gif;
 mod engine;
+mod fastcgi;
 mod geo;
 mod gzip;
 mod idle;

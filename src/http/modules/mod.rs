@@ -12,6 +12,7 @@ pub mod autoindex;
 pub mod charset;
 pub mod empty_gif;
 pub mod error_page;
+pub mod fastcgi;
 pub mod geo;
 pub mod gzip;
 pub mod gzip_static;
@@ -64,6 +65,7 @@ pub const TABLES: &[&[Spec]] = &[
     try_files::DIRECTIVES,
     error_page::DIRECTIVES,
     proxy::DIRECTIVES,
+    fastcgi::DIRECTIVES,
     upstream::DIRECTIVES,
     crate::http::body::DIRECTIVES,
     hash_sizes::DIRECTIVES,
@@ -93,7 +95,7 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
 ];
 
 /// The content phase: try_files (nginx's try-files phase comes before
-/// content), then the location's content handler (proxy, status pages),
+/// content), then the location's content handler (proxy, fastcgi, status pages),
 /// then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
     match try_files::run(cx).await {
@@ -101,6 +103,9 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
         other => return other,
     }
     if let Some(step) = proxy::content(cx).await {
+        return step;
+    }
+    if let Some(step) = fastcgi::content(cx).await {
         return step;
     }
     if let Some(step) = stub_status::content(cx) {
@@ -127,6 +132,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (gzip::VARS, gzip::var),
     (stub_status::VARS, stub_status::var),
     (proxy::VARS, proxy::var),
+    (fastcgi::VARS, fastcgi::var),
     (crate::http::body::VARS, crate::http::body::var),
     (auth_basic::VARS, auth_basic::var),
     (referer::VARS, referer::var),
@@ -171,6 +177,7 @@ pub struct ModLoc {
     pub static_file: static_file::StaticLoc,
     pub error_page: error_page::ErrorPageLoc,
     pub proxy: proxy::ProxyLoc,
+    pub fastcgi: fastcgi::FastcgiLoc,
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,
@@ -203,6 +210,7 @@ impl ModLoc {
         self.static_file.merge(&p.static_file);
         self.error_page.merge(&p.error_page);
         self.proxy.merge(&p.proxy);
+        self.fastcgi.merge(&p.fastcgi);
         self.body.merge(&p.body);
         self.auth_basic.merge(&p.auth_basic);
     }
@@ -275,7 +283,7 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "limit_req_log_level": ctx::HSL, "limit_req_dry_run": ctx::HSL,
     "charset": HSL, "charset_types": ctx::HSL, "source_charset": ctx::HSL, "override_charset": HSL, "charset_map": H,
     "map": H, "split_clients": H, "geo": H,
-    "fastcgi_pass": ctx::LOC | ctx::LIF, "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
+    "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
 
     "autoindex": ctx::HSL,
     "autoindex_exact_size": ctx::HSL, "autoindex_localtime": ctx::HSL, "autoindex_format": ctx::HSL,

@@ -1,6 +1,14 @@
 //! `proxy_pass` and the `proxy_*` directives: the reverse proxy and its
 //! HTTP cache front end (the cache itself is [`crate::cache`]).
 //!
+//! The upstream side here is shared with [`super::fastcgi`], as nginx
+//! shares ngx_http_upstream: the setters of the upstream settings fill
+//! proxy's or fastcgi's [`ProxyLoc`] by the directive's prefix
+//! ([`up_conf`]), and [`fetch`] (peers, next_upstream, keepalive),
+//! [`Producer`]/[`Consumer`] (buffering, temp files, client abort) and the
+//! header relaying serve both; [`Limits::fcgi`] switches the wire format
+//! (request records out, [`Framing`] decoding records in).
+//!
 //! # A proxied request
 //!
 //! ```text
@@ -102,7 +110,7 @@ use tokio::net::TcpStream;
 
 use crate::tls::client::UpStream;
 
-use super::upstream::{self, Upstream};
+use super::upstream::{self, PeerAddr, Upstream};
 use crate::cache::{self, file::EntryHead, md5, Zone};
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
@@ -377,7 +385,7 @@ const IGN_CACHE_CONTROL: u8 = 4;
 const IGN_SET_COOKIE: u8 = 8;
 const IGN_VARY: u8 = 16;
 const IGN_X_ACCEL_BUFFERING: u8 = 32;
-const IGN_X_ACCEL_CHARSET: u8 = 64;
+pub(crate) const IGN_X_ACCEL_CHARSET: u8 = 64;
 
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
@@ -606,6 +614,22 @@ pub fn check_no_uri_part(own: &LocConf, block: &[Directive]) -> ConfResult<()> {
     })
 }
 
+/// The upstream settings a directive fills: proxy's own, or the FastCGI
+/// module's (`fastcgi_*` rows share these setters, as nginx's modules
+/// share one `ngx_http_upstream_conf_t` layout and its slot setters).
+pub(crate) fn up_conf<'l>(l: &'l mut LocConf, d: &Directive) -> &'l mut ProxyLoc {
+    if d.name.starts_with("fastcgi_") {
+        &mut l.modules.fastcgi.up
+    } else {
+        &mut l.modules.proxy
+    }
+}
+
+/// A directive's name without its module prefix (`proxy_`, `fastcgi_`).
+fn suffix(d: &Directive) -> &str {
+    d.name.split_once('_').map_or("", |(_, s)| s)
+}
+
 fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     if l.modules.proxy.pass.is_some() {
         return Err(crate::config::registry::duplicate(d));
@@ -713,15 +737,15 @@ fn set_http_version(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRes
     set_once(&mut l.modules.proxy.http_version, v, d)
 }
 
-fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let ms = value::time_ms(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
-    let p = &mut l.modules.proxy;
-    let slot = match d.name.as_str() {
-        "proxy_connect_timeout" => &mut p.connect_timeout,
-        "proxy_read_timeout" => &mut p.read_timeout,
-        "proxy_next_upstream_timeout" => &mut p.next_upstream_timeout,
-        "proxy_cache_lock_timeout" => &mut p.cache_lock_timeout,
-        "proxy_cache_lock_age" => &mut p.cache_lock_age,
+    let p = up_conf(l, d);
+    let slot = match suffix(d) {
+        "connect_timeout" => &mut p.connect_timeout,
+        "read_timeout" => &mut p.read_timeout,
+        "next_upstream_timeout" => &mut p.next_upstream_timeout,
+        "cache_lock_timeout" => &mut p.cache_lock_timeout,
+        "cache_lock_age" => &mut p.cache_lock_age,
         _ => &mut p.send_timeout,
     };
     set_once(slot, ms, d)
@@ -729,9 +753,13 @@ fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
 
 /// `proxy_next_upstream CASE...`: nginx's bitmask slot (`off` wins over
 /// the rest; a repeated case is a warning).
-fn set_next_upstream(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_next_upstream(
+    l: &mut LocConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
     let mask = ft_mask(d, cx, ft::NAMES)?;
-    set_once(&mut l.modules.proxy.next_upstream, mask, d)
+    set_once(&mut up_conf(l, d).next_upstream, mask, d)
 }
 
 /// `proxy_cache_use_stale CASE...`: the same bitmask as
@@ -899,7 +927,7 @@ fn set_method(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
 }
 
 /// `proxy_bind ADDRESS [transparent] | off`.
-fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let a = arg(d, 0);
     if d.args.len() == 2 {
         if arg(d, 1) != "transparent" {
@@ -909,7 +937,7 @@ fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
             ));
         }
         return Err(ConfError::at(
-            "proxy_bind transparent is not supported by tern yet",
+            format!("{} transparent is not supported by tern yet", d.name),
             d,
         ));
     }
@@ -922,7 +950,7 @@ fn set_bind(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
             ConfError::at(format!("invalid address \"{}\"", a), d)
         })?))
     };
-    set_once(&mut l.modules.proxy.bind, v, d)
+    set_once(&mut up_conf(l, d).bind, v, d)
 }
 
 /// A local address for `proxy_bind`: an IP, IPv6 in brackets or not.
@@ -957,27 +985,31 @@ fn ft_mask(d: &Directive, cx: &mut Compiler, names: &[(&str, u16)]) -> ConfResul
     Ok(if off { 0 } else { mask })
 }
 
-fn set_next_upstream_tries(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_next_upstream_tries(
+    l: &mut LocConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
     let n =
         value::number(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid_number(d))?;
-    set_once(&mut l.modules.proxy.next_upstream_tries, n, d)
+    set_once(&mut up_conf(l, d).next_upstream_tries, n, d)
 }
 
-fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = flag(d)?;
-    let p = &mut l.modules.proxy;
-    let slot = match d.name.as_str() {
-        "proxy_buffering" => &mut p.buffering,
-        "proxy_intercept_errors" => &mut p.intercept_errors,
-        "proxy_pass_request_body" => &mut p.pass_request_body,
-        "proxy_request_buffering" => &mut p.request_buffering,
-        "proxy_force_ranges" => &mut p.force_ranges,
-        "proxy_cache_background_update" => &mut p.cache_background_update,
-        "proxy_cache_lock" => &mut p.cache_lock,
-        "proxy_cache_revalidate" => &mut p.cache_revalidate,
-        "proxy_cache_convert_head" => &mut p.cache_convert_head,
-        "proxy_ignore_client_abort" => &mut p.ignore_client_abort,
-        "proxy_socket_keepalive" => &mut p.socket_keepalive,
+    let p = up_conf(l, d);
+    let slot = match suffix(d) {
+        "buffering" => &mut p.buffering,
+        "intercept_errors" => &mut p.intercept_errors,
+        "pass_request_body" => &mut p.pass_request_body,
+        "request_buffering" => &mut p.request_buffering,
+        "force_ranges" => &mut p.force_ranges,
+        "cache_background_update" => &mut p.cache_background_update,
+        "cache_lock" => &mut p.cache_lock,
+        "cache_revalidate" => &mut p.cache_revalidate,
+        "cache_convert_head" => &mut p.cache_convert_head,
+        "ignore_client_abort" => &mut p.ignore_client_abort,
+        "socket_keepalive" => &mut p.socket_keepalive,
         _ => &mut p.pass_request_headers,
     };
     set_once(slot, v, d)
@@ -1077,40 +1109,40 @@ fn ssl_client(
     Some((cfg, name))
 }
 
-fn set_buffers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_buffers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let n = value::number(arg(d, 0))
         .filter(|n| *n > 0)
         .ok_or_else(|| crate::config::registry::slot_invalid(d))? as usize;
     let s = value::size(arg(d, 1))
         .filter(|n| *n > 0)
         .ok_or_else(|| crate::config::registry::slot_invalid(d))? as usize;
-    set_once(&mut l.modules.proxy.buffers, (n, s), d)
+    set_once(&mut up_conf(l, d).buffers, (n, s), d)
 }
 
-fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let s = value::size(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
-    if d.name == "proxy_buffer_size" {
-        return set_once(&mut l.modules.proxy.buffer_size, s as usize, d);
+    if suffix(d) == "buffer_size" {
+        return set_once(&mut up_conf(l, d).buffer_size, s as usize, d);
     }
-    let p = &mut l.modules.proxy;
-    match d.name.as_str() {
-        "proxy_max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
-        "proxy_temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
-        "proxy_limit_rate" => set_once(&mut p.limit_rate, s, d),
+    let p = up_conf(l, d);
+    match suffix(d) {
+        "max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
+        "temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
+        "limit_rate" => set_once(&mut p.limit_rate, s, d),
         // proxy_busy_buffers_size: nginx's share of the buffers that may be
         // on their way to the client; tern's pieces are handed over whole.
         _ => Ok(()),
     }
 }
 
-fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_temp_path(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     // Checked as nginx does, then unused: proxy temp files are unlinked as
     // soon as they are created, so no directory tree of them ever builds
     // up that levels would spread out (DIFFERENCES.md).
     crate::http::body::temp_levels(d)?;
     let p = cx.path(arg(d, 0));
     cache::allow_dir(&p);
-    set_once(&mut l.modules.proxy.temp_path, p, d)
+    set_once(&mut up_conf(l, d).temp_path, p, d)
 }
 
 fn set_cache(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -1211,9 +1243,9 @@ fn set_redirect(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
     set_once(&mut l.modules.proxy.redirect, v, d)
 }
 
-fn set_hide_pass(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let p = &mut l.modules.proxy;
-    let slot = if d.name == "proxy_hide_header" {
+pub(crate) fn set_hide_pass(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let p = up_conf(l, d);
+    let slot = if suffix(d) == "hide_header" {
         &mut p.hide
     } else {
         &mut p.pass_headers
@@ -1222,7 +1254,11 @@ fn set_hide_pass(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult
     Ok(())
 }
 
-fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+pub(crate) fn set_ignore_headers(
+    l: &mut LocConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
     let mut m = 0;
     for a in d.args.iter().map(|a| a.value.as_str()) {
         m |= match a.to_ascii_lowercase().as_str() {
@@ -1239,7 +1275,7 @@ fn set_ignore_headers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
-    set_once(&mut l.modules.proxy.ignore_headers, m, d)
+    set_once(&mut up_conf(l, d).ignore_headers, m, d)
 }
 
 /// `proxy_cache_path PATH [levels=] keys_zone=NAME:SIZE [inactive=]
@@ -1369,25 +1405,51 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
 
 /// How long each phase may wait, and the buffer limits.
 #[derive(Clone)]
-struct Limits {
-    connect: Duration,
-    send: Duration,
-    read: Duration,
-    head_max: usize,
+pub(crate) struct Limits {
+    pub(crate) connect: Duration,
+    pub(crate) send: Duration,
+    pub(crate) read: Duration,
+    pub(crate) head_max: usize,
     /// In-memory budget for a body on its way to the client: proxy_buffers
     /// in all (proxy_buffer_size when not buffering).
-    mem_max: usize,
+    pub(crate) mem_max: usize,
     /// proxy_max_temp_file_size (0: no temp file).
-    temp_max: u64,
+    pub(crate) temp_max: u64,
     /// proxy_next_upstream and its limits.
-    next_mask: u16,
-    next_tries: u64,
-    next_timeout: Option<Duration>,
+    pub(crate) next_mask: u16,
+    pub(crate) next_tries: u64,
+    pub(crate) next_timeout: Option<Duration>,
     /// `https://`: the client configuration and the upstream's name.
-    tls: Option<(
+    pub(crate) tls: Option<(
         Arc<rustls::ClientConfig>,
         rustls::pki_types::ServerName<'static>,
     )>,
+    /// The FastCGI protocol instead of HTTP: the request goes out as
+    /// records, the response comes back as records
+    /// ([`super::fastcgi`]); with `fastcgi_catch_stderr`'s strings.
+    pub(crate) fcgi: Option<Arc<Vec<Vec<u8>>>>,
+}
+
+impl Limits {
+    /// The settings of `conf` (nginx's defaults where unset).
+    pub(crate) fn of(conf: &ProxyLoc) -> Limits {
+        Limits {
+            connect: Duration::from_millis(conf.connect_timeout.unwrap_or(60_000)),
+            send: Duration::from_millis(conf.send_timeout.unwrap_or(60_000)),
+            read: Duration::from_millis(conf.read_timeout.unwrap_or(60_000)),
+            head_max: conf.buffer_size.unwrap_or(4096).max(1024),
+            mem_max: conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s)),
+            temp_max: conf.max_temp_file_size.unwrap_or(1024 * 1024 * 1024),
+            next_mask: conf.next_upstream.unwrap_or(ft::DEFAULT),
+            next_tries: conf.next_upstream_tries.unwrap_or(0),
+            next_timeout: conf
+                .next_upstream_timeout
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
+            tls: None,
+            fcgi: None,
+        }
+    }
 }
 
 /// The cache side of one request.
@@ -1415,21 +1477,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let lim = Limits {
-        connect: Duration::from_millis(conf.connect_timeout.unwrap_or(60_000)),
-        send: Duration::from_millis(conf.send_timeout.unwrap_or(60_000)),
-        read: Duration::from_millis(conf.read_timeout.unwrap_or(60_000)),
-        head_max: conf.buffer_size.unwrap_or(4096).max(1024),
-        mem_max: conf.buffers.map_or(8 * 4096, |(n, s)| n.saturating_mul(s)),
-        temp_max: conf.max_temp_file_size.unwrap_or(1024 * 1024 * 1024),
-        next_mask: conf.next_upstream.unwrap_or(ft::DEFAULT),
-        next_tries: conf.next_upstream_tries.unwrap_or(0),
-        next_timeout: conf
-            .next_upstream_timeout
-            .filter(|ms| *ms > 0)
-            .map(Duration::from_millis),
-        tls: None,
-    };
+    let lim = Limits::of(conf);
     let lim = if pass.tls {
         match ssl_client(conf, pass) {
             Some(t) => Limits {
@@ -1650,7 +1698,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             return cache_answer(cx, conf, r, b"REVALIDATED");
         }
     }
-    let mut relayed = relay_headers(loc_prefix(cx), conf, pass, &resp.headers);
+    let mut relayed = relay_headers(loc_prefix(cx), conf, Some(pass), &resp.headers, HIDDEN);
     rewrite_cookies(cx, conf, &mut relayed);
     let store = creq
         .as_ref()
@@ -1806,7 +1854,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if framing.done() && cache_out.is_none() && store_out.is_none() {
         if reusable(&resp, &framing) {
             if let Some(s) = resp.stream.take() {
-                up.put_idle(resp.peer, s, resp.requests);
+                up.put_idle(resp.peer.clone(), s, resp.requests);
             }
         }
         out.content_length = Some(first.len() as u64);
@@ -1826,7 +1874,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     if let Some(c) = &cache_out {
         pipe.lock().file = Some(c.file.clone());
     }
-    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
+    let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer.clone(), resp.requests));
     let producer = Producer {
         pipe: pipe.clone(),
         stream,
@@ -1884,7 +1932,7 @@ fn cache_answer(cx: &mut Ctx<'_>, conf: &ProxyLoc, mut r: Response, status: &[u8
 }
 
 /// proxy_buffering, unless upstream says otherwise (X-Accel-Buffering).
-fn buffering(conf: &ProxyLoc, hs: &[(String, Vec<u8>)]) -> bool {
+pub(crate) fn buffering(conf: &ProxyLoc, hs: &[(String, Vec<u8>)]) -> bool {
     let mut buffering = conf.buffering.unwrap_or(true);
     if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
         match header(hs, "x-accel-buffering") {
@@ -2060,7 +2108,7 @@ impl Background {
         let Some(valid) = cache_validity(conf, resp.status, &resp.headers) else {
             return;
         };
-        let relayed = relay_headers(&prefix, conf, &pass, &resp.headers);
+        let relayed = relay_headers(&prefix, conf, Some(&pass), &resp.headers, HIDDEN);
         let Ok(mut framing) = Framing::of(&resp) else {
             return;
         };
@@ -2098,7 +2146,8 @@ impl Background {
             p.gone = true;
             p.file = Some(file.clone());
         }
-        let keep = reusable(&resp, &framing).then(|| (up.clone(), resp.peer, resp.requests));
+        let keep =
+            reusable(&resp, &framing).then(|| (up.clone(), resp.peer.clone(), resp.requests));
         let producer = Producer {
             pipe,
             stream,
@@ -2133,14 +2182,14 @@ impl Background {
 
 /// `proxy_force_ranges`: upstream's `Accept-Ranges` gives way to the
 /// range filter's mark (the filter writes its own header), one range at most.
-fn force_ranges(r: &mut Response) {
+pub(crate) fn force_ranges(r: &mut Response) {
     r.remove_header("accept-ranges");
     r.headers
         .push((Cow::Borrowed("Accept-Ranges"), b"bytes".to_vec()));
     r.single_range = true;
 }
 
-fn has_error_page(loc: &LocConf, status: u16) -> bool {
+pub(crate) fn has_error_page(loc: &LocConf, status: u16) -> bool {
     loc.modules.error_page.find(status).is_some()
 }
 
@@ -2155,7 +2204,16 @@ fn any_true(cx: &Ctx<'_>, list: Option<&Vec<Template>>) -> bool {
 
 /// The upstream for this request (`upstream` block, or the host itself).
 async fn upstream_of(cx: &Ctx<'_>, pass: &Pass) -> Option<Arc<Upstream>> {
-    match &pass.target {
+    upstream_for(cx, &pass.target, &pass.host).await
+}
+
+/// The upstream of a `Target` (`host`: the implicit upstream's name).
+pub(crate) async fn upstream_for(
+    cx: &Ctx<'_>,
+    target: &Target,
+    host: &[u8],
+) -> Option<Arc<Upstream>> {
+    match target {
         Target::Fixed(u) => Some(u.clone()),
         Target::Named {
             name,
@@ -2182,7 +2240,7 @@ async fn upstream_of(cx: &Ctx<'_>, pass: &Pass) -> Option<Arc<Upstream>> {
                 None
             } else {
                 Some(Arc::new(Upstream::implicit(
-                    &String::from_utf8_lossy(&pass.host),
+                    &String::from_utf8_lossy(host),
                     addrs,
                 )))
             };
@@ -2320,7 +2378,7 @@ async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead
 }
 
 /// Moves relayed headers into a response (Content-Type to its field).
-fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
+pub(crate) fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
     for (n, v) in headers {
         if n.eq_ignore_ascii_case("content-length") {
             // Only a stored HEAD response has one; see entry_response.
@@ -2382,7 +2440,7 @@ const CLEARED_WHEN_CACHING: &[&str] = &[
 
 /// What goes upstream after the head.
 #[derive(Clone)]
-enum OutBody {
+pub(crate) enum OutBody {
     None,
     Mem(Bytes),
     /// A client body in its temp file (read back for every attempt).
@@ -2391,21 +2449,21 @@ enum OutBody {
 
 /// One request as sent to each peer tried: the body is buffered, so a
 /// retry sends it again.
-struct Outgoing<'o> {
-    head: &'o [u8],
-    body: &'o OutBody,
-    policy: &'o Policy,
+pub(crate) struct Outgoing<'o> {
+    pub(crate) head: &'o [u8],
+    pub(crate) body: &'o OutBody,
+    pub(crate) policy: &'o Policy,
     /// POST, LOCK, PATCH: not passed to another peer once sent.
-    non_idempotent: bool,
+    pub(crate) non_idempotent: bool,
     /// `proxy_bind`'s address for this request.
-    bind: Option<std::net::IpAddr>,
+    pub(crate) bind: Option<std::net::IpAddr>,
     /// `proxy_socket_keepalive`.
-    keepalive: bool,
+    pub(crate) keepalive: bool,
 }
 
 /// `proxy_bind`'s address for a request (an unusable rendered value is
 /// logged and ignored, as nginx does).
-fn bind_addr(cx: &Ctx<'_>, conf: &ProxyLoc) -> Option<std::net::IpAddr> {
+pub(crate) fn bind_addr(cx: &Ctx<'_>, conf: &ProxyLoc) -> Option<std::net::IpAddr> {
     match conf.bind.as_ref()?.as_ref()? {
         BindAddr::Fixed(a) => Some(*a),
         BindAddr::Var(t) => {
@@ -2554,17 +2612,19 @@ fn push_header(h: &mut Vec<u8>, n: &[u8], v: &[u8]) {
 }
 
 /// A failure with its status (502/504) and error-log text.
-struct Fail {
-    status: u16,
-    msg: String,
+pub(crate) struct Fail {
+    pub(crate) status: u16,
+    pub(crate) msg: String,
     /// Which `proxy_next_upstream` case this is ([`ft`]; 0: never retried,
     /// e.g. after part of a response was received).
-    ft: u16,
+    pub(crate) ft: u16,
     /// The request had started to go out (nginx's `request_sent`).
-    sent: bool,
+    pub(crate) sent: bool,
+    /// FastCGI: what came on stderr before the failure (logged).
+    pub(crate) stderr: Vec<Vec<u8>>,
 }
 
-fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
+pub(crate) fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
     Fail {
         status,
         msg: msg.into(),
@@ -2574,22 +2634,23 @@ fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
             (true, _) => ft::ERROR,
         },
         sent: false,
+        stderr: Vec::new(),
     }
 }
 
 /// An upstream response head nginx counts as `invalid_header`.
-fn invalid_header(msg: &str) -> Fail {
+pub(crate) fn invalid_header(msg: &str) -> Fail {
     Fail {
         ft: ft::INVALID_HEADER,
         ..fail(502, msg, false)
     }
 }
 
-const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
+pub(crate) const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
 
 /// One read from the upstream within `limit`: 504 on timeout, 502 on an
 /// error, with nginx's log wording (`... while reading upstream`).
-async fn timed_read(
+pub(crate) async fn timed_read(
     s: &mut UpStream,
     buf: &mut [u8],
     limit: Duration,
@@ -2608,30 +2669,34 @@ async fn timed_read(
 }
 
 /// A response head from upstream, with the connection to read the body from.
-struct UpResp {
-    status: u16,
-    minor: u8,
-    headers: Vec<(String, Vec<u8>)>,
-    stream: Option<UpStream>,
+pub(crate) struct UpResp {
+    pub(crate) status: u16,
+    pub(crate) minor: u8,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
+    pub(crate) stream: Option<UpStream>,
     /// Body bytes that came with the head.
-    early: Vec<u8>,
-    peer: SocketAddr,
-    peer_name: String,
+    pub(crate) early: Vec<u8>,
+    pub(crate) peer: PeerAddr,
+    pub(crate) peer_name: String,
     /// Requests the connection has carried, this one included
     /// (`keepalive_requests`).
-    requests: u64,
+    pub(crate) requests: u64,
     /// No body follows (HEAD, 1xx, 204, 304).
-    no_body: bool,
+    pub(crate) no_body: bool,
     /// The Content-Length upstream declared (for HEAD answers).
-    declared_len: Option<u64>,
+    pub(crate) declared_len: Option<u64>,
     /// The peer counts as busy (least_conn, max_conns) while this lives:
     /// it moves to the body's producer.
-    lease: Option<upstream::Lease>,
+    pub(crate) lease: Option<upstream::Lease>,
+    /// FastCGI: the record decoder, in the middle of the stream.
+    pub(crate) fcgi: Option<super::fastcgi::Decoder>,
+    /// FastCGI: what came on stderr with the head (logged by [`fetch`]).
+    pub(crate) stderr: Vec<Vec<u8>>,
 }
 
 /// Where [`fetch`] records `$upstream_addr`/`$upstream_status` and logs:
 /// the request, or (a background cache update) only the log.
-trait FetchEnv {
+pub(crate) trait FetchEnv {
     fn note(&mut self, key: &'static str, v: &[u8]);
     fn log_up(&self, level: Level, msg: &str, url: &str);
 }
@@ -2660,13 +2725,13 @@ impl FetchEnv for UpLog {
 
 /// Why [`fetch`] gave up: the status for the client and the
 /// `proxy_next_upstream` case of the last failure (0: none).
-struct FetchErr {
-    status: u16,
-    ft: u16,
+pub(crate) struct FetchErr {
+    pub(crate) status: u16,
+    pub(crate) ft: u16,
 }
 
 /// Tries peers until one answers with a response head.
-async fn fetch<E: FetchEnv>(
+pub(crate) async fn fetch<E: FetchEnv>(
     cx: &mut E,
     mut at: upstream::Attempt,
     up: &Arc<Upstream>,
@@ -2697,8 +2762,16 @@ async fn fetch<E: FetchEnv>(
         let Some(peer) = up.peer(pid) else { break };
         tries_left = tries_left.saturating_sub(1);
         cx.note("upstream_addr", peer.name.as_bytes());
-        let url = upstream_url(lim.tls.is_some(), &peer.name, uri);
-        match exchange(up, peer.addr, lim, send, head_only).await {
+        let url = lim.url(&peer.name, uri);
+        let got = exchange(up, &peer.addr, lim, send, head_only).await;
+        let stderr = match &got {
+            Ok(r) => &r.stderr,
+            Err(f) => &f.stderr,
+        };
+        for e in stderr {
+            cx.log_up(Level::Error, &super::fastcgi::stderr_msg(e, true), &url);
+        }
+        match got {
             Ok(mut r) => {
                 let bit = ft::of_status(r.status).unwrap_or(0);
                 if may_retry(bit, true, tries_left) {
@@ -2725,7 +2798,11 @@ async fn fetch<E: FetchEnv>(
                 // file), logged as nginx does such, and not the peer's.
                 let local = f.status == 500;
                 let level = if local { Level::Crit } else { Level::Error };
-                cx.log_up(level, &f.msg, &url);
+                // An empty message: already said (fastcgi_catch_stderr's
+                // line is the stderr itself, as nginx logs it).
+                if !f.msg.is_empty() {
+                    cx.log_up(level, &f.msg, &url);
+                }
                 cx.note("upstream_status", f.status.to_string().as_bytes());
                 if !local && up.failed(pid) {
                     cx.log_up(
@@ -2745,7 +2822,7 @@ async fn fetch<E: FetchEnv>(
     }
     // Peers were left to try, but none can be used now: nginx records a
     // pseudo-attempt named after the upstream.
-    let url = upstream_url(lim.tls.is_some(), &up.name, uri);
+    let url = lim.url(&up.name, uri);
     cx.log_up(
         Level::Error,
         "no live upstreams while connecting to upstream",
@@ -2760,6 +2837,17 @@ async fn fetch<E: FetchEnv>(
     })
 }
 
+impl Limits {
+    /// The `upstream: "..."` of error-log lines: nginx names the peer
+    /// with the scheme, and (HTTP only) the URI.
+    pub(crate) fn url(&self, peer: &str, uri: &[u8]) -> String {
+        match self.fcgi {
+            Some(_) => format!("fastcgi://{}", peer),
+            None => upstream_url(self.tls.is_some(), peer, uri),
+        }
+    }
+}
+
 fn upstream_url(tls: bool, peer: &str, uri: &[u8]) -> String {
     let scheme = if tls { "https" } else { "http" };
     format!("{}://{}{}", scheme, peer, String::from_utf8_lossy(uri))
@@ -2768,7 +2856,7 @@ fn upstream_url(tls: bool, peer: &str, uri: &[u8]) -> String {
 /// One attempt on one peer: connect (or reuse), send, read the head.
 async fn exchange(
     up: &Upstream,
-    addr: SocketAddr,
+    addr: &PeerAddr,
     lim: &Limits,
     send: &Outgoing<'_>,
     head_only: bool,
@@ -2829,10 +2917,9 @@ async fn exchange(
         }
         Ok(Ok(s)) => s,
     };
-    let _ = s.set_nodelay(true);
-    let s = match &lim.tls {
-        None => UpStream::Plain(s),
-        Some((cfg, name)) => {
+    let s = match (s, &lim.tls) {
+        (s, None) => s,
+        (UpStream::Plain(s), Some((cfg, name))) => {
             let hs = crate::tls::client::connect(s, cfg.clone(), name.clone());
             match tokio::time::timeout(lim.connect, hs).await {
                 Ok(Ok(s)) => s,
@@ -2855,6 +2942,13 @@ async fn exchange(
                 }
             }
         }
+        (_, Some(_)) => {
+            return Err(fail(
+                502,
+                "SSL to a unix-domain upstream is not supported by tern yet while SSL handshaking to upstream",
+                false,
+            ))
+        }
     };
     send_and_read(s, addr, lim, send, head_only)
         .await
@@ -2862,8 +2956,18 @@ async fn exchange(
 }
 
 /// A new connection to `addr`, from `proxy_bind`'s address, with
-/// `proxy_socket_keepalive`.
-async fn connect(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
+/// `proxy_socket_keepalive` (a unix-domain socket takes neither).
+async fn connect(addr: &PeerAddr, send: &Outgoing<'_>) -> io::Result<UpStream> {
+    let addr = match addr {
+        PeerAddr::Unix(p) => return Ok(UpStream::Unix(tokio::net::UnixStream::connect(p).await?)),
+        PeerAddr::Inet(a) => *a,
+    };
+    let s = connect_tcp(addr, send).await?;
+    let _ = s.set_nodelay(true);
+    Ok(UpStream::Plain(s))
+}
+
+async fn connect_tcp(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
     if send.bind.is_none() && !send.keepalive {
         return TcpStream::connect(addr).await;
     }
@@ -2925,8 +3029,14 @@ async fn send_request(s: &mut UpStream, lim: &Limits, send: &Outgoing<'_>) -> Re
                         false,
                     ));
                 }
-                write_timed(s, &data, lim).await?;
+                match lim.fcgi {
+                    Some(_) => write_timed(s, &super::fastcgi::stdin(&data), lim).await?,
+                    None => write_timed(s, &data, lim).await?,
+                }
                 off += data.len() as u64;
+            }
+            if lim.fcgi.is_some() {
+                write_timed(s, &super::fastcgi::stdin(&[]), lim).await?;
             }
             Ok(())
         }
@@ -2961,12 +3071,31 @@ async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits) -> Result<(), 
 
 async fn send_and_read(
     mut s: UpStream,
-    addr: SocketAddr,
+    addr: &PeerAddr,
     lim: &Limits,
     send: &Outgoing<'_>,
     head_only: bool,
 ) -> Result<UpResp, Fail> {
     send_request(&mut s, lim, send).await?;
+    if let Some(catch) = &lim.fcgi {
+        let h = super::fastcgi::read_head(&mut s, lim.read, lim.head_max, catch).await?;
+        return Ok(UpResp {
+            status: h.status,
+            minor: 1,
+            no_body: head_only,
+            declared_len: header(&h.headers, "content-length")
+                .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok()),
+            headers: h.headers,
+            stream: Some(s),
+            early: h.body,
+            peer: addr.clone(),
+            peer_name: String::new(),
+            requests: 1,
+            lease: None,
+            fcgi: Some(h.decoder),
+            stderr: h.stderr,
+        });
+    }
     let mut buf = vec![0u8; lim.head_max];
     let mut have = 0usize;
     // Set when an interim (1xx) response was dropped and bytes of the next
@@ -3027,10 +3156,12 @@ async fn send_and_read(
                     headers,
                     stream: Some(s),
                     early: buf[end..have].to_vec(),
-                    peer: addr,
+                    peer: addr.clone(),
                     peer_name: String::new(),
                     requests: 1,
                     lease: None,
+                    fcgi: None,
+                    stderr: Vec::new(),
                 });
             }
             Err(httparse::Error::Version | httparse::Error::Status) => {
@@ -3047,7 +3178,7 @@ async fn send_and_read(
     }
 }
 
-fn header<'h>(hs: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
+pub(crate) fn header<'h>(hs: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
     hs.iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.as_slice())
@@ -3061,14 +3192,16 @@ fn has_token(v: &[u8], tok: &str) -> bool {
 // ---- the response body: framing, and the pipe to the client -----------------
 
 /// How the upstream body ends: chunked, a length, or the connection's close.
-struct Framing {
+pub(crate) struct Framing {
     dec: Option<crate::http::chunked::ChunkedDecoder>,
+    /// FastCGI records (the body is their stdout).
+    fcgi: Option<super::fastcgi::Decoder>,
     /// Bytes still expected with a Content-Length.
     left: Option<u64>,
     /// The declared Content-Length (what the client is told).
-    length: Option<u64>,
+    pub(crate) length: Option<u64>,
     /// Bytes after the body's end arrived (the connection cannot be reused).
-    extra: bool,
+    pub(crate) extra: bool,
 }
 
 impl Framing {
@@ -3076,6 +3209,7 @@ impl Framing {
         if r.no_body {
             return Ok(Framing {
                 dec: None,
+                fcgi: None,
                 left: Some(0),
                 length: None,
                 extra: false,
@@ -3104,15 +3238,32 @@ impl Framing {
         };
         Ok(Framing {
             dec: chunked.then(crate::http::chunked::ChunkedDecoder::new),
+            fcgi: None,
             left: length,
             length,
             extra: false,
         })
     }
 
+    /// A FastCGI response's body: the rest of the records `dec` is in
+    /// the middle of; `length` is what the script's Content-Length said.
+    pub(crate) fn fcgi(dec: super::fastcgi::Decoder, length: Option<u64>) -> Framing {
+        Framing {
+            dec: None,
+            fcgi: Some(dec),
+            left: None,
+            length,
+            extra: false,
+        }
+    }
+
     /// Decodes what arrived, appending body bytes to `out`.
     fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
-        if let Some(d) = self.dec.as_mut() {
+        if let Some(d) = self.fcgi.as_mut() {
+            d.feed(buf, out)
+                .map_err(|m| fail(502, format!("{} while reading upstream", m), false))?;
+            self.extra |= d.extra;
+        } else if let Some(d) = self.dec.as_mut() {
             let used = d.decode(buf, out).map_err(|_| {
                 fail(
                     502,
@@ -3132,7 +3283,10 @@ impl Framing {
         Ok(())
     }
 
-    fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
+        if let Some(d) = &self.fcgi {
+            return d.done;
+        }
         match (&self.dec, self.left) {
             (Some(d), _) => d.is_done(),
             (None, Some(l)) => l == 0,
@@ -3142,7 +3296,7 @@ impl Framing {
 
     /// The body ends with the connection (HTTP/1.0 style).
     fn by_close(&self) -> bool {
-        self.dec.is_none() && self.left.is_none()
+        self.dec.is_none() && self.fcgi.is_none() && self.left.is_none()
     }
 }
 
@@ -3179,7 +3333,7 @@ struct PipeState {
 /// The body on its way from the upstream reader ([`Producer`]) to the
 /// connection ([`Consumer`]).
 #[derive(Default)]
-struct Pipe {
+pub(crate) struct Pipe {
     state: std::sync::Mutex<PipeState>,
     /// Data or the end was queued.
     data: tokio::sync::Notify,
@@ -3213,13 +3367,25 @@ impl Pipe {
     }
 }
 
+/// A body already complete in memory, sent as a stream all the same:
+/// the client is told no length (chunked), as nginx tells it when
+/// upstream did not say one.
+pub(crate) fn complete_stream(data: Vec<u8>, policy: Policy) -> Body {
+    let pipe = Arc::new(Pipe::default());
+    if !data.is_empty() {
+        pipe.push(Seg::Mem(Bytes::from(data)));
+    }
+    pipe.finish(Ok(()));
+    Body::Stream(Box::new(Consumer { pipe, policy }))
+}
+
 /// Pieces read back from a file are at most this big.
 const FILE_PIECE: u64 = 64 * 1024;
 
 /// The connection's end of the pipe: a [`BodyStream`].
-struct Consumer {
-    pipe: Arc<Pipe>,
-    policy: Policy,
+pub(crate) struct Consumer {
+    pub(crate) pipe: Arc<Pipe>,
+    pub(crate) policy: Policy,
 }
 
 impl Consumer {
@@ -3286,18 +3452,18 @@ impl Drop for Consumer {
 
 /// What an upstream error is logged with once the request's context is
 /// out of reach (the reader outlives the handler).
-struct UpLog {
-    logger: Arc<crate::core::log::Logger>,
-    conn: u64,
+pub(crate) struct UpLog {
+    pub(crate) logger: Arc<crate::core::log::Logger>,
+    pub(crate) conn: u64,
     /// `, client: ..., server: ..., request: "..."`.
-    tail: String,
+    pub(crate) tail: String,
     /// `, upstream: "..."` and `, host: "..."`.
-    upstream: String,
-    host: String,
+    pub(crate) upstream: String,
+    pub(crate) host: String,
 }
 
 impl UpLog {
-    fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
+    pub(crate) fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
         UpLog {
             logger: cx.logger(),
             conn: cx.conn.id,
@@ -3322,7 +3488,7 @@ impl UpLog {
 }
 
 /// The cache entry being written as the body arrives.
-struct CacheOut {
+pub(crate) struct CacheOut {
     zone: Arc<Zone>,
     md5: [u8; 16],
     file: Arc<File>,
@@ -3357,33 +3523,33 @@ impl From<Fail> for Stop {
 /// memory up to proxy_buffers, then a temp file up to
 /// proxy_max_temp_file_size, then it waits for the client; a response
 /// being cached goes whole into its cache file.
-struct Producer {
-    pipe: Arc<Pipe>,
-    stream: UpStream,
+pub(crate) struct Producer {
+    pub(crate) pipe: Arc<Pipe>,
+    pub(crate) stream: UpStream,
     /// Dropped with the producer, when the body is done.
-    _lease: Option<upstream::Lease>,
-    framing: Framing,
-    read_timeout: Duration,
-    mem_max: usize,
-    temp_max: u64,
-    temp_dir: PathBuf,
-    policy: Policy,
-    temp: Option<Arc<File>>,
-    temp_len: u64,
-    cache: Option<CacheOut>,
+    pub(crate) _lease: Option<upstream::Lease>,
+    pub(crate) framing: Framing,
+    pub(crate) read_timeout: Duration,
+    pub(crate) mem_max: usize,
+    pub(crate) temp_max: u64,
+    pub(crate) temp_dir: PathBuf,
+    pub(crate) policy: Policy,
+    pub(crate) temp: Option<Arc<File>>,
+    pub(crate) temp_len: u64,
+    pub(crate) cache: Option<CacheOut>,
     /// Where a complete, reusable connection goes, and the requests it
     /// has carried.
-    keep: Option<(Arc<Upstream>, SocketAddr, u64)>,
-    log: UpLog,
+    pub(crate) keep: Option<(Arc<Upstream>, PeerAddr, u64)>,
+    pub(crate) log: UpLog,
     /// `proxy_limit_rate` in bytes per second (0: none).
-    limit_rate: u64,
+    pub(crate) limit_rate: u64,
     /// `proxy_store`: the file the body is copied to.
-    store: Option<StoreOut>,
+    pub(crate) store: Option<StoreOut>,
 }
 
 /// A `proxy_store` file being written: a named temp file, renamed to
 /// `dest` (directories made as needed) once the body is complete.
-struct StoreOut {
+pub(crate) struct StoreOut {
     file: Arc<File>,
     path: PathBuf,
     dest: PathBuf,
@@ -3453,7 +3619,7 @@ async fn commit_store(st: StoreOut, policy: &Policy) -> io::Result<()> {
 }
 
 impl Producer {
-    async fn run(mut self, first: Vec<u8>) {
+    pub(crate) async fn run(mut self, first: Vec<u8>) {
         match self.pump(first).await {
             Ok(()) => {
                 if let Some(c) = self.cache.take() {
@@ -3562,6 +3728,12 @@ impl Producer {
             read_len += n as u64;
             let mut data = Vec::new();
             self.framing.feed(&rbuf[..n], &mut data)?;
+            if let Some(d) = self.framing.fcgi.as_mut() {
+                for e in d.stderr.drain(..) {
+                    self.log
+                        .log(Level::Error, &super::fastcgi::stderr_msg(&e, false), true);
+                }
+            }
             self.place(data).await?;
         }
         Ok(())
@@ -3762,11 +3934,12 @@ fn loc_prefix<'c>(cx: &'c Ctx<'_>) -> &'c [u8] {
 }
 
 /// The headers that go to the client (and into a cache file).
-fn relay_headers(
+pub(crate) fn relay_headers(
     prefix: &[u8],
     conf: &ProxyLoc,
-    pass: &Pass,
+    pass: Option<&Pass>,
     hs: &[(String, Vec<u8>)],
+    hidden: &[&str],
 ) -> Vec<(String, Vec<u8>)> {
     let pass_list: &[String] = conf.pass_headers.as_deref().map_or(&[], |v| v);
     let hide_list: &[String] = conf.hide.as_deref().map_or(&[], |v| v);
@@ -3776,10 +3949,10 @@ fn relay_headers(
         if HOP.contains(&l.as_str()) || hide_list.contains(&l) {
             continue;
         }
-        if HIDDEN.contains(&l.as_str()) && !pass_list.contains(&l) {
+        if hidden.contains(&l.as_str()) && !pass_list.contains(&l) {
             continue;
         }
-        if l == "location" && conf.redirect.unwrap_or(true) {
+        if let Some(pass) = pass.filter(|_| l == "location" && conf.redirect.unwrap_or(true)) {
             out.push((n.clone(), rewrite_location(prefix, pass, v)));
             continue;
         }
@@ -4096,7 +4269,7 @@ fn header_validity(conf: &ProxyLoc, hs: &[(String, Vec<u8>)], now: i64) -> Optio
 }
 
 /// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
-fn log_upstream(cx: &Ctx<'_>, level: Level, msg: &str, upstream: &str) {
+pub(crate) fn log_upstream(cx: &Ctx<'_>, level: Level, msg: &str, upstream: &str) {
     cx.log_with_upstream(level, msg, Some(upstream));
 }
 

@@ -145,10 +145,28 @@ pub struct UpstreamMain {
     pub upstreams: HashMap<String, Arc<Upstream>>,
 }
 
+/// Where a peer listens: a TCP address or a unix-domain socket
+/// (`server unix:/path`, `fastcgi_pass unix:/path`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PeerAddr {
+    Inet(SocketAddr),
+    Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for PeerAddr {
+    /// As nginx prints it (`$upstream_addr`, the error log).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerAddr::Inet(a) => write!(f, "{}", a),
+            PeerAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 /// One configured server of an upstream.
 #[derive(Debug)]
 pub struct Peer {
-    pub addr: SocketAddr,
+    pub addr: PeerAddr,
     /// As nginx prints it in `$upstream_addr` and the error log.
     pub name: String,
     /// The `server` directive's address as written (consistent hashing
@@ -293,7 +311,7 @@ impl Upstream {
         let peers = addrs
             .into_iter()
             .map(|a| Peer {
-                addr: a,
+                addr: PeerAddr::Inet(a),
                 name: a.to_string(),
                 server: name.to_string(),
                 weight: 1,
@@ -304,6 +322,22 @@ impl Upstream {
             })
             .collect();
         Upstream::new(name.to_string(), peers, Vec::new(), false)
+    }
+
+    /// The implicit upstream of `fastcgi_pass unix:PATH`: one peer.
+    pub fn implicit_unix(path: std::path::PathBuf) -> Upstream {
+        let addr = PeerAddr::Unix(path);
+        let peer = Peer {
+            name: addr.to_string(),
+            server: addr.to_string(),
+            addr,
+            weight: 1,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            down: false,
+            max_conns: 0,
+        };
+        Upstream::new(peer.name.clone(), vec![peer], Vec::new(), false)
     }
 
     pub fn peer(&self, id: PeerId) -> Option<&Peer> {
@@ -654,7 +688,7 @@ impl Upstream {
 
     /// An idle cached connection to `peer`, if this worker has one, with
     /// the number of requests it has served.
-    pub fn take_idle(&self, addr: SocketAddr) -> Option<(UpStream, u64)> {
+    pub fn take_idle(&self, addr: &PeerAddr) -> Option<(UpStream, u64)> {
         if self.keepalive == 0 {
             return None;
         }
@@ -663,7 +697,7 @@ impl Upstream {
             let list = m.get_mut(&self.id)?;
             let now = Instant::now();
             list.retain(|e| now.duration_since(e.since) < self.keepalive_timeout);
-            let i = list.iter().rposition(|e| e.addr == addr)?;
+            let i = list.iter().rposition(|e| e.addr == *addr)?;
             let e = list.remove(i);
             Some((e.stream, e.requests))
         })
@@ -672,7 +706,7 @@ impl Upstream {
     /// Caches an idle connection that has served `requests` requests
     /// (dropping the oldest beyond `keepalive`); one that has served
     /// `keepalive_requests` is dropped, which closes it.
-    pub fn put_idle(&self, addr: SocketAddr, s: UpStream, requests: u64) {
+    pub fn put_idle(&self, addr: PeerAddr, s: UpStream, requests: u64) {
         if self.keepalive == 0 || requests >= self.keepalive_requests {
             return;
         }
@@ -715,7 +749,7 @@ fn random_u64() -> u64 {
 }
 
 struct Idle {
-    addr: SocketAddr,
+    addr: PeerAddr,
     stream: UpStream,
     since: Instant,
     requests: u64,
@@ -910,12 +944,6 @@ fn parse_server(d: &Directive) -> ConfResult<(Vec<Peer>, bool)> {
     } else {
         addr.to_string()
     };
-    if addr.starts_with("unix:") {
-        return Err(ConfError::at(
-            "unix upstream servers are not supported by tern yet",
-            d,
-        ));
-    }
     let (mut weight, mut max_fails, mut fail_timeout) = (1i64, 1u32, Duration::from_secs(10));
     let (mut is_backup, mut down, mut max_conns) = (false, false, 0u32);
     let bad = |v: &str| ConfError::at(format!("invalid parameter \"{}\"", v), d);
@@ -940,12 +968,18 @@ fn parse_server(d: &Directive) -> ConfResult<(Vec<Peer>, bool)> {
             return Err(bad(a));
         }
     }
-    let addrs = resolve(&hostport, d, "upstream")?;
+    let addrs = match addr.strip_prefix("unix:") {
+        Some(path) => vec![PeerAddr::Unix(path.into())],
+        None => resolve(&hostport, d, "upstream")?
+            .into_iter()
+            .map(PeerAddr::Inet)
+            .collect(),
+    };
     let peers = addrs
         .into_iter()
         .map(|a| Peer {
-            addr: a,
             name: a.to_string(),
+            addr: a,
             server: addr.to_string(),
             weight,
             max_fails,
@@ -968,7 +1002,7 @@ mod tests {
             .map(|(i, w)| {
                 let addr: SocketAddr = format!("127.0.0.1:{}", 1000 + i).parse().unwrap();
                 Peer {
-                    addr,
+                    addr: PeerAddr::Inet(addr),
                     name: addr.to_string(),
                     server: addr.to_string(),
                     weight: *w,
