@@ -275,13 +275,46 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
 
 /// Error pages, then the header filters.
 pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
-    response::special_response(resp, &cx.loc);
+    if matches!(resp.status, 301 | 302)
+        && matches!(resp.body, response::Body::Empty)
+        && cx.loc.core.msie_refresh.unwrap_or(false)
+        && response::browser(cx.req).msie
+    {
+        if let Some(target) = refresh_target(cx, resp) {
+            response::msie_refresh(resp, &target);
+        }
+    }
+    response::special_response_to(resp, &cx.loc, cx.req);
     if resp.status != 200 {
         resp.remove_header("Accept-Ranges");
     }
     for f in HEADER_FILTERS {
         f(cx, resp);
     }
+    // chunked_transfer_encoding off: nginx's chunked filter sends a body
+    // of unknown length as it is and turns keep-alive off (a HEAD, which
+    // has no body, keeps it).
+    if !cx.loc.core.chunked_transfer_encoding.unwrap_or(true) && resp.chunked(cx.req.minor) {
+        resp.unframed = true;
+        if cx.req.method != Method::Head {
+            resp.force_close = true;
+        }
+    }
+}
+
+/// The Location of a redirect as its handler set it: nginx builds the
+/// `msie_refresh` page before its header filter makes a relative Location
+/// absolute, so the prefix tern already added is taken off again.
+fn refresh_target(cx: &Ctx<'_>, resp: &Response) -> Option<Vec<u8>> {
+    if let Some(abs) = &resp.location {
+        let mut base = rewrite::absolute_location(cx, b"/".to_vec());
+        base.pop();
+        return Some(match abs.strip_prefix(base.as_slice()) {
+            Some(rest) if rest.starts_with(b"/") => rest.to_vec(),
+            _ => abs.clone(),
+        });
+    }
+    resp.header("Location").map(<[u8]>::to_vec)
 }
 
 /// Where phase processing starts.

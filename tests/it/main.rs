@@ -10,6 +10,7 @@ mod autoindex;
 mod charset;
 mod client_abort;
 mod core_directives;
+mod core_msie_chunked;
 mod differential;
 mod empty_gif;
 mod engine;
