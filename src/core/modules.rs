@@ -12,6 +12,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_gunzip_module", false, true),
     ("http_realip_module", false, true),
     ("http_sub_module", false, true),
+    ("http_secure_link_module", false, true),
     ("stream", false, true),
     ("http_charset_module", true, true),
     ("http_gzip_module", true, true),

@@ -32,6 +32,7 @@ mod proxy_range;
 mod proxy_stream;
 mod referer;
 mod runtime;
+mod secure_link;
 mod seeds;
 mod smoke;
 mod static_headers;

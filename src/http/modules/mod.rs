@@ -28,6 +28,7 @@ pub mod range;
 pub mod realip;
 pub mod referer;
 pub mod rewrite;
+pub mod secure_link;
 pub mod ssl_settings;
 pub mod static_file;
 pub mod stub_status;
@@ -74,6 +75,7 @@ pub const TABLES: &[&[Spec]] = &[
     sub_filter::DIRECTIVES,
     referer::DIRECTIVES,
     empty_gif::DIRECTIVES,
+    secure_link::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -130,6 +132,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (crate::http::body::VARS, crate::http::body::var),
     (auth_basic::VARS, auth_basic::var),
     (referer::VARS, referer::var),
+    (secure_link::VARS, secure_link::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -177,6 +180,7 @@ pub struct ModLoc {
     pub sub_filter: sub_filter::SubFilterLoc,
     pub referer: referer::RefererLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
+    pub secure_link: secure_link::SecureLinkLoc,
 }
 
 impl ModLoc {
@@ -205,6 +209,7 @@ impl ModLoc {
         self.proxy.merge(&p.proxy);
         self.body.merge(&p.body);
         self.auth_basic.merge(&p.auth_basic);
+        self.secure_link.merge(&p.secure_link);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();

@@ -511,6 +511,9 @@ fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: &regex::bytes::Captures<'_>,
 /// Parses an `if (...)` condition from the directive's arguments.
 fn parse_cond(d: &Directive, cx: &mut Compiler) -> ConfResult<Cond> {
     let mut args: Vec<String> = d.args.iter().map(|a| a.value.clone()).collect();
+    // An empty quoted operand (`if ($x = "")`) is an argument; a lone
+    // `(` or `)` is not.
+    let quoted: Vec<bool> = d.args.iter().map(|a| a.quoted).collect();
     let bad = || {
         ConfError::at(
             format!(
@@ -536,7 +539,11 @@ fn parse_cond(d: &Directive, cx: &mut Compiler) -> ConfResult<Cond> {
         }
         _ => return Err(bad()),
     }
-    args.retain(|a| !a.is_empty());
+    let mut i = 0;
+    args.retain(|a| {
+        i += 1;
+        !a.is_empty() || quoted.get(i - 1).copied().unwrap_or(false)
+    });
     match args.as_slice() {
         [v] if v.starts_with('$') => Ok(Cond::Var(cx.template(v, d)?)),
         [a, op, b] if op == "=" || op == "!=" => Ok(Cond::Eq {
