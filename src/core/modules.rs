@@ -13,6 +13,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_realip_module", false, true),
     ("http_sub_module", false, true),
     ("http_secure_link_module", false, true),
+    ("http_random_index_module", false, true),
     ("stream", false, true),
     ("http_charset_module", true, true),
     ("http_gzip_module", true, true),

@@ -30,6 +30,7 @@ mod proxy_directives;
 mod proxy_more;
 mod proxy_range;
 mod proxy_stream;
+mod random_index;
 mod referer;
 mod runtime;
 mod secure_link;

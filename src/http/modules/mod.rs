@@ -24,6 +24,7 @@ pub mod map;
 pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
+pub mod random_index;
 pub mod range;
 pub mod realip;
 pub mod referer;
@@ -76,6 +77,7 @@ pub const TABLES: &[&[Spec]] = &[
     referer::DIRECTIVES,
     empty_gif::DIRECTIVES,
     secure_link::DIRECTIVES,
+    random_index::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -181,6 +183,7 @@ pub struct ModLoc {
     pub referer: referer::RefererLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub secure_link: secure_link::SecureLinkLoc,
+    pub random_index: random_index::RandomIndexLoc,
 }
 
 impl ModLoc {
@@ -210,6 +213,7 @@ impl ModLoc {
         self.body.merge(&p.body);
         self.auth_basic.merge(&p.auth_basic);
         self.secure_link.merge(&p.secure_link);
+        self.random_index.merge(&p.random_index);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
