@@ -18,7 +18,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_charset_module", true, true),
     ("http_gzip_module", true, true),
     ("http_ssi_module", true, false),
-    ("http_userid_module", true, false),
+    ("http_userid_module", true, true),
     ("http_access_module", true, true),
     ("http_auth_basic_module", true, true),
     ("http_mirror_module", true, false),

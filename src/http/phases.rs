@@ -74,6 +74,9 @@ pub struct Ctx<'a> {
     pub remote: Option<std::net::SocketAddr>,
     /// The realip module has had its one chance.
     pub realip_done: bool,
+    /// State a module computes once per request where it only has `&Ctx`
+    /// (a variable's evaluation), by module name (userid's identifier).
+    pub memo: RefCell<Vec<(&'static str, Box<dyn std::any::Any>)>>,
 }
 
 /// What went out, for the log phase's variables.
@@ -156,6 +159,7 @@ impl<'a> Ctx<'a> {
             logging: std::cell::Cell::new(false),
             remote: conn.remote,
             realip_done: false,
+            memo: RefCell::new(Vec::new()),
         }
     }
 

@@ -43,3 +43,4 @@ mod sub_filter;
 mod tls;
 mod upgrade;
 mod upstream_balance;
+mod userid;

@@ -36,6 +36,7 @@ pub mod stub_status;
 pub mod sub_filter;
 pub mod try_files;
 pub mod upstream;
+pub mod userid;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -78,6 +79,7 @@ pub const TABLES: &[&[Spec]] = &[
     empty_gif::DIRECTIVES,
     secure_link::DIRECTIVES,
     random_index::DIRECTIVES,
+    userid::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -89,6 +91,7 @@ pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
     not_modified::header_filter,
     headers::header_filter,
+    userid::header_filter,
     gzip_static::gunzip_header_filter,
     sub_filter::header_filter,
     charset::header_filter,
@@ -135,6 +138,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (auth_basic::VARS, auth_basic::var),
     (referer::VARS, referer::var),
     (secure_link::VARS, secure_link::var),
+    (userid::VARS, userid::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -184,6 +188,7 @@ pub struct ModLoc {
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub secure_link: secure_link::SecureLinkLoc,
     pub random_index: random_index::RandomIndexLoc,
+    pub userid: userid::UseridLoc,
 }
 
 impl ModLoc {
@@ -214,6 +219,7 @@ impl ModLoc {
         self.auth_basic.merge(&p.auth_basic);
         self.secure_link.merge(&p.secure_link);
         self.random_index.merge(&p.random_index);
+        self.userid.merge(&p.userid);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
