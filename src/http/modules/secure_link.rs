@@ -151,10 +151,13 @@ pub fn var(cx: &Ctx<'_>, id: u8, out: &mut Vec<u8>) -> bool {
     true
 }
 
+/// An expiry as written and as a time.
+type Expiry<'a> = (&'a [u8], u64);
+
 /// `HASH[,EXPIRES]`: the hash (at most 24 bytes) and, after the first
 /// comma, the expiry as written and as a time; None where nginx finds the
 /// variable not found (an expiry that is not a positive number).
-fn split(v: &[u8]) -> Option<(&[u8], Option<(&[u8], u64)>)> {
+fn split(v: &[u8]) -> Option<(&[u8], Option<Expiry<'_>>)> {
     let (hash, expires) = match memchr::memchr(b',', v) {
         Some(i) => {
             let raw = &v[i + 1..];
