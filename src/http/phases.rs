@@ -89,6 +89,9 @@ pub struct Sent {
     pub head: Vec<u8>,
     /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
     pub io: &'static str,
+    /// The rate the body is paced by instead of the location's
+    /// `limit_rate` (`set $limit_rate`, `X-Accel-Limit-Rate`).
+    pub limit_rate: Option<u64>,
 }
 
 pub enum Step {
@@ -295,6 +298,7 @@ pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     for f in HEADER_FILTERS {
         f(cx, resp);
     }
+    cx.sent.limit_rate = rewrite::limit_rate_override(cx);
     // chunked_transfer_encoding off: nginx's chunked filter sends a body
     // of unknown length as it is and turns keep-alive off (a HEAD, which
     // has no body, keeps it).

@@ -18,6 +18,7 @@ mod geo;
 mod gzip;
 mod idle;
 mod io;
+mod limit_rate_var;
 mod limits;
 mod map;
 mod next_upstream;

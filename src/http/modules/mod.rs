@@ -139,6 +139,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (referer::VARS, referer::var),
     (secure_link::VARS, secure_link::var),
     (userid::VARS, userid::var),
+    (rewrite::VARS, rewrite::limit_rate_var),
 ];
 
 /// The id of a module variable: module index and variable index.
