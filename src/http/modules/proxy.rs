@@ -1792,6 +1792,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         if let Some(n) = resp
             .headers
             .iter()
+            .rev()
             .filter(|(n, _)| n.eq_ignore_ascii_case("x-accel-limit-rate"))
             .filter_map(|(_, v)| {
                 let v = std::str::from_utf8(v).ok()?;
@@ -1800,7 +1801,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                     .then(|| v.parse::<u64>().ok())
                     .flatten()
             })
-            .last()
+            .next()
         {
             cx.set_note(super::rewrite::LIMIT_RATE, n.to_string());
         }
