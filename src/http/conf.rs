@@ -176,6 +176,13 @@ pub struct CoreLoc {
     pub lingering_time: Option<u64>,
     pub lingering_timeout: Option<u64>,
     pub server_tokens: Option<bool>,
+    /// `chunked_transfer_encoding` (default on): off, a body of unknown
+    /// length goes out unframed and the connection closes after it.
+    pub chunked_transfer_encoding: Option<bool>,
+    /// `msie_padding` (default on), `msie_refresh` (default off): see
+    /// [`crate::http::response::special_response`].
+    pub msie_padding: Option<bool>,
+    pub msie_refresh: Option<bool>,
     pub postpone_output: Option<u64>,
     pub error_log: Option<Vec<ErrorLogSpec>>,
     /// Compiled from `error_log` after merging.
@@ -190,7 +197,8 @@ impl CoreLoc {
             keepalive, keepalive_requests, keepalive_time, limit_rate, limit_rate_after,
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
-            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, error_log, logger);
+            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, error_log, logger,
+            chunked_transfer_encoding, msie_padding, msie_refresh);
     }
 
     /// Applied once at http level so every descendant inherits a value.
@@ -1195,6 +1203,9 @@ srv_flag!(set_underscores_in_headers, underscores_in_headers);
 loc_flag!(set_sendfile, sendfile);
 loc_flag!(set_tcp_nopush, tcp_nopush);
 loc_flag!(set_tcp_nodelay, tcp_nodelay);
+loc_flag!(set_chunked_transfer_encoding, chunked_transfer_encoding);
+loc_flag!(set_msie_padding, msie_padding);
+loc_flag!(set_msie_refresh, msie_refresh);
 loc_flag!(set_reset_timedout, reset_timedout_connection);
 loc_msec!(set_send_timeout, send_timeout);
 loc_msec!(set_client_body_timeout, client_body_timeout);
@@ -1609,6 +1620,24 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: ctx::HSL,
         args: Args::take(1),
         set: Setter::Loc(set_lingering_timeout),
+    },
+    Spec {
+        name: "chunked_transfer_encoding",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_chunked_transfer_encoding),
+    },
+    Spec {
+        name: "msie_padding",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_msie_padding),
+    },
+    Spec {
+        name: "msie_refresh",
+        ctx: ctx::HSL,
+        args: Args::Flag,
+        set: Setter::Loc(set_msie_refresh),
     },
     Spec {
         name: "server_tokens",

@@ -1090,8 +1090,8 @@ struct Pacer {
 }
 
 impl Pacer {
-    fn new(loc: &LocConf, head_len: usize) -> Option<Pacer> {
-        let rate = loc.core.limit_rate.filter(|r| *r > 0)?;
+    fn new(loc: &LocConf, sent: &phases::Sent, head_len: usize) -> Option<Pacer> {
+        let rate = sent.limit_rate.or(loc.core.limit_rate).filter(|r| *r > 0)?;
         Some(Pacer {
             rate,
             after: loc.core.limit_rate_after.unwrap_or(0),
@@ -1132,7 +1132,7 @@ async fn write_pieces<S: Stream>(
     let nopush = sendfile && loc.core.tcp_nopush.unwrap_or(false);
     let mut pending: Vec<u8> = head.to_vec();
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
-    let mut pacer = Pacer::new(loc, 0);
+    let mut pacer = Pacer::new(loc, sent, 0);
     for p in pieces {
         match p {
             response::Piece::Bytes(b) => {
@@ -1368,7 +1368,7 @@ async fn write_streamed<S: Stream>(
 ) -> io::Result<()> {
     let mut first = true;
     let mut out = Vec::new();
-    let mut pacer = Pacer::new(loc, 0);
+    let mut pacer = Pacer::new(loc, sent, 0);
     if !src.ready() {
         // The body keeps the client waiting: the head goes now.
         emit(

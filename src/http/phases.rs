@@ -74,6 +74,9 @@ pub struct Ctx<'a> {
     pub remote: Option<std::net::SocketAddr>,
     /// The realip module has had its one chance.
     pub realip_done: bool,
+    /// State a module computes once per request where it only has `&Ctx`
+    /// (a variable's evaluation), by module name (userid's identifier).
+    pub memo: RefCell<Vec<(&'static str, Box<dyn std::any::Any>)>>,
 }
 
 /// What went out, for the log phase's variables.
@@ -86,6 +89,9 @@ pub struct Sent {
     pub head: Vec<u8>,
     /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
     pub io: &'static str,
+    /// The rate the body is paced by instead of the location's
+    /// `limit_rate` (`set $limit_rate`, `X-Accel-Limit-Rate`).
+    pub limit_rate: Option<u64>,
 }
 
 pub enum Step {
@@ -156,6 +162,7 @@ impl<'a> Ctx<'a> {
             logging: std::cell::Cell::new(false),
             remote: conn.remote,
             realip_done: false,
+            memo: RefCell::new(Vec::new()),
         }
     }
 
@@ -282,13 +289,47 @@ pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
 
 /// Error pages, then the header filters.
 pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
-    response::special_response(resp, &cx.loc);
+    if matches!(resp.status, 301 | 302)
+        && matches!(resp.body, response::Body::Empty)
+        && cx.loc.core.msie_refresh.unwrap_or(false)
+        && response::browser(cx.req).msie
+    {
+        if let Some(target) = refresh_target(cx, resp) {
+            response::msie_refresh(resp, &target);
+        }
+    }
+    response::special_response_to(resp, &cx.loc, cx.req);
     if resp.status != 200 {
         resp.remove_header("Accept-Ranges");
     }
     for f in HEADER_FILTERS {
         f(cx, resp);
     }
+    cx.sent.limit_rate = rewrite::limit_rate_override(cx);
+    // chunked_transfer_encoding off: nginx's chunked filter sends a body
+    // of unknown length as it is and turns keep-alive off (a HEAD, which
+    // has no body, keeps it).
+    if !cx.loc.core.chunked_transfer_encoding.unwrap_or(true) && resp.chunked(cx.req.minor) {
+        resp.unframed = true;
+        if cx.req.method != Method::Head {
+            resp.force_close = true;
+        }
+    }
+}
+
+/// The Location of a redirect as its handler set it: nginx builds the
+/// `msie_refresh` page before its header filter makes a relative Location
+/// absolute, so the prefix tern already added is taken off again.
+fn refresh_target(cx: &Ctx<'_>, resp: &Response) -> Option<Vec<u8>> {
+    if let Some(abs) = &resp.location {
+        let mut base = rewrite::absolute_location(cx, b"/".to_vec());
+        base.pop();
+        return Some(match abs.strip_prefix(base.as_slice()) {
+            Some(rest) if rest.starts_with(b"/") => rest.to_vec(),
+            _ => abs.clone(),
+        });
+    }
+    resp.header("Location").map(<[u8]>::to_vec)
 }
 
 /// Where phase processing starts.

@@ -132,6 +132,9 @@ pub struct Response {
     /// `headers` may hold upstream's own `Server` and `Date` (FastCGI
     /// relays them, as nginx does): the writer leaves out its own then.
     pub upstream_server_date: bool,
+    /// `chunked_transfer_encoding off`: a body of unknown length goes out
+    /// as it is, ended by the close.
+    pub unframed: bool,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {
@@ -182,6 +185,7 @@ impl Response {
         self.content_length.is_none()
             && (!self.filters.is_empty() || matches!(self.body, Body::Stream(_)))
             && minor == 1
+            && !self.unframed
     }
 }
 
@@ -215,6 +219,91 @@ pub fn special_response(resp: &mut Response, loc: &LocConf) {
     if matches!(resp.status, 400 | 413 | 414 | 494) {
         resp.linger = true;
     }
+}
+
+/// [`special_response`] for a request: nginx's `msie_padding` then adds
+/// six HTML comments to an error page (status 400 and up) sent to MSIE or
+/// Chrome, so that their "friendly" error page does not replace it.
+pub fn special_response_to(
+    resp: &mut Response,
+    loc: &LocConf,
+    req: &crate::http::request::Request,
+) {
+    let was_empty = matches!(resp.body, Body::Empty);
+    special_response(resp, loc);
+    if !was_empty || resp.status < 400 || !loc.core.msie_padding.unwrap_or(true) {
+        return;
+    }
+    let b = browser(req);
+    if !(b.msie || b.chrome) {
+        return;
+    }
+    if let Body::Bytes(page) = &mut resp.body {
+        if page.is_empty() {
+            return;
+        }
+        for _ in 0..6 {
+            page.extend_from_slice(MSIE_PADDING_LINE);
+        }
+        resp.content_length = Some(page.len() as u64);
+    }
+}
+
+const MSIE_PADDING_LINE: &[u8] =
+    b"<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n";
+
+/// The browsers nginx recognises in the first `User-Agent` (the
+/// flags of `ngx_http_process_user_agent` that tern uses).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Browser {
+    /// "MSIE " with at least three more bytes after it, and no "Opera".
+    pub msie: bool,
+    /// "Chrome/", when neither MSIE, Opera nor "Gecko/" matched.
+    pub chrome: bool,
+}
+
+pub fn browser(req: &crate::http::request::Request) -> Browser {
+    let Some(ua) = req.header("user-agent") else {
+        return Browser::default();
+    };
+    browser_of(ua)
+}
+
+pub fn browser_of(ua: &[u8]) -> Browser {
+    let find = |n: &[u8]| memchr::memmem::find(ua, n);
+    // nginx: `msie + 7 < end`, i.e. "MSIE X.Y" fits.
+    let mut msie = find(b"MSIE ").is_some_and(|i| i + 7 < ua.len());
+    let opera = find(b"Opera").is_some();
+    if opera {
+        msie = false;
+    }
+    let chrome = !msie && !opera && find(b"Gecko/").is_none() && find(b"Chrome/").is_some();
+    Browser { msie, chrome }
+}
+
+/// nginx's `msie_refresh`: a 301 or 302 to MSIE becomes a 200 page whose
+/// `<meta http-equiv="Refresh">` points at `target` (the Location as the
+/// handler set it, before it is made absolute), with controls, space,
+/// `"'<>\^`{|~` and bytes from 0x7f up %-escaped (nginx's
+/// NGX_ESCAPE_REFRESH).
+pub fn msie_refresh(resp: &mut Response, target: &[u8]) {
+    let mut body = b"<html><head><meta http-equiv=\"Refresh\" content=\"0; URL=".to_vec();
+    for &c in target {
+        if c <= 0x20 || c >= 0x7f || b"\"'<>\\^`{|~".contains(&c) {
+            body.extend_from_slice(format!("%{:02X}", c).as_bytes());
+        } else {
+            body.push(c);
+        }
+    }
+    body.extend_from_slice(b"\"></head><body></body></html>\r\n");
+    resp.status = 200;
+    resp.content_type = Some("text/html".into());
+    resp.location = None;
+    resp.remove_header("Location");
+    resp.remove_header("Accept-Ranges");
+    resp.last_modified = None;
+    resp.content_length = Some(body.len() as u64);
+    resp.body = Body::Bytes(body);
 }
 
 /// Serialises the head. `minor` is the request's HTTP minor version (9

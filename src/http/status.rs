@@ -172,7 +172,8 @@ fn page(code: u16) -> Option<Page> {
 
 /// The HTML body nginx sends for an error/redirect status, appended to
 /// `out`. The tail names the server as "tern", or "tern/VERSION" with
-/// `server_tokens on`. nginx's MSIE padding is not reproduced. Returns
+/// `server_tokens on`. MSIE padding is added by
+/// [`crate::http::response::special_response_to`]. Returns
 /// false (and appends nothing) if there is no built-in page for the code;
 /// nginx then sends an empty body.
 pub fn error_page(code: u16, server_tokens: bool, version: &str, out: &mut Vec<u8>) -> bool {

@@ -230,30 +230,9 @@ pub async fn handle(cx: &mut Ctx<'_>, dir: &[u8]) -> Option<Response> {
         }
     }
 
-    let pool = match cx.io_policy() {
-        Ok(p) => match &p.aio {
-            crate::io::Aio::Threads(pool) => Some(pool.clone()),
-            crate::io::Aio::Uring | crate::io::Aio::Off => None,
-        },
-        Err(r) => return Some(*r),
-    }
-    .or_else(|| cx.shared.pools.load().get(crate::io::DEFAULT_POOL));
-    let Some(pool) = pool else {
-        cx.log(Level::Error, "thread pool \"default\" not found");
-        return Some(Response::status(500));
-    };
-    // nginx opens the directory by its name without the trailing slash.
-    let mut path = dir.to_vec();
-    if path.len() > 1 && path.ends_with(b"/") {
-        path.pop();
-    }
-    let entries = match pool.run(move || read_listing(&path)).await {
-        Ok(Ok(e)) => e,
-        Ok(Err(e)) => return Some(list_error(cx, &e)),
-        Err(e) => {
-            cx.log(Level::Error, &e.to_string());
-            return Some(Response::status(500));
-        }
+    let entries = match list(cx, dir).await {
+        Ok(e) => e,
+        Err(r) => return Some(r),
     };
 
     let mut r = Response::status(200);
@@ -288,6 +267,38 @@ pub async fn handle(cx: &mut Ctx<'_>, dir: &[u8]) -> Option<Response> {
         r.force_close = true;
     }
     Some(r)
+}
+
+/// Reads the directory `dir` (its path, trailing slash or not) in the
+/// location's thread pool (`aio threads=NAME`, else `default`): the
+/// entries as [`read_listing`] gives them, or the error response, logged
+/// as nginx logs it.
+pub async fn list(cx: &Ctx<'_>, dir: &[u8]) -> Result<Vec<Entry>, Response> {
+    let pool = match cx.io_policy() {
+        Ok(p) => match &p.aio {
+            crate::io::Aio::Threads(pool) => Some(pool.clone()),
+            crate::io::Aio::Uring | crate::io::Aio::Off => None,
+        },
+        Err(r) => return Err(*r),
+    }
+    .or_else(|| cx.shared.pools.load().get(crate::io::DEFAULT_POOL));
+    let Some(pool) = pool else {
+        cx.log(Level::Error, "thread pool \"default\" not found");
+        return Err(Response::status(500));
+    };
+    // nginx opens the directory by its name without the trailing slash.
+    let mut path = dir.to_vec();
+    if path.len() > 1 && path.ends_with(b"/") {
+        path.pop();
+    }
+    match pool.run(move || read_listing(&path)).await {
+        Ok(Ok(e)) => Ok(e),
+        Ok(Err(e)) => Err(list_error(cx, &e)),
+        Err(e) => {
+            cx.log(Level::Error, &e.to_string());
+            Err(Response::status(500))
+        }
+    }
 }
 
 /// The response for a directory that could not be listed, logged as nginx

@@ -25,16 +25,19 @@ pub mod map;
 pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
+pub mod random_index;
 pub mod range;
 pub mod realip;
 pub mod referer;
 pub mod rewrite;
+pub mod secure_link;
 pub mod ssl_settings;
 pub mod static_file;
 pub mod stub_status;
 pub mod sub_filter;
 pub mod try_files;
 pub mod upstream;
+pub mod userid;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -76,6 +79,9 @@ pub const TABLES: &[&[Spec]] = &[
     sub_filter::DIRECTIVES,
     referer::DIRECTIVES,
     empty_gif::DIRECTIVES,
+    secure_link::DIRECTIVES,
+    random_index::DIRECTIVES,
+    userid::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -87,6 +93,7 @@ pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
     not_modified::header_filter,
     headers::header_filter,
+    userid::header_filter,
     gzip_static::gunzip_header_filter,
     sub_filter::header_filter,
     charset::header_filter,
@@ -136,6 +143,9 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (crate::http::body::VARS, crate::http::body::var),
     (auth_basic::VARS, auth_basic::var),
     (referer::VARS, referer::var),
+    (secure_link::VARS, secure_link::var),
+    (userid::VARS, userid::var),
+    (rewrite::VARS, rewrite::limit_rate_var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -184,6 +194,9 @@ pub struct ModLoc {
     pub sub_filter: sub_filter::SubFilterLoc,
     pub referer: referer::RefererLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
+    pub secure_link: secure_link::SecureLinkLoc,
+    pub random_index: random_index::RandomIndexLoc,
+    pub userid: userid::UseridLoc,
 }
 
 impl ModLoc {
@@ -213,6 +226,9 @@ impl ModLoc {
         self.fastcgi.merge(&p.fastcgi);
         self.body.merge(&p.body);
         self.auth_basic.merge(&p.auth_basic);
+        self.secure_link.merge(&p.secure_link);
+        self.random_index.merge(&p.random_index);
+        self.userid.merge(&p.userid);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
@@ -288,8 +304,7 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "autoindex": ctx::HSL,
     "autoindex_exact_size": ctx::HSL, "autoindex_localtime": ctx::HSL, "autoindex_format": ctx::HSL,
     "add_header": HSL, "add_trailer": HSL, "expires": HSL, "etag": ctx::HSL, "if_modified_since": ctx::HSL, "max_ranges": ctx::HSL,
-    "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "msie_padding": ctx::HSL, "msie_refresh": ctx::HSL, "log_not_found": ctx::HSL,
-    "chunked_transfer_encoding": ctx::HSL,
+    "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "log_not_found": ctx::HSL,
     "stub_status": ctx::SRV | ctx::LOC,
     "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,

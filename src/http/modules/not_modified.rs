@@ -115,7 +115,7 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
 fn precondition_failed(cx: &Ctx<'_>, resp: &mut Response) {
     let mut r = Response::status(412);
     r.force_close = resp.force_close;
-    response::special_response(&mut r, &cx.loc);
+    response::special_response_to(&mut r, &cx.loc, cx.req);
     *resp = r;
 }
 

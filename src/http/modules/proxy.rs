@@ -386,6 +386,7 @@ const IGN_SET_COOKIE: u8 = 8;
 const IGN_VARY: u8 = 16;
 const IGN_X_ACCEL_BUFFERING: u8 = 32;
 pub(crate) const IGN_X_ACCEL_CHARSET: u8 = 64;
+const IGN_X_ACCEL_LIMIT_RATE: u8 = 128;
 
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
@@ -1269,9 +1270,10 @@ pub(crate) fn set_ignore_headers(
             "vary" => IGN_VARY,
             "x-accel-buffering" => IGN_X_ACCEL_BUFFERING,
             "x-accel-charset" => IGN_X_ACCEL_CHARSET,
-            // These steer nginx features tern does not have; ignoring
-            // them is what was asked.
-            "x-accel-redirect" | "x-accel-limit-rate" => 0,
+            "x-accel-limit-rate" => IGN_X_ACCEL_LIMIT_RATE,
+            // This steers an nginx feature tern does not have; ignoring
+            // it is what was asked.
+            "x-accel-redirect" => 0,
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
@@ -1831,6 +1833,26 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
             .rev()
             .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    }
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_LIMIT_RATE == 0 {
+        // The response's rate in bytes per second (nginx's ngx_atoi: digits
+        // only; each valid header sets it, so the last one wins).
+        if let Some(n) = resp
+            .headers
+            .iter()
+            .rev()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-accel-limit-rate"))
+            .filter_map(|(_, v)| {
+                let v = std::str::from_utf8(v).ok()?;
+                v.bytes()
+                    .all(|c| c.is_ascii_digit())
+                    .then(|| v.parse::<u64>().ok())
+                    .flatten()
+            })
+            .next()
+        {
+            cx.set_note(super::rewrite::LIMIT_RATE, n.to_string());
+        }
     }
     // Ranges, as nginx: a response being cached may be cut to one range
     // when upstream allows ranges, proxy_force_ranges cuts any; anything

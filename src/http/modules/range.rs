@@ -275,7 +275,7 @@ fn unsatisfiable(cx: &mut Ctx<'_>, resp: &mut Response, len: u64) {
     let mut v = b"bytes */".to_vec();
     response::push_num(&mut v, len);
     resp.headers.push(("Content-Range".into(), v));
-    response::special_response(resp, &cx.loc);
+    response::special_response_to(resp, &cx.loc, cx.req);
     super::headers::apply(cx, resp);
     super::charset::header_filter(cx, resp);
 }

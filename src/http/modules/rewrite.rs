@@ -67,6 +67,9 @@ pub enum Cond {
 /// One step of the rewrite phase.
 #[derive(Debug, Clone)]
 pub enum Op {
+    /// `set $limit_rate VALUE`: the request's rate (a size), kept in the
+    /// note [`LIMIT_RATE`].
+    SetLimitRate(Template),
     /// `return CODE [TEXT]` / `return CODE URL` / `return URL`.
     Return {
         code: u16,
@@ -158,6 +161,19 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                 return Flow::Stop(Step::done(ret(cx, *code, text.as_ref())))
             }
             Op::Break => return Flow::Break,
+            Op::SetLimitRate(value) => {
+                let v = value.render_vec(&*cx);
+                match std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(crate::config::value::size)
+                {
+                    Some(n) => cx.set_note(LIMIT_RATE, n.to_string()),
+                    None => cx.log(
+                        Level::Error,
+                        &format!("invalid $limit_rate \"{}\"", String::from_utf8_lossy(&v)),
+                    ),
+                }
+            }
             Op::Set { var, value } => {
                 let v = value.render_vec(&*cx);
                 if let Some(slot) = cx.user_vars.borrow_mut().get_mut(*var) {
@@ -445,14 +461,12 @@ fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
             d,
         ));
     };
-    // nginx's $limit_rate changes the response's rate when set; tern
-    // paces only by the `limit_rate` directive, so setting it would do
-    // nothing: refused rather than silently ignored.
+    // `$limit_rate` is the request's rate: setting it paces the response
+    // (see [`limit_rate_var`]).
     if name == "limit_rate" {
-        return Err(ConfError::at(
-            "setting \"$limit_rate\" is not supported by tern yet, use the \"limit_rate\" directive",
-            d,
-        ));
+        let value = cx.template(arg(d, 1), d)?;
+        l.modules.rewrite.ops.push(Op::SetLimitRate(value));
+        return Ok(());
     }
     if crate::http::vars::VarTable::default()
         .lookup(name)
@@ -515,6 +529,9 @@ fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: &regex::bytes::Captures<'_>,
 /// Parses an `if (...)` condition from the directive's arguments.
 fn parse_cond(d: &Directive, cx: &mut Compiler) -> ConfResult<Cond> {
     let mut args: Vec<String> = d.args.iter().map(|a| a.value.clone()).collect();
+    // An empty quoted operand (`if ($x = "")`) is an argument; a lone
+    // `(` or `)` is not.
+    let quoted: Vec<bool> = d.args.iter().map(|a| a.quoted).collect();
     let bad = || {
         ConfError::at(
             format!(
@@ -540,7 +557,11 @@ fn parse_cond(d: &Directive, cx: &mut Compiler) -> ConfResult<Cond> {
         }
         _ => return Err(bad()),
     }
-    args.retain(|a| !a.is_empty());
+    let mut i = 0;
+    args.retain(|a| {
+        i += 1;
+        !a.is_empty() || quoted.get(i - 1).copied().unwrap_or(false)
+    });
     match args.as_slice() {
         [v] if v.starts_with('$') => Ok(Cond::Var(cx.template(v, d)?)),
         [a, op, b] if op == "=" || op == "!=" => Ok(Cond::Eq {
@@ -661,3 +682,28 @@ pub const DIRECTIVES: &[Spec] = &[
         set: Setter::Loc(set_server_name_in_redirect),
     },
 ];
+
+/// The note holding the request's rate once `set $limit_rate` or an
+/// upstream's `X-Accel-Limit-Rate` gave one (bytes per second).
+pub const LIMIT_RATE: &str = "limit_rate";
+
+pub const VARS: &[&str] = &["limit_rate"];
+
+/// `$limit_rate`: the rate set for this request, as nginx prints it (0
+/// until `set` or `X-Accel-Limit-Rate` sets one; the `limit_rate`
+/// directive applies only when the body is sent).
+pub fn limit_rate_var(cx: &Ctx<'_>, _id: u8, out: &mut Vec<u8>) -> bool {
+    match cx.note(LIMIT_RATE) {
+        Some(v) => out.extend_from_slice(v),
+        None => out.push(b'0'),
+    }
+    true
+}
+
+/// The rate this request's response is paced by, when it overrides the
+/// location's `limit_rate`.
+pub fn limit_rate_override(cx: &Ctx<'_>) -> Option<u64> {
+    cx.note(LIMIT_RATE)
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse().ok())
+}

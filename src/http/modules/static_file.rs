@@ -21,6 +21,9 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         Err(r) => return Step::Done(r),
     };
     if cx.uri.ends_with(b"/") {
+        if let Some(step) = super::random_index::content(cx).await {
+            return step;
+        }
         return index(cx, &policy).await;
     }
     let path = cx.request_filename();
