@@ -35,7 +35,13 @@ pub struct Ctx<'a> {
     pub req: &'a Request,
     pub server: &'a Arc<Server>,
     pub conn: &'a ConnInfo,
-    pub shared: &'a WorkerShared,
+    pub shared: &'a Arc<WorkerShared>,
+    /// 0 for the client's request; a subrequest is one more than its
+    /// parent (see [`crate::http::subrequest`]).
+    pub sub_depth: u8,
+    /// The upstream's response header lines (`$upstream_http_NAME`), kept
+    /// only when the configuration mentions such a variable.
+    pub upstream_headers: Option<Vec<(String, Vec<u8>)>>,
     /// The current URI (changes on internal redirects and rewrites);
     /// the request's until then.
     pub uri: Cow<'a, [u8]>,
@@ -127,7 +133,7 @@ impl<'a> Ctx<'a> {
         req: &'a Request,
         server: &'a Arc<Server>,
         conn: &'a ConnInfo,
-        shared: &'a WorkerShared,
+        shared: &'a Arc<WorkerShared>,
     ) -> Ctx<'a> {
         let nvars = http.main.vars.len();
         Ctx {
@@ -136,6 +142,8 @@ impl<'a> Ctx<'a> {
             server,
             conn,
             shared,
+            sub_depth: 0,
+            upstream_headers: None,
             uri: Cow::Borrowed(req.uri()),
             args: req.args().map(Cow::Borrowed),
             loc: server.conf.clone(),
@@ -278,6 +286,11 @@ pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     response::special_response(resp, &cx.loc);
     if resp.status != 200 {
         resp.remove_header("Accept-Ranges");
+    }
+    // nginx's header filters pass a subrequest's response on untouched
+    // (`r != r->main`): its headers never reach the client.
+    if cx.sub_depth > 0 {
+        return;
     }
     for f in HEADER_FILTERS {
         f(cx, resp);
@@ -517,11 +530,17 @@ impl Ctx<'_> {
         let upstream = upstream
             .map(|u| format!(", upstream: \"{}\"", u))
             .unwrap_or_default();
+        // nginx names a subrequest by its URI after the client's request.
+        let sub = if self.sub_depth > 0 {
+            format!(", subrequest: \"{}\"", String::from_utf8_lossy(&self.uri))
+        } else {
+            String::new()
+        };
         logger.log(
             level,
             Some(self.conn.id),
             format_args!(
-                "{}{}{}{}{}",
+                "{}{}{}{}{}{}",
                 msg,
                 if self.logging.get() {
                     " while logging request"
@@ -529,6 +548,7 @@ impl Ctx<'_> {
                     ""
                 },
                 self.log_request_ctx(),
+                sub,
                 upstream,
                 self.log_host_ctx()
             ),
@@ -766,6 +786,14 @@ impl VarCtx for Ctx<'_> {
             }
             Var::BodyBytesSent => response::push_num(out, self.sent.body_bytes),
             Var::BytesSent => response::push_num(out, self.sent.bytes),
+            Var::UpstreamHttp(name) => match self
+                .upstream_headers
+                .as_deref()
+                .and_then(|hs| hs.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)))
+            {
+                Some((_, v)) => out.extend_from_slice(v),
+                None => return false,
+            },
             Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,

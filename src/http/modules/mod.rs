@@ -8,6 +8,7 @@
 pub mod access;
 pub mod access_log;
 pub mod auth_basic;
+pub mod auth_request;
 pub mod autoindex;
 pub mod charset;
 pub mod empty_gif;
@@ -21,6 +22,7 @@ pub mod index;
 pub mod limit_conn;
 pub mod limit_req;
 pub mod map;
+pub mod mirror;
 pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
@@ -70,10 +72,12 @@ pub const TABLES: &[&[Spec]] = &[
     ssl_settings::DIRECTIVES,
     realip::DIRECTIVES,
     auth_basic::DIRECTIVES,
+    auth_request::DIRECTIVES,
     geo::DIRECTIVES,
     sub_filter::DIRECTIVES,
     referer::DIRECTIVES,
     empty_gif::DIRECTIVES,
+    mirror::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -92,13 +96,16 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
     range::header_filter,
 ];
 
-/// The content phase: try_files (nginx's try-files phase comes before
-/// content), then the location's content handler (proxy, status pages),
+/// The content phase: try_files, then mirror (nginx's precontent phase,
+/// in its order), then the location's content handler (proxy, status pages),
 /// then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
     match try_files::run(cx).await {
         Step::Next => {}
         other => return other,
+    }
+    if let Some(step) = mirror::precontent(cx).await {
+        return step;
     }
     if let Some(step) = proxy::content(cx).await {
         return step;
@@ -174,9 +181,11 @@ pub struct ModLoc {
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,
+    pub auth_request: auth_request::AuthRequestLoc,
     pub sub_filter: sub_filter::SubFilterLoc,
     pub referer: referer::RefererLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
+    pub mirror: mirror::MirrorLoc,
 }
 
 impl ModLoc {
@@ -205,6 +214,8 @@ impl ModLoc {
         self.proxy.merge(&p.proxy);
         self.body.merge(&p.body);
         self.auth_basic.merge(&p.auth_basic);
+        self.auth_request.merge(&p.auth_request);
+        self.mirror.merge(&p.mirror);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
