@@ -8,7 +8,8 @@
 //!    [`modules::access::phase`] (allow/deny, auth_basic, `satisfy`)
 //! 5. content: [`crate::http::modules::content`] (stub_status, metrics,
 //!    try_files, index, static...)
-//! 6. header filters: [`HEADER_FILTERS`] in order, which may install body
+//! 6. addition ([`crate::http::modules::addition`]: subrequests around
+//!    the body), then header filters: [`HEADER_FILTERS`] in order, which may install body
 //!    filters; then the header writer and body writer in
 //!    [`crate::http::conn`]
 //! 7. log: [`crate::http::modules::log_phase`]
@@ -277,6 +278,8 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             };
         }
     }
+    // nginx's addition filter: the subrequests' output around the body.
+    modules::addition::apply(cx, &mut resp).await;
     finish(cx, &mut resp);
     resp
 }

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
@@ -78,6 +79,7 @@ pub const TABLES: &[&[Spec]] = &[
     referer::DIRECTIVES,
     empty_gif::DIRECTIVES,
     mirror::DIRECTIVES,
+    addition::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -186,6 +188,7 @@ pub struct ModLoc {
     pub referer: referer::RefererLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub mirror: mirror::MirrorLoc,
+    pub addition: addition::AdditionLoc,
 }
 
 impl ModLoc {
@@ -216,6 +219,7 @@ impl ModLoc {
         self.auth_basic.merge(&p.auth_basic);
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);
+        self.addition.merge(&p.addition);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
