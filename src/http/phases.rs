@@ -392,8 +392,12 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
         if again {
             continue;
         }
-        if let Some(r) = modules::access::phase(cx).await {
-            return r;
+        // nginx's access phase passes subrequests through (`r != r->main`):
+        // an auth_request location is not itself guarded by auth_request.
+        if cx.sub_depth == 0 {
+            if let Some(r) = modules::access::phase(cx).await {
+                return r;
+            }
         }
         match modules::content(cx).await {
             Step::Done(r) => return *r,

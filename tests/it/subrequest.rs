@@ -155,11 +155,9 @@ fn auth_request_answers_as_nginx_does() {
         "{}",
         log
     );
-    assert!(
-        log.contains("subrequests cycle while processing \"/deep/\""),
-        "{}",
-        log
-    );
+    // The subrequest skips the access phase (as nginx's does): /deep/'s
+    // own auth_request does not guard it, the directory index does.
+    assert!(ours[15].contains("-> 403"), "{}", text);
     let our_access = wait_log(&tern.prefix, "logs/access.log", "/deep/x.txt");
     drop(tern);
     if !nginx_installed() {
@@ -182,17 +180,17 @@ fn auth_request_answers_as_nginx_does() {
 #[test]
 fn auth_request_directives_are_checked_as_nginx_does() {
     let t = crate::harness::ConfTest::run(
-        "http { server { listen 127.0.0.1:1; location / {\n auth_request /a;\n auth_request /b; } } }",
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / {\n auth_request /a;\n auth_request /b; } } }",
     );
-    t.assert_says("emerg", "\"auth_request\" directive is duplicate", 3);
+    t.assert_says("emerg", "\"auth_request\" directive is duplicate", 4);
     let t = crate::harness::ConfTest::run(
-        "http { server { listen 127.0.0.1:1; location / {\n auth_request_set user $uri; } } }",
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / {\n auth_request_set user $uri; } } }",
     );
-    t.assert_says("emerg", "invalid variable name \"user\"", 2);
+    t.assert_says("emerg", "invalid variable name \"user\"", 3);
     let t = crate::harness::ConfTest::run(
-        "http { server { listen 127.0.0.1:1; location / {\n mirror /a;\n mirror off; } } }",
+        "events {}\nhttp { server { listen 127.0.0.1:1; location / {\n mirror /a;\n mirror off; } } }",
     );
-    t.assert_says("emerg", "\"mirror\" directive is duplicate", 3);
+    t.assert_says("emerg", "\"mirror\" directive is duplicate", 4);
 }
 
 /// The mirror origin records each request with its body.
@@ -215,8 +213,8 @@ fn mirror_conf(main: u16, shadow: u16) -> String {
     location /nobody/ {{ mirror /shadow; mirror_request_body off; proxy_pass http://127.0.0.1:{main}; }}
     location /logged/ {{ mirror /shadow3; proxy_pass http://127.0.0.1:{main}; }}
     location = /shadow3 {{ internal; log_subrequest on; proxy_pass http://127.0.0.1:{shadow}/u; }}
-    location = /shadow {{ internal; proxy_pass http://127.0.0.1:{shadow}/s$request_uri; }}
-    location = /shadow2 {{ internal; proxy_pass http://127.0.0.1:{shadow}/t$uri$is_args$args; }}
+    location = /shadow {{ internal; proxy_pass http://127.0.0.1:{shadow}/s; }}
+    location = /shadow2 {{ internal; proxy_pass http://127.0.0.1:{shadow}; }}
   }}
 }}
 "#
@@ -289,14 +287,14 @@ fn mirror_sends_shadow_copies_as_nginx_does() {
     assert!(
         our_shadow
             .iter()
-            .any(|r| r.starts_with("POST /s/app/x?k=v HTTP/1.0") && r.ends_with("payload")),
+            .any(|r| r.starts_with("POST /s?k=v HTTP/1.0") && r.ends_with("payload")),
         "{}",
         text
     );
     assert!(
         our_shadow
             .iter()
-            .any(|r| r.starts_with("POST /t/shadow2?k=v HTTP/1.0") && r.ends_with("payload")),
+            .any(|r| r.starts_with("POST /shadow2?k=v HTTP/1.0") && r.ends_with("payload")),
         "{}",
         text
     );
