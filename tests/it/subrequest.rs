@@ -322,3 +322,110 @@ fn mirror_sends_shadow_copies_as_nginx_does() {
     let their_access = wait_log(&p, "logs/access.log", "GET /logged/a /logged/a 200");
     assert!(their_access.contains("GET /logged/a /shadow3 200"), "{}", their_access);
 }
+
+fn addition_conf(b: u16) -> String {
+    format!(
+        r#"http {{
+  types {{ text/html html; }}
+  default_type text/plain;
+  access_log off;
+  server {{ listen 127.0.0.1:{b}; location / {{ return 200 "upstream $uri\n"; }} }}
+  server {{ listen 127.0.0.1:@PORT@;
+    root html;
+    location /page/ {{ add_before_body /inc/before.txt; add_after_body /inc/after.txt; }}
+    location /typed/ {{ add_after_body /inc/after.txt; addition_types text/plain; }}
+    location /proxied/ {{ add_before_body /up/b; add_after_body /inc/after.txt; addition_types *; proxy_pass http://127.0.0.1:{b}/; }}
+    location /missing/ {{ add_after_body /inc/none.txt; }}
+    location /up/ {{ proxy_pass http://127.0.0.1:{b}/; }}
+  }}
+}}
+"#
+    )
+}
+
+fn addition_files(p: &Prefix) {
+    p.write("html/page/x.html", "<p>page</p>\n");
+    p.write("html/typed/t.txt", "typed text\n");
+    p.write("html/typed/x.html", "<p>typed</p>\n");
+    p.write("html/missing/x.html", "<p>missing</p>\n");
+    p.write("html/inc/before.txt", "BEFORE\n");
+    p.write("html/inc/after.txt", "AFTER\n");
+}
+
+fn addition_series(port: u16) -> Vec<String> {
+    let mut out = Vec::new();
+    for (method, path, minor, extra) in [
+        ("GET", "/page/x.html", 1, ""),
+        ("GET", "/page/x.html", 0, ""),
+        ("HEAD", "/page/x.html", 1, ""),
+        ("GET", "/page/x.html", 1, "Range: bytes=0-3\r\n"),
+        ("GET", "/typed/t.txt", 1, ""),
+        ("GET", "/typed/x.html", 1, ""),
+        ("GET", "/proxied/p", 1, ""),
+        ("GET", "/missing/x.html", 1, ""),
+        ("GET", "/inc/after.txt", 1, ""),
+    ] {
+        let req = format!(
+            "{} {} HTTP/1.{}\r\nHost: x\r\n{}Connection: close\r\n\r\n",
+            method, path, minor, extra
+        );
+        let r = Resp::parse(&raw(port, req.as_bytes())).expect("response");
+        let heads: Vec<String> = r
+            .headers
+            .iter()
+            .filter(|(n, _)| !matches!(n.as_str(), "Date" | "Server" | "Last-Modified"))
+            .map(|(n, v)| {
+                if n == "ETag" {
+                    format!("ETag weak={}", v.starts_with("W/"))
+                } else {
+                    format!("{}: {}", n, v)
+                }
+            })
+            .collect();
+        let body = r.body_str();
+        let body = match body.find("<html>") {
+            // An error page inside: its title line is what counts.
+            Some(i) => format!(
+                "{}(error page {})",
+                &body[..i],
+                body.lines().find(|l| l.contains("<title>")).unwrap_or("")
+            ),
+            None => body,
+        };
+        out.push(format!("{} {} 1.{} -> {} {:?} {:?}", method, path, minor, r.status, heads, body));
+    }
+    out
+}
+
+#[test]
+fn addition_frames_the_body_as_nginx_does() {
+    let b = free_port();
+    let body = addition_conf(b);
+    let p = Prefix::new();
+    addition_files(&p);
+    let tern = Server::start_in(p, &body);
+    let ours = addition_series(tern.port);
+    drop(tern);
+    let text = ours.join("\n");
+    assert!(
+        ours[0].contains("\"BEFORE\\n<p>page</p>\\nAFTER\\n\"")
+            && ours[0].contains("Transfer-Encoding: chunked")
+            && !ours[0].contains("Content-Length"),
+        "{}",
+        text
+    );
+    assert!(ours[6].contains("\"upstream /b\\nupstream /p\\nAFTER\\n\""), "{}", text);
+    if !nginx_installed() {
+        return;
+    }
+    let p = Prefix::new();
+    addition_files(&p);
+    let port = free_port();
+    let Some(_nginx) = start_nginx(&p, &body, port) else {
+        panic!("nginx did not start: {}", p.read("logs/error.log"));
+    };
+    let theirs = addition_series(port);
+    for (o, t) in ours.iter().zip(theirs.iter()) {
+        assert_eq!(o, t, "\ntern:\n{}\nnginx:\n{}", text, theirs.join("\n"));
+    }
+}

@@ -118,11 +118,12 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 
 /// Frames the body of a main request's 200 with the subrequests' output.
 pub async fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
-    if resp.status != 200 || cx.sub_depth > 0 {
+    let conf = &cx.loc.modules.addition;
+    // The common case returns here without touching anything shared.
+    if (conf.before.is_none() && conf.after.is_none()) || resp.status != 200 || cx.sub_depth > 0
+    {
         return;
     }
-    let loc = cx.loc.clone();
-    let conf = &loc.modules.addition;
     let before = conf.before.clone().filter(|u| !u.is_empty());
     let after = conf.after.clone().filter(|u| !u.is_empty());
     if before.is_none() && after.is_none() {

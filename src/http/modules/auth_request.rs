@@ -96,6 +96,9 @@ fn set_var(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
 
 /// The access check: `Declined` when no `auth_request` applies.
 pub async fn check(cx: &Ctx<'_>) -> Verdict {
+    if !matches!(cx.loc.modules.auth_request.uri, Some(Some(_))) {
+        return Verdict::Declined;
+    }
     let loc = cx.loc.clone();
     let conf = &loc.modules.auth_request;
     let Some(Some(uri)) = &conf.uri else {

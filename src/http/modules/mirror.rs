@@ -85,7 +85,7 @@ fn set_request_body(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRes
 /// Starts the location's mirrors. `Some` ends the request (the body could
 /// not be read).
 pub async fn precontent(cx: &mut Ctx<'_>) -> Option<Step> {
-    if cx.sub_depth > 0 {
+    if cx.sub_depth > 0 || !matches!(cx.loc.modules.mirror.uris, Some(Some(_))) {
         return None;
     }
     let loc = cx.loc.clone();
