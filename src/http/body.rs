@@ -320,7 +320,9 @@ impl ReqBody<'_> {
         }
         let data = match &self.data {
             Some(Data::Mem(b)) => Some(Data::Mem(b.clone())),
-            Some(Data::File { file, len, path, .. }) => Some(Data::File {
+            Some(Data::File {
+                file, len, path, ..
+            }) => Some(Data::File {
                 file: file.clone(),
                 len: *len,
                 path: path.clone(),

@@ -5,7 +5,9 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::harness::{free_port, nginx_installed, raw, start_nginx, wait_log, Prefix, Resp, Server};
+use crate::harness::{
+    free_port, nginx_installed, raw, start_nginx, wait_log, Prefix, Resp, Server,
+};
 use crate::origin::Origin;
 
 /// A backend server (`b`) in the same configuration decides by
@@ -146,12 +148,24 @@ fn auth_request_answers_as_nginx_does() {
         "{}",
         text
     );
-    assert!(ours[6].contains("-> 200") && ours[6].contains("[alice]"), "{}", text);
+    assert!(
+        ours[6].contains("-> 200") && ours[6].contains("[alice]"),
+        "{}",
+        text
+    );
     assert!(ours[7].contains("-> 403"), "{}", text);
     assert!(ours[14].contains("-> 404"), "{}", text);
     let log = tern.wait_error_log("auth request unexpected status: 302");
     assert!(
         log.contains("auth request unexpected status: 302, client: 127.0.0.1, server: , request: \"GET /a/x.txt HTTP/1.1\", host: \"x\""),
+        "{}",
+        log
+    );
+    // A subrequest's error lines name it after the client's request.
+    assert!(
+        log.contains(
+            "request: \"GET /missing/x.txt HTTP/1.1\", subrequest: \"/nothing-here\", host: \"x\""
+        ),
         "{}",
         log
     );
@@ -175,6 +189,14 @@ fn auth_request_answers_as_nginx_does() {
     }
     let their_access = wait_log(&p, "logs/access.log", "/deep/x.txt");
     assert_eq!(our_access, their_access);
+    let their_log = p.read("logs/error.log");
+    assert!(
+        their_log.contains(
+            "request: \"GET /missing/x.txt HTTP/1.1\", subrequest: \"/nothing-here\", host: \"x\""
+        ),
+        "{}",
+        their_log
+    );
 }
 
 #[test]
@@ -198,7 +220,9 @@ fn recording_origin() -> Origin {
     Origin::serve(|mut c| {
         while let Some(req) = c.next(true) {
             c.record(&req);
-            let _ = c.stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nmirror");
+            let _ = c
+                .stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nmirror");
         }
     })
 }
@@ -236,7 +260,13 @@ fn mirror_series(port: u16) -> Vec<String> {
             body
         );
         let r = Resp::parse(&raw(port, req.as_bytes())).expect("response");
-        out.push(format!("{} {} -> {} {:?}", method, path, r.status, r.body_str()));
+        out.push(format!(
+            "{} {} -> {} {:?}",
+            method,
+            path,
+            r.status,
+            r.body_str()
+        ));
     }
     out
 }
@@ -298,7 +328,11 @@ fn mirror_sends_shadow_copies_as_nginx_does() {
         "{}",
         text
     );
-    let access = wait_log(&tern.prefix, "logs/access.log", "GET /logged/a /logged/a 200");
+    let access = wait_log(
+        &tern.prefix,
+        "logs/access.log",
+        "GET /logged/a /logged/a 200",
+    );
     assert!(access.contains("GET /logged/a /shadow3 200"), "{}", access);
     assert!(!access.contains("POST /app/x?k=v /shadow"), "{}", access);
     drop(tern);
@@ -314,13 +348,20 @@ fn mirror_sends_shadow_copies_as_nginx_does() {
     };
     let theirs = mirror_series(port);
     wait_count(&shadow2, 5);
-    let _ = raw(port, b"GET /logged/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = raw(
+        port,
+        b"GET /logged/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     wait_count(&shadow2, 6);
     assert_eq!(ours, theirs);
     assert_eq!(our_main, seen(&main2));
     assert_eq!(our_shadow, seen(&shadow2));
     let their_access = wait_log(&p, "logs/access.log", "GET /logged/a /logged/a 200");
-    assert!(their_access.contains("GET /logged/a /shadow3 200"), "{}", their_access);
+    assert!(
+        their_access.contains("GET /logged/a /shadow3 200"),
+        "{}",
+        their_access
+    );
 }
 
 fn addition_conf(b: u16) -> String {
@@ -392,7 +433,10 @@ fn addition_series(port: u16) -> Vec<String> {
             ),
             None => body,
         };
-        out.push(format!("{} {} 1.{} -> {} {:?} {:?}", method, path, minor, r.status, heads, body));
+        out.push(format!(
+            "{} {} 1.{} -> {} {:?} {:?}",
+            method, path, minor, r.status, heads, body
+        ));
     }
     out
 }
@@ -414,7 +458,11 @@ fn addition_frames_the_body_as_nginx_does() {
         "{}",
         text
     );
-    assert!(ours[6].contains("\"upstream /b\\nupstream /p\\nAFTER\\n\""), "{}", text);
+    assert!(
+        ours[6].contains("\"upstream /b\\nupstream /p\\nAFTER\\n\""),
+        "{}",
+        text
+    );
     if !nginx_installed() {
         return;
     }

@@ -120,8 +120,7 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 pub async fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
     let conf = &cx.loc.modules.addition;
     // The common case returns here without touching anything shared.
-    if (conf.before.is_none() && conf.after.is_none()) || resp.status != 200 || cx.sub_depth > 0
-    {
+    if (conf.before.is_none() && conf.after.is_none()) || resp.status != 200 || cx.sub_depth > 0 {
         return;
     }
     let before = conf.before.clone().filter(|u| !u.is_empty());
