@@ -477,3 +477,26 @@ fn addition_frames_the_body_as_nginx_does() {
         assert_eq!(o, t, "\ntern:\n{}\nnginx:\n{}", text, theirs.join("\n"));
     }
 }
+
+#[test]
+fn upstream_http_variables_read_the_upstream_head() {
+    let o = Origin::start(|_| {
+        Some(Origin::ok(
+            "body",
+            "X-Foo: bar\r\nX-Hidden: h\r\nConnection: close\r\n",
+        ))
+    });
+    let tern = Server::start(&format!(
+        "http {{ server {{ listen 127.0.0.1:@PORT@;\n\
+         location / {{ proxy_pass http://127.0.0.1:{};\n\
+           proxy_hide_header X-Hidden;\n\
+           add_header X-Got \"$upstream_http_x_foo|$upstream_http_x_hidden|$upstream_http_x_none\"; }}\n\
+         location /local {{ add_header X-Got \"[$upstream_http_x_foo]\"; return 200; }} }} }}",
+        o.port
+    ));
+    let r = tern.get("/a");
+    assert_eq!(r.header("X-Got"), Some("bar|h|"), "{}", r.head);
+    assert_eq!(r.header("X-Hidden"), None, "{}", r.head);
+    let r = tern.get("/local");
+    assert_eq!(r.header("X-Got"), Some("[]"), "{}", r.head);
+}
