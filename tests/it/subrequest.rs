@@ -500,3 +500,50 @@ fn upstream_http_variables_read_the_upstream_head() {
     let r = tern.get("/local");
     assert_eq!(r.header("X-Got"), Some("[]"), "{}", r.head);
 }
+
+/// A mirror target that has not answered holds up neither the main
+/// response nor the connection's next request (see DIFFERENCES.md: nginx
+/// would keep the connection's next request waiting).
+#[test]
+fn mirror_does_not_hold_up_the_main_response() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let release = Arc::new(AtomicBool::new(false));
+    let r2 = release.clone();
+    let shadow = Origin::serve(move |mut c| {
+        let Some(req) = c.next(true) else { return };
+        c.record(&req);
+        // Up to 30 s: far beyond the client's 5 s read timeout.
+        for _ in 0..300 {
+            if r2.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = c.stream.write_all(b"HTTP/1.1 204 No Content\r\n\r\n");
+    });
+    let tern = Server::start(&format!(
+        "http {{ server {{ listen 127.0.0.1:@PORT@;\n\
+         location /m/ {{ mirror /shadow; proxy_pass http://127.0.0.1:@PORT@/local/; }}\n\
+         location /local/ {{ return 200 \"main $uri\\n\"; }}\n\
+         location = /shadow {{ internal; proxy_pass http://127.0.0.1:{}; }} }} }}",
+        shadow.port
+    ));
+    let mut s = crate::harness::connect(tern.port);
+    for path in ["/m/a", "/m/b"] {
+        s.write_all(format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", path).as_bytes())
+            .expect("write");
+        let r =
+            crate::harness::read_response(&mut s).expect("main response while the mirror waits");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body_str(), format!("main /local/{}\n", &path[3..]));
+    }
+    crate::harness::eventually(10, "both mirror requests", || shadow.count() == 2);
+    release.store(true, Ordering::SeqCst);
+    let seen = shadow.requests();
+    assert!(
+        seen.iter().any(|r| r.starts_with("GET /shadow HTTP/1.0")),
+        "{:?}",
+        seen
+    );
+}
