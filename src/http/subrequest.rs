@@ -56,19 +56,38 @@ impl<'a> Ctx<'a> {
             return None;
         }
         let mut sub = Ctx::new(self.http, self.req, self.server, self.conn, self.shared);
-        sub.sub_depth = self.sub_depth + 1;
-        sub.uri = uri.into();
-        sub.args = args.map(Into::into);
-        sub.internal = true;
-        sub.method = method;
-        sub.remote = self.remote;
-        sub.realip_done = true;
-        sub.user_vars = std::cell::RefCell::new(self.user_vars.take());
-        if with_body {
-            sub.body = self.body.as_ref().and_then(|b| b.share());
-        }
+        let body = if with_body {
+            self.body.as_ref().and_then(|b| b.share())
+        } else {
+            None
+        };
+        let vars = self.user_vars.take();
+        let from = (self.sub_depth + 1, self.remote);
+        prepare(&mut sub, from, uri, args, method, vars, body);
         Some(sub)
     }
+}
+
+/// What a subrequest takes from its parent (see the module docs); `from`
+/// is its depth and the parent's client address.
+fn prepare<'a>(
+    sub: &mut Ctx<'a>,
+    from: (u8, Option<std::net::SocketAddr>),
+    uri: Vec<u8>,
+    args: Option<Vec<u8>>,
+    method: Method,
+    vars: Vec<Option<Vec<u8>>>,
+    body: Option<crate::http::body::ReqBody<'a>>,
+) {
+    sub.sub_depth = from.0;
+    sub.uri = uri.into();
+    sub.args = args.map(Into::into);
+    sub.internal = true;
+    sub.method = method;
+    sub.remote = from.1;
+    sub.realip_done = true;
+    sub.user_vars = std::cell::RefCell::new(vars);
+    sub.body = body;
 }
 
 /// Runs a subrequest's phases: its response, error pages applied.
@@ -114,8 +133,7 @@ pub fn spawn_background(
     let server = parent.server.clone();
     let conn = parent.conn.clone();
     let shared = parent.shared.clone();
-    let remote = parent.remote;
-    let depth = parent.sub_depth + 1;
+    let from = (parent.sub_depth + 1, parent.remote);
     let vars = parent.user_vars.borrow().clone();
     let body = if with_body {
         parent.body.as_ref().and_then(|b| b.share())
@@ -125,15 +143,7 @@ pub fn spawn_background(
     tokio::task::spawn_local(async move {
         let http: Arc<_> = http;
         let mut sub = Ctx::new(&http, &req, &server, &conn, &shared);
-        sub.sub_depth = depth;
-        sub.uri = uri.into();
-        sub.args = args.map(Into::into);
-        sub.internal = true;
-        sub.method = method;
-        sub.remote = remote;
-        sub.realip_done = true;
-        sub.user_vars = std::cell::RefCell::new(vars);
-        sub.body = body;
+        prepare(&mut sub, from, uri, args, method, vars, body);
         let resp = run(&mut sub).await;
         // The output is not wanted: a streamed body is dropped unread.
         drop(resp);
