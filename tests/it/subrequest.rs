@@ -49,7 +49,7 @@ fn auth_conf(b: u16) -> String {
       auth_request_set $user $upstream_http_x_user;
       add_header X-User "[$user]";
     }}
-    location = /authu {{ internal; auth_request off; proxy_pass http://127.0.0.1:{b}/user; }}
+    location = /authu {{ internal; log_subrequest on; proxy_pass http://127.0.0.1:{b}/user; }}
     location = /deny {{ internal; auth_request off; return 403; }}
     location /missing/ {{ auth_request /nothing-here; }}
     location = /nothing-here {{ auth_request off; }}
@@ -173,6 +173,14 @@ fn auth_request_answers_as_nginx_does() {
     // own auth_request does not guard it, the directory index does.
     assert!(ours[15].contains("-> 403"), "{}", text);
     let our_access = wait_log(&tern.prefix, "logs/access.log", "/deep/x.txt");
+    // log_subrequest on in /authu: its line comes before the main one;
+    // the other subrequests are not logged.
+    assert!(
+        our_access.contains("/u/x.txt /authu 204 \"-\" 204\n/u/x.txt /u/x.txt 200 \"-\" -\n"),
+        "{}",
+        our_access
+    );
+    assert!(!our_access.contains("/a/x.txt /auth "), "{}", our_access);
     drop(tern);
     if !nginx_installed() {
         return;
