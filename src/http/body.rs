@@ -286,6 +286,61 @@ impl<'a> ReqBody<'a> {
     }
 }
 
+/// The connection of a body that is read already: a subrequest's share of
+/// its parent's body never reads.
+struct NoIo;
+
+impl BodyIo for NoIo {
+    fn try_read(&self, _: &mut [u8]) -> io::Result<usize> {
+        Ok(0)
+    }
+    fn readable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        Ok(data.len())
+    }
+    fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn try_flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+static NO_IO: NoIo = NoIo;
+
+impl ReqBody<'_> {
+    /// The body as a subrequest sees it (nginx: `sr->request_body =
+    /// r->request_body`): the data once read, shared, not copied. None
+    /// while it is unread: a subrequest never reads from the client.
+    pub fn share<'b>(&self) -> Option<ReqBody<'b>> {
+        if self.end != End::Read {
+            return None;
+        }
+        let data = match &self.data {
+            Some(Data::Mem(b)) => Some(Data::Mem(b.clone())),
+            Some(Data::File {
+                file, len, path, ..
+            }) => Some(Data::File {
+                file: file.clone(),
+                len: *len,
+                path: path.clone(),
+                // The parent's copy removes the file.
+                _clean: None,
+            }),
+            None => None,
+        };
+        Some(ReqBody {
+            io: &NO_IO,
+            buf: Vec::new(),
+            end: End::Read,
+            data,
+            received: self.received,
+        })
+    }
+}
+
 /// Returns the connection's read buffer after the phases, and how the
 /// body ended. The data stays for the log phase's variables.
 pub fn give_back(cx: &mut Ctx<'_>, buf: &mut Vec<u8>) -> End {

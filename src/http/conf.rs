@@ -184,6 +184,8 @@ pub struct CoreLoc {
     pub msie_padding: Option<bool>,
     pub msie_refresh: Option<bool>,
     pub postpone_output: Option<u64>,
+    /// `log_subrequest`: subrequests write access-log lines too.
+    pub log_subrequest: Option<bool>,
     pub error_log: Option<Vec<ErrorLogSpec>>,
     /// Compiled from `error_log` after merging.
     pub logger: Option<Arc<Logger>>,
@@ -197,7 +199,7 @@ impl CoreLoc {
             keepalive, keepalive_requests, keepalive_time, limit_rate, limit_rate_after,
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
-            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, error_log, logger,
+            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, log_subrequest, error_log, logger,
             chunked_transfer_encoding, msie_padding, msie_refresh);
     }
 
@@ -1270,6 +1272,10 @@ fn set_limit_rate(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResul
     set_once(slot, v, d)
 }
 
+fn set_log_subrequest(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    set_once(&mut l.core.log_subrequest, registry::flag(d)?, d)
+}
+
 fn set_keepalive_time(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = registry::msec_arg(d, 0)?;
     set_once(&mut l.core.keepalive_time, v, d)
@@ -1296,9 +1302,6 @@ fn check_core_no_effect(_: &mut LocConf, d: &Directive, cx: &mut Compiler) -> Co
         }
         "subrequest_output_buffer_size" => {
             registry::size_arg(d, 0)?;
-        }
-        "log_subrequest" => {
-            registry::flag(d)?;
         }
         _ => {
             for a in &d.args {
@@ -1559,7 +1562,7 @@ pub const DIRECTIVES: &[Spec] = &[
         name: "log_subrequest",
         ctx: ctx::HSL,
         args: Args::Flag,
-        set: Setter::Loc(check_core_no_effect),
+        set: Setter::Loc(set_log_subrequest),
     },
     Spec {
         name: "keepalive_disable",

@@ -9,5 +9,6 @@ pub mod phases;
 pub mod request;
 pub mod response;
 pub mod status;
+pub mod subrequest;
 pub mod uri;
 pub mod vars;

@@ -8,7 +8,8 @@
 //!    [`modules::access::phase`] (allow/deny, auth_basic, `satisfy`)
 //! 5. content: [`crate::http::modules::content`] (stub_status, metrics,
 //!    try_files, index, static...)
-//! 6. header filters: [`HEADER_FILTERS`] in order, which may install body
+//! 6. addition ([`crate::http::modules::addition`]: subrequests around
+//!    the body), then header filters: [`HEADER_FILTERS`] in order, which may install body
 //!    filters; then the header writer and body writer in
 //!    [`crate::http::conn`]
 //! 7. log: [`crate::http::modules::log_phase`]
@@ -35,7 +36,13 @@ pub struct Ctx<'a> {
     pub req: &'a Request,
     pub server: &'a Arc<Server>,
     pub conn: &'a ConnInfo,
-    pub shared: &'a WorkerShared,
+    pub shared: &'a Arc<WorkerShared>,
+    /// 0 for the client's request; a subrequest is one more than its
+    /// parent (see [`crate::http::subrequest`]).
+    pub sub_depth: u8,
+    /// The upstream's response header lines (`$upstream_http_NAME`), kept
+    /// only when the configuration mentions such a variable.
+    pub upstream_headers: Option<Vec<(String, Vec<u8>)>>,
     /// The current URI (changes on internal redirects and rewrites);
     /// the request's until then.
     pub uri: Cow<'a, [u8]>,
@@ -133,7 +140,7 @@ impl<'a> Ctx<'a> {
         req: &'a Request,
         server: &'a Arc<Server>,
         conn: &'a ConnInfo,
-        shared: &'a WorkerShared,
+        shared: &'a Arc<WorkerShared>,
     ) -> Ctx<'a> {
         let nvars = http.main.vars.len();
         Ctx {
@@ -142,6 +149,8 @@ impl<'a> Ctx<'a> {
             server,
             conn,
             shared,
+            sub_depth: 0,
+            upstream_headers: None,
             uri: Cow::Borrowed(req.uri()),
             args: req.args().map(Cow::Borrowed),
             loc: server.conf.clone(),
@@ -283,6 +292,8 @@ pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
             };
         }
     }
+    // nginx's addition filter: the subrequests' output around the body.
+    modules::addition::apply(cx, &mut resp).await;
     finish(cx, &mut resp);
     resp
 }
@@ -301,6 +312,11 @@ pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     response::special_response_to(resp, &cx.loc, cx.req);
     if resp.status != 200 {
         resp.remove_header("Accept-Ranges");
+    }
+    // nginx's header filters pass a subrequest's response on untouched
+    // (`r != r->main`): its headers never reach the client.
+    if cx.sub_depth > 0 {
+        return;
     }
     for f in HEADER_FILTERS {
         f(cx, resp);
@@ -424,8 +440,12 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
         if again {
             continue;
         }
-        if let Some(r) = modules::access::phase(cx).await {
-            return r;
+        // nginx's access phase passes subrequests through (`r != r->main`):
+        // an auth_request location is not itself guarded by auth_request.
+        if cx.sub_depth == 0 {
+            if let Some(r) = modules::access::phase(cx).await {
+                return r;
+            }
         }
         match modules::content(cx).await {
             Step::Done(r) => return *r,
@@ -565,11 +585,17 @@ impl Ctx<'_> {
         let upstream = upstream
             .map(|u| format!(", upstream: \"{}\"", u))
             .unwrap_or_default();
+        // nginx names a subrequest by its URI after the client's request.
+        let sub = if self.sub_depth > 0 {
+            format!(", subrequest: \"{}\"", String::from_utf8_lossy(&self.uri))
+        } else {
+            String::new()
+        };
         logger.log(
             level,
             Some(self.conn.id),
             format_args!(
-                "{}{}{}{}{}",
+                "{}{}{}{}{}{}",
                 msg,
                 if self.logging.get() {
                     " while logging request"
@@ -577,6 +603,7 @@ impl Ctx<'_> {
                     ""
                 },
                 self.log_request_ctx(),
+                sub,
                 upstream,
                 self.log_host_ctx()
             ),
@@ -810,6 +837,14 @@ impl VarCtx for Ctx<'_> {
             }
             Var::BodyBytesSent => response::push_num(out, self.sent.body_bytes),
             Var::BytesSent => response::push_num(out, self.sent.bytes),
+            Var::UpstreamHttp(name) => match self
+                .upstream_headers
+                .as_deref()
+                .and_then(|hs| hs.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)))
+            {
+                Some((_, v)) => out.extend_from_slice(v),
+                None => return false,
+            },
             Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,

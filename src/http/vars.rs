@@ -23,6 +23,8 @@ pub enum Var {
     /// `$http_NAME`: header name lowercase with `_` turned into `-`.
     Http(String),
     SentHttp(String),
+    /// `$upstream_http_NAME`: a header of the upstream's response.
+    UpstreamHttp(String),
     Arg(String),
     Cookie(String),
     RemoteAddr,
@@ -139,6 +141,9 @@ pub struct VarTable {
     /// Declared by `set`: without a value in a request such a variable is
     /// "uninitialized" (empty, with nginx's warning).
     by_set: Vec<bool>,
+    /// Some template mentions `$upstream_http_NAME`: the proxy keeps the
+    /// upstream's header lines for the request (else it need not).
+    pub upstream_http: bool,
 }
 
 impl VarTable {
@@ -243,6 +248,10 @@ impl VarTable {
         let lower = name.to_ascii_lowercase();
         if let Some(h) = lower.strip_prefix("http_") {
             return Var::Http(h.replace('_', "-"));
+        }
+        if let Some(h) = lower.strip_prefix("upstream_http_") {
+            self.upstream_http = true;
+            return Var::UpstreamHttp(h.replace('_', "-"));
         }
         if let Some(h) = lower.strip_prefix("sent_http_") {
             return Var::SentHttp(h.replace('_', "-"));

@@ -43,6 +43,7 @@ mod static_headers;
 mod status;
 mod stream;
 mod sub_filter;
+mod subrequest;
 mod tls;
 mod upgrade;
 mod upstream_balance;

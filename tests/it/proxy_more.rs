@@ -176,15 +176,11 @@ fn bind_failure_is_logged_as_nginx_words_it() {
             location / { proxy_pass http://127.0.0.1:1; proxy_bind 192.0.2.1; } } }",
     );
     assert_eq!(s.get("/").status, 500);
-    let log = s.error_log();
-    assert!(
-        log.contains("[crit] ")
-            && log.contains(
-            "bind(192.0.2.1) failed (99: Cannot assign requested address) while connecting to upstream"
-        ),
-        "{}",
-        log
+    // The error log is written by its own thread: wait for the line.
+    let log = s.wait_error_log(
+        "bind(192.0.2.1) failed (99: Cannot assign requested address) while connecting to upstream",
     );
+    assert!(log.contains("[crit] "), "{}", log);
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //!
 //! Rules are checked in order and the first match decides; no match
 //! says nothing. [`phase`] runs nginx's access phase: the address rules,
-//! then `auth_basic` ([`super::auth_basic::check`]), combined as
+//! then `auth_basic` ([`super::auth_basic::check`]), then `auth_request`
+//! ([`super::auth_request::check`], a subrequest), combined as
 //! `satisfy` says: with `all` (the default) each must let the request
 //! through, the first refusal answers; with `any` the first check that
 //! allows lets it through, and if none does the refusal answers (a 401
@@ -156,7 +157,7 @@ pub enum Verdict {
     Fail(Response),
 }
 
-/// nginx's access phase: allow/deny, then auth_basic, under `satisfy`.
+/// nginx's access phase: allow/deny, auth_basic, auth_request, under `satisfy`.
 /// `None` lets the request go on to the content phase.
 pub async fn phase(cx: &mut Ctx<'_>) -> Option<Response> {
     let any = cx.loc.modules.access.satisfy_any.unwrap_or(false);
@@ -172,6 +173,16 @@ pub async fn phase(cx: &mut Ctx<'_>) -> Option<Response> {
         Verdict::Allow | Verdict::Declined => {}
     }
     match super::auth_basic::check(cx).await {
+        Verdict::Allow if any => return None,
+        Verdict::Allow | Verdict::Declined => {}
+        Verdict::Refuse(r) if any => {
+            if refused.as_ref().is_none_or(|p| p.status != 401) {
+                refused = Some(r);
+            }
+        }
+        Verdict::Refuse(r) | Verdict::Fail(r) => return Some(r),
+    }
+    match super::auth_request::check(cx).await {
         Verdict::Allow if any => return None,
         Verdict::Allow | Verdict::Declined => {}
         Verdict::Refuse(r) if any => {

@@ -7,7 +7,9 @@
 
 pub mod access;
 pub mod access_log;
+pub mod addition;
 pub mod auth_basic;
+pub mod auth_request;
 pub mod autoindex;
 pub mod charset;
 pub mod empty_gif;
@@ -22,6 +24,7 @@ pub mod index;
 pub mod limit_conn;
 pub mod limit_req;
 pub mod map;
+pub mod mirror;
 pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
@@ -75,6 +78,7 @@ pub const TABLES: &[&[Spec]] = &[
     ssl_settings::DIRECTIVES,
     realip::DIRECTIVES,
     auth_basic::DIRECTIVES,
+    auth_request::DIRECTIVES,
     geo::DIRECTIVES,
     sub_filter::DIRECTIVES,
     referer::DIRECTIVES,
@@ -82,6 +86,8 @@ pub const TABLES: &[&[Spec]] = &[
     secure_link::DIRECTIVES,
     random_index::DIRECTIVES,
     userid::DIRECTIVES,
+    mirror::DIRECTIVES,
+    addition::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -101,13 +107,16 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
     range::header_filter,
 ];
 
-/// The content phase: try_files (nginx's try-files phase comes before
-/// content), then the location's content handler (proxy, fastcgi, status pages),
+/// The content phase: try_files, then mirror (nginx's precontent phase,
+/// in its order), then the location's content handler (proxy, fastcgi, status pages),
 /// then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
     match try_files::run(cx).await {
         Step::Next => {}
         other => return other,
+    }
+    if let Some(step) = mirror::precontent(cx).await {
+        return step;
     }
     if let Some(step) = proxy::content(cx).await {
         return step;
@@ -191,12 +200,15 @@ pub struct ModLoc {
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,
+    pub auth_request: auth_request::AuthRequestLoc,
     pub sub_filter: sub_filter::SubFilterLoc,
     pub referer: referer::RefererLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub secure_link: secure_link::SecureLinkLoc,
     pub random_index: random_index::RandomIndexLoc,
     pub userid: userid::UseridLoc,
+    pub mirror: mirror::MirrorLoc,
+    pub addition: addition::AdditionLoc,
 }
 
 impl ModLoc {
@@ -229,6 +241,9 @@ impl ModLoc {
         self.secure_link.merge(&p.secure_link);
         self.random_index.merge(&p.random_index);
         self.userid.merge(&p.userid);
+        self.auth_request.merge(&p.auth_request);
+        self.mirror.merge(&p.mirror);
+        self.addition.merge(&p.addition);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();

@@ -1666,7 +1666,12 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     let got = fetch(cx, at, &up, &lim, &send, &req_uri, head_only).await;
     let use_stale = conf.cache_use_stale.unwrap_or(0);
     let mut resp = match got {
-        Ok(r) => r,
+        Ok(r) => {
+            if cx.http.main.vars.upstream_http {
+                cx.upstream_headers = Some(r.headers.clone());
+            }
+            r
+        }
         Err(e) => {
             // proxy_cache_use_stale: the expired entry instead of an error.
             if let Some(st) = stale.filter(|_| use_stale & e.ft != 0) {
