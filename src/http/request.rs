@@ -162,10 +162,7 @@ impl Request {
             start: 0,
             end: buf.len() as u32,
         };
-        let method_len = line
-            .iter()
-            .take_while(|c| c.is_ascii_uppercase() || **c == b'_' || **c == b'-')
-            .count();
+        let method_len = line.iter().take_while(|&&c| is_method_char(c)).count();
         let mut host_span = None;
         let headers = match host {
             Some(h) => {
@@ -277,10 +274,7 @@ fn reject(status: u16, log: &'static str, line: Option<&[u8]>) -> Reject {
         log,
         line: line.map(<[u8]>::to_vec),
         in_headers: line.is_some(),
-        host: None,
-        http09: false,
-        detail: None,
-        pipelined: false,
+        ..Default::default()
     }
 }
 
@@ -293,12 +287,21 @@ fn line_reject(status: u16, log: &'static str, buf: &[u8]) -> Reject {
         status,
         log,
         line: Some(line.to_vec()),
-        in_headers: false,
-        host: None,
-        http09: false,
-        detail: None,
-        pipelined: false,
+        ..Default::default()
     }
+}
+
+/// nginx accepts only upper-case letters, `_` and `-` in a method.
+fn is_method_char(c: u8) -> bool {
+    c.is_ascii_uppercase() || c == b'_' || c == b'-'
+}
+
+/// A header name nginx accepts: letters, digits, `-`, and `_` with
+/// `underscores_in_headers`; others are invalid (left out, or kept with
+/// `ignore_invalid_headers off`).
+fn valid_header_name(name: &[u8], underscores: bool) -> bool {
+    name.iter()
+        .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores))
 }
 
 /// The parts of a request line, as offsets into the head.
@@ -327,7 +330,7 @@ pub fn parse_line(buf: &[u8]) -> Result<Option<Line>, Reject> {
     let bad = |log| Err(line_reject(400, log, buf));
     let method_end = buf
         .iter()
-        .position(|c| !(c.is_ascii_uppercase() || *c == b'_' || *c == b'-'))
+        .position(|&c| !is_method_char(c))
         .unwrap_or(buf.len());
     let Some(&after_method) = buf.get(method_end) else {
         return Ok(None);
@@ -436,7 +439,6 @@ pub fn parse_line(buf: &[u8]) -> Result<Option<Line>, Reject> {
     }
     let text_end = i;
     match eol(i)? {
-        None if i < buf.len() && buf[i] != b'\r' => bad("client sent invalid request"),
         None => Ok(None),
         Some(next) => Ok(Some(Line {
             method_end,
@@ -457,15 +459,15 @@ enum HeaderLine<'b> {
     Invalid(&'b [u8], &'b [u8], &'b [u8]),
 }
 
+/// A refusal carries nginx's report of the line and the Host read before it.
+type LenientError<'b> = (Vec<u8>, Option<&'b [u8]>);
+
 /// Reads the header lines of `block` (ending with the blank line) by
 /// nginx's rules, for heads httparse refuses: a name may not hold spaces,
 /// controls or NUL (400); other characters outside letters, digits, `-`
 /// (and `_` with `underscores_in_headers`) make the line invalid; a line
 /// without a colon is a header with an empty value; a value may hold any
 /// byte but NUL, CR and LF; a line may not start with white space.
-/// A refusal carries nginx's report of the line and the Host read before it.
-type LenientError<'b> = (Vec<u8>, Option<&'b [u8]>);
-
 fn lenient_headers(
     block: &[u8],
     underscores: bool,
@@ -508,9 +510,7 @@ fn lenient_headers(
             Some(e) => &value[..=e],
             None => &value[..0],
         };
-        let valid = name
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
+        let valid = valid_header_name(name, underscores);
         if valid && host.is_none() && name_is(name, "host") {
             host = Some(value);
         }
@@ -633,10 +633,7 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
         .iter()
         .map(|h| {
             let name = h.name.as_bytes();
-            let valid = name
-                .iter()
-                .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores));
-            if valid {
+            if valid_header_name(name, underscores) {
                 HeaderLine::Header(name, h.value)
             } else {
                 // The whole line, from the name to the value's end.
