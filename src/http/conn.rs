@@ -410,14 +410,11 @@ async fn request<S: Stream>(
     let server = addr.select(req.host()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     for bad in req.invalid_lines() {
-        cx.logger().log(
+        cx.log(
             Level::Info,
-            Some(info.id),
-            format_args!(
-                "client sent invalid header line: \"{}\" while reading client request headers{}{}",
-                String::from_utf8_lossy(bad),
-                cx.log_request_ctx(),
-                cx.log_host_ctx()
+            &format!(
+                "client sent invalid header line: \"{}\" while reading client request headers",
+                String::from_utf8_lossy(bad)
             ),
         );
     }
@@ -523,10 +520,7 @@ async fn request<S: Stream>(
         &mut cx.sent,
     )
     .await;
-    // nginx logs its internal 494-497 as the 400 they are sent as.
-    cx.sent.status = crate::http::status::wire_code(resp.status);
-    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    log_answered(&mut cx, resp.status);
     // Module state tied to the request (a limit_conn slot) lives until
     // the unread body is drained, as the request does in nginx.
     let request_guards = std::mem::take(&mut cx.guards);
@@ -742,6 +736,23 @@ fn head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
     None
 }
 
+/// After an answer was written: the status counters and the access log.
+/// nginx logs its internal 494-497 as the 400 they are sent as.
+fn log_answered(cx: &mut phases::Ctx<'_>, status: u16) {
+    cx.sent.status = crate::http::status::wire_code(status);
+    crate::http::modules::stub_status::metrics::record_response(status, cx.sent.bytes);
+    crate::http::modules::log_phase(cx);
+}
+
+/// Waits, at most send_timeout, until the socket takes more bytes.
+async fn wait_writable<S: Stream>(stream: &S, loc: &LocConf) -> io::Result<()> {
+    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
+    match timeout(to, crate::io::SendSock::writable(stream)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+    }
+}
+
 /// Answers a head that was refused and closes, as nginx finalises such a
 /// request: the error log says why (and while reading what), the answer
 /// is the status's page with the server's `add_header ... always` lines,
@@ -763,27 +774,23 @@ async fn reject_and_close<S: Stream>(
         None => addr.default.clone(),
     };
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
-    let (reading, host) = if r.in_headers {
-        ("request headers", cx.log_host_ctx())
+    let reading = if r.in_headers {
+        "request headers"
     } else if r.pipelined {
-        ("pipelined request line", String::new())
+        "pipelined request line"
     } else {
-        ("request line", String::new())
+        "request line"
     };
-    cx.logger().log(
+    let detail = r
+        .detail
+        .as_ref()
+        .map(|d| format!(": \"{}\"", String::from_utf8_lossy(d)))
+        .unwrap_or_default();
+    // (The refused request has a Host only when the headers were read,
+    // so the context names one only then, as nginx's does.)
+    cx.log(
         Level::Info,
-        Some(info.id),
-        format_args!(
-            "{}{} while reading client {}{}{}",
-            r.log,
-            r.detail
-                .as_ref()
-                .map(|d| format!(": \"{}\"", String::from_utf8_lossy(d)))
-                .unwrap_or_default(),
-            reading,
-            cx.log_request_ctx(),
-            host
-        ),
+        &format!("{}{} while reading client {}", r.log, detail, reading),
     );
     let mut resp = phases::conclude(&mut cx, Response::status(r.status)).await;
     // An error page may not keep the connection: nginx closes after these.
@@ -802,9 +809,7 @@ async fn reject_and_close<S: Stream>(
         &mut cx.sent,
     )
     .await;
-    cx.sent.status = crate::http::status::wire_code(r.status);
-    crate::http::modules::stub_status::metrics::record_response(r.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    log_answered(&mut cx, r.status);
     drop(cx);
     linger(stream, &loc).await;
 }
@@ -1208,18 +1213,11 @@ async fn write_pieces<S: Stream>(
 /// Writes all of `data` with MSG_MORE, waiting at most send_timeout
 /// between two successful writes.
 async fn write_more<S: Stream>(stream: &S, data: &[u8], loc: &LocConf) -> io::Result<()> {
-    let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
     let mut off = 0;
     while off < data.len() {
         match stream.try_write_more(&[IoSlice::new(&data[off..])]) {
             Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match timeout(to, crate::io::SendSock::writable(stream)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
-                }
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream, loc).await?,
             Err(e) => return Err(e),
         }
     }
@@ -1232,14 +1230,7 @@ async fn flush<S: Stream>(stream: &S, loc: &LocConf) -> io::Result<()> {
     loop {
         match stream.try_flush() {
             Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
-                match timeout(to, crate::io::SendSock::writable(stream)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
-                }
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream, loc).await?,
             Err(e) => return Err(e),
         }
     }
@@ -1565,14 +1556,7 @@ async fn write_all_more<S: Stream>(
                     }
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
-                match timeout(to, crate::io::SendSock::writable(stream)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
-                }
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream, loc).await?,
             Err(e) => return Err(e),
         }
     }
