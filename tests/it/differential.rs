@@ -527,6 +527,26 @@ pub(crate) fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Sends each request to nginx (on `nport`) and to tern (on `tport`) and
+/// reports each pair of answers that differ after [`normalize`].
+pub(crate) fn differences(nport: u16, tport: u16, reqs: &[impl AsRef<[u8]>]) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for r in reqs {
+        let r = r.as_ref();
+        let a = normalize(&exchange(nport, r), nport);
+        let b = normalize(&exchange(tport, r), tport);
+        if a != b {
+            diffs.push(format!(
+                "=== request {:?}\n--- nginx\n{}\n--- tern\n{}\n",
+                String::from_utf8_lossy(r),
+                a,
+                b
+            ));
+        }
+    }
+    diffs
+}
+
 /// What may differ between the two servers, normalised away.
 pub(crate) fn normalize(raw: &[u8], port: u16) -> String {
     let text = String::from_utf8_lossy(raw).into_owned();
@@ -574,17 +594,7 @@ fn same_bytes_as_nginx() {
     let tern = Server::start_in(pt, CONF);
     let reqs = corpus();
     assert!(reqs.len() >= 200, "corpus has {} requests", reqs.len());
-    let mut diffs = Vec::new();
-    for r in &reqs {
-        let a = normalize(&exchange(nport, r.as_bytes()), nport);
-        let b = normalize(&exchange(tern.port, r.as_bytes()), tern.port);
-        if a != b {
-            diffs.push(format!(
-                "=== request {:?}\n--- nginx\n{}\n--- tern\n{}\n",
-                r, a, b
-            ));
-        }
-    }
+    let diffs = differences(nport, tern.port, &reqs);
     drop(nginx);
     if !diffs.is_empty() {
         let mut f = std::fs::File::create(std::env::temp_dir().join("tern-differential.txt"))

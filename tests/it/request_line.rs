@@ -4,7 +4,7 @@
 //! refused head gets (the server's `add_header ... always`, an access-log
 //! line, the error-log line with its context). The corpus runs against
 //! the real nginx on the same config and must give the same bytes.
-use crate::differential::{exchange, normalize};
+use crate::differential::differences;
 use crate::harness::*;
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -163,19 +163,7 @@ fn same_answers_as_nginx() {
     files(&pt);
     let tern = Server::start_in(pt, CONF);
     let reqs = corpus();
-    let mut diffs = Vec::new();
-    for r in &reqs {
-        let a = normalize(&exchange(nport, r), nport);
-        let b = normalize(&exchange(tern.port, r), tern.port);
-        if a != b {
-            diffs.push(format!(
-                "=== request {:?}\n--- nginx\n{}\n--- tern\n{}\n",
-                String::from_utf8_lossy(r),
-                a,
-                b
-            ));
-        }
-    }
+    let diffs = differences(nport, tern.port, &reqs);
     drop(nginx);
     assert!(
         diffs.is_empty(),
