@@ -306,3 +306,32 @@ pub fn accept_raw(listener: RawFd) -> io::Result<(std::net::TcpStream, Option<So
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     Ok((std::net::TcpStream::from(fd), peer.as_socket()))
 }
+
+/// How many connections wait in a TCP listener's accept queue, or `None`
+/// if the kernel will not say.
+pub fn accept_queue_len(listener: RawFd) -> Option<u32> {
+    // For a listening socket Linux reports the accept queue's length in
+    // `tcpi_unacked` and returns early, without locking the socket; only
+    // the head of `struct tcp_info` up to that field is asked for.
+    const UNACKED_AT: usize = 24;
+    let mut head = [0u8; UNACKED_AT + 8];
+    let mut len = head.len() as libc::socklen_t;
+    // SAFETY: `head` is writable for `len` bytes; the kernel writes at
+    // most `len` and stores the length it wrote in `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            listener,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            head.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // The first byte is the socket's state: 10 is TCP_LISTEN.
+    if r != 0 || (len as usize) < UNACKED_AT + 4 || head[0] != 10 {
+        return None;
+    }
+    let mut n = [0u8; 4];
+    n.copy_from_slice(&head[UNACKED_AT..UNACKED_AT + 4]);
+    Some(u32::from_ne_bytes(n))
+}

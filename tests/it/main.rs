@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod accept;
 mod access_log;
 mod auth;
 mod autoindex;
