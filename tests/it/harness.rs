@@ -566,6 +566,37 @@ impl Server {
     pub fn wait_error_log(&self, substr: &str) -> String {
         wait_log(&self.prefix, "logs/error.log", substr)
     }
+
+    /// As [`Server::wait_error_log`], until `substr` is there `n` times.
+    pub fn wait_error_log_n(&self, substr: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.error_log();
+            if text.matches(substr).count() >= n {
+                return text;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "error.log has {:?} fewer than {} times after 10 s:\n{}",
+                    substr, n, text
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends `req` on a new connection (read to its close) and waits until
+    /// the error log has `line`, which that request logs; returns the log.
+    /// For checking that an earlier request logged *nothing* of some kind:
+    /// with one worker (the default), every line an earlier request logged
+    /// on its own task is queued before the worker takes this one (after
+    /// its answer is written, a request is logged and dropped before the
+    /// task awaits anything), and the one writer thread writes lines in
+    /// queue order, so the returned log has all of them.
+    pub fn error_log_after(&self, req: &str, line: &str) -> String {
+        self.raw(req.as_bytes());
+        self.wait_error_log(line)
+    }
 }
 
 /// Waits (up to 10 s) until the file `rel` under `p` contains `substr` and
