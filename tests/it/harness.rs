@@ -32,6 +32,36 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A loopback port nothing listens on, kept so for as long as this lives:
+/// a socket is bound to it (without SO_REUSEADDR, not listening), so a
+/// connect is refused, and no other process (another test run, a fuzzer
+/// on the same machine) can start listening there meanwhile, as it could
+/// on a port from [`free_port`] that is only known to be free.
+pub struct DeadPort {
+    pub port: u16,
+    _sock: socket2::Socket,
+}
+
+impl DeadPort {
+    pub fn new() -> DeadPort {
+        use socket2::{Domain, Socket, Type};
+        loop {
+            let port = free_port();
+            let sock = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            if sock.bind(&addr.into()).is_ok() {
+                return DeadPort { port, _sock: sock };
+            }
+        }
+    }
+}
+
+impl Default for DeadPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A prefix directory with `logs/`, `html/` and `conf/`, removed on drop.
