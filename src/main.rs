@@ -1,6 +1,6 @@
 //! `tern`: the command line, as nginx's (`-c -p -e -g -t -T -q -s -v -V -h`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::exit;
 
 use tern::core::master::{self, Source};
@@ -153,27 +153,16 @@ fn main() {
         exit(0);
     }
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    // As nginx: the prefix is used as given (a relative one from the
+    // current directory, which tern never leaves), with or without its
+    // trailing slash, and a relative `-c` file is under the prefix, not
+    // under the current directory (`-p /srv -c conf/x` is /srv/conf/x).
     let prefix = match &o.prefix {
-        Some(p) => {
-            let p = PathBuf::from(p);
-            if p.is_absolute() {
-                p
-            } else {
-                cwd.join(p)
-            }
-        }
-        None if o.conf.is_some() => PathBuf::from(DEFAULT_PREFIX),
+        Some(p) => PathBuf::from(p),
         None => PathBuf::from(DEFAULT_PREFIX),
     };
     let conf_file = match &o.conf {
-        Some(c) => {
-            let c = Path::new(c);
-            Some(if c.is_absolute() {
-                c.to_path_buf()
-            } else {
-                cwd.join(c)
-            })
-        }
+        Some(c) => Some(prefix.join(c)),
         None => {
             let installed = prefix.join("conf/nginx.conf");
             if installed.exists() {

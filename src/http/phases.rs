@@ -130,8 +130,13 @@ pub const ACCESS: &[AccessFn] = modules::ACCESS;
 /// A header filter: may change the response and install body filters.
 pub type HeaderFilter = fn(&mut Ctx<'_>, &mut Response);
 
-/// Header filters in execution order (nginx's: not_modified, headers,
-/// charset, gzip, range).
+/// Header filters in execution order, as [`modules::HEADER_FILTERS`] lists
+/// them: not_modified, headers, userid, gunzip, sub_filter, charset, gzip,
+/// range (nginx's order for these modules). [`finish`] runs them on the
+/// client's response only (a subrequest's passes through untouched), after
+/// msie_refresh and the special-response body. nginx's addition filter
+/// (between gunzip and sub_filter there) is not in the list:
+/// [`crate::http::modules::addition::apply`] runs before all of them.
 pub const HEADER_FILTERS: &[HeaderFilter] = modules::HEADER_FILTERS;
 
 impl<'a> Ctx<'a> {

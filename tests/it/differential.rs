@@ -508,20 +508,47 @@ fn corpus() -> Vec<String> {
     reqs
 }
 
-/// Sends `req` and reads until the server closes or stays silent for a
-/// moment (some requests in the corpus keep the connection open).
+/// Sends `req` and reads until the server closes or, once a complete
+/// response has arrived, stays silent for 300 ms (some requests in the
+/// corpus keep the connection open). Before a complete response the
+/// wait is up to 10 s: a loaded machine may take more than a moment to
+/// answer, and a cut-short answer is not the server's.
 pub(crate) fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
     use std::io::Read;
+    use std::time::{Duration, Instant};
+    let quiet = Duration::from_millis(300);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let head_only = req.starts_with(b"HEAD ");
     let mut s = connect(port);
-    s.set_read_timeout(Some(std::time::Duration::from_millis(300)))
-        .expect("timeout");
     s.write_all(req).expect("write");
     let mut out = Vec::new();
     let mut buf = [0u8; 65536];
     loop {
+        // A HEAD answer has a head only, whatever its Content-Length says.
+        let answered = if head_only {
+            find(&out, b"\r\n\r\n").is_some()
+        } else {
+            Resp::parse_complete(&out).is_some()
+        };
+        let wait = if answered {
+            quiet
+        } else {
+            deadline.saturating_duration_since(Instant::now())
+        };
+        if wait.is_zero() {
+            break;
+        }
+        s.set_read_timeout(Some(wait)).expect("timeout");
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e)
+                if !answered
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+            Err(_) => break,
         }
     }
     out

@@ -32,6 +32,36 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A loopback port nothing listens on, kept so for as long as this lives:
+/// a socket is bound to it (without SO_REUSEADDR, not listening), so a
+/// connect is refused, and no other process (another test run, a fuzzer
+/// on the same machine) can start listening there meanwhile, as it could
+/// on a port from [`free_port`] that is only known to be free.
+pub struct DeadPort {
+    pub port: u16,
+    _sock: socket2::Socket,
+}
+
+impl DeadPort {
+    pub fn new() -> DeadPort {
+        use socket2::{Domain, Socket, Type};
+        loop {
+            let port = free_port();
+            let sock = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            if sock.bind(&addr.into()).is_ok() {
+                return DeadPort { port, _sock: sock };
+            }
+        }
+    }
+}
+
+impl Default for DeadPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A prefix directory with `logs/`, `html/` and `conf/`, removed on drop.
@@ -113,61 +143,57 @@ pub fn conf_text(body: &str, port: u16) -> String {
 
 impl Server {
     /// Starts tern on `conf` (with `@PORT@` replaced by a free port) and
-    /// waits until the port accepts connections.
+    /// waits until the port accepts connections and the master can take
+    /// signals.
     pub fn start(conf: &str) -> Server {
         Self::start_in(Prefix::new(), conf)
     }
 
     pub fn start_in(prefix: Prefix, conf: &str) -> Server {
-        let port = free_port();
-        let text = conf_text(conf, port);
-        let conf = prefix.write("conf/nginx.conf", text);
-        let child = Command::new(BIN)
-            .arg("-p")
-            .arg(&prefix.dir)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-g")
-            .arg("daemon off;")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn tern");
-        let mut s = Server {
-            prefix,
-            child: Some(child),
-            port,
-            conf,
-        };
-        s.wait_listening(port);
-        s
+        let mut attempt = 0;
+        loop {
+            let port = free_port();
+            let text = conf_text(conf, port);
+            let conf_path = prefix.write("conf/nginx.conf", text);
+            let mut child = Command::new(BIN)
+                .arg("-p")
+                .arg(&prefix.dir)
+                .arg("-c")
+                .arg(&conf_path)
+                .arg("-g")
+                .arg("daemon off;")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn tern");
+            match wait_ready(&mut child, port, &prefix) {
+                Ok(()) => {
+                    return Server {
+                        prefix,
+                        child: Some(child),
+                        port,
+                        conf: conf_path,
+                    }
+                }
+                // Another process (a test run elsewhere on the machine)
+                // took the port between free_port() and tern's bind: the
+                // test is not about that, so once more on another port.
+                Err(e) if attempt < 3 && e.contains(&format!("127.0.0.1:{port} failed (98:")) => {
+                    attempt += 1;
+                }
+                Err(e) => panic!("{}", e),
+            }
+        }
     }
 
-    /// Waits until `port` accepts a TCP connection (or the server died).
+    /// Waits until `port` accepts a TCP connection and the master has its
+    /// signal handlers (or panics when the server died).
     pub fn wait_listening(&mut self, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    let mut err = String::new();
-                    if let Some(e) = c.stderr.as_mut() {
-                        let _ = e.read_to_string(&mut err);
-                    }
-                    panic!(
-                        "tern exited with {}: {}\nerror.log:\n{}",
-                        st,
-                        err,
-                        self.prefix.read("logs/error.log")
-                    );
-                }
-            }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let c = self.child.as_mut().expect("a running tern");
+        if let Err(e) = wait_ready(c, port, &self.prefix) {
+            panic!("{}", e);
         }
-        panic!("tern did not listen on {}", port);
     }
 
     pub fn pid(&self) -> i32 {
@@ -275,6 +301,47 @@ impl Drop for Server {
             eprintln!("--- error.log:\n{}", self.error_log());
         }
     }
+}
+
+/// Waits (up to 10 s) until `port` accepts a connection and `child` has
+/// a SIGHUP handler installed: tern listens a moment before its signal
+/// handlers are in, and a signal sent in between (a test's reload right
+/// after the start) would take its default action and end the process.
+/// Also makes sure the listener is tern's and not another process's on a
+/// port tern failed to bind. Err: tern exited (its stderr and error log).
+fn wait_ready(child: &mut Child, port: u16, prefix: &Prefix) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(e) = child.stderr.as_mut() {
+                let _ = e.read_to_string(&mut err);
+            }
+            return Err(format!(
+                "tern exited with {}: {}\nerror.log:\n{}",
+                st,
+                err,
+                prefix.read("logs/error.log")
+            ));
+        }
+        if catches_sighup(child.id()) && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(format!("tern did not listen on {}", port))
+}
+
+/// Whether the process has a handler for SIGHUP (`SigCgt` in its status).
+fn catches_sighup(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid)).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|m| m & (1 << (SIGHUP - 1)) != 0)
 }
 
 pub fn connect(port: u16) -> TcpStream {
@@ -528,6 +595,37 @@ impl Server {
     /// response that caused it.
     pub fn wait_error_log(&self, substr: &str) -> String {
         wait_log(&self.prefix, "logs/error.log", substr)
+    }
+
+    /// As [`Server::wait_error_log`], until `substr` is there `n` times.
+    pub fn wait_error_log_n(&self, substr: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.error_log();
+            if text.matches(substr).count() >= n {
+                return text;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "error.log has {:?} fewer than {} times after 10 s:\n{}",
+                    substr, n, text
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends `req` on a new connection (read to its close) and waits until
+    /// the error log has `line`, which that request logs; returns the log.
+    /// For checking that an earlier request logged *nothing* of some kind:
+    /// with one worker (the default), every line an earlier request logged
+    /// on its own task is queued before the worker takes this one (after
+    /// its answer is written, a request is logged and dropped before the
+    /// task awaits anything), and the one writer thread writes lines in
+    /// queue order, so the returned log has all of them.
+    pub fn error_log_after(&self, req: &str, line: &str) -> String {
+        self.raw(req.as_bytes());
+        self.wait_error_log(line)
     }
 }
 

@@ -141,29 +141,25 @@ fn aio_threads_pool_name_from_a_variable() {
     let r = s.get("/big?p=b");
     assert_eq!(r.status, 200);
     assert!(r.body == data);
-    eventually(5, "offload line for p_b", || {
-        s.error_log().contains("tern io: offload pool \"p_b\"")
-    });
-    assert!(!s.error_log().contains("pool \"p_a\""), "{}", s.error_log());
+    s.wait_error_log("tern io: offload pool \"p_b\"");
+    // A pool that does not exist: nginx's message and 500. Its line also
+    // comes after every line the request above logged.
+    assert_eq!(s.get("/big?p=zz").status, 500);
+    let log = s.wait_error_log("thread pool \"p_zz\" not found");
+    assert!(!log.contains("pool \"p_a\""), "{log}");
 
     // Warm now: served inline, still attributed to the chosen pool.
     let r = s.get("/big?p=a");
     assert!(r.status == 200 && r.body == data);
-    eventually(5, "inline line for p_a", || {
-        s.error_log().contains("tern io: inline pool \"p_a\"")
-    });
+    s.wait_error_log("tern io: inline pool \"p_a\"");
     evict(&path);
     let r = s.get("/big?p=a");
     assert!(r.status == 200 && r.body == data);
-    eventually(5, "offload line for p_a", || {
-        s.error_log().contains("tern io: offload pool \"p_a\"")
-    });
-    assert_eq!(count(&s.error_log(), "tern io: offload pool \"p_b\""), 1);
-
-    // A pool that does not exist: nginx's message and 500.
-    let r = s.get("/big?p=zz");
-    assert_eq!(r.status, 500);
-    s.wait_error_log("thread pool \"p_zz\" not found");
+    s.wait_error_log("tern io: offload pool \"p_a\"");
+    // The unknown pool again, to mark the end of those requests' lines.
+    assert_eq!(s.get("/big?p=zz").status, 500);
+    let log = s.wait_error_log_n("thread pool \"p_zz\" not found", 2);
+    assert_eq!(count(&log, "tern io: offload pool \"p_b\""), 1, "{log}");
 }
 
 #[test]
@@ -288,11 +284,9 @@ fn lazily_started_default_pool_serves_when_started_as_root() {
     let r = s.get("/x");
     assert!(r.status == 200 && r.body == data, "status {}", r.status);
     assert!(thread_names(s.pid()).iter().any(|n| n == "tern-pool-defau"));
-    assert!(
-        !s.error_log().contains("could not drop privileges"),
-        "{}",
-        s.error_log()
-    );
+    // A 404's line marks the end of what the pool's start logged.
+    let log = s.error_log_after("GET /nope HTTP/1.0\r\n\r\n", "/nope\" failed");
+    assert!(!log.contains("could not drop privileges"), "{log}");
 }
 
 /// Bytes of resident memory of the server's mappings of `path` (smaps).
@@ -334,17 +328,20 @@ fn sendfile_of_a_hot_file_is_inline_where_cachestat_is_refused() {
     evict(&path);
     let r = s.get("/hot");
     assert!(r.status == 200 && r.body == data, "status {}", r.status);
-    eventually(5, "offload line", || {
-        s.error_log().contains("tern io: offload pool \"default\"")
-    });
+    s.wait_error_log("tern io: offload pool \"default\"");
     for _ in 0..3 {
         let r = s.get("/hot");
         assert!(r.status == 200 && r.body == data, "status {}", r.status);
     }
-    eventually(5, "inline lines", || {
-        count(&s.error_log(), "tern io: inline pool \"default\"") == 3
-    });
-    assert_eq!(count(&s.error_log(), "tern io: offload"), 1);
+    s.wait_error_log_n("tern io: inline pool \"default\"", 3);
+    // A request without file I/O (info is logged at debug) marks the end
+    // of the lines the three logged.
+    let log = s.error_log_after(
+        "get / HTTP/1.0\r\n\r\n",
+        "client sent invalid method while reading client request line",
+    );
+    assert_eq!(count(&log, "tern io: inline pool \"default\""), 3, "{log}");
+    assert_eq!(count(&log, "tern io: offload"), 1, "{log}");
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         // The worker mapped the file (so it could open /proc/self/pagemap,

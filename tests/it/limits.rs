@@ -274,7 +274,7 @@ fn limit_req_burst_nodelay_accepts_one_plus_burst() {
         "{}",
         log
     );
-    assert!(s.error_log().contains(" by zone \"nd\""));
+    s.wait_error_log(" by zone \"nd\"");
     // After the bucket drains (100 ms per request) one more passes.
     std::thread::sleep(Duration::from_millis(120));
     assert_eq!(s.get("/nd").status, 200);

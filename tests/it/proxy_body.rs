@@ -325,16 +325,14 @@ fn a_client_vanishing_mid_body_frees_everything() {
         o.port, o.port
     );
     let s = Server::start(&conf);
-    for _ in 0..3 {
+    for i in 1..=3 {
         let mut c = s.connect();
         c.write_all(b"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
             .expect("write");
         c.write_all(&pattern(50_000)).expect("write part");
-        // Wait until tern has the file open (its warning is logged), then go.
-        eventually(5, "temp file started", || {
-            s.error_log()
-                .contains("a client request body is buffered to a temporary file")
-        });
+        // Wait until tern has the file open (this connection's warning is
+        // logged: the i-th one), then go.
+        s.wait_error_log_n("a client request body is buffered to a temporary file", i);
         drop(c);
     }
     eventually(5, "connections released", || {

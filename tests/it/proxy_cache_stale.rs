@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::harness::{
-    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+    free_port, nginx_installed, raw, start_nginx, ConfTest, DeadPort, Prefix, Resp, Server,
 };
 use crate::origin::Origin;
 
@@ -102,7 +102,12 @@ fn garbage_backend() -> u16 {
 
 #[test]
 fn use_stale_serves_the_expired_entry_in_the_listed_cases_as_nginx() {
-    let (good, e500, e404, dead) = (free_port(), free_port(), free_port(), free_port());
+    let (good, e500, e404) = (free_port(), free_port(), free_port());
+    // Held for the whole test, tern's run and nginx's: a port from
+    // free_port() that another process on the machine starts listening on
+    // turns the refused connections of /err, /noerr and /off into answers.
+    let dead_port = DeadPort::new();
+    let dead = dead_port.port;
     // Accepts (the kernel completes the handshake) and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
     let silent_port = silent.local_addr().expect("addr").port();

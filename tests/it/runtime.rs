@@ -994,3 +994,99 @@ fn proxy_cache_path_pacing_values_as_nginx() {
         }
     }
 }
+
+/// `-p DIR -c conf/x`: a relative `-c` is under the prefix (nginx adds
+/// the prefix's trailing `/` when it is missing), never under the current
+/// directory, whether the prefix is absolute or relative, with or without
+/// its slash; a relative prefix stays relative in what is printed, as
+/// nginx prints it. The current directory has a broken `conf/x` to tell
+/// the two apart. A relative prefix also serves: root and logs under it.
+#[test]
+fn prefix_without_slash_and_relative_conf_as_nginx() {
+    let top = Prefix::new();
+    top.write("pre/conf/x", "events {}\nhttp { }\n");
+    top.write("cwd/conf/x", "events {}\nhttp { not_in_the_prefix; }\n");
+    let cwd = top.path("cwd");
+    let pre = top.path("pre");
+    let abs = pre.display().to_string();
+    let run = |bin: &str, p: &str, who: &str| {
+        let o = Command::new(bin)
+            .current_dir(&cwd)
+            .args(["-t", "-p", p, "-c", "conf/x", "-e", "stderr"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        // nginx's stderr lines start with a time for [emerg]; keep the ends.
+        let text = stderr(&o).replace(&format!("{who}: "), "");
+        (o.status.code(), text)
+    };
+    for (p, shown) in [
+        (abs.clone(), format!("{abs}/conf/x")),
+        (format!("{abs}/"), format!("{abs}/conf/x")),
+        ("../pre".to_string(), "../pre/conf/x".to_string()),
+        ("../pre/".to_string(), "../pre/conf/x".to_string()),
+    ] {
+        let ours = run(BIN, &p, "tern");
+        assert_eq!(
+            ours,
+            (
+                Some(0),
+                format!(
+                    "the configuration file {shown} syntax is ok\n\
+                     configuration file {shown} test is successful\n"
+                )
+            ),
+            "-p {p}"
+        );
+        if std::path::Path::new(NGINX).exists() {
+            assert_eq!(run(NGINX, &p, "nginx"), ours, "nginx, -p {p}");
+        }
+    }
+
+    // Serving with `-p ../pre -c conf/s.conf` from the other directory.
+    let port = free_port();
+    top.write(
+        "pre/conf/s.conf",
+        conf_text(
+            "http { server { listen 127.0.0.1:@PORT@; location / { root html; } } }",
+            port,
+        ),
+    );
+    top.write("pre/html/i.txt", "from the prefix\n");
+    std::fs::create_dir_all(top.path("pre/logs")).expect("mkdir");
+    let mut child = Command::new(BIN)
+        .current_dir(&cwd)
+        .args(["-p", "../pre", "-c", "conf/s.conf", "-g", "daemon off;"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tern");
+    struct Stop<'a>(&'a mut std::process::Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stop = Stop(&mut child);
+    eventually(10, "tern listening", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let r = Resp::parse(&raw(port, b"GET /i.txt HTTP/1.0\r\n\r\n")).expect("a response");
+    assert_eq!(
+        (r.status, r.body_str().as_str()),
+        (200, "from the prefix\n")
+    );
+    assert_eq!(
+        Resp::parse(&raw(port, b"GET /nope HTTP/1.0\r\n\r\n")).map(|r| r.status),
+        Some(404)
+    );
+    // Paths under a relative prefix stay relative, as nginx logs them.
+    wait_log(
+        &top,
+        "pre/logs/error.log",
+        "open() \"../pre/html/nope\" failed",
+    );
+    drop(stop);
+}

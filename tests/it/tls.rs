@@ -293,9 +293,10 @@ fn tls_plain_http_to_ssl_port_is_497() {
         .prefix
         .read("logs/access.log")
         .contains("http||-|-|-|-|400|a.test"));
-    assert!(s.error_log().contains(
-        "client sent plain HTTP request to HTTPS port while reading client request headers"
-    ));
+    // The error log has its own writer: its line may come after the access line.
+    s.wait_error_log(
+        "client sent plain HTTP request to HTTPS port while reading client request headers",
+    );
 
     // error_page 497 catches it: the common redirect to https.
     let pki = Pki::new();

@@ -238,9 +238,7 @@ fn usr2_in_the_foreground_is_ignored_as_nginx_does() {
             "the changing binary signal is ignored: you should shutdown or terminate before either old or new binary's process",
         )
     });
-    assert!(s
-        .error_log()
-        .contains("signal 12 (SIGUSR2) received, ignoring"));
+    s.wait_error_log("signal 12 (SIGUSR2) received, ignoring");
     assert!(s.prefix.path("logs/nginx.pid").exists());
     assert!(!s.prefix.path("logs/nginx.pid.oldbin").exists());
     assert_eq!(s.get("/").status, 200);
