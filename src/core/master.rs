@@ -236,6 +236,10 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
         }
     }
     let workers_n = cfg.main.workers();
+    // A client may send `-s reload` as soon as the port answers, before
+    // the handlers below are in; held until then, such a signal is
+    // delivered to them instead of killing the process.
+    let unheld = hold_signals();
     let mut bound: HashMap<ListenAddr, Bound> = HashMap::new();
     if let Err(msg) =
         listens(&cfg).and_then(|want| bind_all(&want, workers_n, &mut bound, &mut inherited))
@@ -282,6 +286,7 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
             }
         }
     };
+    release_signals(&unheld);
     let pid_file = pid_path(&cfg);
     if let Err(e) = std::fs::write(&pid_file, format!("{}\n", std::process::id())) {
         let msg = format!(
@@ -455,6 +460,41 @@ struct Signals {
     usr2: tokio::signal::unix::Signal,
     winch: tokio::signal::unix::Signal,
     chld: tokio::signal::unix::Signal,
+}
+
+/// The signals the master handles, blocked on this thread (and on threads
+/// it starts meanwhile); returns the mask to restore.
+fn hold_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and
+    // fill it, and pthread_sigmask only reads `set` and writes `old`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGWINCH,
+            libc::SIGCHLD,
+        ] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+/// Restores the mask [`hold_signals`] replaced: signals that came
+/// meanwhile are delivered now, to the handlers.
+fn release_signals(old: &libc::sigset_t) {
+    // SAFETY: `old` was filled by pthread_sigmask.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut());
+    }
 }
 
 impl Signals {
