@@ -15,7 +15,7 @@ fn answered(conns: &mut [TcpStream]) -> usize {
     for c in conns.iter_mut() {
         c.set_read_timeout(Some(Duration::from_secs(5)))
             .expect("timeout");
-        if !Resp::parse(&read_to_close(c)).is_some_and(|r| r.body == b"ok") {
+        if Resp::parse(&read_to_close(c)).is_none_or(|r| r.body != b"ok") {
             break;
         }
         ok += 1;
