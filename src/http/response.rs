@@ -141,6 +141,9 @@ pub struct Response {
     /// (nginx writes it there, in its place, rather than formatting
     /// `last_modified`, which still says the time for the filters).
     pub last_modified_listed: bool,
+    /// Conditional request headers are not answered with 304/412 (nginx's
+    /// `disable_not_modified`: a proxied response not being cached).
+    pub disable_not_modified: bool,
     /// `chunked_transfer_encoding off`: a body of unknown length goes out
     /// as it is, ended by the close.
     pub unframed: bool,

@@ -1846,6 +1846,9 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         out.status_line = Some((resp.status, std::mem::take(&mut resp.status_line)));
     }
     apply_headers(&mut out, relayed);
+    // As nginx: only a response being cached answers If-Modified-Since
+    // and the like itself; any other goes as upstream answered.
+    out.disable_not_modified = store.is_none();
     if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
         // The charset filter's destination; nginx takes the last one.
         out.override_charset = resp
