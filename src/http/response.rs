@@ -88,6 +88,11 @@ pub trait BodyFilter: Send {
 #[derive(Debug, Default)]
 pub struct Response {
     pub status: u16,
+    /// The status line after `HTTP/1.1 ` as a proxied server sent it
+    /// (`302 Found`, `200`), for that status: nginx relays it verbatim.
+    /// Once a filter changes `status` (304, 206, ...) the line is
+    /// tern's own again.
+    pub status_line: Option<(u16, Vec<u8>)>,
     pub content_type: Option<String>,
     pub content_length: Option<u64>,
     pub last_modified: Option<i64>,
@@ -132,6 +137,13 @@ pub struct Response {
     /// `headers` may hold upstream's own `Server` and `Date` (FastCGI
     /// relays them, as nginx does): the writer leaves out its own then.
     pub upstream_server_date: bool,
+    /// `Last-Modified` is among `headers` as the proxied server sent it
+    /// (nginx writes it there, in its place, rather than formatting
+    /// `last_modified`, which still says the time for the filters).
+    pub last_modified_listed: bool,
+    /// Conditional request headers are not answered with 304/412 (nginx's
+    /// `disable_not_modified`: a proxied response not being cached).
+    pub disable_not_modified: bool,
     /// `chunked_transfer_encoding off`: a body of unknown length goes out
     /// as it is, ended by the close.
     pub unframed: bool,
@@ -318,12 +330,15 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
         c => c,
     };
     out.extend_from_slice(b"HTTP/1.1 ");
-    push_num(out, code as u64);
-    if let Some(r) = status::reason(code) {
-        out.push(b' ');
-        out.extend_from_slice(r.as_bytes());
-    } else {
-        out.push(b' ');
+    match &resp.status_line {
+        Some((c, line)) if *c == resp.status => out.extend_from_slice(line),
+        _ => {
+            push_num(out, code as u64);
+            out.push(b' ');
+            if let Some(r) = status::reason(code) {
+                out.extend_from_slice(r.as_bytes());
+            }
+        }
     }
     out.extend_from_slice(b"\r\n");
     let has = |n: &str| {
@@ -357,7 +372,7 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
     // nginx sends Last-Modified only with 200, 206 and 304.
     if let Some(t) = resp
         .last_modified
-        .filter(|_| matches!(resp.status, 200 | 206 | 304))
+        .filter(|_| matches!(resp.status, 200 | 206 | 304) && !resp.last_modified_listed)
     {
         out.extend_from_slice(b"Last-Modified: ");
         out.extend_from_slice(&date::http_date_of(t));

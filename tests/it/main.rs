@@ -33,6 +33,7 @@ mod proxy_directives;
 mod proxy_more;
 mod proxy_range;
 mod proxy_stream;
+mod proxy_upstream_answers;
 mod random_index;
 mod referer;
 mod request_line;

@@ -40,6 +40,7 @@ pub mod stub_status;
 pub mod sub_filter;
 pub mod try_files;
 pub mod upstream;
+pub mod upstream_head;
 pub mod userid;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};

@@ -65,7 +65,7 @@ pub const DIRECTIVES: &[Spec] = &[Spec {
 
 /// Header filter (see `phases::HEADER_FILTERS` for the order).
 pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
-    if resp.status != 200 {
+    if resp.status != 200 || resp.disable_not_modified {
         return;
     }
     let req = cx.req;

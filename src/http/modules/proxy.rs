@@ -111,6 +111,7 @@ use tokio::net::TcpStream;
 use crate::tls::client::UpStream;
 
 use super::upstream::{self, PeerAddr, Upstream};
+use super::upstream_head::Parse;
 use crate::cache::{self, file::EntryHead, md5, Zone};
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
@@ -1716,17 +1717,30 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     // with it (and not being cached) is answered from memory, anything
     // else streams to the client while it arrives (see `Producer`).
     let url = upstream_url(lim.tls.is_some(), &resp.peer_name, &req_uri);
-    let mut framing = match Framing::of(&resp) {
-        Ok(f) => f,
-        Err(f) => {
-            log_upstream(cx, Level::Error, &f.msg, &url);
-            return Response::status(f.status);
-        }
-    };
+    let mut framing = Framing::of(&resp);
     let mut first = Vec::new();
+    let buffering = buffering(conf, &resp.headers);
+    // nginx reads what came with the head as part of the head without
+    // buffering, and as the body with it.
+    let early_context = if buffering {
+        "while reading upstream"
+    } else {
+        "while reading response header from upstream"
+    };
     if let Err(f) = framing.feed(&std::mem::take(&mut resp.early), &mut first) {
-        log_upstream(cx, Level::Error, &f.msg, &url);
-        return Response::status(f.status);
+        log_upstream(cx, Level::Error, &with_context(&f.msg, early_context), &url);
+        // nginx has "sent" the head already and closes the connection
+        // without a word.
+        let mut r = Response::status(f.status);
+        r.close_silently = true;
+        return r;
+    }
+    // (A HEAD answer's body is not read, even when upstream sends one.)
+    if let Some(w) = framing
+        .extra_warning()
+        .filter(|_| !head_only && resp.status != 101)
+    {
+        log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
     }
     if resp.status >= 300
         && conf.intercept_errors.unwrap_or(false)
@@ -1735,7 +1749,6 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         // proxy_intercept_errors: let error_page answer instead.
         return Response::status(resp.status);
     }
-    let buffering = buffering(conf, &resp.headers);
     let (mem_max, temp_max) = if buffering {
         (lim.mem_max, lim.temp_max)
     } else {
@@ -1829,7 +1842,13 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     };
 
     let mut out = Response::status(resp.status);
+    if !resp.status_line.is_empty() {
+        out.status_line = Some((resp.status, std::mem::take(&mut resp.status_line)));
+    }
     apply_headers(&mut out, relayed);
+    // As nginx: only a response being cached answers If-Modified-Since
+    // and the like itself; any other goes as upstream answered.
+    out.disable_not_modified = store.is_none();
     if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
         // The charset filter's destination; nginx takes the last one.
         out.override_charset = resp
@@ -1884,8 +1903,18 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
                 up.put_idle(resp.peer.clone(), s, resp.requests);
             }
         }
-        out.content_length = Some(first.len() as u64);
-        out.body = Body::Bytes(first);
+        match framing.length {
+            Some(_) => {
+                out.content_length = Some(first.len() as u64);
+                out.body = Body::Bytes(first);
+            }
+            None => {
+                // Chunked from upstream: nginx does not know the length
+                // before the end either, and relays it chunked.
+                out.force_close = cx.req.minor == 0;
+                out.body = complete_stream(first, policy);
+            }
+        }
         return out;
     }
     let Some(stream) = resp.stream.take() else {
@@ -2136,9 +2165,7 @@ impl Background {
             return;
         };
         let relayed = relay_headers(&prefix, conf, Some(&pass), &resp.headers, HIDDEN);
-        let Ok(mut framing) = Framing::of(&resp) else {
-            return;
-        };
+        let mut framing = Framing::of(&resp);
         let mut first = Vec::new();
         if framing
             .feed(&std::mem::take(&mut resp.early), &mut first)
@@ -2415,14 +2442,16 @@ pub(crate) fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
             r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
             r.charset_param = true;
         } else if n.eq_ignore_ascii_case("last-modified") {
-            match std::str::from_utf8(&v)
+            // Relayed as it came, in its place (as nginx); the filters
+            // (not_modified, If-Range, expires modified) get the time of
+            // the last one.
+            r.last_modified = std::str::from_utf8(&v)
                 .ok()
                 .and_then(|s| httpdate::parse_http_date(s).ok())
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            {
-                Some(d) => r.last_modified = Some(d.as_secs() as i64),
-                None => r.headers.push((Cow::Owned(n), v)),
-            }
+                .map(|d| d.as_secs() as i64);
+            r.last_modified_listed = true;
+            r.headers.push((Cow::Owned(n), v));
         } else {
             r.headers.push((Cow::Owned(n), v));
         }
@@ -2673,6 +2702,14 @@ pub(crate) fn invalid_header(msg: &str) -> Fail {
     }
 }
 
+/// `msg` (said `... while reading upstream`) with another context.
+fn with_context(msg: &str, context: &str) -> String {
+    match msg.strip_suffix("while reading upstream") {
+        Some(m) => format!("{}{}", m, context),
+        None => msg.to_string(),
+    }
+}
+
 pub(crate) const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
 
 /// One read from the upstream within `limit`: 504 on timeout, 502 on an
@@ -2699,6 +2736,9 @@ pub(crate) async fn timed_read(
 pub(crate) struct UpResp {
     pub(crate) status: u16,
     pub(crate) minor: u8,
+    /// The status line after the version as upstream sent it (`302
+    /// Found`), relayed verbatim as nginx does; empty: tern's own.
+    pub(crate) status_line: Vec<u8>,
     pub(crate) headers: Vec<(String, Vec<u8>)>,
     pub(crate) stream: Option<UpStream>,
     /// Body bytes that came with the head.
@@ -3109,6 +3149,7 @@ async fn send_and_read(
         return Ok(UpResp {
             status: h.status,
             minor: 1,
+            status_line: Vec::new(),
             no_body: head_only,
             declared_len: header(&h.headers, "content-length")
                 .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok()),
@@ -3153,36 +3194,32 @@ async fn send_and_read(
             have += n;
         }
         reparse = false;
-        let mut hdrs = [httparse::EMPTY_HEADER; 100];
-        let mut r = httparse::Response::new(&mut hdrs);
-        match r.parse(&buf[..have]) {
-            Ok(httparse::Status::Partial) => continue,
-            Ok(httparse::Status::Complete(end)) => {
-                let status = r.code.unwrap_or(0);
-                if (100..200).contains(&status) && status != 101 {
+        match super::upstream_head::parse(&buf[..have]) {
+            Parse::Partial => continue,
+            Parse::Done(h) => {
+                if (100..200).contains(&h.code) && h.code != 101 {
                     // An interim response: drop it and read the real one.
-                    buf.copy_within(end..have, 0);
-                    have -= end;
+                    // (nginx 1.22 relays it as the final answer, its body
+                    // unframed: see DIFFERENCES.md.)
+                    buf.copy_within(h.end..have, 0);
+                    have -= h.end;
                     reparse = have > 0;
                     continue;
                 }
-                let headers: Vec<(String, Vec<u8>)> = r
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.to_string(), h.value.to_vec()))
-                    .collect();
-                let declared_len = headers
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-                    .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse().ok());
+                // (A chunked answer to HEAD announces no length, as nginx.)
+                let chunked = h.headers.iter().any(|(n, v)| {
+                    n.eq_ignore_ascii_case("transfer-encoding") && mentions_chunked(v)
+                });
+                let declared_len = content_length(&h.headers).filter(|_| !chunked);
                 return Ok(UpResp {
-                    status,
-                    minor: r.version.unwrap_or(0),
-                    no_body: head_only || status < 200 || status == 204 || status == 304,
+                    status: h.code,
+                    minor: u8::from(h.http11),
+                    status_line: h.line,
+                    no_body: head_only || h.code == 101 || h.code == 204 || h.code == 304,
                     declared_len,
-                    headers,
+                    headers: h.headers,
                     stream: Some(s),
-                    early: buf[end..have].to_vec(),
+                    early: buf[h.end..have].to_vec(),
                     peer: addr.clone(),
                     peer_name: String::new(),
                     requests: 1,
@@ -3191,18 +3228,35 @@ async fn send_and_read(
                     stderr: Vec::new(),
                 });
             }
-            Err(httparse::Error::Version | httparse::Error::Status) => {
+            Parse::NotHttp => {
                 return Err(invalid_header(
                     "upstream sent no valid HTTP/1.0 header while reading response header from upstream",
                 ))
             }
-            Err(_) => {
-                return Err(invalid_header(
-                    "upstream sent invalid header while reading response header from upstream",
-                ))
-            }
+            Parse::Invalid(msg) => return Err(invalid_header(&msg)),
         }
     }
+}
+
+/// The body length upstream declared, as nginx 1.22 reads it: the last
+/// `Content-Length` header, digits only; anything else (`+3`, `3, 3`,
+/// empty, too big) counts as none, so the body ends with the connection.
+pub(crate) fn content_length(hs: &[(String, Vec<u8>)]) -> Option<u64> {
+    let (_, v) = hs
+        .iter()
+        .rev()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))?;
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // Digits only, so only an overflow (past nginx's off_t) fails here.
+    let n: i64 = std::str::from_utf8(v).ok()?.parse().ok()?;
+    u64::try_from(n).ok()
+}
+
+/// nginx's test of a Transfer-Encoding value: "chunked" anywhere in it.
+fn mentions_chunked(v: &[u8]) -> bool {
+    v.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"))
 }
 
 pub(crate) fn header<'h>(hs: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
@@ -3232,44 +3286,35 @@ pub(crate) struct Framing {
 }
 
 impl Framing {
-    fn of(r: &UpResp) -> Result<Framing, Fail> {
+    fn of(r: &UpResp) -> Framing {
         if r.no_body {
-            return Ok(Framing {
+            return Framing {
                 dec: None,
                 fcgi: None,
                 left: Some(0),
                 length: None,
                 extra: false,
-            });
+            };
         }
-        let chunked = r.minor >= 1
-            && header(&r.headers, "transfer-encoding").is_some_and(|v| has_token(v, "chunked"));
+        // nginx 1.22 decodes a chunked body whatever the version, when
+        // Transfer-Encoding mentions "chunked" anywhere; a Content-Length
+        // then does not count, and one it cannot read means none.
+        let chunked = r
+            .headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && mentions_chunked(v));
         let length = if chunked {
             None
         } else {
-            match header(&r.headers, "content-length") {
-                Some(v) => Some(
-                    std::str::from_utf8(v)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u64>().ok())
-                        .ok_or_else(|| {
-                            fail(
-                                502,
-                                "upstream sent invalid \"Content-Length\" header while reading response header from upstream",
-                                false,
-                            )
-                        })?,
-                ),
-                None => None,
-            }
+            content_length(&r.headers)
         };
-        Ok(Framing {
+        Framing {
             dec: chunked.then(crate::http::chunked::ChunkedDecoder::new),
             fcgi: None,
             left: length,
             length,
             extra: false,
-        })
+        }
     }
 
     /// A FastCGI response's body: the rest of the records `dec` is in
@@ -3319,6 +3364,18 @@ impl Framing {
             (None, Some(l)) => l == 0,
             (None, None) => false,
         }
+    }
+
+    /// nginx's warning once bytes came after the body's end (they are
+    /// dropped, and the connection is not reused).
+    fn extra_warning(&self) -> Option<&'static str> {
+        if !self.extra || self.fcgi.is_some() {
+            return None;
+        }
+        Some(match self.dec {
+            Some(_) => "upstream sent data after final chunk",
+            None => "upstream sent more data than specified in \"Content-Length\" header",
+        })
     }
 
     /// The body ends with the connection (HTTP/1.0 style).
@@ -3754,7 +3811,12 @@ impl Producer {
             }
             read_len += n as u64;
             let mut data = Vec::new();
+            let extra = self.framing.extra;
             self.framing.feed(&rbuf[..n], &mut data)?;
+            if let Some(w) = self.framing.extra_warning().filter(|_| !extra) {
+                let msg = format!("{} while reading upstream", w);
+                self.log.log(Level::Warn, &msg, true);
+            }
             if let Some(d) = self.framing.fcgi.as_mut() {
                 for e in d.stderr.drain(..) {
                     self.log
