@@ -165,8 +165,8 @@ pub struct CoreLoc {
     /// `keepalive_time` in ms: the longest a connection serves requests.
     pub keepalive_time: Option<u64>,
     /// `limit_rate` in bytes per second (0: none) and `limit_rate_after`.
-    pub limit_rate: Option<u64>,
-    pub limit_rate_after: Option<u64>,
+    pub limit_rate: Option<SizeValue>,
+    pub limit_rate_after: Option<SizeValue>,
     pub send_timeout: Option<u64>,
     pub client_body_timeout: Option<u64>,
     pub client_max_body_size: Option<u64>,
@@ -1262,8 +1262,31 @@ fn set_keepalive_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Co
     )
 }
 
-fn set_limit_rate(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = registry::size_arg(d, 0)?;
+/// A size that may be given with variables (nginx's "complex value" of a
+/// size: `limit_rate $rate;`), evaluated per request.
+#[derive(Debug, Clone)]
+pub enum SizeValue {
+    Fixed(u64),
+    Vars(Template),
+}
+
+impl SizeValue {
+    /// The value when it needs no request.
+    pub fn fixed(v: &Option<SizeValue>) -> Option<u64> {
+        match v {
+            Some(SizeValue::Fixed(n)) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+fn set_limit_rate(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    let v = if t.has_vars() {
+        SizeValue::Vars(t)
+    } else {
+        SizeValue::Fixed(registry::size_arg(d, 0)?)
+    };
     let slot = if d.name == "limit_rate" {
         &mut l.core.limit_rate
     } else {

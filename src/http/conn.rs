@@ -26,7 +26,7 @@ use tokio::time::timeout;
 use crate::core::log::Level;
 use crate::core::worker::WorkerShared;
 use crate::http::chunked::ChunkedDecoder;
-use crate::http::conf::{AddrConf, ListenAddr, LocConf};
+use crate::http::conf::{AddrConf, ListenAddr, LocConf, SizeValue};
 use crate::http::phases;
 use crate::http::request::{self, Reject, Request};
 use crate::http::response::{self, Body, Response};
@@ -1059,7 +1059,7 @@ async fn write_body_with<S: Stream>(
             write_all_more(stream, &[head, &b], loc, closing).await?;
         }
         Body::File { file, offset, len }
-            if len <= INLINE_FILE_MAX && loc.core.limit_rate.unwrap_or(0) == 0 =>
+            if len <= INLINE_FILE_MAX && Pacer::rate(loc, sent).is_none() =>
         {
             let data = crate::io::read(&file, offset, len as usize, policy).await?;
             sent.body_bytes += data.len() as u64;
@@ -1095,11 +1095,21 @@ struct Pacer {
 }
 
 impl Pacer {
+    /// The rate the response is paced by, if any.
+    fn rate(loc: &LocConf, sent: &phases::Sent) -> Option<u64> {
+        sent.limit_rate
+            .or(SizeValue::fixed(&loc.core.limit_rate))
+            .filter(|r| *r > 0)
+    }
+
     fn new(loc: &LocConf, sent: &phases::Sent, head_len: usize) -> Option<Pacer> {
-        let rate = sent.limit_rate.or(loc.core.limit_rate).filter(|r| *r > 0)?;
+        let rate = Pacer::rate(loc, sent)?;
         Some(Pacer {
             rate,
-            after: loc.core.limit_rate_after.unwrap_or(0),
+            after: sent
+                .limit_rate_after
+                .or(SizeValue::fixed(&loc.core.limit_rate_after))
+                .unwrap_or(0),
             start: std::time::Instant::now(),
             sent: head_len as u64,
         })

@@ -97,8 +97,11 @@ pub struct Sent {
     /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
     pub io: &'static str,
     /// The rate the body is paced by instead of the location's
-    /// `limit_rate` (`set $limit_rate`, `X-Accel-Limit-Rate`).
+    /// `limit_rate` (`set $limit_rate`, `X-Accel-Limit-Rate`), or the
+    /// location's `limit_rate` given with variables, evaluated.
     pub limit_rate: Option<u64>,
+    /// The location's `limit_rate_after` given with variables, evaluated.
+    pub limit_rate_after: Option<u64>,
 }
 
 pub enum Step {
@@ -326,7 +329,16 @@ pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     for f in HEADER_FILTERS {
         f(cx, resp);
     }
-    cx.sent.limit_rate = rewrite::limit_rate_override(cx);
+    cx.sent.limit_rate = rewrite::limit_rate_override(cx).or_else(|| {
+        eval_size(cx, cx.loc.core.limit_rate.as_ref())
+            .or(crate::http::conf::SizeValue::fixed(&cx.loc.core.limit_rate))
+    });
+    cx.sent.limit_rate_after = eval_size(cx, cx.loc.core.limit_rate_after.as_ref());
+    // nginx sets the request's rate as the head goes out: from here on
+    // (the access log) `$limit_rate` reads the rate the body is paced by.
+    if let Some(rate) = cx.sent.limit_rate {
+        cx.set_note(rewrite::LIMIT_RATE, rate.to_string());
+    }
     // chunked_transfer_encoding off: nginx's chunked filter sends a body
     // of unknown length as it is and turns keep-alive off (a HEAD, which
     // has no body, keeps it).
@@ -910,4 +922,30 @@ fn sent_header<'h>(head: &'h [u8], lname: &[u8]) -> Option<&'h [u8]> {
         }
     }
     None
+}
+
+/// A size given with variables, as nginx evaluates one: a value that is
+/// not a size is logged and counts as 0. `None` for a fixed size (the
+/// location's value applies as it is).
+fn eval_size(cx: &Ctx<'_>, v: Option<&crate::http::conf::SizeValue>) -> Option<u64> {
+    let Some(crate::http::conf::SizeValue::Vars(t)) = v else {
+        return None;
+    };
+    let text = t.render_vec(cx);
+    match std::str::from_utf8(&text)
+        .ok()
+        .and_then(crate::config::value::size)
+    {
+        Some(n) => Some(n),
+        None => {
+            cx.log(
+                Level::Error,
+                &format!(
+                    "invalid size \"{}\" while sending response to client",
+                    String::from_utf8_lossy(&text)
+                ),
+            );
+            Some(0)
+        }
+    }
 }

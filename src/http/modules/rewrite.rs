@@ -689,9 +689,10 @@ pub const LIMIT_RATE: &str = "limit_rate";
 
 pub const VARS: &[&str] = &["limit_rate"];
 
-/// `$limit_rate`: the rate set for this request, as nginx prints it (0
-/// until `set` or `X-Accel-Limit-Rate` sets one; the `limit_rate`
-/// directive applies only when the body is sent).
+/// `$limit_rate`: the rate set for this request, as nginx prints it: 0
+/// until `set` or `X-Accel-Limit-Rate` sets one, or until the head goes
+/// out, when the location's `limit_rate` (evaluated, if it has variables)
+/// becomes the request's rate (see `phases::finish`).
 pub fn limit_rate_var(cx: &Ctx<'_>, _id: u8, out: &mut Vec<u8>) -> bool {
     match cx.note(LIMIT_RATE) {
         Some(v) => out.extend_from_slice(v),
