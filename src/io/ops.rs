@@ -1012,6 +1012,29 @@ mod tests {
         Arc::new(ThreadPool::start(pc).expect("pool"))
     }
 
+    /// The decision for a read of an evicted file, tried up to 10 times
+    /// until it is `want`. On Linux 6.x a `RWF_NOWAIT` read that misses
+    /// the page cache starts the readahead before it says EAGAIN, and this
+    /// VM's disk reads ahead 8 MiB: when the test thread is preempted in
+    /// between (a loaded machine), the data is there by the check and
+    /// the read is rightly inline. Only a cold read that never offloads
+    /// is a failure.
+    async fn cold_decision<F, Fut>(path: &Path, want: Decision, mut attempt: F) -> Decision
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Decision>,
+    {
+        let mut got = Decision::Inline;
+        for _ in 0..10 {
+            assert!(evict(path), "eviction stopped working");
+            got = attempt().await;
+            if got == want {
+                break;
+            }
+        }
+        got
+    }
+
     #[test]
     fn cold_read_offloads_warm_read_is_inline() {
         let (tf, data) = make_file("read", 256 * 1024);
@@ -1023,11 +1046,15 @@ mod tests {
         rt().block_on(async {
             let f = open(&tf.0, &policy).await.expect("open");
             assert_eq!(f.meta.size, data.len() as u64);
-            policy.reset_decision();
             let before = STATS.snapshot();
-            let got = read(&f, 1000, 64 * 1024, &policy).await.expect("cold read");
-            assert_eq!(&got[..], &data[1000..1000 + 64 * 1024]);
-            assert_eq!(policy.decision(), Decision::Offload);
+            let decision = cold_decision(&tf.0, Decision::Offload, || async {
+                policy.reset_decision();
+                let got = read(&f, 1000, 64 * 1024, &policy).await.expect("cold read");
+                assert_eq!(&got[..], &data[1000..1000 + 64 * 1024]);
+                policy.decision()
+            })
+            .await;
+            assert_eq!(decision, Decision::Offload);
             assert!(STATS.snapshot().reads_offloaded > before.reads_offloaded);
 
             policy.reset_decision();
@@ -1063,11 +1090,15 @@ mod tests {
         let policy = Policy::new(Aio::Uring);
         rt().block_on(async {
             let f = open(&tf.0, &policy).await.expect("open");
-            policy.reset_decision();
             let before = STATS.snapshot();
-            let got = read(&f, 777, 100_000, &policy).await.expect("cold read");
-            assert!(got[..] == data[777..100_777]);
-            assert_eq!(policy.decision(), Decision::Uring);
+            let decision = cold_decision(&tf.0, Decision::Uring, || async {
+                policy.reset_decision();
+                let got = read(&f, 777, 100_000, &policy).await.expect("cold read");
+                assert!(got[..] == data[777..100_777]);
+                policy.decision()
+            })
+            .await;
+            assert_eq!(decision, Decision::Uring);
             let after = STATS.snapshot();
             assert!(after.reads_uring > before.reads_uring);
             assert!(after.uring_submissions > before.uring_submissions);
