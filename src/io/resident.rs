@@ -496,9 +496,21 @@ mod tests {
             assert_eq!(probe(&f, 10, COPY_MAX), Answer::Copied(true));
         }
         assert_eq!(mapped_files(), 0);
-        if evict(&f) {
-            assert_eq!(probe(&f, 10, COPY_MAX), Answer::Copied(false));
+        // A probe of an evicted range is a RWF_NOWAIT read, which starts
+        // the readahead before it says EAGAIN: a preempted thread may find
+        // the data there (see io::ops's cold_decision). Only a cold probe
+        // that never reports the miss is a failure.
+        let mut cold = None;
+        for _ in 0..10 {
+            if !evict(&f) {
+                break;
+            }
+            cold = Some(probe(&f, 10, COPY_MAX));
+            if cold == Some(Answer::Copied(false)) {
+                break;
+            }
         }
+        assert!(cold.is_none_or(|a| a == Answer::Copied(false)), "{cold:?}");
     }
 
     #[test]
