@@ -852,7 +852,7 @@ fn trim_spaces(mut v: &[u8]) -> &[u8] {
 /// digits, any of them, `000` and `999` too; later `Status:` lines are
 /// not looked at), else `302 Moved Temporarily` with a `Location:`, else
 /// `200 OK`.
-pub(crate) fn status_of(headers: &Headers) -> Result<(u16, &[u8]), String> {
+fn status_of(headers: &Headers) -> Result<(u16, &[u8]), String> {
     let first = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n));
     if let Some((_, value)) = first("status") {
         let code = value
