@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! offset  size  field
-//!      0     8  magic "TERNC\0" "1\n" (format version 1)
+//!      0     8  magic "TERNC\0" "2\n" (format version 2)
 //!      8     4  header length H (u32 LE): the body starts at offset H
 //!     12     2  status (u16 LE)
 //!     14     2  reserved (0)
@@ -12,19 +12,27 @@
 //!     40     8  body length B (u64 LE)
 //!     48     4  key length K (u32 LE)
 //!     52     4  headers length T (u32 LE)
-//!     56     K  the key (so an md5 collision is detected, as nginx does)
-//!   56+K     T  response headers as "Name: value\r\n" lines
+//!     56     4  status line length S (u32 LE)
+//!     60     K  the key (so an md5 collision is detected, as nginx does)
+//!   60+K     S  the status line as upstream sent it, after "HTTP/1.1 "
+//!               (`302 Found`, `200`): a hit sends it as nginx does
+//! 60+K+S     T  response headers as "Name: value\r\n" lines
 //!      H     B  the body
 //! ```
 //!
-//! A file is valid only if `H == 56 + K + T` and its size is exactly
+//! A file is valid only if `H == 60 + K + S + T` and its size is exactly
 //! `H + B`: a file cut short is never mistaken for a complete entry.
+//!
+//! Version 1 (before the status line was kept; 56 fixed bytes, no S) is
+//! not read: such a file is [`ParseError::Version`], a miss that the next
+//! response for its key replaces (and the loader deletes at start-up), as
+//! nginx treats a cache file of another version.
 
 use std::io::Read;
 use std::path::Path;
 
-pub const MAGIC: &[u8; 8] = b"TERNC\x001\n";
-pub const FIXED: usize = 56;
+pub const MAGIC: &[u8; 8] = b"TERNC\x002\n";
+pub const FIXED: usize = 60;
 
 /// The header of a cache file: everything but the body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -35,6 +43,9 @@ pub struct EntryHead {
     pub last_modified: Option<i64>,
     pub body_len: u64,
     pub key: Vec<u8>,
+    /// The status line after `HTTP/1.1 ` as upstream sent it; empty when
+    /// there was none to keep (the line is then tern's own for `status`).
+    pub status_line: Vec<u8>,
     /// Response headers as relayed to the client (Content-Type included).
     pub headers: Vec<(String, Vec<u8>)>,
 }
@@ -46,6 +57,8 @@ pub enum ParseError {
     Need(usize),
     /// Not a (complete, current-format) cache file.
     Bad,
+    /// A tern cache file of another format version.
+    Version,
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -79,12 +92,12 @@ impl EntryHead {
 
     /// Offset of the body (the header's length).
     pub fn header_len(&self) -> usize {
-        FIXED + self.key.len() + self.headers_text().len()
+        FIXED + self.key.len() + self.status_line.len() + self.headers_text().len()
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let text = self.headers_text();
-        let hlen = FIXED + self.key.len() + text.len();
+        let hlen = FIXED + self.key.len() + self.status_line.len() + text.len();
         let mut b = Vec::with_capacity(hlen);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&(hlen as u32).to_le_bytes());
@@ -96,28 +109,37 @@ impl EntryHead {
         b.extend_from_slice(&self.body_len.to_le_bytes());
         b.extend_from_slice(&(self.key.len() as u32).to_le_bytes());
         b.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(self.status_line.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.key);
+        b.extend_from_slice(&self.status_line);
         b.extend_from_slice(&text);
         b
     }
 
     /// Parses a header from the start of a file.
     pub fn parse(b: &[u8]) -> Result<EntryHead, ParseError> {
-        if b.len() < FIXED {
-            return if b.len() >= 8 && &b[..8] != MAGIC {
-                Err(ParseError::Bad)
+        // The magic is looked at first, so a file of another version
+        // (shorter fixed part) is never read with this one's offsets.
+        if b.len() >= 8 && &b[..8] != MAGIC {
+            return Err(if b[..6] == MAGIC[..6] {
+                ParseError::Version
             } else {
-                Err(ParseError::Need(FIXED))
-            };
+                ParseError::Bad
+            });
         }
-        if &b[..8] != MAGIC {
-            return Err(ParseError::Bad);
+        if b.len() < FIXED {
+            return Err(ParseError::Need(FIXED));
         }
         let bad = ParseError::Bad;
         let hlen = u32_at(b, 8).ok_or(ParseError::Bad)? as usize;
         let klen = u32_at(b, 48).ok_or(ParseError::Bad)? as usize;
         let tlen = u32_at(b, 52).ok_or(ParseError::Bad)? as usize;
-        if FIXED.checked_add(klen).and_then(|x| x.checked_add(tlen)) != Some(hlen) {
+        let slen = u32_at(b, 56).ok_or(ParseError::Bad)? as usize;
+        let sum = FIXED
+            .checked_add(klen)
+            .and_then(|x| x.checked_add(slen))
+            .and_then(|x| x.checked_add(tlen));
+        if sum != Some(hlen) {
             return Err(bad);
         }
         if b.len() < hlen {
@@ -129,8 +151,9 @@ impl EntryHead {
         let lm = u64_at(b, 32).ok_or(ParseError::Bad)? as i64;
         let body_len = u64_at(b, 40).ok_or(ParseError::Bad)?;
         let key = b[FIXED..FIXED + klen].to_vec();
+        let status_line = b[FIXED + klen..FIXED + klen + slen].to_vec();
         let mut headers = Vec::new();
-        for line in b[FIXED + klen..hlen].split(|&c| c == b'\n') {
+        for line in b[FIXED + klen + slen..hlen].split(|&c| c == b'\n') {
             let line = match line.strip_suffix(b"\r") {
                 Some(l) => l,
                 None if line.is_empty() => continue,
@@ -150,6 +173,7 @@ impl EntryHead {
             last_modified: (lm >= 0).then_some(lm),
             body_len,
             key,
+            status_line,
             headers,
         })
     }
@@ -197,6 +221,7 @@ mod tests {
             last_modified: Some(99),
             body_len: 5,
             key: b"/k".to_vec(),
+            status_line: b"200 Fine: \r\n".to_vec(),
             headers: vec![
                 ("Content-Type".into(), b"text/plain".to_vec()),
                 ("X-A".into(), b"b: c".to_vec()),
@@ -206,12 +231,33 @@ mod tests {
         assert_eq!(e.len(), h.header_len());
         assert_eq!(EntryHead::parse(&e), Ok(h.clone()));
         assert_eq!(EntryHead::parse(&e[..10]), Err(ParseError::Need(FIXED)));
-        assert_eq!(EntryHead::parse(&e[..60]), Err(ParseError::Need(e.len())));
+        assert_eq!(EntryHead::parse(&e[..64]), Err(ParseError::Need(e.len())));
         let mut bad = e.clone();
         bad[0] = b'X';
         assert_eq!(EntryHead::parse(&bad), Err(ParseError::Bad));
-        let mut bad = e;
+        let mut bad = e.clone();
         bad[48] = 200; // key length no longer adds up
         assert_eq!(EntryHead::parse(&bad), Err(ParseError::Bad));
+        let mut bad = e;
+        bad[56] = 1; // nor does the status line's
+        assert_eq!(EntryHead::parse(&bad), Err(ParseError::Bad));
+        let empty = EntryHead {
+            status_line: Vec::new(),
+            ..h
+        };
+        assert_eq!(EntryHead::parse(&empty.encode()), Ok(empty));
+    }
+
+    /// A version-1 file (56 fixed bytes, no status line) is refused as
+    /// such, however long, never read with version 2's offsets.
+    #[test]
+    fn version_1_is_refused() {
+        let mut v1 = b"TERNC\x001\n".to_vec();
+        v1.extend_from_slice(&[0u8; 48]);
+        v1.extend_from_slice(b"/k200 OK\r\nbody");
+        for n in [8, 20, 56, v1.len()] {
+            assert_eq!(EntryHead::parse(&v1[..n]), Err(ParseError::Version));
+        }
+        assert_eq!(EntryHead::parse(b"TERN"), Err(ParseError::Need(FIXED)));
     }
 }

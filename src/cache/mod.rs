@@ -51,6 +51,8 @@
 //! - a final file is served only if its header parses, names the same key,
 //!   and its size is exactly header + body length (a file truncated by a
 //!   full disk or a crash of the machine, not of tern, is deleted instead);
+//!   a file of another format version ([`file::MAGIC`]) is a miss,
+//!   replaced by the next answer stored and deleted by the loader;
 //! - the keys zone may lag the disk, never lead it in a harmful way: a
 //!   node whose file vanished is a MISS (and the node is dropped), a file
 //!   without a node (previous run, loader not there yet) is adopted on

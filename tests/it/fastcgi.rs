@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::harness::{
-    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+    free_port, nginx_installed, raw, start_nginx, ConfTest, DeadPort, Prefix, Resp, Server,
 };
 
 /// One request as the responder received it.
@@ -474,7 +474,10 @@ fn unix_socket_keep_conn_and_keepalive() {
 
 #[test]
 fn next_upstream_and_failures() {
-    let (a, b, dead) = (free_port(), free_port(), free_port());
+    let (a, b) = (free_port(), free_port());
+    // Bound, not listening, for the whole test.
+    let dead_guard = DeadPort::new();
+    let dead = dead_guard.port;
     let _ra = Responder::tcp(
         a,
         Arc::new(|_: &Got| reply(b"Status: 503\r\nContent-Type: text/plain\r\n\r\nbusy")),
@@ -603,4 +606,147 @@ fn config_checks() {
     );
     let o = p.run(&["-t", "-c", conf.to_str().unwrap_or("")]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The responder's answers for the status-line cases, by path.
+fn status_script(g: &Got) -> Vec<u8> {
+    let uri = g.param("REQUEST_URI").unwrap_or("").to_string();
+    let path = uri.split('?').next().unwrap_or("");
+    let head: &[u8] = match path {
+        "/st/none" => b"Content-Type: text/plain\r\n",
+        "/st/bare" => b"Status: 200\r\n",
+        "/st/here" => b"Status: 404 Not Here\r\n",
+        "/st/spaces" => b"Status:    404    Not  Here   \r\n",
+        "/st/loc" => b"Location: /x\r\n",
+        "/st/locempty" => b"Location:\r\n",
+        "/st/locst" => b"Location: /x\r\nStatus: 201 Made\r\n",
+        "/st/first" => b"Status: 200 A\r\nStatus: 404 B\r\n",
+        "/st/firstbad" => b"Status: 200 A\r\nStatus: abc\r\n",
+        "/st/glued" => b"Status: 404Not\r\n",
+        "/st/wide" => b"Status: 4041 x\r\n",
+        "/st/lower" => b"status: 201 lower\r\n",
+        "/st/tab" => b"Status: 200 \t\r\nX-T:\tv\t\r\n",
+        "/st/600" => b"Status: 600 Odd\r\n",
+        "/st/999" => b"Status: 999 high\r\n",
+        "/st/000" => b"Status: 000\r\n",
+        "/st/099" => b"Status: 099 low\r\n",
+        "/st/100" => b"Status: 100 Continue\r\n",
+        "/st/103" => b"Status: 103 Early\r\nLink: </a>\r\n",
+        "/st/204" => b"Status: 204 Nothing\r\n",
+        "/st/304" => b"Status: 304 Same\r\n",
+        "/st/len" => b"Status: 200 Fine\r\nContent-Length: 1\r\n",
+        "/st/short" => b"Status: 42\r\n",
+        "/st/tabfirst" => b"Status:\t200 T\r\n",
+        "/st/empty" => b"Status:\r\n",
+        "/st/cond" => {
+            b"Status: 200 Fine\r\nLast-Modified: Mon, 01 Jan 2001 00:00:00 GMT\r\nETag: \"abc\"\r\n"
+        }
+        "/st/condnone" => b"Last-Modified: Mon, 01 Jan 2001 00:00:00 GMT\r\nETag: \"abc\"\r\n",
+        _ => b"Status: 500 Unknown Case\r\n",
+    };
+    let mut o = head.to_vec();
+    o.extend_from_slice(b"\r\nx");
+    reply(&o)
+}
+
+/// The whole answer with Date and Server blanked (and a 5xx page's body,
+/// which names the server).
+fn wire(port: u16, req: &str) -> String {
+    let bytes = raw(port, req.as_bytes());
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut out: Vec<String> = head
+        .split("\r\n")
+        .filter(|l| !l.starts_with("Date: ") && !l.starts_with("Server: "))
+        .filter(|l| !(head.starts_with("HTTP/1.1 5") && l.starts_with("Content-Length: ")))
+        .map(str::to_string)
+        .collect();
+    out.push(if head.starts_with("HTTP/1.1 5") {
+        "(error page)".to_string()
+    } else {
+        format!("{body:?}")
+    });
+    out.join("\n")
+}
+
+/// Asks both servers each request and compares the answers byte for byte
+/// (but for Date, Server and error page bodies).
+fn compare_with_nginx(conf: &str, reqs: &[String]) -> crate::harness::Server {
+    let pn = Prefix::new();
+    let nport = free_port();
+    let nginx = start_nginx(&pn, conf, nport).expect("nginx starts");
+    let want: Vec<String> = reqs.iter().map(|r| wire(nport, r)).collect();
+    drop(nginx);
+    let tern = Server::start(conf);
+    for (r, w) in reqs.iter().zip(&want) {
+        assert_eq!(&wire(tern.port, r), w, "{r}");
+    }
+    tern
+}
+
+/// nginx builds the status line from the script's `Status:` as it came
+/// (`404 Not Here`, `200`, `404Not`, `000`), or `302 Moved Temporarily`
+/// for a `Location:` alone, or `200 OK`; a status below 200 goes with
+/// its body unframed and the connection closed.
+#[test]
+fn status_lines_match_nginx() {
+    if !nginx_installed() {
+        return;
+    }
+    let fport = free_port();
+    let _resp = Responder::tcp(fport, Arc::new(status_script));
+    let c = format!(
+        "http {{ access_log off;\n\
+         server {{ listen 127.0.0.1:@PORT@;\n\
+           location / {{ fastcgi_param REQUEST_URI $request_uri; fastcgi_pass 127.0.0.1:{fport}; }}\n\
+         }} }}\n"
+    );
+    let mut reqs: Vec<String> = [
+        "none", "bare", "here", "spaces", "loc", "locempty", "locst", "first", "firstbad", "glued",
+        "wide", "lower", "tab", "600", "999", "000", "099", "100", "103", "204", "304", "len",
+        "short", "tabfirst", "empty",
+    ]
+    .iter()
+    .map(|p| format!("GET /st/{p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    .collect();
+    reqs.push("HEAD /st/here HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into());
+    reqs.push("GET /st/bare HTTP/1.0\r\n\r\n".into());
+    reqs.push("GET /st/000 HTTP/1.0\r\n\r\n".into());
+    let tern = compare_with_nginx(&c, &reqs);
+    tern.wait_error_log(
+        "upstream sent invalid status \"42\" while reading response header from upstream",
+    );
+}
+
+/// A FastCGI answer is not cached (tern has no fastcgi_cache), so, as in
+/// nginx, conditional request headers do not turn it into 304 or 412: it
+/// goes as the script answered.
+#[test]
+fn conditional_requests_go_as_the_script_answered() {
+    if !nginx_installed() {
+        return;
+    }
+    let fport = free_port();
+    let _resp = Responder::tcp(fport, Arc::new(status_script));
+    let c = format!(
+        "http {{ access_log off;\n\
+         server {{ listen 127.0.0.1:@PORT@;\n\
+           location / {{ fastcgi_param REQUEST_URI $request_uri; fastcgi_pass 127.0.0.1:{fport}; }}\n\
+         }} }}\n"
+    );
+    let mut reqs = Vec::new();
+    for p in ["cond", "condnone"] {
+        for h in [
+            "If-Modified-Since: Mon, 01 Jan 2001 00:00:00 GMT",
+            "If-None-Match: \"abc\"",
+            "If-None-Match: *",
+            "If-Match: \"zzz\"",
+            "If-Unmodified-Since: Mon, 01 Jan 2000 00:00:00 GMT",
+        ] {
+            reqs.push(format!(
+                "GET /st/{p} HTTP/1.1\r\nHost: x\r\n{h}\r\nConnection: close\r\n\r\n"
+            ));
+        }
+    }
+    compare_with_nginx(&c, &reqs);
 }

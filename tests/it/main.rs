@@ -8,6 +8,7 @@ mod accept;
 mod access_log;
 mod auth;
 mod autoindex;
+mod cache_status_line;
 mod charset;
 mod client_abort;
 mod core_directives;

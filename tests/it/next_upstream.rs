@@ -4,7 +4,7 @@
 //! compared with the real nginx on the same configuration.
 
 use crate::harness::{
-    free_port, nginx_installed, raw, start_nginx, ConfTest, Prefix, Resp, Server,
+    free_port, nginx_installed, raw, start_nginx, ConfTest, DeadPort, Prefix, Resp, Server,
 };
 
 /// Backends (fixed ports, the same for nginx and tern): A answers 502,
@@ -93,12 +93,14 @@ fn series(port: u16) -> Vec<String> {
 
 #[test]
 fn proxy_next_upstream_moves_on_as_nginx_does() {
+    // `dead` stays bound (not listening) until the test ends.
+    let dead = DeadPort::new();
     let ports = [
         free_port(),
         free_port(),
         free_port(),
         free_port(),
-        free_port(),
+        dead.port,
     ];
     let body = conf(&ports);
     let tern = Server::start_in(Prefix::new(), &body);

@@ -68,9 +68,10 @@ fn count_backend(delay: Duration) -> u16 {
     port
 }
 
-/// A port nothing listens on.
-fn dead_port() -> u16 {
-    free_port()
+/// A port nothing listens on, kept so while the returned guard lives
+/// (a port from `free_port()` could be taken by another process).
+fn dead_port() -> DeadPort {
+    DeadPort::new()
 }
 
 /// Starts tern with `@S1@`/`@S2@` replaced; waits for the stream ports too.
@@ -157,7 +158,8 @@ fn half_close_on_and_off() {
 #[test]
 fn round_robin_and_failover() {
     let (a, b) = (tag_backend("A"), tag_backend("B"));
-    let dead = dead_port();
+    let dead_guard = dead_port();
+    let dead = dead_guard.port;
     let (s1, s2) = (free_port(), free_port());
     let srv = start(
         &format!(
@@ -191,7 +193,8 @@ fn round_robin_and_failover() {
 
 #[test]
 fn no_live_upstreams_closes_client() {
-    let dead = dead_port();
+    let dead_guard = dead_port();
+    let dead = dead_guard.port;
     let s1 = free_port();
     let srv = start(
         &format!(

@@ -19,8 +19,10 @@
 //!   │   the client's headers as HTTP_* unless a param of that name is set),
 //!   │   an empty PARAMS, STDIN (the body, 32 KiB a record), an empty STDIN
 //!   ├─ records in, until the head is complete (Decoder):
-//!   │     STDOUT ─▶ CGI header lines ─ `Status:` gives the status, else
-//!   │                `Location:` makes it 302, else 200
+//!   │     STDOUT ─▶ CGI header lines ─ `Status:` gives the status and,
+//!   │                verbatim, the status line (`404 Not Here`, `200`),
+//!   │                else `Location:` makes it `302 Moved Temporarily`,
+//!   │                else `200 OK`
 //!   │     STDERR ─▶ error log ("FastCGI sent in stderr: ...")
 //!   │     END_REQUEST before the blank line ─▶ 502
 //!   └─ the rest of STDOUT is the body: proxy::Producer streams it while
@@ -805,12 +807,11 @@ fn head_end(b: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
-/// The CGI header lines: the status (`Status:`, else 302 with a
-/// `Location:`, else 200) and the headers (`Status` among them; it is
-/// hidden when relayed).
+/// The CGI header lines: the status (see [`status_of`]) and the headers
+/// (`Status` among them; it is hidden when relayed). Values lose the
+/// spaces around them, not tabs, as nginx's header parser.
 fn parse_head(b: &[u8]) -> Result<(u16, Headers), String> {
     let mut headers = Vec::new();
-    let mut status = None;
     for line in b.split(|&c| c == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
@@ -827,37 +828,50 @@ fn parse_head(b: &[u8]) -> Result<(u16, Headers), String> {
         {
             return Err("upstream sent invalid header".into());
         }
-        let value = line[colon + 1..].trim_ascii();
+        let value = trim_spaces(&line[colon + 1..]);
         let name = String::from_utf8_lossy(name).into_owned();
-        if name.eq_ignore_ascii_case("status") {
-            let code = value
-                .get(..3)
-                .filter(|d| d.iter().all(u8::is_ascii_digit))
-                .and_then(|d| std::str::from_utf8(d).ok()?.parse::<u16>().ok())
-                .filter(|c| (100..1000).contains(c));
-            match code {
-                Some(c) => status = Some(c),
-                None => {
-                    return Err(format!(
-                        "upstream sent invalid status \"{}\"",
-                        String::from_utf8_lossy(value)
-                    ))
-                }
-            }
-        }
         headers.push((name, value.to_vec()));
     }
-    let status = status.unwrap_or_else(|| {
-        if headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("location"))
-        {
-            302
-        } else {
-            200
-        }
-    });
+    let (status, _) = status_of(&headers)?;
     Ok((status, headers))
+}
+
+fn trim_spaces(mut v: &[u8]) -> &[u8] {
+    while let [b' ', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' '] = v {
+        v = rest;
+    }
+    v
+}
+
+/// The status a script's header lines give, and the status line nginx
+/// sends for it (after `HTTP/1.1 `): the first `Status:` value verbatim
+/// (`404 Not Here`, `200`, `404Not`; its first three bytes must be
+/// digits, any of them, `000` and `999` too; later `Status:` lines are
+/// not looked at), else `302 Moved Temporarily` with a `Location:`, else
+/// `200 OK`.
+fn status_of(headers: &Headers) -> Result<(u16, &[u8]), String> {
+    let first = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n));
+    if let Some((_, value)) = first("status") {
+        let code = value
+            .get(..3)
+            .filter(|d| d.iter().all(u8::is_ascii_digit))
+            .map(|d| d.iter().fold(0u16, |a, c| a * 10 + u16::from(c - b'0')));
+        return match code {
+            Some(c) => Ok((c, value.as_slice())),
+            None => Err(format!(
+                "upstream sent invalid status \"{}\"",
+                String::from_utf8_lossy(value)
+            )),
+        };
+    }
+    Ok(if first("location").is_some() {
+        (302, &b"302 Moved Temporarily"[..])
+    } else {
+        (200, &b"200 OK"[..])
+    })
 }
 
 // ---- the request ------------------------------------------------------------
@@ -978,8 +992,17 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     // upstream redirects out of its header filter's absolute_redirect.
     let relayed = proxy::relay_headers(b"", conf, None, &resp.headers, HIDDEN);
     let mut out = Response::status(resp.status);
+    // nginx's status line is the script's `Status:` as it came (or its
+    // own for 302/200); a filter that changes the status replaces it.
+    if let Ok((code, line)) = status_of(&resp.headers) {
+        out.status_line = Some((code, line.to_vec()));
+    }
     out.upstream_server_date = true;
     proxy::apply_headers(&mut out, relayed);
+    // As nginx: a response not being cached (tern has no fastcgi_cache)
+    // goes as the script answered, whatever If-Modified-Since,
+    // If-None-Match, If-Match or If-Unmodified-Since ask.
+    out.disable_not_modified = true;
     if conf.ignore_headers.unwrap_or(0) & proxy::IGN_X_ACCEL_CHARSET == 0 {
         out.override_charset = resp
             .headers
@@ -1114,6 +1137,32 @@ mod tests {
         let (s, h) = parse_head(b"Status: 404 Not Found\r\nX: y\r\n").unwrap();
         assert_eq!(s, 404);
         assert_eq!(h.len(), 2);
+        let line = |b: &[u8]| {
+            let (_, h) = parse_head(b).unwrap();
+            let (c, l) = status_of(&h).unwrap();
+            (c, String::from_utf8(l.to_vec()).unwrap())
+        };
+        assert_eq!(
+            line(b"Status:  404  Not Here \n"),
+            (404, "404  Not Here".into())
+        );
+        assert_eq!(line(b"Status: 200\n"), (200, "200".into()));
+        assert_eq!(line(b"Status: 000\n"), (0, "000".into()));
+        assert_eq!(line(b"Status: 4041 x\n"), (404, "4041 x".into()));
+        assert_eq!(line(b"Status: 200 \t\n"), (200, "200 \t".into()));
+        assert_eq!(line(b"status: 201 A\nStatus: abc\n"), (201, "201 A".into()));
+        assert_eq!(
+            line(b"Location: /x\n"),
+            (302, "302 Moved Temporarily".into())
+        );
+        assert_eq!(
+            line(b"Location: /x\nStatus: 201 M\n"),
+            (201, "201 M".into())
+        );
+        assert_eq!(line(b"X: y\n"), (200, "200 OK".into()));
+        assert!(parse_head(b"Status: 42\n").is_err());
+        assert!(parse_head(b"Status:\t200\n").is_err());
+        assert!(parse_head(b"Status:\n").is_err());
         assert_eq!(parse_head(b"Location: /x\n").unwrap().0, 302);
         assert_eq!(parse_head(b"Content-Type: text/html\n").unwrap().0, 200);
         assert!(parse_head(b"Status: abc\n").is_err());

@@ -2354,13 +2354,21 @@ async fn lookup(
         }
     };
     let eh = match read_entry_head(&f, policy).await {
-        Some(h)
+        Ok(h)
             if h.key == key
                 && (h.header_len() as u64).checked_add(h.body_len) == Some(f.meta.size) =>
         {
             h
         }
-        Some(h) if h.key != key => {
+        Err(cache::file::ParseError::Version) => {
+            cx.log(
+                Level::Info,
+                &format!("cache file \"{}\" version mismatch", path.display()),
+            );
+            z.remove(md5);
+            return Lookup::Miss;
+        }
+        Ok(h) if h.key != key => {
             cx.log(
                 Level::Crit,
                 &format!("cache file \"{}\" has md5 collision", path.display()),
@@ -2393,6 +2401,10 @@ fn entry_response(eh: EntryHead, f: Arc<OpenFile>, policy: &Policy) -> Response 
     let off = eh.header_len() as u64;
     let len = eh.body_len;
     let mut r = Response::status(eh.status);
+    if !eh.status_line.is_empty() {
+        // The line as upstream sent it, as nginx serves a hit.
+        r.status_line = Some((eh.status, eh.status_line));
+    }
     r.last_modified = eh.last_modified;
     let announced = header(&eh.headers, "content-length")
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
@@ -2416,19 +2428,24 @@ fn disk_bytes(size: u64) -> u64 {
     size.div_ceil(4096) * 4096
 }
 
-async fn read_entry_head(f: &Arc<OpenFile>, policy: &Policy) -> Option<EntryHead> {
+async fn read_entry_head(
+    f: &Arc<OpenFile>,
+    policy: &Policy,
+) -> Result<EntryHead, cache::file::ParseError> {
+    use cache::file::ParseError;
     let mut want = 4096usize;
     for _ in 0..2 {
-        let b = crate::io::read(f, 0, want, policy).await.ok()?;
+        let b = crate::io::read(f, 0, want, policy)
+            .await
+            .map_err(|_| ParseError::Bad)?;
         match EntryHead::parse(&b) {
-            Ok(h) => return Some(h),
-            Err(cache::file::ParseError::Need(n)) if n > want && (n as u64) <= f.meta.size => {
-                want = n
-            }
-            Err(_) => return None,
+            Ok(h) => return Ok(h),
+            Err(ParseError::Need(n)) if n > want && (n as u64) <= f.meta.size => want = n,
+            Err(ParseError::Need(_)) => return Err(ParseError::Bad),
+            Err(e) => return Err(e),
         }
     }
-    None
+    Err(ParseError::Bad)
 }
 
 /// Moves relayed headers into a response (Content-Type to its field).
@@ -3990,6 +4007,7 @@ fn entry_head(
         last_modified: None,
         body_len,
         key: c.key.clone(),
+        status_line: r.status_line.clone(),
         headers: relayed.to_vec(),
     }
 }
