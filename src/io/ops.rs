@@ -1489,8 +1489,15 @@ mod tests {
             assert!(a.residency_mapped > b.residency_mapped);
         }
         // The thread's mappings went with it: DONTNEED (which spares mapped
-        // pages) can evict the file again.
-        assert!(evict(&tf.0));
+        // pages) can evict the file again. It also spares pages still under
+        // readahead I/O, so a loaded machine may need a few tries.
+        let evicted = (0..20).any(|_| {
+            evict(&tf.0) || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(evicted, "the file's pages stayed mapped");
     }
 
     #[test]
