@@ -3428,10 +3428,10 @@ impl Framing {
 /// Whether the upstream connection can go back to the keepalive cache
 /// once its body was read whole.
 fn reusable(r: &UpResp, f: &Framing) -> bool {
-    // nginx never reuses a connection that answered 101.
+    // nginx never reuses an HTTP/1.0 connection, whatever its Connection
+    // header says, nor one that answered 101.
     let close = header(&r.headers, "connection").is_some_and(|v| has_token(v, "close"))
-        || (r.minor == 0
-            && !header(&r.headers, "connection").is_some_and(|v| has_token(v, "keep-alive")))
+        || r.minor == 0
         || r.status == 101;
     !f.extra && !close && !f.by_close()
 }
