@@ -11,6 +11,10 @@
 //!                                                                      |
 //!                                         keepalive && !quit && n < keepalive_requests
 //! ```
+//! A response carrying an upgrade (a proxied 101) leaves Handling for a
+//! tunnel ([`crate::http::tunnel`]) with the bytes after the request, and
+//! the connection closes when the tunnel ends (the request is logged then).
+//!
 //! Invariants: the read buffer holds only bytes not yet consumed (pipelined
 //! requests stay in it); it is freed while the connection idles; a request
 //! uses the configuration that was current when its head was complete, so
@@ -440,6 +444,18 @@ async fn request<S: Stream>(
     if resp.close_silently {
         return false;
     }
+    if let Some(up) = resp.upgrade.take() {
+        // A proxied 101 to an upgrade request: the connection becomes a
+        // tunnel, and what the client sent after its request goes into it.
+        let pipelined = std::mem::take(buf);
+        let minor = req.minor;
+        Box::pin(upgraded(
+            stream, &resp, *up, pipelined, &loc, minor, &mut cx,
+        ))
+        .await;
+        recycle_head_buf(std::mem::take(&mut cx.sent.head));
+        return false;
+    }
     let mut keepalive = req.keepalive && !resp.force_close && !*quit.borrow();
     let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
     if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
@@ -547,6 +563,42 @@ async fn request<S: Stream>(
     }
     drop(request_guards);
     true
+}
+
+/// Sends the 101 head and relays bytes until the tunnel ends
+/// ([`crate::http::tunnel`]); the request is logged then, as nginx logs it
+/// when it finalises the upgraded request.
+async fn upgraded<S: Stream>(
+    stream: &S,
+    resp: &Response,
+    up: crate::http::tunnel::Upgrade,
+    pipelined: Vec<u8>,
+    loc: &LocConf,
+    minor: u8,
+    cx: &mut phases::Ctx<'_>,
+) {
+    let mut head = take_head_buf();
+    response::write_head(&mut head, resp, loc, minor, false);
+    // As nginx on an upgrade: TCP_NODELAY on the client connection too
+    // (upstream connections always have it), so small frames leave at once.
+    if loc.core.tcp_nodelay.unwrap_or(true) {
+        stream.set_nodelay(true);
+    }
+    // Not write_all_more: the head must leave now, not wait for the
+    // tunnel's first bytes.
+    let written = write_all(stream, &[&head], loc).await;
+    cx.sent.bytes = head.len() as u64;
+    cx.sent.head = head;
+    if written.is_ok() {
+        let url = up.url.clone();
+        let end = crate::http::tunnel::relay(stream, up, pipelined, loc).await;
+        cx.sent.bytes += end.to_client;
+        cx.sent.body_bytes += end.to_client;
+        if let Some((level, msg)) = end.log {
+            cx.log_with_upstream(level, &msg, Some(&url));
+        }
+    }
+    log_answered(cx, resp.status);
 }
 
 /// The wait of a connection just accepted for its first request, or None
@@ -1516,7 +1568,11 @@ async fn emit<S: Stream>(
 
 /// Writes all of `bufs` with writev, waiting at most send_timeout between
 /// two successful writes.
-async fn write_all<S: Stream>(stream: &S, bufs: &[&[u8]], loc: &LocConf) -> io::Result<()> {
+pub(crate) async fn write_all<S: Stream>(
+    stream: &S,
+    bufs: &[&[u8]],
+    loc: &LocConf,
+) -> io::Result<()> {
     write_all_more(stream, bufs, loc, false).await
 }
 

@@ -10,5 +10,6 @@ pub mod request;
 pub mod response;
 pub mod status;
 pub mod subrequest;
+pub mod tunnel;
 pub mod uri;
 pub mod vars;

@@ -147,6 +147,10 @@ pub struct Response {
     /// `chunked_transfer_encoding off`: a body of unknown length goes out
     /// as it is, ended by the close.
     pub unframed: bool,
+    /// A proxied `101` to a request that asked for an upgrade: once the
+    /// head is out, the connection relays bytes both ways
+    /// ([`crate::http::tunnel`]) instead of sending a body.
+    pub upgrade: Option<Box<crate::http::tunnel::Upgrade>>,
 }
 
 impl std::fmt::Debug for dyn BodyFilter {
@@ -198,6 +202,9 @@ impl Response {
             && (!self.filters.is_empty() || matches!(self.body, Body::Stream(_)))
             && minor == 1
             && !self.unframed
+            // nginx's chunked filter leaves interim answers alone (a
+            // proxied 101 without an upgrade has its body unframed).
+            && !(100..200).contains(&self.status)
     }
 }
 
@@ -386,7 +393,11 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, 
     if resp.chunked(minor) {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
-    if keepalive {
+    if resp.status == 101 {
+        // nginx says so on any 101, whether the connection is upgraded
+        // or not (and then may still keep it alive).
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+    } else if keepalive {
         out.extend_from_slice(b"Connection: keep-alive\r\n");
         if let Some(ka) = loc.core.keepalive.and_then(|k| k.header_secs) {
             out.extend_from_slice(b"Keep-Alive: timeout=");

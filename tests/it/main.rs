@@ -35,6 +35,7 @@ mod proxy_more;
 mod proxy_range;
 mod proxy_stream;
 mod proxy_upstream_answers;
+mod proxy_websocket;
 mod random_index;
 mod referer;
 mod request_line;

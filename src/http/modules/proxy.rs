@@ -24,8 +24,12 @@
 //!   │        └─────────────────────────────────────────────────────────────────┘
 //!   ├─ the body part that came with the head, decoded: complete and not
 //!   │   being cached ──▶ Body::Bytes (the upstream connection kept alive)
-//!   └─ else Body::Stream: the head goes to the client now, and a Producer
-//!       task reads the rest as it arrives, independent of the client
+//!   ├─ else Body::Stream: the head goes to the client now, and a Producer
+//!   │   task reads the rest as it arrives, independent of the client
+//!   └─ 101 to a request with an `Upgrade` header: Response::upgrade takes
+//!       the upstream connection and what came after the head, and the
+//!       connection tunnels (crate::http::tunnel); a 101 to any other
+//!       request is an ordinary answer whose body runs to the close, unframed
 //! ```
 //!
 //! # A cache lookup (`$upstream_cache_status`)
@@ -1708,6 +1712,9 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     }
     let mut relayed = relay_headers(loc_prefix(cx), conf, Some(pass), &resp.headers, HIDDEN);
     rewrite_cookies(cx, conf, &mut relayed);
+    if resp.status == 101 && cx.req.header("upgrade").is_some() && cx.sub_depth == 0 {
+        return upgrade_answer(cx, resp, relayed, &lim, &req_uri);
+    }
     let store = creq
         .as_ref()
         .filter(|c| !c.no_store)
@@ -1736,10 +1743,7 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
         return r;
     }
     // (A HEAD answer's body is not read, even when upstream sends one.)
-    if let Some(w) = framing
-        .extra_warning()
-        .filter(|_| !head_only && resp.status != 101)
-    {
+    if let Some(w) = framing.extra_warning().filter(|_| !head_only) {
         log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
     }
     if resp.status >= 300
@@ -1962,6 +1966,43 @@ async fn handle(cx: &mut Ctx<'_>, loc: &Arc<LocConf>, pass: &Arc<Pass>) -> Respo
     }
     out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
     out.watch_client = !conf.ignore_client_abort.unwrap_or(false);
+    out
+}
+
+/// A 101 to a request with an `Upgrade` header (any value, any HTTP
+/// version: nginx's test is the header's presence): the head is relayed
+/// (with the upstream's Content-Length, if any, though nothing is framed
+/// by it) and the connection turns into a tunnel (crate::http::tunnel).
+fn upgrade_answer(
+    cx: &mut Ctx<'_>,
+    mut resp: UpResp,
+    relayed: Vec<(String, Vec<u8>)>,
+    lim: &Limits,
+    req_uri: &[u8],
+) -> Response {
+    let url = upstream_url(lim.tls.is_some(), &resp.peer_name, req_uri);
+    let Some(up) = resp.stream.take() else {
+        log_upstream(cx, Level::Error, "upstream connection lost", &url);
+        return Response::status(502);
+    };
+    let mut out = Response::status(101);
+    if !resp.status_line.is_empty() {
+        out.status_line = Some((101, std::mem::take(&mut resp.status_line)));
+    }
+    apply_headers(&mut out, relayed);
+    out.content_length = resp.declared_len;
+    out.disable_not_modified = true;
+    out.ranges_off = true;
+    out.force_close = true;
+    out.upgrade = Some(Box::new(crate::http::tunnel::Upgrade {
+        up,
+        early: std::mem::take(&mut resp.early),
+        read_timeout: lim.read,
+        send_timeout: lim.send,
+        buffer: lim.head_max,
+        url,
+        _lease: resp.lease.take(),
+    }));
     out
 }
 
@@ -3232,7 +3273,7 @@ async fn send_and_read(
                     status: h.code,
                     minor: u8::from(h.http11),
                     status_line: h.line,
-                    no_body: head_only || h.code == 101 || h.code == 204 || h.code == 304,
+                    no_body: head_only || h.code == 204 || h.code == 304,
                     declared_len,
                     headers: h.headers,
                     stream: Some(s),
@@ -3404,9 +3445,11 @@ impl Framing {
 /// Whether the upstream connection can go back to the keepalive cache
 /// once its body was read whole.
 fn reusable(r: &UpResp, f: &Framing) -> bool {
+    // nginx never reuses an HTTP/1.0 connection, whatever its Connection
+    // header says, nor one that answered 101.
     let close = header(&r.headers, "connection").is_some_and(|v| has_token(v, "close"))
-        || (r.minor == 0
-            && !header(&r.headers, "connection").is_some_and(|v| has_token(v, "keep-alive")));
+        || r.minor == 0
+        || r.status == 101;
     !f.extra && !close && !f.by_close()
 }
 
@@ -4023,13 +4066,13 @@ const HIDDEN: &[&str] = &[
     "x-accel-buffering",
     "x-accel-charset",
 ];
-/// Framing and hop-by-hop headers: never relayed.
+/// Framing and hop-by-hop headers: never relayed. (`Upgrade` is: nginx
+/// passes it on any response, and a 101 needs it.)
 const HOP: &[&str] = &[
     "content-length",
     "transfer-encoding",
     "connection",
     "keep-alive",
-    "upgrade",
     "te",
     "trailer",
 ];
