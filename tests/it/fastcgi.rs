@@ -684,6 +684,16 @@ fn compare_with_nginx(conf: &str, reqs: &[String]) -> crate::harness::Server {
     tern
 }
 
+/// One location passing everything to the responder on `fport`.
+fn status_conf(fport: u16) -> String {
+    format!(
+        "http {{ access_log off;\n\
+         server {{ listen 127.0.0.1:@PORT@;\n\
+           location / {{ fastcgi_param REQUEST_URI $request_uri; fastcgi_pass 127.0.0.1:{fport}; }}\n\
+         }} }}\n"
+    )
+}
+
 /// nginx builds the status line from the script's `Status:` as it came
 /// (`404 Not Here`, `200`, `404Not`, `000`), or `302 Moved Temporarily`
 /// for a `Location:` alone, or `200 OK`; a status below 200 goes with
@@ -695,12 +705,7 @@ fn status_lines_match_nginx() {
     }
     let fport = free_port();
     let _resp = Responder::tcp(fport, Arc::new(status_script));
-    let c = format!(
-        "http {{ access_log off;\n\
-         server {{ listen 127.0.0.1:@PORT@;\n\
-           location / {{ fastcgi_param REQUEST_URI $request_uri; fastcgi_pass 127.0.0.1:{fport}; }}\n\
-         }} }}\n"
-    );
+    let c = status_conf(fport);
     let mut reqs: Vec<String> = [
         "none", "bare", "here", "spaces", "loc", "locempty", "locst", "first", "firstbad", "glued",
         "wide", "lower", "tab", "600", "999", "000", "099", "100", "103", "204", "304", "len",
@@ -728,12 +733,7 @@ fn conditional_requests_go_as_the_script_answered() {
     }
     let fport = free_port();
     let _resp = Responder::tcp(fport, Arc::new(status_script));
-    let c = format!(
-        "http {{ access_log off;\n\
-         server {{ listen 127.0.0.1:@PORT@;\n\
-           location / {{ fastcgi_param REQUEST_URI $request_uri; fastcgi_pass 127.0.0.1:{fport}; }}\n\
-         }} }}\n"
-    );
+    let c = status_conf(fport);
     let mut reqs = Vec::new();
     for p in ["cond", "condnone"] {
         for h in [

@@ -413,19 +413,7 @@ impl Resp {
 
     /// The head with the Date and Server values blanked, for byte comparisons.
     pub fn head_normalized(&self) -> String {
-        self.head
-            .split("\r\n")
-            .map(|l| {
-                if l.starts_with("Date: ") {
-                    "Date: X".to_string()
-                } else if l.starts_with("Server: ") {
-                    "Server: X".to_string()
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\r\n")
+        blank_date_server(&self.head)
     }
 
     /// Parses a response; the body is everything after the head (for
@@ -682,4 +670,20 @@ impl ConfTest {
             want
         );
     }
+}
+
+/// `text` with the values of its Date and Server lines blanked.
+pub fn blank_date_server(text: &str) -> String {
+    text.split("\r\n")
+        .map(|l| {
+            if l.starts_with("Date: ") {
+                "Date: X".to_string()
+            } else if l.starts_with("Server: ") {
+                "Server: X".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n")
 }

@@ -158,20 +158,9 @@ fn closes_within(s: &mut TcpStream, within: Duration) -> bool {
 
 /// Date and Server blanked, the port of Host made neutral.
 fn normalize(b: &[u8], up: u16) -> String {
-    String::from_utf8_lossy(b)
-        .replace(&format!(":{}", up), ":UP")
-        .split("\r\n")
-        .map(|l| {
-            if l.starts_with("Date: ") {
-                "Date: X".to_string()
-            } else if l.starts_with("Server: ") {
-                "Server: X".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\r\n")
+    crate::harness::blank_date_server(
+        &String::from_utf8_lossy(b).replace(&format!(":{}", up), ":UP"),
+    )
 }
 
 /// The echo backend: 101 and "HELLO" in one write, then "echo:" + each
