@@ -566,7 +566,7 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
-    fn new() -> Decoder {
+    pub(crate) fn new() -> Decoder {
         Decoder {
             part: Part::Header,
             hdr: [0; 8],
