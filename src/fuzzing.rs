@@ -8,7 +8,8 @@
 //! targets are one line each (`tern::fuzzing::chunked(data)`), so a parser
 //! that moves inside the crate changes this file only.
 //!
-//! The saved corpora (`fuzz/corpus/<target>/`) and the inputs that once
+//! The seeds (`fuzz/seeds/<target>/`), the saved corpora
+//! (`fuzz/corpus/<target>/`, minimised) and the inputs that once
 //! crashed (`fuzz/regressions/<target>/`) replay as an ordinary unit test,
 //! so every `cargo test` run checks them without a fuzzer.
 
@@ -243,7 +244,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
         let mut replayed = 0;
         for (name, target) in TARGETS {
-            for kind in ["corpus", "regressions"] {
+            for kind in ["seeds", "corpus", "regressions"] {
                 let Ok(entries) = std::fs::read_dir(root.join(kind).join(name)) else {
                     continue;
                 };
