@@ -17,8 +17,11 @@ use crate::http::chunked::ChunkedDecoder;
 use crate::http::conf::SrvConf;
 use crate::http::{request, uri};
 
+/// A fuzz target's entry point.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name of its folder under `fuzz/corpus/`.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("request_head", request_head),
     ("chunked", chunked),
     ("uri", uri_path),
@@ -44,9 +47,11 @@ pub fn request_head(data: &[u8]) {
     let head = &data[..end];
     let plain = SrvConf::default();
     let _ = request::parse_head(head.to_vec(), &plain);
-    let mut other = SrvConf::default();
-    other.merge_slashes = Some(false);
-    other.underscores_in_headers = Some(true);
+    let other = SrvConf {
+        merge_slashes: Some(false),
+        underscores_in_headers: Some(true),
+        ..SrvConf::default()
+    };
     if let Ok(r) = request::parse_head(head.to_vec(), &other) {
         // Every accessor must stay within the buffer.
         let _ = (

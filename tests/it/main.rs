@@ -23,6 +23,7 @@ mod idle;
 mod io;
 mod limit_rate_var;
 mod limits;
+mod lint;
 mod map;
 mod next_upstream;
 mod open_file_cache;
