@@ -32,8 +32,8 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::core::log::Level;
+use crate::core::stream::Stream;
 use crate::http::conf::LocConf;
-use crate::http::conn::Stream;
 use crate::http::modules::upstream::Lease;
 use crate::tls::client::UpStream;
 
