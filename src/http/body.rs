@@ -40,10 +40,10 @@ use crate::config::{value, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::core::stream::Stream;
-use crate::http::chunked::ChunkedDecoder;
 use crate::http::conf::{merge_opts, LocConf};
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
+use crate::http::v1::chunked::ChunkedDecoder;
 use crate::io::{OpenFile, Policy};
 
 // ---- configuration ----------------------------------------------------------

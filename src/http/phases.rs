@@ -11,7 +11,7 @@
 //! 6. addition ([`crate::http::modules::addition`]: subrequests around
 //!    the body), then header filters: [`HEADER_FILTERS`] in order, which may install body
 //!    filters; then the header writer and body writer in
-//!    [`crate::http::conn`]
+//!    [`crate::http::v1::conn`]
 //! 7. log: [`crate::http::modules::log_phase`]
 
 use std::borrow::Cow;
@@ -23,10 +23,10 @@ use std::sync::Arc;
 use crate::core::log::Level;
 use crate::core::worker::WorkerShared;
 use crate::http::conf::{HttpConf, LocConf, Server};
-use crate::http::conn::ConnInfo;
 use crate::http::modules::{self, rewrite};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Response};
+use crate::http::serve::ConnInfo;
 use crate::http::vars::{Var, VarCtx};
 
 /// A request in progress: the parts of its state that phases change.

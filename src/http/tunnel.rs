@@ -208,7 +208,7 @@ async fn send_client<S: Stream>(
     data: &[u8],
     loc: &LocConf,
 ) -> Result<(), (Level, String)> {
-    match crate::http::conn::write_all(client, &[data], loc).await {
+    match crate::http::v1::conn::write_all(client, &[data], loc).await {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(timed_out("client")),
         Err(e) => Err(failed(Level::Info, "send", &e)),

@@ -21,7 +21,6 @@
 //! a reload applies from the next request on a kept-alive connection.
 
 use std::io::{self, IoSlice};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,11 +29,12 @@ use tokio::time::timeout;
 use crate::core::log::Level;
 pub use crate::core::stream::Stream;
 use crate::core::worker::WorkerShared;
-use crate::http::chunked::ChunkedDecoder;
-use crate::http::conf::{AddrConf, ListenAddr, LocConf, SizeValue};
+use crate::http::conf::{AddrConf, LocConf, SizeValue};
 use crate::http::phases;
 use crate::http::request::{self, Reject, Request};
 use crate::http::response::{self, Body, Response};
+use crate::http::serve::{idle_params, log_conn, ConnInfo, IdleWait, Served, PARK_AFTER};
+use crate::http::v1::chunked::ChunkedDecoder;
 
 /// Resolves when the client hangs up (EOF or an error); never once it
 /// has sent more bytes (they belong to the next request), nor if the
@@ -53,50 +53,11 @@ async fn hangup<S: Stream>(stream: &S) {
     }
 }
 
-/// Per-connection facts (variables, logs).
-#[derive(Debug, Clone)]
-pub struct ConnInfo {
-    pub id: u64,
-    pub remote: Option<SocketAddr>,
-    pub local: Option<SocketAddr>,
-    pub listen: ListenAddr,
-    pub requests: u64,
-    pub tls: crate::tls::TlsState,
-    /// When the connection was accepted (`keepalive_time`).
-    pub started: std::time::Instant,
-}
-
 enum HeadResult {
     Head(usize),
     Closed,
     TimedOut,
     Reject(Reject),
-}
-
-/// How long an idle connection waits inside its task before it is
-/// parked (see [`crate::core::park`]): a busy keep-alive client never pays
-/// for parking, a quiet one stops costing a task and an I/O registration.
-pub const PARK_AFTER: Duration = Duration::from_secs(1);
-
-/// The state of an idle wait that outlives the task it started in.
-#[derive(Debug, Clone, Copy)]
-pub struct IdleWait {
-    /// When the wait times out (client_header_timeout before the first
-    /// request, keepalive_timeout after).
-    pub deadline: tokio::time::Instant,
-    /// Waiting for the first request (QUIT does not close it).
-    pub first: bool,
-    /// A timeout resets the connection (reset_timedout_connection).
-    pub reset: bool,
-}
-
-/// How [`serve`] ended.
-pub enum Served<S> {
-    /// The connection is done; dropping the stream closes it.
-    Closed,
-    /// Idle for [`PARK_AFTER`] with no request: the caller parks the
-    /// socket and calls [`serve`] again with the wait once bytes arrive.
-    Idle(S, ConnInfo, IdleWait),
 }
 
 /// Serves one connection until it closes or idles long enough to be
@@ -108,7 +69,7 @@ pub enum Served<S> {
 /// once per runner, while a box was a large allocation (glibc's slow path)
 /// and a copy on every request. An idle connection gives its runner back
 /// after [`PARK_AFTER`], when it is parked.
-pub async fn serve<S: Stream>(
+pub(crate) async fn serve<S: Stream>(
     stream: S,
     mut info: ConnInfo,
     shared: Arc<WorkerShared>,
@@ -491,54 +452,6 @@ async fn upgraded<S: Stream>(
     log_answered(cx, resp.status);
 }
 
-/// The wait of a connection just accepted for its first request, or None
-/// when its listener accepts only once data has arrived (`deferred`), so
-/// the request is there to be read at once.
-pub(crate) fn first_wait(shared: &WorkerShared, info: &mut ConnInfo) -> Option<IdleWait> {
-    let config = shared.config.load();
-    let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
-    if addr.listen.ssl {
-        info.tls = crate::tls::TlsState::Pending;
-    }
-    if addr.listen.deferred {
-        return None;
-    }
-    let (wait_ms, reset, _) = idle_params_of(&addr, true);
-    Some(IdleWait {
-        deadline: tokio::time::Instant::now() + Duration::from_millis(wait_ms),
-        first: true,
-        reset,
-    })
-}
-
-/// The idle wait before a request (client_header_timeout for the first,
-/// keepalive_timeout after), whether a timeout resets the connection, and
-/// the first read buffer's size (client_header_buffer_size).
-fn idle_params(shared: &WorkerShared, info: &ConnInfo, first: bool) -> Option<(u64, bool, usize)> {
-    let config = shared.config.load();
-    let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
-    Some(idle_params_of(&addr, first))
-}
-
-fn idle_params_of(addr: &AddrConf, first: bool) -> (u64, bool, usize) {
-    let wait_ms = if first {
-        addr.default.srv.header_timeout_ms()
-    } else {
-        addr.default
-            .conf
-            .core
-            .keepalive
-            .map_or(75_000, |k| k.timeout_ms)
-    };
-    let reset = addr
-        .default
-        .conf
-        .core
-        .reset_timedout_connection
-        .unwrap_or(false);
-    (wait_ms, reset, addr.default.srv.header_buffer().max(1))
-}
-
 /// Reads until a complete head is in `buf`; returns its length.
 async fn read_head<S: Stream>(
     stream: &S,
@@ -754,28 +667,6 @@ async fn reject_and_close<S: Stream>(
     log_answered(&mut cx, r.status);
     drop(cx);
     linger(stream, &loc).await;
-}
-
-pub(crate) fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
-    let client = info
-        .remote
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unix:".into());
-    let logger = loc
-        .core
-        .logger
-        .clone()
-        .unwrap_or_else(crate::core::log::main_logger);
-    logger.log(
-        level,
-        Some(info.id),
-        format_args!(
-            "{}, client: {}, server: {}",
-            msg,
-            client,
-            info.local.map(|a| a.to_string()).unwrap_or_default()
-        ),
-    );
 }
 
 enum DiscardError {
