@@ -339,17 +339,6 @@ pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     if let Some(rate) = cx.sent.limit_rate {
         cx.set_note(rewrite::LIMIT_RATE, rate.to_string());
     }
-    // chunked_transfer_encoding off, or a status below 200 (a FastCGI
-    // `Status: 100`, an upstream's `000`, which nginx's chunked filter
-    // leaves alone): a body of unknown length goes as it is and
-    // keep-alive is off (a HEAD, which has no body, keeps it).
-    let chunked_off = !cx.loc.core.chunked_transfer_encoding.unwrap_or(true) || resp.status < 200;
-    if chunked_off && resp.chunked(cx.req.minor) {
-        resp.unframed = true;
-        if cx.req.method != Method::Head {
-            resp.force_close = true;
-        }
-    }
 }
 
 /// The Location of a redirect as its handler set it: nginx builds the

@@ -281,6 +281,14 @@ async fn request<S: Stream>(
     let mut resp = phases::run(&mut cx).await;
     let body_end = crate::http::body::give_back(&mut cx, buf);
     let loc = cx.loc.clone();
+    // A body of unknown length that goes out unframed (see
+    // v1::head::unframed) is ended by the close; a HEAD has no body and
+    // keeps the connection.
+    if crate::http::v1::head::unframed(&resp, req.minor, &loc)
+        && req.method != crate::http::request::Method::Head
+    {
+        resp.force_close = true;
+    }
     if let crate::http::body::End::Broken { silent: true, .. } = body_end {
         // A body timeout or a client gone mid-body: nothing is sent
         // (nginx terminates the request); the status is still logged.
@@ -429,7 +437,7 @@ async fn upgraded<S: Stream>(
     cx: &mut phases::Ctx<'_>,
 ) {
     let mut head = take_head_buf();
-    response::write_head(&mut head, resp, loc, minor, false);
+    crate::http::v1::head::write_head(&mut head, resp, loc, minor, false);
     // As nginx on an upgrade: TCP_NODELAY on the client connection too
     // (upstream connections always have it), so small frames leave at once.
     if loc.core.tcp_nodelay.unwrap_or(true) {
@@ -799,7 +807,7 @@ async fn write_response<S: Stream>(
     sent: &mut phases::Sent,
 ) -> io::Result<()> {
     let mut head = take_head_buf();
-    response::write_head(&mut head, resp, loc, minor, keepalive);
+    crate::http::v1::head::write_head(&mut head, resp, loc, minor, keepalive);
     let r = write_body(stream, resp, loc, minor, head_only, !keepalive, &head, sent).await;
     sent.head = head;
     r
@@ -1089,7 +1097,7 @@ async fn write_filtered<S: Stream>(
     sent: &mut phases::Sent,
     policy: &crate::io::Policy,
 ) -> io::Result<()> {
-    let chunked = resp.chunked(minor);
+    let chunked = crate::http::v1::head::chunked(resp, minor, loc);
     let body = std::mem::take(&mut resp.body);
     let pieces: Vec<response::Piece> = match body {
         Body::Stream(src) => {

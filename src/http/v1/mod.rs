@@ -4,3 +4,5 @@
 //! [`crate::http::request::Request`] and [`crate::http::response::Response`].
 pub mod chunked;
 pub mod conn;
+pub mod head;
+pub mod parse;
