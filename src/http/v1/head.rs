@@ -18,10 +18,15 @@ pub fn chunked(resp: &Response, minor: u8, loc: &LocConf) -> bool {
 }
 
 /// A body of unknown length that is not chunked to an HTTP/1.1 client
-/// (chunked_transfer_encoding off, an interim status): it goes as it is,
-/// ended by the close.
+/// (chunked_transfer_encoding off, a status below 100 such as an
+/// upstream's `000`): it goes as it is, ended by the close.
 pub fn unframed(resp: &Response, minor: u8, loc: &LocConf) -> bool {
-    resp.length_unknown() && minor == 1 && !chunked(resp, minor, loc)
+    // An interim status (a proxied 101 without an upgrade) is neither
+    // chunked nor closed after: its body runs as it is.
+    resp.length_unknown()
+        && minor == 1
+        && !(100..200).contains(&resp.status)
+        && !chunked(resp, minor, loc)
 }
 
 /// Serialises the head. `minor` is the request's HTTP minor version (9
