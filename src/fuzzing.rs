@@ -200,7 +200,7 @@ pub fn template(data: &[u8]) {
 
 /// A proxied server's response head, complete or cut anywhere.
 pub fn upstream_head(data: &[u8]) {
-    use crate::http::modules::upstream_head::{parse, Parse};
+    use crate::http::modules::proxy::head::{parse, Parse};
     if let Parse::Done(h) = parse(data) {
         assert!(h.end <= data.len(), "head ends past the input");
         // The same bytes cut short of the end are never a different head.
@@ -215,7 +215,7 @@ pub fn upstream_head(data: &[u8]) {
 
 /// FastCGI records from an application, whole and split in two.
 pub fn fastcgi_records(data: &[u8]) {
-    use crate::http::modules::fastcgi::Decoder;
+    use crate::http::modules::fastcgi::records::Decoder;
     let mut whole = Decoder::new();
     let mut out_whole = Vec::new();
     let r_whole = whole.feed(data, &mut out_whole);
