@@ -16,19 +16,16 @@
 //!   TLS 1.2 suites rustls has; like OpenSSL's, it does not touch TLS 1.3.
 //! - `ssl_prefer_server_ciphers`: `ignore_client_order`.
 //! - `ssl_ecdh_curve`: the key-exchange groups (X25519, P-256, P-384).
-//! - `ssl_session_cache`: `builtin[:N]` is a cache of N sessions per
-//!   server, `shared:NAME:SIZE` one cache per name for all servers and
-//!   workers (about 4000 sessions per MiB, as nginx), kept across reloads
-//!   while name and size stay; `none`/`off` keep no sessions.
-//! - `ssl_session_tickets`: tickets with a process-wide key (so a reload
-//!   keeps them valid), whose lifetime hint is `ssl_session_timeout`.
+//! - `ssl_session_cache`, `ssl_session_timeout`, `ssl_session_tickets`,
+//!   `ssl_session_ticket_key`: see `tls::sessions`.
+//! - `ssl_verify_client` and its files: see `tls::client_auth`.
 //! - `ssl_buffer_size`: the largest TLS record's plaintext.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use rustls::crypto::ring as provider;
-use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresServerSessions};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SupportedCipherSuite};
 use rustls_pki_types::pem::PemObject;
@@ -37,7 +34,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use crate::config::{ConfError, ConfResult};
 use crate::core::errno_text;
 use crate::http::conf::AddrConf;
-use crate::http::modules::ssl_settings::{SessionCache, SslConf};
+use crate::http::modules::ssl_settings::SslConf;
+use crate::tls::client_auth::{ClientAuth, VerifyMode};
+use crate::tls::sessions;
 
 /// Certificate/key pairs loaded while compiling one configuration: the
 /// http level's `ssl_certificate` inherited by many servers is read once.
@@ -109,11 +108,18 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         kx_groups: groups,
         ..provider::default_provider()
     };
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(p))
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(p))
         .with_protocol_versions(&versions)
-        .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Keys(pairs)));
+        .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))?;
+    let mut cfg = match client_auth(ssl)? {
+        Some(a) => {
+            let v = a.verifier();
+            ssl.client_auth = Some(a);
+            builder.with_client_cert_verifier(v)
+        }
+        None => builder.with_no_client_auth(),
+    }
+    .with_cert_resolver(Arc::new(Keys(pairs)));
     cfg.ignore_client_order = ssl.prefer_server_ciphers.unwrap_or(false);
     // HTTP/1.x only, also on `listen ... http2` (clients fall back).
     cfg.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
@@ -124,13 +130,10 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
     }
     let timeout = ssl.session_timeout.unwrap_or(300);
     let tickets = ssl.session_tickets.unwrap_or(true);
-    cfg.session_storage = session_storage(ssl.session_cache.as_ref());
+    cfg.session_storage = sessions::storage(ssl.session_cache.as_ref(), timeout);
     if tickets {
-        if let Some(t) = ticketer() {
-            cfg.ticketer = Arc::new(Lifetime {
-                inner: t,
-                secs: u32::try_from(timeout).unwrap_or(u32::MAX),
-            });
+        if let Some(t) = sessions::ticketer(ssl.session_ticket_keys.as_deref(), timeout)? {
+            cfg.ticketer = t;
         }
     }
     if !tickets && !cfg.session_storage.can_cache() {
@@ -138,6 +141,28 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
     }
     ssl.tls = Some(Arc::new(cfg));
     Ok(())
+}
+
+/// `ssl_verify_client` and its files, checked and read as nginx does for
+/// a server with certificates.
+fn client_auth(ssl: &SslConf) -> ConfResult<Option<Arc<ClientAuth>>> {
+    let mode = ssl.verify_client.unwrap_or_default();
+    if mode == VerifyMode::Off {
+        return Ok(None);
+    }
+    if ssl.client_certificate.is_none() && mode != VerifyMode::OptionalNoCa {
+        return Err(ConfError::new(
+            "no ssl_client_certificate for ssl_verify_client".to_string(),
+        ));
+    }
+    let a = ClientAuth::load(
+        mode,
+        ssl.client_certificate.as_deref(),
+        ssl.trusted_certificate.as_deref(),
+        ssl.verify_depth.unwrap_or(1),
+        ssl.crl.as_deref(),
+    )?;
+    Ok(Some(Arc::new(a)))
 }
 
 /// A configuration every handshake fails with: no certificate is ever
@@ -156,7 +181,8 @@ fn no_protocols_config() -> ConfResult<rustls::ServerConfig> {
 /// server of an `ssl` address must have a certificate.
 pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfResult<()> {
     for a in addrs {
-        if !a.listen.ssl || a.default.srv.ssl.tls.is_some() {
+        let ssl = &a.default.srv.ssl;
+        if !a.listen.ssl || ssl.tls.is_some() || ssl.reject_handshake == Some(true) {
             continue;
         }
         return Err(ConfError::new(format!(
@@ -441,76 +467,6 @@ fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKx
         )));
     }
     Ok(out)
-}
-
-// ---- sessions -----------------------------------------------------------------
-
-/// `shared:NAME:SIZE` caches by name: like nginx's shared zones, kept
-/// across reloads while the size is unchanged.
-type SharedCaches = Mutex<HashMap<String, (u64, Arc<dyn StoresServerSessions>)>>;
-
-fn shared_caches() -> &'static SharedCaches {
-    static C: OnceLock<SharedCaches> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn session_storage(c: Option<&SessionCache>) -> Arc<dyn StoresServerSessions> {
-    match c {
-        None | Some(SessionCache::None) | Some(SessionCache::Off) => {
-            Arc::new(rustls::server::NoServerSessionStorage {})
-        }
-        Some(SessionCache::Cache {
-            shared: Some((name, size)),
-            ..
-        }) => {
-            let mut m = shared_caches().lock().unwrap_or_else(|p| p.into_inner());
-            match m.get(name) {
-                Some((s, c)) if s == size => c.clone(),
-                _ => {
-                    // nginx: one megabyte stores about 4000 sessions.
-                    let n = usize::try_from(size / 256).unwrap_or(usize::MAX).max(1);
-                    let c: Arc<dyn StoresServerSessions> =
-                        rustls::server::ServerSessionMemoryCache::new(n);
-                    m.insert(name.clone(), (*size, c.clone()));
-                    c
-                }
-            }
-        }
-        Some(SessionCache::Cache {
-            builtin: Some(n),
-            shared: None,
-        }) => rustls::server::ServerSessionMemoryCache::new(*n),
-        Some(SessionCache::Cache { .. }) => Arc::new(rustls::server::NoServerSessionStorage {}),
-    }
-}
-
-/// The process's ticket keys (rotated by rustls), the same for every
-/// server and kept across reloads.
-fn ticketer() -> Option<Arc<dyn ProducesTickets>> {
-    static T: OnceLock<Option<Arc<dyn ProducesTickets>>> = OnceLock::new();
-    T.get_or_init(|| provider::Ticketer::new().ok()).clone()
-}
-
-/// Tickets with `ssl_session_timeout` as their lifetime hint.
-#[derive(Debug)]
-struct Lifetime {
-    inner: Arc<dyn ProducesTickets>,
-    secs: u32,
-}
-
-impl ProducesTickets for Lifetime {
-    fn enabled(&self) -> bool {
-        self.inner.enabled()
-    }
-    fn lifetime(&self) -> u32 {
-        self.secs.min(self.inner.lifetime())
-    }
-    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        self.inner.encrypt(plain)
-    }
-    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
-        self.inner.decrypt(cipher)
-    }
 }
 
 #[cfg(test)]
