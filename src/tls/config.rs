@@ -29,7 +29,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SupportedCipherSuite};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 
 use crate::config::{ConfError, ConfResult};
 use crate::core::errno_text;
@@ -59,17 +59,37 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         )));
     }
     let mut pairs = Vec::with_capacity(certs.len());
+    // Read for every server with certificates, as nginx does (a FIFO
+    // there has a writer waiting).
+    let passwords = match &ssl.password_file {
+        Some(f) => crate::tls::keys::read_passwords(f)?,
+        None => Vec::new(),
+    };
     for (c, k) in certs.iter().zip(&key_paths) {
         let id = (c.clone(), k.clone());
         let pair = match keys.0.get(&id) {
             Some(p) => p.clone(),
             None => {
-                let p = load_pair(c, k)?;
+                let p = load_pair(c, k, &passwords)?;
                 keys.0.insert(id, p.clone());
                 p
             }
         };
         pairs.push(pair);
+    }
+    if let (Some(true), Some(f)) = (ssl.stapling, &ssl.stapling_file) {
+        // A DER OCSP response, stapled as it is to every certificate of
+        // the server (no responder is asked: see DIFFERENCES.md).
+        let der = std::fs::read(f)
+            .map_err(|e| ConfError::new(format!("open() \"{}\" failed {}", f, errno_text(&e))))?;
+        pairs = pairs
+            .into_iter()
+            .map(|k| {
+                let mut k = (*k).clone();
+                k.ocsp = Some(der.clone());
+                Arc::new(k)
+            })
+            .collect();
     }
     if let Some(p) = &ssl.dhparam {
         // nginx reads it (DHE suites); rustls has none, but a missing
@@ -102,6 +122,11 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         .filter(|s| s.version() == &rustls::version::TLS13)
         .copied()
         .collect();
+    let keys = Keys {
+        pairs,
+        tls13: want13,
+        tls12: if want12 { tls12.clone() } else { Vec::new() },
+    };
     suites.extend(tls12);
     let p = rustls::crypto::CryptoProvider {
         cipher_suites: suites,
@@ -119,7 +144,7 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         }
         None => builder.with_no_client_auth(),
     }
-    .with_cert_resolver(Arc::new(Keys(pairs)));
+    .with_cert_resolver(Arc::new(keys));
     cfg.ignore_client_order = ssl.prefer_server_ciphers.unwrap_or(false);
     // HTTP/1.x only, also on `listen ... http2` (clients fall back).
     cfg.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
@@ -171,8 +196,11 @@ fn no_protocols_config() -> ConfResult<rustls::ServerConfig> {
     rustls::ServerConfig::builder_with_provider(Arc::new(provider::default_provider()))
         .with_safe_default_protocol_versions()
         .map(|b| {
-            b.with_no_client_auth()
-                .with_cert_resolver(Arc::new(Keys(Vec::new())))
+            b.with_no_client_auth().with_cert_resolver(Arc::new(Keys {
+                pairs: Vec::new(),
+                tls13: false,
+                tls12: Vec::new(),
+            }))
         })
         .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))
 }
@@ -194,7 +222,7 @@ pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfRe
     Ok(())
 }
 
-fn load_pair(cert: &str, key: &str) -> ConfResult<Arc<CertifiedKey>> {
+fn load_pair(cert: &str, key: &str, passwords: &[Vec<u8>]) -> ConfResult<Arc<CertifiedKey>> {
     let bad_cert =
         |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", cert, why));
     let bad_key =
@@ -211,30 +239,46 @@ fn load_pair(cert: &str, key: &str) -> ConfResult<Arc<CertifiedKey>> {
     }
     let kpem = std::fs::read(key)
         .map_err(|e| bad_key(format!("BIO_new_file() failed {}", errno_text(&e))))?;
-    let der = PrivateKeyDer::from_pem_slice(&kpem).map_err(|e| {
-        bad_key(match e {
-            rustls_pki_types::pem::Error::NoItemsFound => {
-                "PEM_read_bio_PrivateKey() failed (no private key in the file)".to_string()
-            }
-            e => format!("PEM_read_bio_PrivateKey() failed ({})", e),
-        })
-    })?;
+    let der = crate::tls::keys::private_key(&kpem, passwords).map_err(bad_key)?;
     let signer = provider::sign::any_supported_type(&der)
         .map_err(|e| bad_key(format!("PEM_read_bio_PrivateKey() failed ({})", e)))?;
     Ok(Arc::new(CertifiedKey::new(chain, signer)))
 }
 
-/// A server's certificate/key pairs.
+/// A server's certificate/key pairs, and what it can negotiate with them.
 #[derive(Debug)]
-struct Keys(Vec<Arc<CertifiedKey>>);
+struct Keys {
+    pairs: Vec<Arc<CertifiedKey>>,
+    tls13: bool,
+    tls12: Vec<SupportedCipherSuite>,
+}
 
 impl ResolvesServerCert for Keys {
+    /// The first pair the client can use: its key signs with a scheme the
+    /// client offers, and either TLS 1.3 is possible or a TLS 1.2 suite
+    /// both sides have authenticates with that key's algorithm (an ECDSA
+    /// certificate is useless to a client offering only RSA suites).
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let schemes = hello.signature_schemes();
-        self.0
+        let offered = hello.cipher_suites();
+        let tls13 = self.tls13
+            && offered.iter().any(|c| {
+                provider::ALL_CIPHER_SUITES
+                    .iter()
+                    .any(|s| s.suite() == *c && s.version() == &rustls::version::TLS13)
+            });
+        let usable = |k: &CertifiedKey| {
+            k.key.choose_scheme(schemes).is_some()
+                && (tls13
+                    || self.tls12.iter().any(|s| {
+                        offered.contains(&s.suite())
+                            && s.usable_for_signature_algorithm(k.key.algorithm())
+                    }))
+        };
+        self.pairs
             .iter()
-            .find(|k| k.key.choose_scheme(schemes).is_some())
-            .or_else(|| self.0.first())
+            .find(|k| usable(k))
+            .or_else(|| self.pairs.first())
             .cloned()
     }
 }
