@@ -50,6 +50,7 @@ mod stream;
 mod sub_filter;
 mod subrequest;
 mod tls;
+mod tls_client_cert;
 mod upgrade;
 mod upstream_balance;
 mod userid;
