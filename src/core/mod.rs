@@ -7,6 +7,7 @@ pub mod log;
 pub mod master;
 pub mod modules;
 pub mod park;
+pub mod regex;
 pub mod sock;
 pub mod upgrade;
 pub mod user;

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use regex::bytes::Regex;
+use crate::core::regex::Regex;
 
 use crate::config::registry::{
     self, arg, ctx, flag, msec_arg, set_once, size_arg, Args, Setter, Spec,
@@ -282,7 +282,7 @@ pub struct Found<'a> {
     pub loc: &'a Location,
     /// Byte ranges of regex captures in the URI, `$0` first.
     pub captures: Vec<Option<(usize, usize)>>,
-    pub capture_names: Vec<Option<String>>,
+    pub capture_names: &'a [Option<String>],
 }
 
 impl Locations {
@@ -303,7 +303,7 @@ impl Locations {
                         Found {
                             loc: l,
                             captures: Vec::new(),
-                            capture_names: Vec::new(),
+                            capture_names: &[],
                         },
                         true,
                     ));
@@ -326,7 +326,7 @@ impl Locations {
                     Found {
                         loc: b,
                         captures: Vec::new(),
-                        capture_names: Vec::new(),
+                        capture_names: &[],
                     },
                     true,
                 ));
@@ -350,7 +350,7 @@ impl Locations {
                 Found {
                     loc: b,
                     captures: Vec::new(),
-                    capture_names: Vec::new(),
+                    capture_names: &[],
                 },
                 false,
             )
@@ -360,11 +360,8 @@ impl Locations {
     fn find_regex<'a>(&'a self, uri: &[u8]) -> Option<Found<'a>> {
         for l in &self.regexes {
             if let LocMatch::Regex { re, .. } = &l.m {
-                if let Some(c) = re.captures(uri) {
-                    let captures = (0..c.len())
-                        .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                        .collect();
-                    let capture_names = re.capture_names().map(|n| n.map(str::to_string)).collect();
+                if let Some(captures) = re.captures(uri) {
+                    let capture_names = re.capture_names();
                     // Nested locations of a regex location are searched too.
                     if let Some((f, _)) = l.nested.find_inner(uri) {
                         return Some(f);
@@ -814,7 +811,7 @@ fn compile_location(
     }
     if let LocMatch::Regex { re, .. } = &m {
         // Named captures become variables, as with PCRE in nginx.
-        for name in re.capture_names().flatten() {
+        for name in re.names() {
             cx.vars.define(name);
         }
     }
@@ -872,23 +869,7 @@ fn compile_location(
 }
 
 fn location_regex(d: &Directive, r: &str, caseless: bool) -> ConfResult<Regex> {
-    regex::bytes::RegexBuilder::new(r)
-        .case_insensitive(caseless)
-        .build()
-        .map_err(|e| {
-            ConfError::at(
-                format!(
-                    "pcre2_compile() failed: {} in \"{}\"",
-                    first_line(&e.to_string()),
-                    r
-                ),
-                d,
-            )
-        })
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().last().unwrap_or(s).trim()
+    Regex::compile(d, r, caseless)
 }
 
 type Grouped = (Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>);
@@ -1122,16 +1103,13 @@ fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResu
             s.primary_name = Some(n.to_string());
         }
         let entry = if let Some(r) = n.strip_prefix('~') {
-            ServerName::Regex(Regex::new(r).map_err(|e| {
-                ConfError::at(
-                    format!(
-                        "pcre2_compile() failed: {} in \"{}\"",
-                        first_line(&e.to_string()),
-                        r
-                    ),
-                    d,
-                )
-            })?)
+            // nginx compiles a name caseless when it has an uppercase letter
+            // (hosts are compared lowercased).
+            ServerName::Regex(Regex::compile(
+                d,
+                r,
+                r.bytes().any(|b| b.is_ascii_uppercase()),
+            )?)
         } else if let Some(rest) = n.strip_prefix("*.") {
             ServerName::Leading {
                 suffix: format!(".{}", rest.to_ascii_lowercase()),

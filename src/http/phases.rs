@@ -505,7 +505,7 @@ fn find_location(cx: &mut Ctx<'_>) {
         Some(f) => {
             cx.loc = f.loc.conf.clone();
             if !f.captures.is_empty() {
-                set_named_captures(cx, &f.capture_names, &f.captures, &cx.uri.clone());
+                set_named_captures(cx, f.capture_names, &f.captures, &cx.uri.clone());
                 cx.captures = f.captures;
                 cx.capture_src = cx.uri.to_vec();
             }

@@ -27,6 +27,7 @@ mod map;
 mod next_upstream;
 mod open_file_cache;
 mod origin;
+mod pcre;
 mod proxy;
 mod proxy_body;
 mod proxy_cache_stale;

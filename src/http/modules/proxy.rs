@@ -494,7 +494,7 @@ pub enum StoreTo {
 #[derive(Debug, Clone)]
 pub enum CookieMatch {
     Text(Template),
-    Regex(regex::bytes::Regex),
+    Regex(crate::core::regex::Regex),
 }
 
 #[derive(Debug, Clone)]
@@ -788,10 +788,7 @@ fn cookie_match(
             Some(r) => (r, true),
             None => (r, false),
         };
-        let re = regex::bytes::RegexBuilder::new(r)
-            .case_insensitive(caseless)
-            .build()
-            .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
+        let re = crate::core::regex::Regex::compile(d, r, caseless)?;
         return Ok(CookieMatch::Regex(re));
     }
     let a = if domain {
@@ -4133,9 +4130,7 @@ fn cookie_matches(cx: &mut Ctx<'_>, m: &CookieMatch, v: &[u8]) -> bool {
         CookieMatch::Text(t) => t.render_vec(&*cx).eq_ignore_ascii_case(v),
         CookieMatch::Regex(re) => match re.captures(v) {
             Some(c) => {
-                cx.captures = (0..c.len())
-                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                    .collect();
+                cx.captures = c;
                 cx.capture_src = v.to_vec();
                 true
             }

@@ -20,12 +20,11 @@
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use regex::bytes::Regex;
-
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
+use crate::core::regex::Regex;
 use crate::http::conf::LocConf;
 use crate::http::phases::{Ctx, Step};
 use crate::http::response::{Body, Response};
@@ -200,7 +199,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                     }
                     continue;
                 };
-                record_captures(cx, re, &c, &uri);
+                record_captures(cx, re, c, &uri);
                 if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
                     cx.log(
                         Level::Notice,
@@ -292,7 +291,7 @@ async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
             match re.captures(&v) {
                 Some(c) => {
                     if !negate {
-                        record_captures(cx, re, &c, &v);
+                        record_captures(cx, re, c, &v);
                     }
                     !negate
                 }
@@ -504,26 +503,21 @@ flag_setter!(set_port_in_redirect, port_in_redirect);
 flag_setter!(set_server_name_in_redirect, server_name_in_redirect);
 
 fn compile_regex(d: &Directive, r: &str, caseless: bool, cx: &mut Compiler) -> ConfResult<Regex> {
-    let re = regex::bytes::RegexBuilder::new(r)
-        .case_insensitive(caseless)
-        .build()
-        .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
+    let re = Regex::compile(d, r, caseless)?;
     // Named captures become variables, as with PCRE in nginx.
-    for name in re.capture_names().flatten() {
+    for name in re.names() {
         cx.vars.define(name);
     }
     Ok(re)
 }
 
 /// Records a regex match: numbered captures for `$1`.., named ones in their variables.
-fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: &regex::bytes::Captures<'_>, src: &[u8]) {
-    cx.captures = (0..c.len())
-        .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-        .collect();
+fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: Vec<Option<(usize, usize)>>, src: &[u8]) {
+    cx.captures = c;
     cx.capture_src = src.to_vec();
-    let names: Vec<Option<String>> = re.capture_names().map(|n| n.map(str::to_string)).collect();
-    let caps = cx.captures.clone();
-    crate::http::phases::set_named_captures(cx, &names, &caps, src);
+    let caps = std::mem::take(&mut cx.captures);
+    crate::http::phases::set_named_captures(cx, re.capture_names(), &caps, src);
+    cx.captures = caps;
 }
 
 /// Parses an `if (...)` condition from the directive's arguments.
