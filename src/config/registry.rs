@@ -148,6 +148,12 @@ pub fn size_arg(d: &Directive, i: usize) -> ConfResult<u64> {
     super::value::size(arg(d, i)).ok_or_else(|| slot_invalid(d))
 }
 
+/// Argument `i` as nginx's off_t slot (`client_max_body_size`, ...):
+/// a size that also takes `g`/`G`.
+pub fn offset_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    super::value::offset(arg(d, i)).ok_or_else(|| slot_invalid(d))
+}
+
 /// Argument `i` as nginx's msec slot (a time in milliseconds).
 pub fn msec_arg(d: &Directive, i: usize) -> ConfResult<u64> {
     super::value::time_ms(arg(d, i)).ok_or_else(|| slot_invalid(d))

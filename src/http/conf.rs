@@ -1191,7 +1191,11 @@ loc_msec!(set_send_timeout, send_timeout);
 loc_msec!(set_client_body_timeout, client_body_timeout);
 loc_msec!(set_lingering_time, lingering_time);
 loc_msec!(set_lingering_timeout, lingering_timeout);
-loc_size!(set_client_max_body_size, client_max_body_size);
+// An off_t slot in nginx: `8G` is valid here (not in size slots).
+fn set_client_max_body_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::config::registry::offset_arg(d, 0)?;
+    set_once(&mut l.core.client_max_body_size, v, d)
+}
 loc_size!(set_client_body_buffer_size, client_body_buffer_size);
 
 fn set_client_header_timeout(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {

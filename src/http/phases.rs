@@ -711,6 +711,25 @@ fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
     }
 }
 
+impl Ctx<'_> {
+    /// `$request_id`: drawn on first use, then the same for the request
+    /// (nginx caches it in the request's variables).
+    fn request_id(&self) -> [u8; 32] {
+        const KEY: &str = "request_id";
+        let mut memo = self.memo.borrow_mut();
+        if let Some(id) = memo
+            .iter()
+            .find(|(k, _)| *k == KEY)
+            .and_then(|(_, v)| v.downcast_ref::<[u8; 32]>())
+        {
+            return *id;
+        }
+        let id = crate::core::random_hex16();
+        memo.push((KEY, Box::new(id)));
+        id
+    }
+}
+
 impl VarCtx for Ctx<'_> {
     fn var(&self, v: &Var, out: &mut Vec<u8>) -> bool {
         let r = self.req;
@@ -810,6 +829,13 @@ impl VarCtx for Ctx<'_> {
             },
             Var::Connection => response::push_num(out, self.conn.id),
             Var::ConnectionRequests => response::push_num(out, self.conn.requests),
+            Var::ConnectionTime => {
+                let e = self.conn.started.elapsed();
+                out.extend_from_slice(
+                    format!("{}.{:03}", e.as_secs(), e.subsec_millis()).as_bytes(),
+                );
+            }
+            Var::RequestId => out.extend_from_slice(&self.request_id()),
             Var::Pid => response::push_num(out, std::process::id() as u64),
             Var::NginxVersion => out.extend_from_slice(response::NGINX_VERSION.as_bytes()),
             Var::TernVersion => out.extend_from_slice(response::VERSION.as_bytes()),

@@ -11,6 +11,7 @@ mod autoindex;
 mod cache_status_line;
 mod charset;
 mod client_abort;
+mod conf_semantics;
 mod core_directives;
 mod core_msie_chunked;
 mod differential;
