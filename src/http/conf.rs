@@ -266,6 +266,10 @@ pub struct Location {
     pub m: LocMatch,
     pub conf: Arc<LocConf>,
     pub nested: Locations,
+    /// nginx's `auto_redirect`: a prefix or exact name ending in `/` whose
+    /// own content handler is proxy_pass or fastcgi_pass; the name without
+    /// its slash is answered with a 301 to the name.
+    pub auto_redirect: bool,
 }
 
 /// The locations of one level, in lookup order.
@@ -283,6 +287,9 @@ pub struct Found<'a> {
     /// Byte ranges of regex captures in the URI, `$0` first.
     pub captures: Vec<Option<(usize, usize)>>,
     pub capture_names: &'a [Option<String>],
+    /// The request is the name of an `auto_redirect` location without its
+    /// trailing slash: answer 301 to the name.
+    pub auto_redirect: bool,
 }
 
 impl Locations {
@@ -304,6 +311,7 @@ impl Locations {
                             loc: l,
                             captures: Vec::new(),
                             capture_names: &[],
+                            auto_redirect: false,
                         },
                         true,
                     ));
@@ -320,6 +328,35 @@ impl Locations {
                 _ => {}
             }
         }
+        // nginx's auto_redirect: "/a" when "/a/" proxies (and no location
+        // is named "/a") is a 301 to "/a/", ahead of regexes and of a
+        // shorter prefix.
+        let best_len = best.map_or(0, |b| match &b.m {
+            LocMatch::Prefix { prefix, .. } => prefix.len(),
+            _ => 0,
+        });
+        if best_len < uri.len() {
+            let hit = self.statics.iter().find(|l| {
+                l.auto_redirect
+                    && match &l.m {
+                        LocMatch::Prefix { prefix: n, .. } | LocMatch::Exact(n) => {
+                            n.len() == uri.len() + 1 && n.starts_with(uri)
+                        }
+                        _ => false,
+                    }
+            });
+            if let Some(l) = hit {
+                return Some((
+                    Found {
+                        loc: l,
+                        captures: Vec::new(),
+                        capture_names: &[],
+                        auto_redirect: true,
+                    },
+                    true,
+                ));
+            }
+        }
         if let Some(b) = best {
             if let LocMatch::Prefix { no_regex: true, .. } = b.m {
                 return Some((
@@ -327,6 +364,7 @@ impl Locations {
                         loc: b,
                         captures: Vec::new(),
                         capture_names: &[],
+                        auto_redirect: false,
                     },
                     true,
                 ));
@@ -351,6 +389,7 @@ impl Locations {
                     loc: b,
                     captures: Vec::new(),
                     capture_names: &[],
+                    auto_redirect: false,
                 },
                 false,
             )
@@ -370,6 +409,7 @@ impl Locations {
                         loc: l,
                         captures,
                         capture_names,
+                        auto_redirect: false,
                     });
                 }
             }
@@ -861,10 +901,16 @@ fn compile_location(
         add_location(&mut nested, &mut named, l, nd)?;
     }
     sort_statics(&mut nested);
+    let auto_redirect = (own_pass || own_fastcgi_pass)
+        && match &m {
+            LocMatch::Prefix { prefix: n, .. } | LocMatch::Exact(n) => n.ends_with(b"/"),
+            _ => false,
+        };
     Ok(Location {
         m,
         conf: loc,
         nested,
+        auto_redirect,
     })
 }
 
@@ -1096,20 +1142,26 @@ fn set_listen(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
     Ok(())
 }
 
-fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+fn set_server_name(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     for a in &d.args {
         let n = a.value.as_str();
         if s.primary_name.is_none() {
-            s.primary_name = Some(n.to_string());
+            // `.example.com` names the server `example.com` ($server_name).
+            let primary = match n.strip_prefix('.') {
+                Some(rest) if !rest.is_empty() => rest,
+                _ => n,
+            };
+            s.primary_name = Some(primary.to_string());
         }
         let entry = if let Some(r) = n.strip_prefix('~') {
             // nginx compiles a name caseless when it has an uppercase letter
             // (hosts are compared lowercased).
-            ServerName::Regex(Regex::compile(
-                d,
-                r,
-                r.bytes().any(|b| b.is_ascii_uppercase()),
-            )?)
+            let re = Regex::compile(d, r, r.bytes().any(|b| b.is_ascii_uppercase()))?;
+            // Named captures become variables, as with PCRE in nginx.
+            for name in re.names() {
+                cx.vars.define(name);
+            }
+            ServerName::Regex(re)
         } else if let Some(rest) = n.strip_prefix("*.") {
             ServerName::Leading {
                 suffix: format!(".{}", rest.to_ascii_lowercase()),

@@ -287,11 +287,32 @@ pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
             .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
             .cloned()
             .collect();
+        // So does a redirect's Location, unless the target redirects
+        // anew (nginx clears the old one then).
+        let old_location = resp.location.take();
+        let old_location_hdr: Vec<_> = resp
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("location"))
+            .cloned()
+            .collect();
         let r2 = run_phases(cx, entry).await;
+        // A target that ends in an error or a redirect of its own (return,
+        // rewrite, a directory or auto redirect) gives the status: nginx's
+        // special response handler sets `err_status` anew.
         let target_failed =
-            r2.status >= 400 && matches!(r2.body, crate::http::response::Body::Empty);
+            r2.status >= 300 && matches!(r2.body, crate::http::response::Body::Empty);
         resp = r2;
         resp.headers.splice(0..0, challenge);
+        let redirects = resp.location.is_some()
+            || resp
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("location"));
+        if !redirects {
+            resp.location = old_location;
+            resp.headers.extend(old_location_hdr);
+        }
         if !target_failed {
             resp.status = match page.overwrite {
                 Overwrite::Keep => orig,
@@ -367,6 +388,39 @@ fn refresh_target(cx: &Ctx<'_>, resp: &Response) -> Option<Vec<u8>> {
     resp.header("Location").map(<[u8]>::to_vec)
 }
 
+/// The captures of the `server_name` regex that chose the server, as
+/// variables and `$1`..: nginx sets them while it selects the server; the
+/// engine's selection only says which server, so the match is made again
+/// here, for servers with regex names only, unless the host is one of
+/// the server's other names.
+fn server_name_captures(cx: &mut Ctx<'_>) {
+    use crate::http::conf::ServerName;
+    let server = cx.server.clone();
+    let names = &server.srv.names;
+    if !names.iter().any(|n| matches!(n, ServerName::Regex(_))) {
+        return;
+    }
+    let Some(host) = cx.req.host() else { return };
+    let host = host.strip_suffix(b".").unwrap_or(host).to_ascii_lowercase();
+    let lower = std::str::from_utf8(&host).unwrap_or("");
+    if names
+        .iter()
+        .any(|n| !matches!(n, ServerName::Regex(_)) && n.matches(lower))
+    {
+        return;
+    }
+    for n in names {
+        if let ServerName::Regex(re) = n {
+            if let Some(c) = re.captures(&host) {
+                set_named_captures(cx, re.capture_names(), &c, &host);
+                cx.captures = c;
+                cx.capture_src = host;
+                return;
+            }
+        }
+    }
+}
+
 /// Where phase processing starts.
 enum Entry {
     /// Server rewrite, then location lookup.
@@ -381,6 +435,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
     let mut named = None;
     match entry {
         Entry::Start => {
+            server_name_captures(cx);
             modules::realip::apply(cx, true);
             let srv_conf = cx.server.conf.clone();
             match rewrite::run(cx, &srv_conf.modules.rewrite.ops).await {
@@ -402,8 +457,8 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
                 );
                 return Response::status(500);
             }
-        } else {
-            find_location(cx);
+        } else if let Some(r) = find_location(cx) {
+            return r;
         }
         // nginx checks the body size when it picks the location, before
         // the location's rewrite phase.
@@ -500,8 +555,28 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
     }
 }
 
-fn find_location(cx: &mut Ctx<'_>) {
+/// Finds the location for `cx.uri`; a response when the lookup answers
+/// by itself (nginx's `auto_redirect`).
+fn find_location(cx: &mut Ctx<'_>) -> Option<Response> {
     match cx.server.locations.find(&cx.uri) {
+        Some(f) if f.auto_redirect => {
+            cx.loc = f.loc.conf.clone();
+            let name = match &f.loc.m {
+                crate::http::conf::LocMatch::Prefix { prefix: n, .. }
+                | crate::http::conf::LocMatch::Exact(n) => n.as_slice(),
+                _ => b"/",
+            };
+            // As nginx: the location's escaped name, then the arguments.
+            let mut target = Vec::new();
+            crate::http::uri::escape_uri(name, &mut target);
+            if let Some(a) = &cx.args {
+                target.push(b'?');
+                target.extend_from_slice(a);
+            }
+            let mut r = Response::status(301);
+            r.location = Some(rewrite::absolute_location(cx, target));
+            return Some(r);
+        }
         Some(f) => {
             cx.loc = f.loc.conf.clone();
             if !f.captures.is_empty() {
@@ -523,6 +598,7 @@ fn find_location(cx: &mut Ctx<'_>) {
     }
     crate::http::modules::access::limit_except(cx);
     cx.alias = matches!(cx.loc.core.root, Some((_, true)));
+    None
 }
 
 /// Stores named regex captures in their variables.

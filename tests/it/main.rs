@@ -41,6 +41,7 @@ mod proxy_websocket;
 mod random_index;
 mod referer;
 mod request_line;
+mod routing_nginx;
 mod runtime;
 mod secure_link;
 mod seeds;

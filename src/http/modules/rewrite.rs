@@ -213,6 +213,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                 let mut target = to.render_vec(&*cx);
                 let external = target.starts_with(b"http://") || target.starts_with(b"https://");
                 if external || matches!(flag, Flag::Redirect | Flag::Permanent) {
+                    unescape_redirect(&mut target);
                     // Redirects keep the original args (after the replacement's
                     // own), unless the replacement ends with "?".
                     if target.ends_with(b"?") {
@@ -310,7 +311,8 @@ async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
                 (b'f', Ok(m)) => !m.is_dir,
                 (b'd', Ok(m)) => m.is_dir,
                 (b'e', Ok(_)) => true,
-                (b'x', Ok(m)) => m.mode & 0o111 != 0 && !m.is_dir,
+                // nginx's ngx_is_exec: the owner's x bit, directories too.
+                (b'x', Ok(m)) => m.mode & 0o100 != 0,
                 _ => false,
             };
             r != *negate
@@ -326,6 +328,14 @@ pub fn ret(cx: &Ctx<'_>, code: u16, text: Option<&Template>) -> Response {
         return r;
     }
     let mut r = Response::status(code);
+    if text.is_none() && (200..300).contains(&code) && code != 204 {
+        // nginx sends the empty text as a body (typed, `Content-Length:
+        // 0`); as the target of an error page, that empty body goes out
+        // under the error's status, without the error's page.
+        r.content_type = Some(super::static_file::content_type(cx, &cx.uri));
+        r.content_length = Some(0);
+        r.body = Body::Bytes(Vec::new());
+    }
     if let Some(t) = text {
         let v = t.render_vec(cx);
         if matches!(code, 301 | 302 | 303 | 307 | 308) {
@@ -509,6 +519,58 @@ fn compile_regex(d: &Directive, r: &str, caseless: bool, cx: &mut Compiler) -> C
         cx.vars.define(name);
     }
     Ok(re)
+}
+
+/// nginx unescapes a rewrite's redirect target (`NGX_UNESCAPE_REDIRECT`)
+/// up to its first literal `?`: `%XX` becomes the byte when that is
+/// printable and above `%` (so `%0D%0A`, `%20` and `%25` stay escaped).
+/// A `%` not followed by two hex digits is dropped with the digits read so
+/// far, as nginx's state machine does.
+fn unescape_redirect(t: &mut Vec<u8>) {
+    fn hex(c: u8) -> Option<u8> {
+        (c as char).to_digit(16).map(|d| d as u8)
+    }
+    let end = t.iter().position(|&b| b == b'?').unwrap_or(t.len());
+    if !t[..end].contains(&b'%') {
+        return;
+    }
+    let mut out = Vec::with_capacity(t.len());
+    let mut i = 0;
+    while i < end {
+        let b = t[i];
+        if b != b'%' {
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        match (
+            t.get(i + 1).filter(|_| i + 1 < end),
+            t.get(i + 2).filter(|_| i + 2 < end),
+        ) {
+            (Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                let c = (hex(h).unwrap_or(0) << 4) | hex(l).unwrap_or(0);
+                if c > b'%' && c < 0x7f {
+                    out.push(c);
+                } else {
+                    out.extend_from_slice(&t[i..i + 3]);
+                }
+                i += 3;
+            }
+            // "%" then a non-hex byte: both go, the byte is kept.
+            (Some(&h), _) if hex(h).is_none() => {
+                out.push(h);
+                i += 2;
+            }
+            // "%H" then a non-hex byte: "%H" goes, the byte is kept.
+            (Some(_), Some(&l)) => {
+                out.push(l);
+                i += 3;
+            }
+            _ => i = end,
+        }
+    }
+    out.extend_from_slice(&t[end..]);
+    *t = out;
 }
 
 /// Records a regex match: numbered captures for `$1`.., named ones in their variables.
@@ -701,4 +763,32 @@ pub fn limit_rate_override(cx: &Ctx<'_>) -> Option<u64> {
     cx.note(LIMIT_RATE)
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_redirect;
+
+    fn un(s: &str) -> String {
+        let mut v = s.as_bytes().to_vec();
+        unescape_redirect(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    }
+
+    #[test]
+    fn redirect_unescaping_as_nginx() {
+        assert_eq!(
+            un("http%3A%2F%2Fexample.com%2F%3Ffrom"),
+            "http://example.com/?from"
+        );
+        assert_eq!(
+            un("http%3A%2F%2Fexample.com%0D%0Asplit"),
+            "http://example.com%0D%0Asplit"
+        );
+        assert_eq!(un("/a%20b%25c"), "/a%20b%25c");
+        assert_eq!(un("/a?b=%2F"), "/a?b=%2F");
+        assert_eq!(un("/a%zz"), "/azz");
+        assert_eq!(un("/a%2zb"), "/azb");
+        assert_eq!(un("/a%2"), "/a");
+    }
 }
