@@ -155,6 +155,12 @@ pub enum Lingering {
 pub struct CoreLoc {
     /// `root` (false) or `alias` (true) with its template.
     pub root: Option<(Template, bool)>,
+    /// With `alias`: the length of the name of the location that set it
+    /// (nginx's `clcf->alias`, inherited by nested locations), the part
+    /// of a URI the alias replaces; `usize::MAX` when that location is a
+    /// regex (the alias is the whole path, and try_files appends the
+    /// whole name to it).
+    pub alias_len: Option<usize>,
     pub default_type: Option<String>,
     pub types: Option<Arc<HashMap<String, String>>>,
     pub sendfile: Option<bool>,
@@ -195,7 +201,7 @@ pub struct CoreLoc {
 
 impl CoreLoc {
     fn merge(&mut self, p: &CoreLoc) {
-        merge_opts!(self, p; root, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
+        merge_opts!(self, p; root, alias_len, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
             keepalive, keepalive_requests, keepalive_time, limit_rate, limit_rate_after,
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
@@ -867,6 +873,12 @@ fn compile_location(
     }
     if matches!(m, LocMatch::Regex { .. } | LocMatch::Named(_)) {
         crate::http::modules::proxy::check_no_uri_part(&loc, d.block.as_deref().unwrap_or(&[]))?;
+    }
+    if matches!(loc.core.root, Some((_, true))) {
+        loc.core.alias_len = Some(match &m {
+            LocMatch::Prefix { prefix: n, .. } | LocMatch::Exact(n) => n.len(),
+            _ => usize::MAX,
+        });
     }
     let own_error_log = loc.core.error_log.is_some();
     let own_pass = loc.modules.proxy.pass.is_some();

@@ -81,6 +81,9 @@ pub struct Ctx<'a> {
     pub remote: Option<std::net::SocketAddr>,
     /// The realip module has had its one chance.
     pub realip_done: bool,
+    /// try_files found a file under an alias set in a regex location: the
+    /// file is the alias plus the URI (nginx's `r->add_uri_to_alias`).
+    pub add_uri_to_alias: bool,
     /// State a module computes once per request where it only has `&Ctx`
     /// (a variable's evaluation), by module name (userid's identifier).
     pub memo: RefCell<Vec<(&'static str, Box<dyn std::any::Any>)>>,
@@ -179,6 +182,7 @@ impl<'a> Ctx<'a> {
             logging: std::cell::Cell::new(false),
             remote: conn.remote,
             realip_done: false,
+            add_uri_to_alias: false,
             memo: RefCell::new(Vec::new()),
         }
     }
@@ -769,7 +773,11 @@ impl Ctx<'_> {
     pub fn request_filename(&self) -> Vec<u8> {
         let mut p = self.root();
         if self.alias {
-            let rest = self.uri.get(self.loc_prefix_len..).unwrap_or(b"");
+            let n = match self.loc.core.alias_len {
+                Some(usize::MAX) if self.add_uri_to_alias => 0,
+                n => n.unwrap_or(self.loc_prefix_len),
+            };
+            let rest = self.uri.get(n..).unwrap_or(b"");
             p.extend_from_slice(rest);
         } else {
             p.extend_from_slice(&self.uri);

@@ -3,7 +3,8 @@
 //! an error page's target decides (its own redirect or error), `return
 //! 200` with no text, an absolute `index` (a redirect loop is a 500),
 //! `if (-x dir)`, `server_name` regex captures and `.name` primary names,
-//! and the unescaping of a rewrite's redirect target.
+//! the unescaping of a rewrite's redirect target, captures escaped in a
+//! rewrite's arguments, and try_files under an alias (regex or nested).
 
 use crate::harness::*;
 
@@ -31,6 +32,12 @@ http {
         location /loop/ { index /loop/; }
         location /exec { if (-x $document_root/dir) { return 204; } return 200 "not x\n"; }
         location /unescape { rewrite ^ $arg_r? redirect; }
+        location /capturedup { rewrite ^(.*) $1?c=$1; return 200 "uri:$uri args:$args\n"; }
+        location ~ /alias-re.html { alias html/dir; try_files $uri =404; }
+        location /alias-nested/ {
+            alias html/;
+            location ~ html { try_files $uri =404; }
+        }
     }
     server {
         listen 127.0.0.1:@PORT@;
@@ -47,6 +54,8 @@ http {
 
 fn files(p: &Prefix) {
     p.write("html/dir/index.html", "dir index\n");
+    p.write("html/dir/alias-re.html", "alias re\n");
+    p.write("html/found.html", "found\n");
 }
 
 fn corpus() -> Vec<String> {
@@ -66,6 +75,9 @@ fn corpus() -> Vec<String> {
         "/exec",
         "/unescape?r=http%3A%2F%2Fexample.com%2F%3Ffrom",
         "/unescape?r=http%3A%2F%2Fexample.com%0D%0Asplit",
+        "/capturedup/%25?a=b",
+        "/alias-re.html",
+        "/alias-nested/found.html",
     ] {
         reqs.push(format!("GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n", uri));
     }
@@ -163,6 +175,15 @@ fn routing_answers() {
         )
         .header("Location"),
         Some("http://example.com/?from")
+    );
+    assert_eq!(
+        get("/capturedup/%25?a=b", "localhost").body_str(),
+        "uri:/capturedup/% args:c=/capturedup/%25&a=b\n"
+    );
+    assert_eq!(get("/alias-re.html", "localhost").body_str(), "alias re\n");
+    assert_eq!(
+        get("/alias-nested/found.html", "localhost").body_str(),
+        "found\n"
     );
     assert_eq!(get("/", "abc.rx.test").body_str(), "sub=abc 1=abc\n");
     assert_eq!(get("/", "www.dot.test").body_str(), "name=dot.test\n");

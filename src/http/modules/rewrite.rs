@@ -28,7 +28,7 @@ use crate::core::regex::Regex;
 use crate::http::conf::LocConf;
 use crate::http::phases::{Ctx, Step};
 use crate::http::response::{Body, Response};
-use crate::http::vars::Template;
+use crate::http::vars::{Part, Template, Var, VarCtx};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flag {
@@ -210,7 +210,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                         ),
                     );
                 }
-                let mut target = to.render_vec(&*cx);
+                let mut target = render_replacement(cx, to);
                 let external = target.starts_with(b"http://") || target.starts_with(b"https://");
                 if external || matches!(flag, Flag::Redirect | Flag::Permanent) {
                     unescape_redirect(&mut target);
@@ -519,6 +519,50 @@ fn compile_regex(d: &Directive, r: &str, caseless: bool, cx: &mut Compiler) -> C
         cx.vars.define(name);
     }
     Ok(re)
+}
+
+/// A rewrite's replacement. When the request's path came escaped (`%`) or
+/// with `+` (nginx's `quoted_uri`, `plus_in_uri`), a capture copied into
+/// the arguments part (after a literal `?`) is escaped as nginx's
+/// `NGX_ESCAPE_ARGS` does, since the captures hold the unescaped URI.
+fn render_replacement(cx: &Ctx<'_>, to: &Template) -> Vec<u8> {
+    let raw = cx.req.raw_uri();
+    let path = raw.split(|&b| b == b'?').next().unwrap_or(b"");
+    if !path.iter().any(|&b| b == b'%' || b == b'+') {
+        return to.render_vec(cx);
+    }
+    let mut out = Vec::new();
+    let mut in_args = false;
+    for p in &to.parts {
+        match p {
+            Part::Lit(l) => {
+                in_args |= l.contains(&b'?');
+                out.extend_from_slice(l);
+            }
+            Part::Var(v @ Var::Capture(_)) if in_args => {
+                let mut cap = Vec::new();
+                cx.var(v, &mut cap);
+                escape_args(&cap, &mut out);
+            }
+            Part::Var(v) => {
+                cx.var(v, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// nginx's `NGX_ESCAPE_ARGS`: controls, space, `#`, `%`, `&`, `+`, `;`,
+/// `?` and non-ASCII bytes, upper-case hex.
+fn escape_args(s: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in s {
+        if !(0x21..0x7f).contains(&b) || matches!(b, b'#' | b'%' | b'&' | b'+' | b';' | b'?') {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        } else {
+            out.push(b);
+        }
+    }
 }
 
 /// nginx unescapes a rewrite's redirect target (`NGX_UNESCAPE_REDIRECT`)
