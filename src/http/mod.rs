@@ -11,5 +11,6 @@ pub mod response;
 pub mod status;
 pub mod subrequest;
 pub mod tunnel;
+pub mod upstream;
 pub mod uri;
 pub mod vars;

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use crate::core::log::Level;
 use crate::http::conf::LocConf;
 use crate::http::conn::Stream;
-use crate::http::modules::upstream::Lease;
+use crate::http::upstream::peers::Lease;
 use crate::tls::client::UpStream;
 
 /// The upstream side of an upgrade, handed from the proxy to the connection.
