@@ -9,6 +9,7 @@ pub mod modules;
 pub mod park;
 pub mod regex;
 pub mod sock;
+pub mod stream;
 pub mod upgrade;
 pub mod user;
 pub mod worker;
