@@ -132,18 +132,6 @@ pub fn invalid_value(d: &Directive, v: &str) -> ConfError {
     )
 }
 
-/// A regular expression the `regex` crate refused, worded as nginx's PCRE
-/// failure: `pcre2_compile() failed: REASON in "PATTERN"` (the reason is
-/// the crate's last message line).
-pub fn regex_failed(d: &Directive, pattern: &str, err: &regex::Error) -> ConfError {
-    let msg = err.to_string();
-    let last = msg.lines().last().unwrap_or("").trim();
-    ConfError::at(
-        format!("pcre2_compile() failed: {} in \"{}\"", last, pattern),
-        d,
-    )
-}
-
 /// `"X" directive invalid value`: nginx's wording when a generic size,
 /// time or buffer argument does not parse.
 pub fn slot_invalid(d: &Directive) -> ConfError {
@@ -158,6 +146,12 @@ pub fn slot_invalid_number(d: &Directive) -> ConfError {
 /// Argument `i` as nginx's size slot (`k`/`m`/`g`), or its error.
 pub fn size_arg(d: &Directive, i: usize) -> ConfResult<u64> {
     super::value::size(arg(d, i)).ok_or_else(|| slot_invalid(d))
+}
+
+/// Argument `i` as nginx's off_t slot (`client_max_body_size`, ...):
+/// a size that also takes `g`/`G`.
+pub fn offset_arg(d: &Directive, i: usize) -> ConfResult<u64> {
+    super::value::offset(arg(d, i)).ok_or_else(|| slot_invalid(d))
 }
 
 /// Argument `i` as nginx's msec slot (a time in milliseconds).

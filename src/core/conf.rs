@@ -91,7 +91,11 @@ pub struct Compiler {
 impl Compiler {
     /// Compiles a string with `$var`s into a template, in nginx's wording on error.
     pub fn template(&mut self, s: &str, d: &Directive) -> ConfResult<crate::http::vars::Template> {
-        crate::http::vars::Template::compile(s, &mut self.vars).map_err(|m| ConfError::at(m, d))
+        let before = self.vars.len();
+        let t = crate::http::vars::Template::compile(s, &mut self.vars)
+            .map_err(|m| ConfError::at(m, d))?;
+        self.vars.mentioned_since(before, d);
+        Ok(t)
     }
 }
 

@@ -8,11 +8,37 @@ pub mod log;
 pub mod master;
 pub mod modules;
 pub mod park;
+pub mod regex;
 pub mod sock;
 pub mod stream;
 pub mod upgrade;
 pub mod user;
 pub mod worker;
+
+/// 16 bytes from the system's CSPRNG as 32 lowercase hex digits (nginx's
+/// `$request_id`, which it takes from OpenSSL's `RAND_bytes`).
+pub fn random_hex16() -> [u8; 32] {
+    use ring::rand::SecureRandom;
+    let mut raw = [0u8; 16];
+    if ring::rand::SystemRandom::new().fill(&mut raw).is_err() {
+        // No system randomness (nginx then falls back to ngx_random too):
+        // time and a counter still make it unique.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        raw[..8].copy_from_slice(&t.to_ne_bytes());
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        raw[8..].copy_from_slice(&n.to_ne_bytes());
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, b) in raw.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 15)];
+    }
+    out
+}
 
 /// `strerror` text for an errno, as nginx prints it.
 pub fn strerror(errno: i32) -> String {

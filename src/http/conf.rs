@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use regex::bytes::Regex;
+use crate::core::regex::Regex;
 
 use crate::config::registry::{
     self, arg, ctx, flag, msec_arg, set_once, size_arg, Args, Setter, Spec,
@@ -155,6 +155,12 @@ pub enum Lingering {
 pub struct CoreLoc {
     /// `root` (false) or `alias` (true) with its template.
     pub root: Option<(Template, bool)>,
+    /// With `alias`: the length of the name of the location that set it
+    /// (nginx's `clcf->alias`, inherited by nested locations), the part
+    /// of a URI the alias replaces; `usize::MAX` when that location is a
+    /// regex (the alias is the whole path, and try_files appends the
+    /// whole name to it).
+    pub alias_len: Option<usize>,
     pub default_type: Option<String>,
     pub types: Option<Arc<HashMap<String, String>>>,
     pub sendfile: Option<bool>,
@@ -195,7 +201,7 @@ pub struct CoreLoc {
 
 impl CoreLoc {
     fn merge(&mut self, p: &CoreLoc) {
-        merge_opts!(self, p; root, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
+        merge_opts!(self, p; root, alias_len, default_type, types, sendfile, tcp_nopush, tcp_nodelay,
             keepalive, keepalive_requests, keepalive_time, limit_rate, limit_rate_after,
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
@@ -271,6 +277,10 @@ pub struct Location {
     pub m: LocMatch,
     pub conf: Arc<LocConf>,
     pub nested: Locations,
+    /// nginx's `auto_redirect`: a prefix or exact name ending in `/` whose
+    /// own content handler is a `*_pass` (proxy, fastcgi); the name without
+    /// its slash is answered with a 301 to the name.
+    pub auto_redirect: bool,
 }
 
 /// The locations of one level, in lookup order.
@@ -287,7 +297,10 @@ pub struct Found<'a> {
     pub loc: &'a Location,
     /// Byte ranges of regex captures in the URI, `$0` first.
     pub captures: Vec<Option<(usize, usize)>>,
-    pub capture_names: Vec<Option<String>>,
+    pub capture_names: &'a [Option<String>],
+    /// The request is the name of an `auto_redirect` location without its
+    /// trailing slash: answer 301 to the name.
+    pub auto_redirect: bool,
 }
 
 impl Locations {
@@ -308,7 +321,8 @@ impl Locations {
                         Found {
                             loc: l,
                             captures: Vec::new(),
-                            capture_names: Vec::new(),
+                            capture_names: &[],
+                            auto_redirect: false,
                         },
                         true,
                     ));
@@ -325,13 +339,43 @@ impl Locations {
                 _ => {}
             }
         }
+        // nginx's auto_redirect: "/a" when "/a/" proxies (and no location
+        // is named "/a") is a 301 to "/a/", ahead of regexes and of a
+        // shorter prefix.
+        let best_len = best.map_or(0, |b| match &b.m {
+            LocMatch::Prefix { prefix, .. } => prefix.len(),
+            _ => 0,
+        });
+        if best_len < uri.len() {
+            let hit = self.statics.iter().find(|l| {
+                l.auto_redirect
+                    && match &l.m {
+                        LocMatch::Prefix { prefix: n, .. } | LocMatch::Exact(n) => {
+                            n.len() == uri.len() + 1 && n.starts_with(uri)
+                        }
+                        _ => false,
+                    }
+            });
+            if let Some(l) = hit {
+                return Some((
+                    Found {
+                        loc: l,
+                        captures: Vec::new(),
+                        capture_names: &[],
+                        auto_redirect: true,
+                    },
+                    true,
+                ));
+            }
+        }
         if let Some(b) = best {
             if let LocMatch::Prefix { no_regex: true, .. } = b.m {
                 return Some((
                     Found {
                         loc: b,
                         captures: Vec::new(),
-                        capture_names: Vec::new(),
+                        capture_names: &[],
+                        auto_redirect: false,
                     },
                     true,
                 ));
@@ -355,7 +399,8 @@ impl Locations {
                 Found {
                     loc: b,
                     captures: Vec::new(),
-                    capture_names: Vec::new(),
+                    capture_names: &[],
+                    auto_redirect: false,
                 },
                 false,
             )
@@ -365,11 +410,8 @@ impl Locations {
     fn find_regex<'a>(&'a self, uri: &[u8]) -> Option<Found<'a>> {
         for l in &self.regexes {
             if let LocMatch::Regex { re, .. } = &l.m {
-                if let Some(c) = re.captures(uri) {
-                    let captures = (0..c.len())
-                        .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                        .collect();
-                    let capture_names = re.capture_names().map(|n| n.map(str::to_string)).collect();
+                if let Some(captures) = re.captures(uri) {
+                    let capture_names = re.capture_names();
                     // Nested locations of a regex location are searched too.
                     if let Some((f, _)) = l.nested.find_inner(uri) {
                         return Some(f);
@@ -378,6 +420,7 @@ impl Locations {
                         loc: l,
                         captures,
                         capture_names,
+                        auto_redirect: false,
                     });
                 }
             }
@@ -819,7 +862,7 @@ fn compile_location(
     }
     if let LocMatch::Regex { re, .. } = &m {
         // Named captures become variables, as with PCRE in nginx.
-        for name in re.capture_names().flatten() {
+        for name in re.names() {
             cx.vars.define(name);
         }
     }
@@ -835,6 +878,12 @@ fn compile_location(
     }
     if matches!(m, LocMatch::Regex { .. } | LocMatch::Named(_)) {
         crate::http::modules::proxy::check_no_uri_part(&loc, d.block.as_deref().unwrap_or(&[]))?;
+    }
+    if matches!(loc.core.root, Some((_, true))) {
+        loc.core.alias_len = Some(match &m {
+            LocMatch::Prefix { prefix: n, .. } | LocMatch::Exact(n) => n.len(),
+            _ => usize::MAX,
+        });
     }
     let own_error_log = loc.core.error_log.is_some();
     let own_content = loc.content.is_some();
@@ -866,31 +915,22 @@ fn compile_location(
         add_location(&mut nested, &mut named, l, nd)?;
     }
     sort_statics(&mut nested);
+    // Every `*_pass` sets nginx's auto_redirect (the content handler).
+    let auto_redirect = own_content
+        && match &m {
+            LocMatch::Prefix { prefix: n, .. } | LocMatch::Exact(n) => n.ends_with(b"/"),
+            _ => false,
+        };
     Ok(Location {
         m,
         conf: loc,
         nested,
+        auto_redirect,
     })
 }
 
 fn location_regex(d: &Directive, r: &str, caseless: bool) -> ConfResult<Regex> {
-    regex::bytes::RegexBuilder::new(r)
-        .case_insensitive(caseless)
-        .build()
-        .map_err(|e| {
-            ConfError::at(
-                format!(
-                    "pcre2_compile() failed: {} in \"{}\"",
-                    first_line(&e.to_string()),
-                    r
-                ),
-                d,
-            )
-        })
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().last().unwrap_or(s).trim()
+    Regex::compile(d, r, caseless)
 }
 
 type Grouped = (Vec<Arc<AddrConf>>, HashMap<SocketAddr, Arc<AddrConf>>);
@@ -1117,23 +1157,26 @@ fn set_listen(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
     Ok(())
 }
 
-fn set_server_name(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+fn set_server_name(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     for a in &d.args {
         let n = a.value.as_str();
         if s.primary_name.is_none() {
-            s.primary_name = Some(n.to_string());
+            // `.example.com` names the server `example.com` ($server_name).
+            let primary = match n.strip_prefix('.') {
+                Some(rest) if !rest.is_empty() => rest,
+                _ => n,
+            };
+            s.primary_name = Some(primary.to_string());
         }
         let entry = if let Some(r) = n.strip_prefix('~') {
-            ServerName::Regex(Regex::new(r).map_err(|e| {
-                ConfError::at(
-                    format!(
-                        "pcre2_compile() failed: {} in \"{}\"",
-                        first_line(&e.to_string()),
-                        r
-                    ),
-                    d,
-                )
-            })?)
+            // nginx compiles a name caseless when it has an uppercase letter
+            // (hosts are compared lowercased).
+            let re = Regex::compile(d, r, r.bytes().any(|b| b.is_ascii_uppercase()))?;
+            // Named captures become variables, as with PCRE in nginx.
+            for name in re.names() {
+                cx.vars.define(name);
+            }
+            ServerName::Regex(re)
         } else if let Some(rest) = n.strip_prefix("*.") {
             ServerName::Leading {
                 suffix: format!(".{}", rest.to_ascii_lowercase()),
@@ -1215,7 +1258,11 @@ loc_msec!(set_send_timeout, send_timeout);
 loc_msec!(set_client_body_timeout, client_body_timeout);
 loc_msec!(set_lingering_time, lingering_time);
 loc_msec!(set_lingering_timeout, lingering_timeout);
-loc_size!(set_client_max_body_size, client_max_body_size);
+// An off_t slot in nginx: `8G` is valid here (not in size slots).
+fn set_client_max_body_size(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::config::registry::offset_arg(d, 0)?;
+    set_once(&mut l.core.client_max_body_size, v, d)
+}
 loc_size!(set_client_body_buffer_size, client_body_buffer_size);
 
 fn set_client_header_timeout(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {

@@ -81,6 +81,9 @@ pub struct Ctx<'a> {
     pub remote: Option<std::net::SocketAddr>,
     /// The realip module has had its one chance.
     pub realip_done: bool,
+    /// try_files found a file under an alias set in a regex location: the
+    /// file is the alias plus the URI (nginx's `r->add_uri_to_alias`).
+    pub add_uri_to_alias: bool,
     /// State a module computes once per request where it only has `&Ctx`
     /// (a variable's evaluation), by module name (userid's identifier).
     pub memo: RefCell<Vec<(&'static str, Box<dyn std::any::Any>)>>,
@@ -179,6 +182,7 @@ impl<'a> Ctx<'a> {
             logging: std::cell::Cell::new(false),
             remote: conn.remote,
             realip_done: false,
+            add_uri_to_alias: false,
             memo: RefCell::new(Vec::new()),
         }
     }
@@ -333,11 +337,32 @@ pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
             .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
             .cloned()
             .collect();
+        // So does a redirect's Location, unless the target redirects
+        // anew (nginx clears the old one then).
+        let old_location = resp.location.take();
+        let old_location_hdr: Vec<_> = resp
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("location"))
+            .cloned()
+            .collect();
         let r2 = run_phases(cx, entry).await;
+        // A target that ends in an error or a redirect of its own (return,
+        // rewrite, a directory or auto redirect) gives the status: nginx's
+        // special response handler sets `err_status` anew.
         let target_failed =
-            r2.status >= 400 && matches!(r2.body, crate::http::response::Body::Empty);
+            r2.status >= 300 && matches!(r2.body, crate::http::response::Body::Empty);
         resp = r2;
         resp.headers.splice(0..0, challenge);
+        let redirects = resp.location.is_some()
+            || resp
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("location"));
+        if !redirects {
+            resp.location = old_location;
+            resp.headers.extend(old_location_hdr);
+        }
         if !target_failed {
             resp.status = match page.overwrite {
                 Overwrite::Keep => orig,
@@ -402,6 +427,39 @@ fn refresh_target(cx: &Ctx<'_>, resp: &Response) -> Option<Vec<u8>> {
     resp.header("Location").map(<[u8]>::to_vec)
 }
 
+/// The captures of the `server_name` regex that chose the server, as
+/// variables and `$1`..: nginx sets them while it selects the server; the
+/// engine's selection only says which server, so the match is made again
+/// here, for servers with regex names only, unless the host is one of
+/// the server's other names.
+fn server_name_captures(cx: &mut Ctx<'_>) {
+    use crate::http::conf::ServerName;
+    let server = cx.server.clone();
+    let names = &server.srv.names;
+    if !names.iter().any(|n| matches!(n, ServerName::Regex(_))) {
+        return;
+    }
+    let Some(host) = cx.req.host() else { return };
+    let host = host.strip_suffix(b".").unwrap_or(host).to_ascii_lowercase();
+    let lower = std::str::from_utf8(&host).unwrap_or("");
+    if names
+        .iter()
+        .any(|n| !matches!(n, ServerName::Regex(_)) && n.matches(lower))
+    {
+        return;
+    }
+    for n in names {
+        if let ServerName::Regex(re) = n {
+            if let Some(c) = re.captures(&host) {
+                set_named_captures(cx, re.capture_names(), &c, &host);
+                cx.captures = c;
+                cx.capture_src = host;
+                return;
+            }
+        }
+    }
+}
+
 /// Where phase processing starts.
 enum Entry {
     /// Server rewrite, then location lookup.
@@ -416,6 +474,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
     let mut named = None;
     match entry {
         Entry::Start => {
+            server_name_captures(cx);
             modules::realip::apply(cx, true);
             let srv_conf = cx.server.conf.clone();
             match rewrite::run(cx, &srv_conf.modules.rewrite.ops).await {
@@ -437,8 +496,8 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
                 );
                 return Response::status(500);
             }
-        } else {
-            find_location(cx);
+        } else if let Some(r) = find_location(cx) {
+            return r;
         }
         // nginx checks the body size when it picks the location, before
         // the location's rewrite phase.
@@ -535,12 +594,32 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
     }
 }
 
-fn find_location(cx: &mut Ctx<'_>) {
+/// Finds the location for `cx.uri`; a response when the lookup answers
+/// by itself (nginx's `auto_redirect`).
+fn find_location(cx: &mut Ctx<'_>) -> Option<Response> {
     match cx.server.locations.find(&cx.uri) {
+        Some(f) if f.auto_redirect => {
+            cx.loc = f.loc.conf.clone();
+            let name = match &f.loc.m {
+                crate::http::conf::LocMatch::Prefix { prefix: n, .. }
+                | crate::http::conf::LocMatch::Exact(n) => n.as_slice(),
+                _ => b"/",
+            };
+            // As nginx: the location's escaped name, then the arguments.
+            let mut target = Vec::new();
+            crate::http::uri::escape_uri(name, &mut target);
+            if let Some(a) = &cx.args {
+                target.push(b'?');
+                target.extend_from_slice(a);
+            }
+            let mut r = Response::status(301);
+            r.location = Some(rewrite::absolute_location(cx, target));
+            return Some(r);
+        }
         Some(f) => {
             cx.loc = f.loc.conf.clone();
             if !f.captures.is_empty() {
-                set_named_captures(cx, &f.capture_names, &f.captures, &cx.uri.clone());
+                set_named_captures(cx, f.capture_names, &f.captures, &cx.uri.clone());
                 cx.captures = f.captures;
                 cx.capture_src = cx.uri.to_vec();
             }
@@ -558,6 +637,7 @@ fn find_location(cx: &mut Ctx<'_>) {
     }
     crate::http::modules::access::limit_except(cx);
     cx.alias = matches!(cx.loc.core.root, Some((_, true)));
+    None
 }
 
 /// Stores named regex captures in their variables.
@@ -728,7 +808,11 @@ impl Ctx<'_> {
     pub fn request_filename(&self) -> Vec<u8> {
         let mut p = self.root();
         if self.alias {
-            let rest = self.uri.get(self.loc_prefix_len..).unwrap_or(b"");
+            let n = match self.loc.core.alias_len {
+                Some(usize::MAX) if self.add_uri_to_alias => 0,
+                n => n.unwrap_or(self.loc_prefix_len),
+            };
+            let rest = self.uri.get(n..).unwrap_or(b"");
             p.extend_from_slice(rest);
         } else {
             p.extend_from_slice(&self.uri);
@@ -743,6 +827,25 @@ fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
         Some(a) => out.extend_from_slice(a.ip().to_string().as_bytes()),
         None if port => {}
         None => out.extend_from_slice(b"unix:"),
+    }
+}
+
+impl Ctx<'_> {
+    /// `$request_id`: drawn on first use, then the same for the request
+    /// (nginx caches it in the request's variables).
+    fn request_id(&self) -> [u8; 32] {
+        const KEY: &str = "request_id";
+        let mut memo = self.memo.borrow_mut();
+        if let Some(id) = memo
+            .iter()
+            .find(|(k, _)| *k == KEY)
+            .and_then(|(_, v)| v.downcast_ref::<[u8; 32]>())
+        {
+            return *id;
+        }
+        let id = crate::core::random_hex16();
+        memo.push((KEY, Box::new(id)));
+        id
     }
 }
 
@@ -846,6 +949,13 @@ impl VarCtx for Ctx<'_> {
             },
             Var::Connection => response::push_num(out, self.conn.id),
             Var::ConnectionRequests => response::push_num(out, self.conn.requests),
+            Var::ConnectionTime => {
+                let e = self.conn.started.elapsed();
+                out.extend_from_slice(
+                    format!("{}.{:03}", e.as_secs(), e.subsec_millis()).as_bytes(),
+                );
+            }
+            Var::RequestId => out.extend_from_slice(&self.request_id()),
             Var::Pid => response::push_num(out, std::process::id() as u64),
             Var::NginxVersion => out.extend_from_slice(response::NGINX_VERSION.as_bytes()),
             Var::TernVersion => out.extend_from_slice(response::VERSION.as_bytes()),

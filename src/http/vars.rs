@@ -61,6 +61,10 @@ pub enum Var {
     BytesSent,
     Connection,
     ConnectionRequests,
+    /// `$connection_time`: seconds since accept, millisecond resolution.
+    ConnectionTime,
+    /// `$request_id`: 16 random bytes in hex, fixed for the request.
+    RequestId,
     Msec,
     TimeLocal,
     TimeIso8601,
@@ -122,6 +126,8 @@ fn builtin(name: &str) -> Option<Var> {
         "bytes_sent" => Var::BytesSent,
         "connection" => Var::Connection,
         "connection_requests" => Var::ConnectionRequests,
+        "connection_time" => Var::ConnectionTime,
+        "request_id" => Var::RequestId,
         "msec" => Var::Msec,
         "time_local" => Var::TimeLocal,
         "time_iso8601" => Var::TimeIso8601,
@@ -143,6 +149,9 @@ pub struct VarTable {
     /// Declared by `set`: without a value in a request such a variable is
     /// "uninitialized" (empty, with nginx's warning).
     by_set: Vec<bool>,
+    /// Where a variable was first mentioned (file, line), for the
+    /// `unknown "NAME" variable` error.
+    first_use: Vec<Option<(std::sync::Arc<std::path::PathBuf>, usize)>>,
     /// Some template mentions `$upstream_http_NAME`: the proxy keeps the
     /// upstream's header lines for the request (else it need not).
     pub upstream_http: bool,
@@ -159,8 +168,19 @@ impl VarTable {
         self.defined.push(false);
         self.defs.push(None);
         self.by_set.push(false);
+        self.first_use.push(None);
         self.index.insert(name.to_string(), i);
         i
+    }
+
+    /// Records `d` as the first mention of the variables created since
+    /// the table had `from` of them.
+    pub fn mentioned_since(&mut self, from: usize, d: &crate::config::Directive) {
+        for slot in self.first_use.iter_mut().skip(from) {
+            if slot.is_none() {
+                *slot = Some((d.file.clone(), d.line));
+            }
+        }
     }
 
     /// Declares a user variable (by `set`, `map`, ...).
@@ -217,14 +237,17 @@ impl VarTable {
     }
 
     /// Every variable mentioned must be defined somewhere (nginx checks this
-    /// after reading the whole configuration).
+    /// after reading the whole configuration). nginx names no place for
+    /// the error; tern names the first mention (see DIFFERENCES.md).
     pub fn finish(&self) -> ConfResult<()> {
         for (i, d) in self.defined.iter().enumerate() {
             if !d {
-                return Err(ConfError::new(format!(
-                    "unknown \"{}\" variable",
-                    self.names[i]
-                )));
+                let mut e = ConfError::new(format!("unknown \"{}\" variable", self.names[i]));
+                if let Some(Some((file, line))) = self.first_use.get(i) {
+                    e.file = Some((**file).clone());
+                    e.line = *line;
+                }
+                return Err(e);
             }
         }
         Ok(())

@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flate2::{Compress, Compression, FlushCompress, Status};
-use regex::bytes::{Regex, RegexBuilder};
 
 use crate::config::registry::{arg, ctx, duplicate, flag, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
+use crate::core::regex::Regex;
 use crate::http::conf::LocConf;
 use crate::http::phases::Ctx;
 use crate::http::request::Method;
@@ -250,10 +250,7 @@ fn set_disable(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<(
             l.modules.gzip.disable_msie6 = Some(true);
             continue;
         }
-        let re = RegexBuilder::new(&a.value)
-            .case_insensitive(true)
-            .build()
-            .map_err(|e| crate::config::registry::regex_failed(d, &a.value, &e))?;
+        let re = Regex::compile(d, &a.value, true)?;
         list.push(re);
     }
     l.modules.gzip.disable = Some(Arc::new(list));

@@ -25,11 +25,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use regex::bytes::{Regex, RegexBuilder};
-
 use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
+use crate::core::regex::Regex;
 use crate::http::conf::HttpMain;
 use crate::http::vars::{Template, UserVar, Var, VarCtx};
 
@@ -151,14 +150,11 @@ impl UserVar for MapVar {
         // nginx tries the regexes only for a non-empty value.
         if !src.is_empty() {
             for r in &self.regexes {
-                let Some(c) = r.re.captures(&src) else {
-                    continue;
-                };
                 // A match replaces the captures, even with no groups
                 // (then `$1` is empty), as in nginx.
-                let caps = (0..c.len())
-                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                    .collect();
+                let Some(caps) = r.re.captures(&src) else {
+                    continue;
+                };
                 let layered = Captured {
                     inner: cx,
                     src: &src,
@@ -286,23 +282,14 @@ fn set_map(_hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<(
                 Some(p) => (p, true),
                 None => (pat, false),
             };
-            let re = RegexBuilder::new(pat)
-                .case_insensitive(caseless)
-                .build()
-                .map_err(|err| {
-                    let msg = err.to_string();
-                    let last = msg.lines().last().unwrap_or(&msg).trim().to_string();
-                    ConfError::at(
-                        format!("pcre2_compile() failed: {} in \"{}\"", last, pat),
-                        e,
-                    )
-                })?;
+            let re = Regex::compile(e, pat, caseless)?;
             // Named groups are variables in nginx; declaring them keeps a
             // value that uses `$name` valid.
             let named = re
                 .capture_names()
+                .iter()
                 .enumerate()
-                .filter_map(|(g, n)| n.map(|n| (cx.vars.define(n), g)))
+                .filter_map(|(g, n)| n.as_deref().map(|n| (cx.vars.define(n), g)))
                 .collect();
             m.values.push(cx.template(value_src, e)?);
             m.regexes.push(MapRegex {

@@ -33,6 +33,7 @@ pub mod random_index;
 pub mod range;
 pub mod realip;
 pub mod referer;
+pub mod resolver;
 pub mod rewrite;
 pub mod secure_link;
 pub mod ssl_settings;
@@ -82,6 +83,7 @@ pub const TABLES: &[&[Spec]] = &[
     geo::DIRECTIVES,
     sub_filter::DIRECTIVES,
     referer::DIRECTIVES,
+    resolver::DIRECTIVES,
     empty_gif::DIRECTIVES,
     secure_link::DIRECTIVES,
     random_index::DIRECTIVES,
@@ -203,6 +205,7 @@ pub struct ModLoc {
     pub auth_request: auth_request::AuthRequestLoc,
     pub sub_filter: sub_filter::SubFilterLoc,
     pub referer: referer::RefererLoc,
+    pub resolver: resolver::ResolverLoc,
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub secure_link: secure_link::SecureLinkLoc,
     pub random_index: random_index::RandomIndexLoc,
@@ -230,6 +233,7 @@ impl ModLoc {
         self.index.merge(&p.index);
         self.sub_filter.merge(&p.sub_filter);
         self.referer.merge(&p.referer);
+        self.resolver.merge(&p.resolver);
         self.rewrite.merge(&p.rewrite);
         self.access_log.merge(&p.access_log);
         self.autoindex.merge(&p.autoindex);
@@ -334,6 +338,6 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "add_header": HSL, "add_trailer": HSL, "expires": HSL, "etag": ctx::HSL, "if_modified_since": ctx::HSL, "max_ranges": ctx::HSL,
     "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "log_not_found": ctx::HSL,
     "stub_status": ctx::SRV | ctx::LOC,
-    "resolver": ctx::HSL, "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
+    "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
     "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,
 ];

@@ -15,11 +15,10 @@
 
 use std::sync::Arc;
 
-use regex::Regex;
-
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
+use crate::core::regex::Regex;
 use crate::http::conf::{LocConf, ServerName};
 use crate::http::phases::Ctx;
 
@@ -75,10 +74,8 @@ fn set_valid_referers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfR
             "blocked" => v.blocked = true,
             "server_names" => v.server_names = true,
             _ if s.starts_with('~') => {
-                let re = regex::RegexBuilder::new(&s[1..])
-                    .case_insensitive(true)
-                    .build()
-                    .map_err(|e| crate::config::registry::regex_failed(d, &s[1..], &e))?;
+                // nginx compiles these caseless.
+                let re = Regex::compile(d, &s[1..], true)?;
                 v.regexes.push(re);
             }
             _ => {
@@ -173,8 +170,7 @@ fn invalid(cx: &Ctx<'_>, v: &Valid) -> bool {
     if v.server_names && cx.server.srv.names.iter().any(|n| n.matches(&host)) {
         return false;
     }
-    let text = String::from_utf8_lossy(rest);
-    !v.regexes.iter().any(|re| re.is_match(&text))
+    !v.regexes.iter().any(|re| re.is_match(rest))
 }
 
 pub fn var(cx: &Ctx<'_>, _id: u8, out: &mut Vec<u8>) -> bool {

@@ -20,16 +20,15 @@
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use regex::bytes::Regex;
-
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
+use crate::core::regex::Regex;
 use crate::http::conf::LocConf;
 use crate::http::phases::{Ctx, Step};
 use crate::http::response::{Body, Response};
-use crate::http::vars::Template;
+use crate::http::vars::{Part, Template, Var, VarCtx};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flag {
@@ -200,7 +199,7 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                     }
                     continue;
                 };
-                record_captures(cx, re, &c, &uri);
+                record_captures(cx, re, c, &uri);
                 if cx.loc.modules.rewrite.rewrite_log.unwrap_or(false) {
                     cx.log(
                         Level::Notice,
@@ -211,9 +210,10 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                         ),
                     );
                 }
-                let mut target = to.render_vec(&*cx);
+                let mut target = render_replacement(cx, to);
                 let external = target.starts_with(b"http://") || target.starts_with(b"https://");
                 if external || matches!(flag, Flag::Redirect | Flag::Permanent) {
+                    unescape_redirect(&mut target);
                     // Redirects keep the original args (after the replacement's
                     // own), unless the replacement ends with "?".
                     if target.ends_with(b"?") {
@@ -292,7 +292,7 @@ async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
             match re.captures(&v) {
                 Some(c) => {
                     if !negate {
-                        record_captures(cx, re, &c, &v);
+                        record_captures(cx, re, c, &v);
                     }
                     !negate
                 }
@@ -311,7 +311,8 @@ async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
                 (b'f', Ok(m)) => !m.is_dir,
                 (b'd', Ok(m)) => m.is_dir,
                 (b'e', Ok(_)) => true,
-                (b'x', Ok(m)) => m.mode & 0o111 != 0 && !m.is_dir,
+                // nginx's ngx_is_exec: the owner's x bit, directories too.
+                (b'x', Ok(m)) => m.mode & 0o100 != 0,
                 _ => false,
             };
             r != *negate
@@ -327,6 +328,14 @@ pub fn ret(cx: &Ctx<'_>, code: u16, text: Option<&Template>) -> Response {
         return r;
     }
     let mut r = Response::status(code);
+    if text.is_none() && (200..300).contains(&code) && code != 204 {
+        // nginx sends the empty text as a body (typed, `Content-Length:
+        // 0`); as the target of an error page, that empty body goes out
+        // under the error's status, without the error's page.
+        r.content_type = Some(super::static_file::content_type(cx, &cx.uri));
+        r.content_length = Some(0);
+        r.body = Body::Bytes(Vec::new());
+    }
     if let Some(t) = text {
         let v = t.render_vec(cx);
         if matches!(code, 301 | 302 | 303 | 307 | 308) {
@@ -504,26 +513,117 @@ flag_setter!(set_port_in_redirect, port_in_redirect);
 flag_setter!(set_server_name_in_redirect, server_name_in_redirect);
 
 fn compile_regex(d: &Directive, r: &str, caseless: bool, cx: &mut Compiler) -> ConfResult<Regex> {
-    let re = regex::bytes::RegexBuilder::new(r)
-        .case_insensitive(caseless)
-        .build()
-        .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
+    let re = Regex::compile(d, r, caseless)?;
     // Named captures become variables, as with PCRE in nginx.
-    for name in re.capture_names().flatten() {
+    for name in re.names() {
         cx.vars.define(name);
     }
     Ok(re)
 }
 
+/// A rewrite's replacement. When the request's path came escaped (`%`) or
+/// with `+` (nginx's `quoted_uri`, `plus_in_uri`), a capture copied into
+/// the arguments part (after a literal `?`) is escaped as nginx's
+/// `NGX_ESCAPE_ARGS` does, since the captures hold the unescaped URI.
+fn render_replacement(cx: &Ctx<'_>, to: &Template) -> Vec<u8> {
+    let raw = cx.req.raw_uri();
+    let path = raw.split(|&b| b == b'?').next().unwrap_or(b"");
+    if !path.iter().any(|&b| b == b'%' || b == b'+') {
+        return to.render_vec(cx);
+    }
+    let mut out = Vec::new();
+    let mut in_args = false;
+    for p in &to.parts {
+        match p {
+            Part::Lit(l) => {
+                in_args |= l.contains(&b'?');
+                out.extend_from_slice(l);
+            }
+            Part::Var(v @ Var::Capture(_)) if in_args => {
+                let mut cap = Vec::new();
+                cx.var(v, &mut cap);
+                escape_args(&cap, &mut out);
+            }
+            Part::Var(v) => {
+                cx.var(v, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// nginx's `NGX_ESCAPE_ARGS`: controls, space, `#`, `%`, `&`, `+`, `;`,
+/// `?` and non-ASCII bytes, upper-case hex.
+fn escape_args(s: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in s {
+        if !(0x21..0x7f).contains(&b) || matches!(b, b'#' | b'%' | b'&' | b'+' | b';' | b'?') {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        } else {
+            out.push(b);
+        }
+    }
+}
+
+/// nginx unescapes a rewrite's redirect target (`NGX_UNESCAPE_REDIRECT`)
+/// up to its first literal `?`: `%XX` becomes the byte when that is
+/// printable and above `%` (so `%0D%0A`, `%20` and `%25` stay escaped).
+/// A `%` not followed by two hex digits is dropped with the digits read so
+/// far, as nginx's state machine does.
+fn unescape_redirect(t: &mut Vec<u8>) {
+    fn hex(c: u8) -> Option<u8> {
+        (c as char).to_digit(16).map(|d| d as u8)
+    }
+    let end = t.iter().position(|&b| b == b'?').unwrap_or(t.len());
+    if !t[..end].contains(&b'%') {
+        return;
+    }
+    let mut out = Vec::with_capacity(t.len());
+    let mut i = 0;
+    while i < end {
+        let b = t[i];
+        if b != b'%' {
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        match (
+            t.get(i + 1).filter(|_| i + 1 < end),
+            t.get(i + 2).filter(|_| i + 2 < end),
+        ) {
+            (Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                let c = (hex(h).unwrap_or(0) << 4) | hex(l).unwrap_or(0);
+                if c > b'%' && c < 0x7f {
+                    out.push(c);
+                } else {
+                    out.extend_from_slice(&t[i..i + 3]);
+                }
+                i += 3;
+            }
+            // "%" then a non-hex byte: both go, the byte is kept.
+            (Some(&h), _) if hex(h).is_none() => {
+                out.push(h);
+                i += 2;
+            }
+            // "%H" then a non-hex byte: "%H" goes, the byte is kept.
+            (Some(_), Some(&l)) => {
+                out.push(l);
+                i += 3;
+            }
+            _ => i = end,
+        }
+    }
+    out.extend_from_slice(&t[end..]);
+    *t = out;
+}
+
 /// Records a regex match: numbered captures for `$1`.., named ones in their variables.
-fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: &regex::bytes::Captures<'_>, src: &[u8]) {
-    cx.captures = (0..c.len())
-        .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-        .collect();
+fn record_captures(cx: &mut Ctx<'_>, re: &Regex, c: Vec<Option<(usize, usize)>>, src: &[u8]) {
+    cx.captures = c;
     cx.capture_src = src.to_vec();
-    let names: Vec<Option<String>> = re.capture_names().map(|n| n.map(str::to_string)).collect();
-    let caps = cx.captures.clone();
-    crate::http::phases::set_named_captures(cx, &names, &caps, src);
+    let caps = std::mem::take(&mut cx.captures);
+    crate::http::phases::set_named_captures(cx, re.capture_names(), &caps, src);
+    cx.captures = caps;
 }
 
 /// Parses an `if (...)` condition from the directive's arguments.
@@ -707,4 +807,32 @@ pub fn limit_rate_override(cx: &Ctx<'_>) -> Option<u64> {
     cx.note(LIMIT_RATE)
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_redirect;
+
+    fn un(s: &str) -> String {
+        let mut v = s.as_bytes().to_vec();
+        unescape_redirect(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    }
+
+    #[test]
+    fn redirect_unescaping_as_nginx() {
+        assert_eq!(
+            un("http%3A%2F%2Fexample.com%2F%3Ffrom"),
+            "http://example.com/?from"
+        );
+        assert_eq!(
+            un("http%3A%2F%2Fexample.com%0D%0Asplit"),
+            "http://example.com%0D%0Asplit"
+        );
+        assert_eq!(un("/a%20b%25c"), "/a%20b%25c");
+        assert_eq!(un("/a?b=%2F"), "/a?b=%2F");
+        assert_eq!(un("/a%zz"), "/azz");
+        assert_eq!(un("/a%2zb"), "/azb");
+        assert_eq!(un("/a%2"), "/a");
+    }
 }

@@ -44,6 +44,9 @@ pub struct SslConf {
     pub certificate_keys: Option<Vec<String>>,
     /// `ssl_protocols`: (TLSv1.2, TLSv1.3) wanted.
     pub protocols: Option<(bool, bool)>,
+    /// The `ssl_protocols` names this level gave (nginx's bitmask slot:
+    /// lines add up, a repeated name is a warning). Not inherited.
+    pub protocols_mask: u8,
     pub ciphers: Option<String>,
     pub prefer_server_ciphers: Option<bool>,
     pub session_cache: Option<SessionCache>,
@@ -135,9 +138,28 @@ fn certificate_key(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfRes
     Ok(())
 }
 
-fn protocols(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = parse_protocols(d)?;
-    set_once(&mut s.ssl.protocols, v, d)
+/// `ssl_protocols` is a bitmask slot in nginx: a second line at the same
+/// level (a site's own and the one in an included options file, as
+/// certbot installs) adds its names, with `duplicate value "X"` warned
+/// for a name already given; names are case-insensitive.
+fn protocols(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    const NAMES: [&str; 6] = ["SSLv2", "SSLv3", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"];
+    let mut mask = s.ssl.protocols_mask;
+    for a in &d.args {
+        let v = a.value.as_str();
+        let Some(i) = NAMES.iter().position(|n| n.eq_ignore_ascii_case(v)) else {
+            return Err(ConfError::at(format!("invalid value \"{}\"", v), d));
+        };
+        let bit = 1u8 << i;
+        if mask & bit != 0 {
+            cx.warnings
+                .push(ConfError::at(format!("duplicate value \"{}\"", v), d).to_string());
+        }
+        mask |= bit;
+    }
+    s.ssl.protocols_mask = mask;
+    s.ssl.protocols = Some((mask & 1 << 4 != 0, mask & 1 << 5 != 0));
+    Ok(())
 }
 
 /// `ssl_protocols`-style arguments: (TLSv1.2, TLSv1.3) wanted; the older

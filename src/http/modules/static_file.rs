@@ -121,12 +121,12 @@ async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {
     let dir = cx.request_filename();
     for t in &files {
         let name = t.render_vec(&*cx);
-        // An absolute index ("/index.html") is a URI of its own.
-        let (path, uri) = if name.starts_with(b"/") {
-            let mut p = cx.root();
-            p.extend_from_slice(&name);
-            (p, name.clone())
-        } else {
+        // An absolute index ("/index.html", the last one nginx allows)
+        // is an internal redirect, made without looking for the file.
+        if name.starts_with(b"/") {
+            return Step::Redirect(name);
+        }
+        let (path, uri) = {
             let mut p = dir.clone();
             p.extend_from_slice(&name);
             let mut u = cx.uri.to_vec();

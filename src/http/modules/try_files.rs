@@ -53,7 +53,16 @@ pub async fn run(cx: &mut Ctx<'_>) -> Step {
         let name = t.render_vec(&*cx);
         let mut path = cx.root();
         if cx.alias {
-            let rest = name.get(cx.loc_prefix_len.min(name.len())..).unwrap_or(b"");
+            // The part of the name under the aliased location's own name
+            // (nginx's clcf->alias); an alias set in a regex location
+            // takes the whole name.
+            let rest = match cx.loc.core.alias_len {
+                Some(usize::MAX) => &name[..],
+                n => {
+                    let n = n.unwrap_or(cx.loc_prefix_len);
+                    name.get(n.min(name.len())..).unwrap_or(b"")
+                }
+            };
             path.extend_from_slice(rest);
         } else {
             path.extend_from_slice(&name);
@@ -76,6 +85,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Step {
         if hit {
             // A directory hit leaves the URI without its slash, so the static
             // handler answers with nginx's 301 to "dir/".
+            cx.add_uri_to_alias = cx.alias && !*dir && cx.loc.core.alias_len == Some(usize::MAX);
             cx.uri = name.into();
             return Step::Next;
         }

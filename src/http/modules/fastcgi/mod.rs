@@ -157,10 +157,16 @@ fn split_path<'c>(cx: &'c Ctx<'_>) -> (Cow<'c, [u8]>, &'c [u8]) {
     let conf = &cx.loc.modules.fastcgi;
     let uri: &[u8] = &cx.uri;
     let (script, info) = match conf.split.as_ref().and_then(|re| re.captures(uri)) {
-        Some(c) => (
-            c.get(1).map_or(&b""[..], |m| &uri[m.range()]),
-            c.get(2).map_or(&b""[..], |m| &uri[m.range()]),
-        ),
+        Some(c) => {
+            let group = |i: usize| {
+                c.get(i)
+                    .copied()
+                    .flatten()
+                    .and_then(|(s, e)| uri.get(s..e))
+                    .unwrap_or(b"")
+            };
+            (group(1), group(2))
+        }
         None => (uri, &b""[..]),
     };
     match &conf.index {
@@ -184,7 +190,7 @@ pub struct FastcgiLoc {
     /// `fastcgi_param` entries: a level with any replaces the inherited list.
     pub params: Option<Arc<Vec<Param>>>,
     pub index: Option<Template>,
-    pub split: Option<regex::bytes::Regex>,
+    pub split: Option<crate::core::regex::Regex>,
     pub keep_conn: Option<bool>,
     pub catch_stderr: Option<Arc<Vec<Vec<u8>>>>,
 }
@@ -236,10 +242,9 @@ fn set_index(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()
 
 fn set_split(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let p = arg(d, 0);
-    let re =
-        regex::bytes::Regex::new(p).map_err(|e| crate::config::registry::regex_failed(d, p, &e))?;
+    let re = crate::core::regex::Regex::compile(d, p, false)?;
     // Group 0 is the whole match.
-    if re.captures_len() != 3 {
+    if re.capture_names().len() != 3 {
         return Err(ConfError::at(
             format!("pattern \"{}\" must have 2 captures", p),
             d,

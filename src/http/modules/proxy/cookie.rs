@@ -27,9 +27,7 @@ fn cookie_matches(cx: &mut Ctx<'_>, m: &CookieMatch, v: &[u8]) -> bool {
         CookieMatch::Text(t) => t.render_vec(&*cx).eq_ignore_ascii_case(v),
         CookieMatch::Regex(re) => match re.captures(v) {
             Some(c) => {
-                cx.captures = (0..c.len())
-                    .map(|i| c.get(i).map(|m| (m.start(), m.end())))
-                    .collect();
+                cx.captures = c;
                 cx.capture_src = v.to_vec();
                 true
             }

@@ -253,7 +253,7 @@ pub struct ProxyLoc {
 #[derive(Debug, Clone)]
 pub enum CookieMatch {
     Text(Template),
-    Regex(regex::bytes::Regex),
+    Regex(crate::core::regex::Regex),
 }
 
 #[derive(Debug, Clone)]
@@ -424,10 +424,7 @@ fn cookie_match(
             Some(r) => (r, true),
             None => (r, false),
         };
-        let re = regex::bytes::RegexBuilder::new(r)
-            .case_insensitive(caseless)
-            .build()
-            .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
+        let re = crate::core::regex::Regex::compile(d, r, caseless)?;
         return Ok(CookieMatch::Regex(re));
     }
     let a = if domain {
