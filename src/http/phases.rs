@@ -768,6 +768,7 @@ impl VarCtx for Ctx<'_> {
                     out.extend_from_slice(b"on");
                 }
             }
+            Var::Http2 => out.extend_from_slice(self.conn.http2.as_bytes()),
             Var::SslProtocol => match self.conn.tls.info() {
                 Some(t) => out.extend_from_slice(t.protocol.as_bytes()),
                 None => return false,

@@ -74,6 +74,8 @@ pub struct TlsInfo {
     pub server_name: Option<String>,
     /// An abbreviated (resumed) handshake.
     pub reused: bool,
+    /// ALPN chose `h2`.
+    pub h2: bool,
 }
 
 #[cfg(test)]

@@ -129,6 +129,7 @@ impl<S: Stream> TlsStream<S> {
                 .unwrap_or("unknown"),
             server_name,
             reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+            h2: c.alpn_protocol() == Some(b"h2"),
         }
     }
 }
