@@ -248,6 +248,27 @@ impl BodyIo for H2Body {
     }
 }
 
+/// Reads the body to its end, dropping it; the reset reason when the
+/// peer broke the stream (or `CANCEL` when it went quiet too long).
+async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
+    loop {
+        let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().rx.poll_data(cx))).await;
+        match next {
+            Ok(Some(Ok(d))) => {
+                let _ = body
+                    .st
+                    .borrow_mut()
+                    .rx
+                    .flow_control()
+                    .release_capacity(d.len());
+            }
+            Ok(Some(Err(e))) => return Err(e.reason().unwrap_or(h2::Reason::PROTOCOL_ERROR)),
+            Ok(None) => return Ok(()),
+            Err(_) => return Err(h2::Reason::CANCEL),
+        }
+    }
+}
+
 /// The head an HTTP/2 request amounts to, as HTTP/1 bytes for the head
 /// parser (so that nginx's checks on the method, target and host apply
 /// alike): the pseudo-headers become the request line and Host, cookies
@@ -304,6 +325,9 @@ async fn stream_task(
     let Some(addr) = http.addr_for(&info.listen, info.local) else {
         return;
     };
+    // The connection task goes on with the frames that came with this
+    // HEADERS (a WINDOW_UPDATE, a RST_STREAM) before the request runs.
+    tokio::task::yield_now().await;
     shared.stats.request();
     let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
     let (parts, rx) = req.into_parts();
@@ -354,6 +378,18 @@ async fn stream_task(
     if resp.close_silently {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
+    }
+    // A body nobody read is read to its end (and dropped) before the
+    // answer, each wait bounded by client_body_timeout: a malformed end
+    // of it (a length that does not match, pseudo-headers in trailers, a
+    // reset) then resets the stream rather than being answered.
+    if has_body && body_end == crate::http::body::End::Unread {
+        let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
+        if let Err(reason) = drain(&body_io, to).await {
+            cx.sent.status = resp.status;
+            respond.send_reset(reason);
+            return;
+        }
     }
     let head_only = req.method == crate::http::request::Method::Head;
     let r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent).await;
