@@ -343,7 +343,6 @@ async fn accept_loop(
                     requests: 0,
                     tls: crate::tls::TlsState::Plain,
                     started: std::time::Instant::now(),
-                    http2: "",
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.

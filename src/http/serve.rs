@@ -35,8 +35,6 @@ pub struct ConnInfo {
     pub tls: crate::tls::TlsState,
     /// When the connection was accepted (`keepalive_time`).
     pub started: std::time::Instant,
-    /// `$http2`: "h2" (over TLS), "h2c" (cleartext), "" (HTTP/1.x).
-    pub http2: &'static str,
 }
 
 /// How long an idle connection waits inside its task before it is
@@ -71,13 +69,12 @@ pub enum Served<S> {
 /// cleartext `http2` listener the first bytes (the h2 preface or not).
 pub async fn serve<S: Stream>(
     stream: S,
-    mut info: ConnInfo,
+    info: ConnInfo,
     shared: Arc<WorkerShared>,
     resume: Option<IdleWait>,
 ) -> Served<S> {
     if info.requests == 0 {
         if info.tls.info().is_some_and(|t| t.h2) {
-            info.http2 = "h2";
             crate::http::v2::conn::serve(&stream, &info, &shared, Vec::new()).await;
             stream.close();
             return Served::Closed;
@@ -85,7 +82,6 @@ pub async fn serve<S: Stream>(
         if matches!(info.tls, crate::tls::TlsState::Plain) && h2_listener(&shared, &info) {
             return match sniff(&stream, &shared, &info, resume).await {
                 Sniffed::H2(pre) => {
-                    info.http2 = "h2c";
                     crate::http::v2::conn::serve(&stream, &info, &shared, pre).await;
                     stream.close();
                     Served::Closed
@@ -100,14 +96,17 @@ pub async fn serve<S: Stream>(
     crate::http::v1::conn::serve(stream, info, shared, resume, Vec::new()).await
 }
 
-/// Whether the connection came to a cleartext `listen ... http2` address.
+/// Whether the connection came to a cleartext address that serves h2:
+/// `listen ... http2`, or `http2 on` in its default server (nginx 1.25).
 fn h2_listener(shared: &WorkerShared, info: &ConnInfo) -> bool {
     let config = shared.config.load();
     config
         .http
         .as_ref()
         .and_then(|h| h.addr_for(&info.listen, info.local))
-        .is_some_and(|a| a.listen.http2 && !a.listen.ssl)
+        .is_some_and(|a| {
+            !a.listen.ssl && (a.listen.http2 || a.default.srv.http2.enable.unwrap_or(false))
+        })
 }
 
 enum Sniffed {
