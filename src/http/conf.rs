@@ -63,7 +63,8 @@ pub struct Listen {
     /// `ssl`: connections speak TLS (any server's `listen` of the address
     /// saying so makes it so, as in nginx).
     pub ssl: bool,
-    /// `http2`: accepted; only HTTP/1.x is served.
+    /// `http2`: HTTP/2 on the address (TLS: offered by ALPN; cleartext:
+    /// a connection that starts with the h2 preface).
     pub http2: bool,
 }
 
@@ -117,6 +118,8 @@ pub struct SrvConf {
     pub underscores_in_headers: Option<bool>,
     /// The `ssl_*` settings (`modules/ssl_settings.rs`).
     pub ssl: crate::http::modules::ssl_settings::SslConf,
+    /// The `http2*` settings (`v2/conf.rs`).
+    pub http2: crate::http::v2::conf::H2Srv,
 }
 
 impl SrvConf {
@@ -124,6 +127,7 @@ impl SrvConf {
         merge_opts!(self, p; client_header_buffer_size, large_client_header_buffers,
             client_header_timeout, merge_slashes, ignore_invalid_headers, underscores_in_headers);
         self.ssl.merge(&p.ssl);
+        self.http2.merge(&p.http2);
     }
     pub fn header_buffer(&self) -> usize {
         self.client_header_buffer_size.unwrap_or(1024)
@@ -185,6 +189,8 @@ pub struct CoreLoc {
     /// `chunked_transfer_encoding` (default on): off, a body of unknown
     /// length goes out unframed and the connection closes after it.
     pub chunked_transfer_encoding: Option<bool>,
+    /// `http2_chunk_size` (default 8k): the most a DATA write carries.
+    pub http2_chunk_size: Option<usize>,
     /// `msie_padding` (default on), `msie_refresh` (default off): see
     /// [`crate::http::response::special_response`].
     pub msie_padding: Option<bool>,
@@ -206,7 +212,7 @@ impl CoreLoc {
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
             lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, log_subrequest, error_log, logger,
-            chunked_transfer_encoding, msie_padding, msie_refresh);
+            chunked_transfer_encoding, msie_padding, msie_refresh, http2_chunk_size);
     }
 
     /// Applied once at http level so every descendant inherits a value.
@@ -589,6 +595,9 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
         // and reload: a bad one fails the reload and the old
         // configuration keeps serving.
         crate::tls::config::build(&mut s.srv.ssl, &mut keys)?;
+        if s.srv.http2.enable.unwrap_or(false) || s.srv.listen.iter().any(|l| l.http2) {
+            crate::http::v2::conf::offer_h2(&mut s.srv.ssl.tls);
+        }
         servers.push(Arc::new(s));
     }
     let (addrs, specific) = group_addrs(&servers)?;

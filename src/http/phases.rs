@@ -917,6 +917,15 @@ impl VarCtx for Ctx<'_> {
                     out.extend_from_slice(b"on");
                 }
             }
+            Var::Http2 => {
+                // Known from the request (HTTP/2 names itself HTTP/2.0)
+                // rather than kept per connection: parked connections
+                // keep their ConnInfo, which stays small.
+                if self.req.proto() == b"HTTP/2.0" {
+                    let tls = self.conn.tls.info().is_some();
+                    out.extend_from_slice(if tls { b"h2" } else { b"h2c" });
+                }
+            }
             Var::SslProtocol => match self.conn.tls.info() {
                 Some(t) => out.extend_from_slice(t.protocol.as_bytes()),
                 None => return false,

@@ -210,6 +210,35 @@ impl Request {
         }
     }
 
+    /// Names the protocol that carried the request (`HTTP/2.0`): the
+    /// request line (`$request`) becomes `METHOD TARGET PROTO`, as nginx
+    /// builds it for a request that had none on the wire.
+    pub fn set_protocol(&mut self, proto: &[u8]) {
+        let start = self.buf.len();
+        let method = self.method_raw;
+        let target = self.raw_uri;
+        self.buf.extend_from_within(method.range());
+        self.buf.push(b' ');
+        self.buf.extend_from_within(target.range());
+        self.buf.push(b' ');
+        let pstart = self.buf.len();
+        self.buf.extend_from_slice(proto);
+        let end = self.buf.len();
+        if u32::try_from(end).is_err() {
+            return;
+        }
+        self.line = Span {
+            start: start as u32,
+            end: end as u32,
+        };
+        self.proto = Span {
+            start: pstart as u32,
+            end: end as u32,
+        };
+        self.keepalive = false;
+        self.expect_continue = false;
+    }
+
     /// Decoded, normalised path (`$uri` before any rewrite).
     pub fn uri(&self) -> &[u8] {
         self.uri.get(&self.buf)

@@ -153,6 +153,24 @@ pub struct Response {
     pub upgrade: Option<Box<crate::http::tunnel::Upgrade>>,
 }
 
+/// Passes one piece of a body through the filters in order; what the
+/// last one gives is appended to `out`.
+pub fn run_filters(
+    filters: &mut [Box<dyn BodyFilter>],
+    input: &[u8],
+    last: bool,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut cur = input.to_vec();
+    for f in filters.iter_mut() {
+        let mut next = Vec::new();
+        f.filter(&cur, last, &mut next)?;
+        cur = next;
+    }
+    out.extend_from_slice(&cur);
+    Ok(())
+}
+
 impl std::fmt::Debug for dyn BodyFilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("BodyFilter")

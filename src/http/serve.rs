@@ -64,14 +64,112 @@ pub enum Served<S> {
 }
 
 /// Serves one connection until it closes or idles long enough to be
-/// parked. `resume` is the wait a parked connection was in.
+/// parked. `resume` is the wait a parked connection was in. The protocol
+/// is chosen here, once, before the first request: TLS's ALPN, or on a
+/// cleartext `http2` listener the first bytes (the h2 preface or not).
 pub async fn serve<S: Stream>(
     stream: S,
     info: ConnInfo,
     shared: Arc<WorkerShared>,
     resume: Option<IdleWait>,
 ) -> Served<S> {
-    crate::http::v1::conn::serve(stream, info, shared, resume).await
+    if info.requests == 0 {
+        if info.tls.info().is_some_and(|t| t.h2) {
+            crate::http::v2::conn::serve(&stream, &info, &shared, Vec::new()).await;
+            stream.close();
+            return Served::Closed;
+        }
+        if matches!(info.tls, crate::tls::TlsState::Plain) && h2_listener(&shared, &info) {
+            return match sniff(&stream, &shared, &info, resume).await {
+                Sniffed::H2(pre) => {
+                    crate::http::v2::conn::serve(&stream, &info, &shared, pre).await;
+                    stream.close();
+                    Served::Closed
+                }
+                Sniffed::H1(pre) => {
+                    crate::http::v1::conn::serve(stream, info, shared, resume, pre).await
+                }
+                Sniffed::Closed => Served::Closed,
+            };
+        }
+    }
+    crate::http::v1::conn::serve(stream, info, shared, resume, Vec::new()).await
+}
+
+/// Whether the connection came to a cleartext address that serves h2:
+/// `listen ... http2`, or `http2 on` in its default server (nginx 1.25).
+fn h2_listener(shared: &WorkerShared, info: &ConnInfo) -> bool {
+    let config = shared.config.load();
+    config
+        .http
+        .as_ref()
+        .and_then(|h| h.addr_for(&info.listen, info.local))
+        .is_some_and(|a| {
+            !a.listen.ssl && (a.listen.http2 || a.default.srv.http2.enable.unwrap_or(false))
+        })
+}
+
+enum Sniffed {
+    /// The h2 preface (and what followed it) was read.
+    H2(Vec<u8>),
+    /// Something else: an HTTP/1.x request, whose first bytes these are.
+    H1(Vec<u8>),
+    Closed,
+}
+
+/// Reads the first bytes of a connection to a cleartext `http2` listener
+/// until they are the h2 preface or cannot be (client_header_timeout, or
+/// the wait the connection was parked with).
+async fn sniff<S: Stream>(
+    stream: &S,
+    shared: &WorkerShared,
+    info: &ConnInfo,
+    resume: Option<IdleWait>,
+) -> Sniffed {
+    let (deadline, size) = {
+        let config = shared.config.load();
+        let Some(addr) = config
+            .http
+            .as_ref()
+            .and_then(|h| h.addr_for(&info.listen, info.local))
+        else {
+            return Sniffed::Closed;
+        };
+        let srv = &addr.default.srv;
+        (
+            resume.map(|w| w.deadline).unwrap_or_else(|| {
+                tokio::time::Instant::now() + Duration::from_millis(srv.header_timeout_ms())
+            }),
+            srv.header_buffer().max(crate::http::v2::PREFACE.len()),
+        )
+    };
+    let mut buf = vec![0u8; size];
+    let mut got = 0;
+    loop {
+        match stream.try_read(&mut buf[got..]) {
+            Ok(0) => return Sniffed::Closed,
+            Ok(n) => {
+                got += n;
+                let p = crate::http::v2::PREFACE;
+                let k = got.min(p.len());
+                if buf[..k] != p[..k] {
+                    buf.truncate(got);
+                    return Sniffed::H1(buf);
+                }
+                if got >= p.len() {
+                    buf.truncate(got);
+                    return Sniffed::H2(buf);
+                }
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Sniffed::Closed,
+        }
+        match tokio::time::timeout_at(deadline, stream.readable()).await {
+            Ok(Ok(())) => {}
+            _ => return Sniffed::Closed,
+        }
+    }
 }
 
 /// The wait of a connection just accepted for its first request, or None

@@ -41,6 +41,8 @@ pub enum Var {
     Scheme,
     /// `$https`: "on" over TLS, else "".
     Https,
+    /// `$http2`: h2, h2c or empty.
+    Http2,
     SslProtocol,
     SslCipher,
     SslServerName,
@@ -108,6 +110,7 @@ fn builtin(name: &str) -> Option<Var> {
         "server_protocol" => Var::ServerProtocol,
         "scheme" => Var::Scheme,
         "https" => Var::Https,
+        "http2" => Var::Http2,
         "ssl_protocol" => Var::SslProtocol,
         "ssl_cipher" => Var::SslCipher,
         "ssl_server_name" => Var::SslServerName,

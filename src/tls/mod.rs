@@ -92,6 +92,8 @@ pub struct TlsInfo {
     /// The verdict on that chain by the handshake's server (Ok without a
     /// certificate, as OpenSSL's X509_V_OK).
     pub verify: Result<(), client_auth::VerifyError>,
+    /// ALPN chose `h2`.
+    pub h2: bool,
 }
 
 /// OpenSSL's name of a key-exchange group (`$ssl_curve`, `$ssl_curves`);

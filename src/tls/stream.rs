@@ -147,6 +147,7 @@ impl<S: Stream> TlsStream<S> {
             client_groups: offered.1,
             client_chain,
             verify,
+            h2: c.alpn_protocol() == Some(b"h2"),
         }
     }
 }

@@ -20,6 +20,7 @@ mod engine;
 mod fastcgi;
 mod geo;
 mod gzip;
+mod h2;
 mod idle;
 mod io;
 mod limit_rate_var;

@@ -90,6 +90,7 @@ pub const TABLES: &[&[Spec]] = &[
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
+    crate::http::v2::conf::DIRECTIVES,
     UNSUPPORTED,
 ];
 

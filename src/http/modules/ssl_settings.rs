@@ -310,12 +310,6 @@ fn legacy_ssl(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     set_once(&mut s.ssl.legacy_on, v, d)
 }
 
-/// `http2 on|off` (nginx 1.25.1+): accepted; HTTP/2 is not served (ALPN
-/// offers only HTTP/1.x), see DIFFERENCES.md.
-fn http2(_: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    flag(d).map(drop)
-}
-
 /// nginx's `ssl_session_cache off | none | [builtin[:size]] [shared:name:size]`.
 fn session_cache(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let invalid = |v: &str| ConfError::at(format!("invalid session cache \"{}\"", v), d);
@@ -382,7 +376,6 @@ const fn row(
 
 pub const DIRECTIVES: &[Spec] = &[
     row("ssl", Args::Flag, legacy_ssl),
-    row("http2", Args::Flag, http2),
     row("ssl_protocols", Args::AtLeast(1), protocols),
     row(
         "ssl_prefer_server_ciphers",

@@ -68,14 +68,18 @@ enum HeadResult {
 /// of the worker's reusable runners (`core::worker`), so its size is paid
 /// once per runner, while a box was a large allocation (glibc's slow path)
 /// and a copy on every request. An idle connection gives its runner back
-/// after [`PARK_AFTER`], when it is parked.
+/// after [`PARK_AFTER`], when it is parked. `read`: bytes of the first
+/// request already read (while the protocol was chosen), else empty.
 pub(crate) async fn serve<S: Stream>(
     stream: S,
     mut info: ConnInfo,
     shared: Arc<WorkerShared>,
     resume: Option<IdleWait>,
+    read: Vec<u8>,
 ) -> Served<S> {
-    match serve_on(&stream, &mut info, shared, resume).await {
+    // Bytes already here: no first wait to resume.
+    let resume = if read.is_empty() { resume } else { None };
+    match serve_on(&stream, &mut info, shared, resume, read).await {
         Some(wait) => Served::Idle(stream, info, wait),
         None => {
             stream.close();
@@ -91,8 +95,8 @@ async fn serve_on<S: Stream>(
     info: &mut ConnInfo,
     shared: Arc<WorkerShared>,
     mut resume: Option<IdleWait>,
+    mut buf: Vec<u8>,
 ) -> Option<IdleWait> {
-    let mut buf: Vec<u8> = Vec::new();
     let mut quit = shared.quit.clone();
     loop {
         let first = info.requests == 0;
@@ -1150,7 +1154,7 @@ async fn write_filtered<S: Stream>(
             };
             off += n;
             let last = last_piece && off >= piece_len;
-            run_filters(&mut filters, data, last, &mut out)?;
+            response::run_filters(&mut filters, data, last, &mut out)?;
             emit(
                 stream,
                 loc,
@@ -1173,7 +1177,7 @@ async fn write_filtered<S: Stream>(
         }
     }
     if total_pieces == 0 {
-        run_filters(&mut filters, b"", true, &mut out)?;
+        response::run_filters(&mut filters, b"", true, &mut out)?;
         emit(
             stream,
             loc,
@@ -1282,7 +1286,7 @@ async fn write_streamed<S: Stream>(
             tokio::task::consume_budget().await;
             continue;
         }
-        run_filters(filters, &data, last, &mut out)?;
+        response::run_filters(filters, &data, last, &mut out)?;
         emit(
             stream, loc, head, &mut first, &mut out, chunked, last, trailers, sent,
         )
@@ -1292,22 +1296,6 @@ async fn write_streamed<S: Stream>(
         }
         tokio::task::consume_budget().await;
     }
-}
-
-fn run_filters(
-    filters: &mut [Box<dyn response::BodyFilter>],
-    input: &[u8],
-    last: bool,
-    out: &mut Vec<u8>,
-) -> io::Result<()> {
-    let mut cur = input.to_vec();
-    for f in filters.iter_mut() {
-        let mut next = Vec::new();
-        f.filter(&cur, last, &mut next)?;
-        cur = next;
-    }
-    out.extend_from_slice(&cur);
-    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

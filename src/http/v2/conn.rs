@@ -1,0 +1,649 @@
+//! An HTTP/2 connection: the h2 handshake, the accept loop, and each
+//! stream run through the protocol-neutral request path (see the module
+//! doc of [`crate::http::v2`] for the picture).
+
+use std::cell::{Cell, RefCell};
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use tokio::time::timeout;
+
+use crate::core::log::Level;
+use crate::core::stream::Stream;
+use crate::core::worker::WorkerShared;
+use crate::http::body::BodyIo;
+use crate::http::conf::LocConf;
+use crate::http::phases;
+use crate::http::request::Request;
+use crate::http::response::{self, Body, Piece, Response};
+use crate::http::serve::{log_conn, ConnInfo};
+use crate::http::v2::io::Io;
+
+/// What the accept loop and its stream tasks share.
+struct Streams {
+    /// Streams being served.
+    active: Cell<usize>,
+    /// A stream ended (the idle timer may start).
+    ended: tokio::sync::Notify,
+}
+
+/// Serves an HTTP/2 connection until it closes. `pre`: bytes already read
+/// from it (the preface, on a cleartext listener).
+pub async fn serve<S: Stream>(
+    stream: &S,
+    info: &ConnInfo,
+    shared: &Arc<WorkerShared>,
+    pre: Vec<u8>,
+) {
+    let config = shared.config.load_full();
+    let Some(http) = config.http.clone() else {
+        return;
+    };
+    let Some(addr) = http.addr_for(&info.listen, info.local) else {
+        return;
+    };
+    let srv = &addr.default.srv;
+    let core = &addr.default.conf.core;
+    let (hsize, hnum) = srv.large_buffers();
+    let mut b = h2::server::Builder::new();
+    b.max_concurrent_streams(srv.http2.max_streams())
+        .initial_window_size(srv.http2.preread())
+        // The connection window: enough for every stream's preread.
+        .initial_connection_window_size(
+            srv.http2
+                .preread()
+                .saturating_mul(srv.http2.max_streams().max(1))
+                .clamp(65535, i32::MAX as u32),
+        )
+        // nginx limits a request's header list by
+        // large_client_header_buffers (an HPACK bomb or a CONTINUATION
+        // flood ends there).
+        .max_header_list_size(hsize.saturating_mul(hnum).min(u32::MAX as usize) as u32)
+        // Rapid reset (CVE-2023-44487): streams the client opens and
+        // cancels before they are served are bounded, past that GOAWAY.
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(Some(1024))
+        .max_send_buffer_size(
+            srv.http2
+                .recv_buffer_size
+                .unwrap_or(256 * 1024)
+                .max(16 * 1024),
+        );
+    let header_to = Duration::from_millis(srv.header_timeout_ms());
+    let ka = core.keepalive.map_or(75_000, |k| k.timeout_ms);
+    let max_requests = core.keepalive_requests.unwrap_or(1000);
+    let reset_timedout = core.reset_timedout_connection.unwrap_or(false);
+    let default_conf = addr.default.conf.clone();
+    drop((addr, http, config));
+    let io = Io::new(stream, pre);
+    let mut conn = match timeout(header_to, b.handshake::<_, Bytes>(io)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(_)) => return,
+        Err(_) => {
+            log_conn(
+                &default_conf,
+                Level::Info,
+                info,
+                "client timed out (110: Connection timed out) while reading client request headers",
+            );
+            if reset_timedout {
+                stream.set_linger_zero();
+            }
+            return;
+        }
+    };
+    let streams = Rc::new(Streams {
+        active: Cell::new(0),
+        ended: tokio::sync::Notify::new(),
+    });
+    let mut quit = shared.quit.clone();
+    let mut closing = false;
+    let mut requests: u64 = 0;
+    loop {
+        let idle = streams.active.get() == 0 && !closing;
+        let ended = streams.ended.notified();
+        tokio::select! {
+            r = conn.accept() => match r {
+                Some(Ok((req, respond))) => {
+                    requests += 1;
+                    streams.active.set(streams.active.get() + 1);
+                    let mut info = info.clone();
+                    info.requests = requests;
+                    let shared = shared.clone();
+                    let st = streams.clone();
+                    tokio::task::spawn_local(async move {
+                        let _done = Ended(st);
+                        stream_task(req, respond, info, shared).await;
+                    });
+                    // keepalive_requests: the last stream, then GOAWAY.
+                    if requests >= max_requests && !closing {
+                        conn.graceful_shutdown();
+                        closing = true;
+                    }
+                }
+                Some(Err(e)) => {
+                    if !e.is_io() && !e.is_go_away() {
+                        log_conn(&default_conf, Level::Info, info, &format!("client sent invalid HTTP/2 frames ({})", e));
+                    }
+                    break;
+                }
+                None => break,
+            },
+            _ = ended => {}
+            _ = tokio::time::sleep(Duration::from_millis(ka)), if idle => {
+                // keepalive_timeout with no stream open: GOAWAY, and the
+                // connection closes once the peer has seen it.
+                conn.graceful_shutdown();
+                closing = true;
+            }
+            _ = quit.changed(), if !closing => {
+                // Graceful stop: GOAWAY; streams in flight finish.
+                conn.graceful_shutdown();
+                closing = true;
+            }
+        }
+        if closing && streams.active.get() == 0 {
+            // Let the GOAWAY (and anything queued) go out, briefly.
+            let _ = timeout(Duration::from_secs(1), poll_fn(|cx| conn.poll_closed(cx))).await;
+            break;
+        }
+    }
+}
+
+/// Counts a stream out when its task ends, however it ends.
+struct Ended(Rc<Streams>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.active.set(self.0.active.get().saturating_sub(1));
+        self.0.ended.notify_one();
+    }
+}
+
+/// The request body as the body reader (`http::body`) reads a
+/// connection: bytes of DATA frames as they come, flow-control window given
+/// back as they are taken. Without a content-length the body is presented
+/// chunked (the request says so), so the reader's size limits apply as
+/// they do to an HTTP/1.1 chunked body.
+struct H2Body {
+    st: RefCell<BodyState>,
+}
+
+struct BodyState {
+    rx: RecvStream,
+    pending: Bytes,
+    chunked: bool,
+    eof: bool,
+}
+
+impl BodyIo for H2Body {
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut s = self.st.borrow_mut();
+        if s.pending.is_empty() {
+            if s.eof {
+                return Ok(0);
+            }
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = s.pending.len().min(buf.len());
+        let piece = s.pending.split_to(n);
+        buf[..n].copy_from_slice(&piece);
+        Ok(n)
+    }
+    fn readable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
+        Box::pin(poll_fn(move |cx| {
+            let mut s = self.st.borrow_mut();
+            loop {
+                if !s.pending.is_empty() || s.eof {
+                    return Poll::Ready(Ok(()));
+                }
+                match s.rx.poll_data(cx) {
+                    Poll::Ready(Some(Ok(data))) => {
+                        let _ = s.rx.flow_control().release_capacity(data.len());
+                        if data.is_empty() {
+                            continue;
+                        }
+                        if s.chunked {
+                            let mut v = Vec::with_capacity(data.len() + 16);
+                            v.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                            v.extend_from_slice(&data);
+                            v.extend_from_slice(b"\r\n");
+                            s.pending = Bytes::from(v);
+                        } else {
+                            s.pending = data;
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, e)));
+                    }
+                    Poll::Ready(None) => {
+                        s.eof = true;
+                        if s.chunked {
+                            s.pending = Bytes::from_static(b"0\r\n\r\n");
+                        }
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }))
+    }
+    // `Expect: 100-continue` needs no answer over HTTP/2: the window is
+    // the client's permission to send.
+    fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        Ok(data.len())
+    }
+    fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn try_flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads the body to its end, dropping it; the reset reason when the
+/// peer broke the stream (or `CANCEL` when it went quiet too long).
+async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
+    loop {
+        let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().rx.poll_data(cx))).await;
+        match next {
+            Ok(Some(Ok(d))) => {
+                let _ = body
+                    .st
+                    .borrow_mut()
+                    .rx
+                    .flow_control()
+                    .release_capacity(d.len());
+            }
+            Ok(Some(Err(e))) => return Err(e.reason().unwrap_or(h2::Reason::PROTOCOL_ERROR)),
+            Ok(None) => return Ok(()),
+            Err(_) => return Err(h2::Reason::CANCEL),
+        }
+    }
+}
+
+/// The head an HTTP/2 request amounts to, as HTTP/1 bytes for the head
+/// parser (so that nginx's checks on the method, target and host apply
+/// alike): the pseudo-headers become the request line and Host, cookies
+/// are joined as nginx joins them.
+fn head_of(parts: &http::request::Parts) -> Vec<u8> {
+    let mut h = Vec::with_capacity(256);
+    h.extend_from_slice(parts.method.as_str().as_bytes());
+    h.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    h.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    h.extend_from_slice(b" HTTP/1.1\r\n");
+    if !parts.headers.contains_key(http::header::HOST) {
+        if let Some(a) = parts.uri.authority() {
+            h.extend_from_slice(b"host: ");
+            h.extend_from_slice(a.as_str().as_bytes());
+            h.extend_from_slice(b"\r\n");
+        }
+    }
+    let mut cookies: Vec<&[u8]> = Vec::new();
+    for (n, v) in parts.headers.iter() {
+        if n == http::header::COOKIE {
+            cookies.push(v.as_bytes());
+            continue;
+        }
+        h.extend_from_slice(n.as_str().as_bytes());
+        h.extend_from_slice(b": ");
+        h.extend_from_slice(v.as_bytes());
+        h.extend_from_slice(b"\r\n");
+    }
+    if !cookies.is_empty() {
+        h.extend_from_slice(b"cookie: ");
+        h.extend_from_slice(&cookies.join(&b"; "[..]));
+        h.extend_from_slice(b"\r\n");
+    }
+    h.extend_from_slice(b"\r\n");
+    h
+}
+
+async fn stream_task(
+    req: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    info: ConnInfo,
+    shared: Arc<WorkerShared>,
+) {
+    let config = shared.config.load_full();
+    let Some(http) = config.http.clone() else {
+        return;
+    };
+    let http = &http;
+    let Some(addr) = http.addr_for(&info.listen, info.local) else {
+        return;
+    };
+    // The connection task goes on with the frames that came with this
+    // HEADERS (a WINDOW_UPDATE, a RST_STREAM) before the request runs.
+    tokio::task::yield_now().await;
+    shared.stats.request();
+    let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
+    let (parts, rx) = req.into_parts();
+    let has_body = !rx.is_end_stream();
+    let mut req: Request =
+        match crate::http::v1::parse::parse_head(head_of(&parts), &addr.default.srv) {
+            Ok(r) => r,
+            Err(rej) => {
+                // What nginx would refuse in an HTTP/1 head: its status,
+                // and the stream ends.
+                let conf = addr.default.conf.clone();
+                log_conn(&conf, Level::Info, &info, rej.log);
+                let mut resp = Response::status(rej.status);
+                response::special_response(&mut resp, &conf);
+                let mut sent = phases::Sent::default();
+                let _ = send(&mut respond, &mut resp, &conf, false, &mut sent).await;
+                return;
+            }
+        };
+    req.set_protocol(b"HTTP/2.0");
+    if has_body && req.content_length.is_none() {
+        req.chunked = true;
+    }
+    let body_io = H2Body {
+        st: RefCell::new(BodyState {
+            rx,
+            pending: Bytes::new(),
+            chunked: req.chunked,
+            eof: !has_body,
+        }),
+    };
+    let server = addr.select(req.host()).clone();
+    let mut cx = phases::Ctx::new(http, &req, &server, &info, &shared);
+    if has_body {
+        cx.body = Some(crate::http::body::ReqBody::new(&body_io, Vec::new()));
+    }
+    let mut resp = phases::run(&mut cx).await;
+    let mut scratch = Vec::new();
+    let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
+    let loc = cx.loc.clone();
+    if let crate::http::body::End::Broken { silent: true, .. } = body_end {
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
+        respond.send_reset(h2::Reason::CANCEL);
+        return;
+    }
+    if resp.close_silently {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        return;
+    }
+    // A body nobody read is read to its end (and dropped) before the
+    // answer, each wait bounded by client_body_timeout: a malformed end
+    // of it (a length that does not match, pseudo-headers in trailers, a
+    // reset) then resets the stream rather than being answered.
+    if has_body && body_end == crate::http::body::End::Unread {
+        let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
+        if let Err(reason) = drain(&body_io, to).await {
+            cx.sent.status = resp.status;
+            respond.send_reset(reason);
+            return;
+        }
+    }
+    let head_only = req.method == crate::http::request::Method::Head;
+    let r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent).await;
+    if r.is_err() {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+    }
+    cx.sent.status = resp.status;
+    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
+    crate::http::modules::log_phase(&cx);
+}
+
+/// Connection-specific fields HTTP/2 forbids (RFC 9113 8.2.2).
+fn connection_specific(name: &str) -> bool {
+    [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+    ]
+    .iter()
+    .any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// Sends the response: HEADERS, then the body as DATA (files read through
+/// the file-I/O layer, in `http2_chunk_size` pieces, through the body
+/// filters), then trailers if any.
+async fn send(
+    respond: &mut SendResponse<Bytes>,
+    resp: &mut Response,
+    loc: &LocConf,
+    head_only: bool,
+    sent: &mut phases::Sent,
+) -> io::Result<()> {
+    let code = match resp.status {
+        494..=497 => 400,
+        // No interim answer can end an HTTP/2 request.
+        c if c < 200 => 502,
+        c => c,
+    };
+    let mut head = http::Response::new(());
+    *head.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    // `$sent_http_*` read the fields as HTTP/1 lines.
+    let mut text = Vec::with_capacity(256);
+    text.extend_from_slice(b"HTTP/2.0 ");
+    response::push_num(&mut text, code as u64);
+    text.extend_from_slice(b"\r\n");
+    {
+        let hm = head.headers_mut();
+        let mut add = |n: &str, v: &[u8]| {
+            if connection_specific(n) {
+                return;
+            }
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(n.as_bytes()),
+                http::HeaderValue::from_bytes(v),
+            ) {
+                hm.append(n, v);
+            }
+            text.extend_from_slice(n.as_bytes());
+            text.extend_from_slice(b": ");
+            text.extend_from_slice(v);
+            text.extend_from_slice(b"\r\n");
+        };
+        response::fixed_fields(resp, loc, &mut add);
+        for (n, v) in &resp.headers {
+            add(n, v);
+        }
+    }
+    text.extend_from_slice(b"\r\n");
+    sent.bytes = text.len() as u64;
+    sent.head = text;
+    let no_body = head_only
+        || (resp.filters.is_empty()
+            && match &resp.body {
+                Body::Empty => true,
+                Body::Bytes(b) => b.is_empty(),
+                _ => false,
+            });
+    let mut tx = respond
+        .send_response(head, no_body && resp.trailers.is_empty())
+        .map_err(h2_io)?;
+    if no_body {
+        if !resp.trailers.is_empty() && !head_only {
+            tx.send_trailers(trailers(&resp.trailers)).map_err(h2_io)?;
+        }
+        return Ok(());
+    }
+    let policy = resp.io.take().unwrap_or_default();
+    let mut out = Out {
+        tx: &mut tx,
+        to: Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000)),
+        chunk: loc.core.http2_chunk_size.unwrap_or(8192),
+        sent,
+        trailers: !resp.trailers.is_empty(),
+    };
+    let mut filters = std::mem::take(&mut resp.filters);
+    let body = std::mem::take(&mut resp.body);
+    let piece = loc.io.output_buffers().1.max(1) as u64;
+    let r = async {
+        match body {
+            Body::Stream(mut src) => loop {
+                match src.next().await? {
+                    Some(data) => out.filtered(&mut filters, &data, false).await?,
+                    None => return out.filtered(&mut filters, b"", true).await,
+                }
+            },
+            Body::Empty => out.filtered(&mut filters, b"", true).await,
+            Body::Bytes(b) => {
+                if filters.is_empty() {
+                    out.data(Bytes::from(b), true).await
+                } else {
+                    out.filtered(&mut filters, &b, true).await
+                }
+            }
+            Body::File { file, offset, len } => {
+                out.pieces(
+                    &[Piece::File { file, offset, len }],
+                    &mut filters,
+                    piece,
+                    &policy,
+                )
+                .await
+            }
+            Body::Multi(p) => out.pieces(&p, &mut filters, piece, &policy).await,
+        }
+    }
+    .await;
+    sent.io = policy.decision().as_str();
+    r?;
+    if !resp.trailers.is_empty() {
+        tx.send_trailers(trailers(&resp.trailers)).map_err(h2_io)?;
+    }
+    Ok(())
+}
+
+fn trailers(list: &[(String, Vec<u8>)]) -> http::HeaderMap {
+    let mut hm = http::HeaderMap::new();
+    for (n, v) in list {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(n.as_bytes()),
+            http::HeaderValue::from_bytes(v),
+        ) {
+            hm.append(n, v);
+        }
+    }
+    hm
+}
+
+fn h2_io(e: h2::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, e)
+}
+
+/// A response body on its way out as DATA frames.
+struct Out<'o> {
+    tx: &'o mut SendStream<Bytes>,
+    to: Duration,
+    chunk: usize,
+    sent: &'o mut phases::Sent,
+    /// Trailers follow: the last DATA does not end the stream.
+    trailers: bool,
+}
+
+impl Out<'_> {
+    /// Sends `data`, waiting (at most send_timeout each time) for the
+    /// peer's flow-control window; `last` ends the stream.
+    async fn data(&mut self, mut data: Bytes, last: bool) -> io::Result<()> {
+        let end = last && !self.trailers;
+        self.sent.body_bytes += data.len() as u64;
+        self.sent.bytes += data.len() as u64;
+        if data.is_empty() {
+            if end {
+                self.tx.send_data(data, true).map_err(h2_io)?;
+            }
+            return Ok(());
+        }
+        while !data.is_empty() {
+            let want = data.len().min(self.chunk);
+            self.tx.reserve_capacity(want);
+            let cap = match timeout(self.to, poll_fn(|cx| self.tx.poll_capacity(cx))).await {
+                Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+                Ok(None) => return Err(io::ErrorKind::ConnectionAborted.into()),
+                Ok(Some(Err(e))) => return Err(h2_io(e)),
+                Ok(Some(Ok(n))) => n,
+            };
+            if cap == 0 {
+                continue;
+            }
+            let piece = data.split_to(cap.min(want));
+            self.tx
+                .send_data(piece, end && data.is_empty())
+                .map_err(h2_io)?;
+        }
+        Ok(())
+    }
+
+    /// Passes `input` through the body filters and sends what comes out.
+    async fn filtered(
+        &mut self,
+        filters: &mut [Box<dyn response::BodyFilter>],
+        input: &[u8],
+        last: bool,
+    ) -> io::Result<()> {
+        if filters.is_empty() {
+            return self.data(Bytes::copy_from_slice(input), last).await;
+        }
+        let mut out = Vec::new();
+        response::run_filters(filters, input, last, &mut out)?;
+        self.data(Bytes::from(out), last).await
+    }
+
+    /// Sends pieces (bytes, file ranges read through the file-I/O layer a
+    /// buffer at a time), through the filters when there are any.
+    async fn pieces(
+        &mut self,
+        pieces: &[Piece],
+        filters: &mut [Box<dyn response::BodyFilter>],
+        buf: u64,
+        policy: &crate::io::Policy,
+    ) -> io::Result<()> {
+        let n_pieces = pieces.len();
+        if n_pieces == 0 {
+            return self.filtered(filters, b"", true).await;
+        }
+        for (i, p) in pieces.iter().enumerate() {
+            let last_piece = i + 1 == n_pieces;
+            match p {
+                Piece::Bytes(b) => self.filtered(filters, b, last_piece).await?,
+                Piece::File { file, offset, len } => {
+                    let (mut off, end) = (*offset, offset + len);
+                    if off == end {
+                        self.filtered(filters, b"", last_piece).await?;
+                    }
+                    while off < end {
+                        let n = (end - off).min(buf.max(self.chunk as u64));
+                        let data = crate::io::read(file, off, n as usize, policy).await?;
+                        if data.is_empty() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "file was truncated while being sent",
+                            ));
+                        }
+                        off += data.len() as u64;
+                        let last = last_piece && off >= end;
+                        if filters.is_empty() {
+                            self.data(data, last).await?;
+                        } else {
+                            self.filtered(filters, &data, last).await?;
+                        }
+                        tokio::task::consume_budget().await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
