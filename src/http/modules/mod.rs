@@ -220,6 +220,13 @@ impl ModLoc {
         self.fastcgi.pass = None;
     }
 
+    /// The checks of a merged location (`PREFIX_cache` needs a key where
+    /// the protocol has none of its own).
+    pub fn check_merged(l: &LocConf) -> ConfResult<()> {
+        use crate::http::upstream::conf::check_cache_key;
+        check_cache_key(&l.modules.fastcgi.up, "fastcgi")
+    }
+
     /// The `*_pass` modules' checks of a compiled location (`own`: its
     /// own configuration, `block`: its directives).
     pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {

@@ -151,6 +151,9 @@ pub(super) async fn respond(
         r.close_silently = true;
         return r;
     }
+    for e in resp.decoder.logs() {
+        log_upstream(cx, Level::Error, &e, &url);
+    }
     // (A HEAD answer's body is not read, even when upstream sends one.)
     if let Some(w) = resp.decoder.extra_warning().filter(|_| !head_only) {
         log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
@@ -300,7 +303,7 @@ pub(super) async fn respond(
         force_ranges(&mut out);
     } else if store.is_some() {
         out.single_range = true;
-    } else {
+    } else if !proto.ranges() {
         out.ranges_off = true;
     }
     if head_only && cache_out.is_none() {
