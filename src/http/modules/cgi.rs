@@ -229,6 +229,7 @@ impl CgiHead {
             keep: false,
             decoder: Box::new(ToClose {
                 none: no_body,
+                left: declared_len,
                 extra: false,
             }),
         }
@@ -276,9 +277,13 @@ impl HeadReader for CgiHead {
     }
 }
 
-/// A body that ends with the connection (none at all for HEAD, 204, 304).
+/// A body of the declared Content-Length (nginx then takes the close
+/// before its end as premature), else one that ends with the connection;
+/// none at all for HEAD, 204, 304.
 struct ToClose {
     none: bool,
+    /// Bytes still expected with a Content-Length.
+    left: Option<u64>,
     extra: bool,
 }
 
@@ -286,6 +291,11 @@ impl BodyDecoder for ToClose {
     fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
         if self.none {
             self.extra |= !buf.is_empty();
+        } else if let Some(l) = self.left.as_mut() {
+            let take = (*l).min(buf.len() as u64) as usize;
+            self.extra |= take < buf.len();
+            *l -= take as u64;
+            out.extend_from_slice(&buf[..take]);
         } else {
             out.extend_from_slice(buf);
         }
@@ -293,7 +303,7 @@ impl BodyDecoder for ToClose {
     }
 
     fn done(&self) -> bool {
-        self.none
+        self.none || self.left == Some(0)
     }
 
     fn extra(&self) -> bool {
@@ -301,7 +311,7 @@ impl BodyDecoder for ToClose {
     }
 
     fn by_close(&self) -> bool {
-        !self.none
+        !self.none && self.left.is_none()
     }
 }
 

@@ -303,7 +303,11 @@ pub(super) async fn respond(
         force_ranges(&mut out);
     } else if store.is_some() {
         out.single_range = true;
-    } else if !proto.ranges() {
+    } else if proto.ranges() {
+        // Rangeable as a file is: the range filter sees the mark.
+        out.headers
+            .push((Cow::Borrowed("Accept-Ranges"), b"bytes".to_vec()));
+    } else {
         out.ranges_off = true;
     }
     if head_only && cache_out.is_none() {
