@@ -32,8 +32,8 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::core::log::Level;
+use crate::core::stream::Stream;
 use crate::http::conf::LocConf;
-use crate::http::conn::Stream;
 use crate::http::upstream::peers::Lease;
 use crate::tls::client::UpStream;
 
@@ -208,7 +208,7 @@ async fn send_client<S: Stream>(
     data: &[u8],
     loc: &LocConf,
 ) -> Result<(), (Level, String)> {
-    match crate::http::conn::write_all(client, &[data], loc).await {
+    match crate::http::v1::conn::write_all(client, &[data], loc).await {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(timed_out("client")),
         Err(e) => Err(failed(Level::Info, "send", &e)),
