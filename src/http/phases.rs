@@ -1019,6 +1019,14 @@ impl VarCtx for Ctx<'_> {
                 Some((_, v)) => out.extend_from_slice(v),
                 None => return false,
             },
+            Var::UpstreamCookie(name) => match self
+                .upstream_headers
+                .as_deref()
+                .and_then(|hs| upstream_cookie(hs, name.as_bytes()))
+            {
+                Some(v) => out.extend_from_slice(v),
+                None => return false,
+            },
             Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,
@@ -1105,4 +1113,19 @@ fn eval_size(cx: &Ctx<'_>, v: Option<&crate::http::conf::SizeValue>) -> Option<u
             Some(0)
         }
     }
+}
+
+/// The value `Set-Cookie` headers give cookie `name` (the first that
+/// names it; names compare case-insensitively, as nginx's).
+fn upstream_cookie<'h>(hs: &'h [(String, Vec<u8>)], name: &[u8]) -> Option<&'h [u8]> {
+    hs.iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("set-cookie"))
+        .find_map(|(_, v)| {
+            let first = v.split(|&c| c == b';').next()?;
+            let eq = memchr::memchr(b'=', first)?;
+            first[..eq]
+                .trim_ascii()
+                .eq_ignore_ascii_case(name)
+                .then(|| first[eq + 1..].trim_ascii())
+        })
 }

@@ -25,6 +25,8 @@ pub enum Var {
     SentHttp(String),
     /// `$upstream_http_NAME`: a header of the upstream's response.
     UpstreamHttp(String),
+    /// `$upstream_cookie_NAME`: a cookie the upstream's `Set-Cookie` sets.
+    UpstreamCookie(String),
     Arg(String),
     Cookie(String),
     RemoteAddr,
@@ -276,6 +278,10 @@ impl VarTable {
         let lower = name.to_ascii_lowercase();
         if let Some(h) = lower.strip_prefix("http_") {
             return Var::Http(h.replace('_', "-"));
+        }
+        if let Some(c) = name.strip_prefix("upstream_cookie_") {
+            self.upstream_http = true;
+            return Var::UpstreamCookie(c.to_string());
         }
         if let Some(h) = lower.strip_prefix("upstream_http_") {
             self.upstream_http = true;

@@ -562,11 +562,16 @@ fn config_checks() {
     };
     let t = ConfTest::run(&base("fastcgi_split_path_info ^(.+)$;"));
     t.assert_says("emerg", "pattern \"^(.+)$\" must have 2 captures", 5);
-    let t = ConfTest::run(&base("fastcgi_cache one;"));
-    t.assert_says(
-        "emerg",
-        "\"fastcgi_cache\" directive is not supported by tern yet",
-        5,
+    // fastcgi has no built-in cache key: nginx refuses a cache without one.
+    let t = ConfTest::run(
+        "events {}\nhttp {\nfastcgi_cache_path cache keys_zone=one:1m;\nserver {\nlocation / {\nfastcgi_cache one;\n}\n}\n}\n",
+    );
+    assert_eq!(t.code, Some(1), "{}", t.stderr);
+    assert!(
+        t.stderr
+            .contains("no \"fastcgi_cache_key\" for \"fastcgi_cache\""),
+        "{}",
+        t.stderr
     );
     let t = ConfTest::run(&base("fastcgi_pass 127.0.0.1:0;"));
     t.assert_says("emerg", "invalid port in upstream \"127.0.0.1:0\"", 5);
@@ -749,4 +754,52 @@ fn conditional_requests_go_as_the_script_answered() {
         }
     }
     compare_with_nginx(&c, &reqs);
+}
+
+/// `fastcgi_cache`: the second request is a HIT that never reaches the
+/// responder, with the same head and body as nginx gives.
+#[test]
+fn cache_matches_nginx() {
+    if !nginx_installed() {
+        return;
+    }
+    let fport = free_port();
+    let resp = Responder::tcp(fport, Arc::new(script));
+    let conf = |cache: &str| {
+        format!(
+            "http {{ access_log off;\n\
+             fastcgi_cache_path {cache} levels=1:2 keys_zone=fc:1m;\n\
+             server {{ listen 127.0.0.1:@PORT@;\n\
+               location / {{ fastcgi_param REQUEST_URI $request_uri;\n\
+                 fastcgi_cache fc; fastcgi_cache_key $request_uri; fastcgi_cache_valid 200 1m;\n\
+                 add_header X-Cache $upstream_cache_status;\n\
+                 fastcgi_pass 127.0.0.1:{fport}; }}\n\
+             }} }}\n"
+        )
+    };
+    let get = |port: u16, path: &str| {
+        let r = format!("GET {path} HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n");
+        crate::harness::blank_date_server(&String::from_utf8_lossy(&raw(port, r.as_bytes())))
+    };
+    let pn = Prefix::new();
+    let nport = free_port();
+    let nginx =
+        start_nginx(&pn, &conf(&pn.path("c").display().to_string()), nport).expect("nginx starts");
+    let n = [get(nport, "/len"), get(nport, "/len"), get(nport, "/x")];
+    drop(nginx);
+    assert_eq!(resp.take().len(), 2);
+    let pt = Prefix::new();
+    let c = conf(&pt.path("c").display().to_string());
+    let tern = Server::start_in(pt, &c);
+    let t = [
+        get(tern.port, "/len"),
+        get(tern.port, "/len"),
+        get(tern.port, "/x"),
+    ];
+    assert!(
+        n[0].contains("X-Cache: MISS") && n[1].contains("X-Cache: HIT"),
+        "{n:?}"
+    );
+    assert_eq!(t, n);
+    assert_eq!(resp.take().len(), 2);
 }

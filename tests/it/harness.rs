@@ -687,3 +687,39 @@ pub fn blank_date_server(text: &str) -> String {
         .collect::<Vec<_>>()
         .join("\r\n")
 }
+
+/// `text` (a whole response) with a chunked body decoded and marked
+/// `[chunked]` after the head, so that answers cut into chunks at other
+/// places compare equal.
+pub fn dechunked(text: &str) -> String {
+    let Some(at) = text.find("\r\n\r\n") else {
+        return text.to_string();
+    };
+    let (head, mut rest) = (&text[..at], &text[at + 4..]);
+    if !head.contains("\r\nTransfer-Encoding: chunked") || rest.starts_with("[chunked]") {
+        return text.to_string();
+    }
+    let mut body = String::new();
+    while let Some(nl) = rest.find("\r\n") {
+        let Ok(n) = usize::from_str_radix(rest[..nl].trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < nl + 2 + n {
+            break;
+        }
+        body.push_str(&rest[nl + 2..nl + 2 + n]);
+        rest = rest[nl + 2 + n..].strip_prefix("\r\n").unwrap_or("");
+    }
+    format!("{head}\r\n\r\n[chunked]{body}")
+}
+
+/// `text` without its framing: the body decoded, the Content-Length and
+/// Transfer-Encoding lines left out.
+pub fn framing_blind(text: &str) -> String {
+    dechunked(text)
+        .replace("[chunked]", "")
+        .split("\r\n")
+        .filter(|l| !l.starts_with("Content-Length: ") && !l.starts_with("Transfer-Encoding: "))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}

@@ -10,7 +10,7 @@ use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::phases::Ctx;
 use crate::http::upstream::fetch::{invalid_header, Fail, WHILE_HEAD};
-use crate::http::upstream::{BodyDecoder, Head, HeadReader};
+use crate::http::upstream::{BodyDecoder, Caching, Head, HeadReader};
 use crate::http::vars::Template;
 
 /// A `PREFIX_param NAME VALUE [if_not_empty]`.
@@ -36,11 +36,25 @@ pub fn param(d: &Directive, cx: &mut Compiler) -> ConfResult<Param> {
     })
 }
 
-/// The request's parameters, in nginx's order, each given to `emit`.
+/// The params nginx adds when the response may be cached (its
+/// `*_cache_headers`, unless a `PREFIX_param` sets the name): the
+/// revalidation's validators, the other conditionals and `Range` cleared.
+const CACHE_PARAMS: &[&str] = &[
+    "HTTP_IF_MODIFIED_SINCE",
+    "HTTP_IF_UNMODIFIED_SINCE",
+    "HTTP_IF_NONE_MATCH",
+    "HTTP_IF_MATCH",
+    "HTTP_RANGE",
+    "HTTP_IF_RANGE",
+];
+
+/// The request's parameters, in nginx's order, each given to `emit`:
+/// the params, the cache's own (when `caching`), the client's headers.
 pub fn params(
     cx: &Ctx<'_>,
     list: &[Param],
     pass_headers: bool,
+    caching: Option<Caching<'_>>,
     mut emit: impl FnMut(&[u8], &[u8]),
 ) {
     for p in list {
@@ -50,6 +64,21 @@ pub fn params(
         }
         emit(&p.name, &v);
     }
+    let own = |n: &str| list.iter().any(|p| p.name == n.as_bytes());
+    let mut cleared: Vec<&[u8]> = Vec::new();
+    if let Some(c) = caching {
+        for name in CACHE_PARAMS.iter().filter(|n| !own(n)) {
+            cleared.push(&name.as_bytes()[5..]);
+            // Only the validators have a value, and only while revalidating
+            // (empty ones are skipped, as nginx's defaults).
+            let v = match (*name, c.revalidate) {
+                ("HTTP_IF_MODIFIED_SINCE", Some((Some(lm), _))) => lm.as_slice(),
+                ("HTTP_IF_NONE_MATCH", Some((_, Some(etag)))) => etag.as_slice(),
+                _ => continue,
+            };
+            emit(name.as_bytes(), v);
+        }
+    }
     if !pass_headers {
         return;
     }
@@ -58,6 +87,7 @@ pub fn params(
     let set: Vec<&[u8]> = list
         .iter()
         .filter_map(|p| p.name.strip_prefix(b"HTTP_"))
+        .chain(cleared)
         .collect();
     let mut full = Vec::new();
     for h in cx.req.headers() {
@@ -199,6 +229,7 @@ impl CgiHead {
             keep: false,
             decoder: Box::new(ToClose {
                 none: no_body,
+                left: declared_len,
                 extra: false,
             }),
         }
@@ -246,9 +277,13 @@ impl HeadReader for CgiHead {
     }
 }
 
-/// A body that ends with the connection (none at all for HEAD, 204, 304).
+/// A body of the declared Content-Length (nginx then takes the close
+/// before its end as premature), else one that ends with the connection;
+/// none at all for HEAD, 204, 304.
 struct ToClose {
     none: bool,
+    /// Bytes still expected with a Content-Length.
+    left: Option<u64>,
     extra: bool,
 }
 
@@ -256,6 +291,11 @@ impl BodyDecoder for ToClose {
     fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
         if self.none {
             self.extra |= !buf.is_empty();
+        } else if let Some(l) = self.left.as_mut() {
+            let take = (*l).min(buf.len() as u64) as usize;
+            self.extra |= take < buf.len();
+            *l -= take as u64;
+            out.extend_from_slice(&buf[..take]);
         } else {
             out.extend_from_slice(buf);
         }
@@ -263,7 +303,7 @@ impl BodyDecoder for ToClose {
     }
 
     fn done(&self) -> bool {
-        self.none
+        self.none || self.left == Some(0)
     }
 
     fn extra(&self) -> bool {
@@ -271,7 +311,7 @@ impl BodyDecoder for ToClose {
     }
 
     fn by_close(&self) -> bool {
-        !self.none
+        !self.none && self.left.is_none()
     }
 }
 

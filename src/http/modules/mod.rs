@@ -25,6 +25,7 @@ pub mod index;
 pub mod limit_conn;
 pub mod limit_req;
 pub mod map;
+pub mod memcached;
 pub mod mirror;
 pub mod not_modified;
 pub mod open_file_cache;
@@ -35,6 +36,7 @@ pub mod realip;
 pub mod referer;
 pub mod resolver;
 pub mod rewrite;
+pub mod scgi;
 pub mod secure_link;
 pub mod ssl_settings;
 pub mod static_file;
@@ -42,6 +44,7 @@ pub mod stub_status;
 pub mod sub_filter;
 pub mod try_files;
 pub mod userid;
+pub mod uwsgi;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -73,6 +76,9 @@ pub const TABLES: &[&[Spec]] = &[
     error_page::DIRECTIVES,
     proxy::DIRECTIVES,
     fastcgi::DIRECTIVES,
+    scgi::DIRECTIVES,
+    uwsgi::DIRECTIVES,
+    memcached::DIRECTIVES,
     crate::http::upstream::peers::DIRECTIVES,
     crate::http::body::DIRECTIVES,
     hash_sizes::DIRECTIVES,
@@ -200,6 +206,9 @@ pub struct ModLoc {
     pub error_page: error_page::ErrorPageLoc,
     pub proxy: proxy::ProxyLoc,
     pub fastcgi: fastcgi::FastcgiLoc,
+    pub scgi: scgi::ScgiLoc,
+    pub uwsgi: uwsgi::UwsgiLoc,
+    pub memcached: memcached::MemcachedLoc,
     pub body: crate::http::body::BodyLoc,
     pub realip: realip::RealIpLoc,
     pub auth_basic: auth_basic::AuthBasicLoc,
@@ -222,12 +231,27 @@ impl ModLoc {
     pub fn drop_inherited_pass(&mut self) {
         self.proxy.pass = None;
         self.fastcgi.pass = None;
+        self.scgi.pass = None;
+        self.uwsgi.pass = None;
+        self.memcached.pass = None;
+    }
+
+    /// The checks of a merged location (`PREFIX_cache` needs a key where
+    /// the protocol has none of its own).
+    pub fn check_merged(l: &LocConf) -> ConfResult<()> {
+        use crate::http::upstream::conf::check_cache_key;
+        check_cache_key(&l.modules.fastcgi.up, "fastcgi")?;
+        check_cache_key(&l.modules.scgi.up, "scgi")?;
+        check_cache_key(&l.modules.uwsgi.up, "uwsgi")
     }
 
     /// The `*_pass` modules' checks of a compiled location (`own`: its
     /// own configuration, `block`: its directives).
     pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
-        fastcgi::check_pass(own, hm, block)
+        fastcgi::check_pass(own, hm, block)?;
+        scgi::check_pass(own, hm, block)?;
+        uwsgi::check_pass(own, hm, block)?;
+        memcached::check_pass(own, hm, block)
     }
 
     pub fn merge(&mut self, p: &ModLoc) {
@@ -255,6 +279,9 @@ impl ModLoc {
         self.error_page.merge(&p.error_page);
         self.proxy.merge(&p.proxy);
         self.fastcgi.merge(&p.fastcgi);
+        self.scgi.merge(&p.scgi);
+        self.uwsgi.merge(&p.uwsgi);
+        self.memcached.merge(&p.memcached);
         self.body.merge(&p.body);
         self.auth_basic.merge(&p.auth_basic);
         self.secure_link.merge(&p.secure_link);
@@ -332,7 +359,7 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "limit_req_log_level": ctx::HSL, "limit_req_dry_run": ctx::HSL,
     "charset": HSL, "charset_types": ctx::HSL, "source_charset": ctx::HSL, "override_charset": HSL, "charset_map": H,
     "map": H, "split_clients": H, "geo": H,
-    "uwsgi_pass": ctx::LOC | ctx::LIF, "scgi_pass": ctx::LOC | ctx::LIF, "grpc_pass": ctx::LOC | ctx::LIF,
+    "grpc_pass": ctx::LOC | ctx::LIF,
 
     "autoindex": ctx::HSL,
     "autoindex_exact_size": ctx::HSL, "autoindex_localtime": ctx::HSL, "autoindex_format": ctx::HSL,

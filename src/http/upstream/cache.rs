@@ -65,10 +65,13 @@ pub(super) async fn start_cache_file(
 /// A response from the cache (HIT, STALE, UPDATING, REVALIDATED).
 pub(super) fn cache_answer(
     cx: &mut Ctx<'_>,
-    conf: &UpstreamConf,
+    proto: &dyn Protocol,
     mut r: Response,
     status: &[u8],
 ) -> Response {
+    let conf = proto.conf();
+    // The entry keeps upstream's Date and Server where the protocol relays them.
+    r.upstream_server_date = proto.relays_date();
     cx.set_note("upstream_cache_status", status.to_vec());
     if cx.method != Method::Head && matches!(&r.body, Body::Bytes(b) if b.is_empty()) {
         // Only a HEAD may be told the length of a body the entry lacks.

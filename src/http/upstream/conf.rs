@@ -192,6 +192,15 @@ pub mod ft {
         ("off", 0),
     ];
 
+    /// `memcached_next_upstream`'s cases (nginx names two differently).
+    pub const MEMCACHED_NAMES: &[(&str, u16)] = &[
+        ("error", ERROR),
+        ("timeout", TIMEOUT),
+        ("invalid_response", INVALID_HEADER),
+        ("not_found", HTTP_404),
+        ("off", 0),
+    ];
+
     pub const STALE_NAMES: &[(&str, u16)] = &[
         ("error", ERROR),
         ("timeout", TIMEOUT),
@@ -399,7 +408,12 @@ pub fn set_next_upstream<S: Slot>(
     d: &Directive,
     cx: &mut Compiler,
 ) -> ConfResult<()> {
-    let mask = ft_mask(d, cx, ft::NAMES)?;
+    let names = if prefix(d) == "memcached" {
+        ft::MEMCACHED_NAMES
+    } else {
+        ft::NAMES
+    };
+    let mask = ft_mask(d, cx, names)?;
     set_once(&mut S::conf(l).next_upstream, mask, d)
 }
 

@@ -260,7 +260,14 @@ pub async fn fetch<E: FetchEnv>(
         tries_left = tries_left.saturating_sub(1);
         cx.note("upstream_addr", peer.name.as_bytes());
         let url = proto.url(&peer.name);
-        let got = exchange(up, &peer.addr, lim, proto, send, head_only).await;
+        let t0 = std::time::Instant::now();
+        let mut connected = None;
+        let got = exchange(up, &peer.addr, lim, proto, send, head_only, &mut connected).await;
+        // $upstream_connect_time, $upstream_header_time: this attempt's,
+        // "-" where it did not get that far.
+        cx.note("upstream_connect_time", &secs(connected));
+        let header_time = got.as_ref().ok().map(|_| t0.elapsed());
+        cx.note("upstream_header_time", &secs(header_time));
         let logs = match &got {
             Ok(r) => &r.logs,
             Err(f) => &f.logs,
@@ -327,6 +334,8 @@ pub async fn fetch<E: FetchEnv>(
     );
     cx.note("upstream_addr", up.name.as_bytes());
     cx.note("upstream_status", b"502");
+    cx.note("upstream_connect_time", b"-");
+    cx.note("upstream_header_time", b"-");
     // nginx's NOLIVE case, which `PREFIX_cache_use_stale error` includes.
     Err(FetchErr {
         status: 502,
@@ -342,7 +351,9 @@ async fn exchange(
     proto: &dyn Protocol,
     send: &Outgoing<'_>,
     head_only: bool,
+    connected: &mut Option<Duration>,
 ) -> Result<UpResp, Fail> {
+    let t0 = std::time::Instant::now();
     // A cached connection may have been closed by the peer meanwhile; an
     // error on it is retried once on a fresh connection without blaming
     // the peer, as nginx does. A timeout is not a stale connection (the
@@ -353,6 +364,7 @@ async fn exchange(
         .take_idle(addr)
         .filter(|(s, _)| s.is_tls() == lim.tls.is_some())
     {
+        *connected = Some(Duration::ZERO);
         match send_and_read(s, addr, lim, proto, send, head_only).await {
             Ok(r) => {
                 return Ok(UpResp {
@@ -432,9 +444,18 @@ async fn exchange(
             ))
         }
     };
+    *connected = Some(t0.elapsed());
     send_and_read(s, addr, lim, proto, send, head_only)
         .await
         .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// A time as nginx's `$upstream_*_time`: seconds with milliseconds.
+fn secs(d: Option<Duration>) -> Vec<u8> {
+    match d {
+        Some(d) => format!("{}.{:03}", d.as_secs(), d.subsec_millis()).into_bytes(),
+        None => b"-".to_vec(),
+    }
 }
 
 /// A new connection to `addr`, from `PREFIX_bind`'s address, with

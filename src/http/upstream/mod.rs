@@ -123,6 +123,12 @@ pub trait Protocol: Send + Sync {
         false
     }
 
+    /// Byte ranges are served from the answer as from a file (memcached's
+    /// values), not only with `PREFIX_force_ranges`.
+    fn ranges(&self) -> bool {
+        false
+    }
+
     /// A 101 to a request with `Upgrade` turns the connection into a tunnel.
     fn upgrades(&self) -> bool {
         false
@@ -209,7 +215,13 @@ pub type Handler =
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + 'a>>;
 
 /// Engine variables (see `modules::VAR_MODULES`).
-pub const VARS: &[&str] = &["upstream_cache_status", "upstream_addr", "upstream_status"];
+pub const VARS: &[&str] = &[
+    "upstream_cache_status",
+    "upstream_addr",
+    "upstream_status",
+    "upstream_connect_time",
+    "upstream_header_time",
+];
 
 pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
     let Some(name) = VARS.get(usize::from(i)) else {

@@ -151,6 +151,9 @@ pub(super) async fn respond(
         r.close_silently = true;
         return r;
     }
+    for e in resp.decoder.logs() {
+        log_upstream(cx, Level::Error, &e, &url);
+    }
     // (A HEAD answer's body is not read, even when upstream sends one.)
     if let Some(w) = resp.decoder.extra_warning().filter(|_| !head_only) {
         log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
@@ -300,6 +303,10 @@ pub(super) async fn respond(
         force_ranges(&mut out);
     } else if store.is_some() {
         out.single_range = true;
+    } else if proto.ranges() {
+        // Rangeable as a file is: the range filter sees the mark.
+        out.headers
+            .push((Cow::Borrowed("Accept-Ranges"), b"bytes".to_vec()));
     } else {
         out.ranges_off = true;
     }

@@ -80,7 +80,7 @@ pub async fn run(
             } else {
                 loop {
                     match lookup(cx, &z, &md5, &key, &policy).await {
-                        Lookup::Hit(r) => return cache_answer(cx, conf, *r, b"HIT"),
+                        Lookup::Hit(r) => return cache_answer(cx, &*proto, *r, b"HIT"),
                         Lookup::Expired(st) => {
                             // The first request to find it expired updates
                             // it (nginx's STALE); others meanwhile find it
@@ -91,7 +91,7 @@ pub async fn run(
                                     match g {
                                         None => {
                                             let r = entry_response(st.eh, st.file, &policy);
-                                            return cache_answer(cx, conf, r, b"UPDATING");
+                                            return cache_answer(cx, &*proto, r, b"UPDATING");
                                         }
                                         Some(g)
                                             if conf.cache_background_update.unwrap_or(false) =>
@@ -113,7 +113,7 @@ pub async fn run(
                                                 Some(&st.eh),
                                             );
                                             let r = entry_response(st.eh, st.file, &policy);
-                                            return cache_answer(cx, conf, r, b"STALE");
+                                            return cache_answer(cx, &*proto, r, b"STALE");
                                         }
                                         Some(g) => guard = Some(g),
                                     }
@@ -202,7 +202,7 @@ pub async fn run(
             // PREFIX_cache_use_stale: the expired entry instead of an error.
             if let Some(st) = stale.filter(|_| use_stale & e.ft != 0) {
                 let r = entry_response(st.eh, st.file, &policy);
-                return cache_answer(cx, conf, r, b"STALE");
+                return cache_answer(cx, &*proto, r, b"STALE");
             }
             return Response::status(e.status);
         }
@@ -211,7 +211,7 @@ pub async fn run(
         let bit = ft::of_status(resp.status).unwrap_or(0);
         if use_stale & bit != 0 {
             let r = entry_response(st.eh, st.file, &policy);
-            return cache_answer(cx, conf, r, b"STALE");
+            return cache_answer(cx, &*proto, r, b"STALE");
         }
         if resp.status == 304 && revalidate.is_some() {
             if let Some(c) = &creq {
@@ -228,7 +228,7 @@ pub async fn run(
                 }
             }
             let r = entry_response(st.eh, st.file, &policy);
-            return cache_answer(cx, conf, r, b"REVALIDATED");
+            return cache_answer(cx, &*proto, r, b"REVALIDATED");
         }
     }
     super::response::respond(cx, &proto, &up, &lim, resp, creq, guard, head_only, policy).await

@@ -85,29 +85,6 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
         row("fastcgi_keep_conn", HSL, Args::Flag, set_keep_conn),
         row("fastcgi_catch_stderr", HSL, Args::take(1), set_catch_stderr),
         unsupported("fastcgi_send_lowat"),
-        // Shadow the engine's rows until fastcgi's cache is tested.
-        unsupported("fastcgi_store"),
-        unsupported("fastcgi_store_access"),
-        unsupported("fastcgi_cache"),
-        unsupported("fastcgi_cache_key"),
-        unsupported("fastcgi_cache_valid"),
-        unsupported("fastcgi_cache_methods"),
-        unsupported("fastcgi_cache_use_stale"),
-        unsupported("fastcgi_cache_background_update"),
-        unsupported("fastcgi_cache_lock"),
-        unsupported("fastcgi_cache_lock_timeout"),
-        unsupported("fastcgi_cache_lock_age"),
-        unsupported("fastcgi_cache_revalidate"),
-        unsupported("fastcgi_cache_min_uses"),
-        unsupported("fastcgi_cache_bypass"),
-        unsupported("fastcgi_no_cache"),
-        Spec {
-            name: "fastcgi_cache_path",
-            ctx: ctx::HTTP,
-            args: Args::Any,
-            set: Setter::Unsupported,
-        },
-        unsupported("fastcgi_cache_max_range_offset"),
     ]
 );
 
@@ -324,11 +301,11 @@ impl Protocol for Fcgi {
     fn create_request(
         &self,
         cx: &Ctx<'_>,
-        _: Option<Caching<'_>>,
+        caching: Option<Caching<'_>>,
     ) -> Result<Request, Box<Response>> {
         let fconf = &self.loc.modules.fastcgi;
         let keep_conn = fconf.keep_conn.unwrap_or(false);
-        let mut head = match records::request_head(cx, fconf, keep_conn) {
+        let mut head = match records::request_head(cx, fconf, keep_conn, caching) {
             Ok(h) => h,
             Err(m) => {
                 cx.log(Level::Alert, &m);

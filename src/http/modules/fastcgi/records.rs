@@ -11,7 +11,7 @@ use crate::http::modules::cgi::{self, head_end, parse_head, status_of, Param};
 use crate::http::phases::Ctx;
 use crate::http::upstream::fetch::{fail, invalid_header, Fail, WHILE_HEAD};
 use crate::http::upstream::response::header;
-use crate::http::upstream::{BodyDecoder, Head, HeadReader};
+use crate::http::upstream::{BodyDecoder, Caching, Head, HeadReader};
 
 const VERSION: u8 = 1;
 const BEGIN_REQUEST: u8 = 1;
@@ -78,11 +78,12 @@ pub(super) fn request_head(
     cx: &Ctx<'_>,
     conf: &FastcgiLoc,
     keep_conn: bool,
+    caching: Option<Caching<'_>>,
 ) -> Result<Vec<u8>, String> {
     let mut params = Vec::new();
     let list: &[Param] = conf.params.as_deref().map_or(&[], |v| v);
     let headers = conf.up.pass_request_headers.unwrap_or(true);
-    cgi::params(cx, list, headers, |n, v| nv(&mut params, n, v));
+    cgi::params(cx, list, headers, caching, |n, v| nv(&mut params, n, v));
     if params.len() > 65535 {
         return Err(format!(
             "fastcgi request record is too big: {}",
