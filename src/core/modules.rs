@@ -46,17 +46,18 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_upstream_zone_module", true, true),
     ("http-cache", true, true),
     // The stream modules nginx builds with `--with-stream`.
-    ("stream_limit_conn_module", true, false),
-    ("stream_access_module", true, false),
-    ("stream_geo_module", true, false),
-    ("stream_map_module", true, false),
-    ("stream_split_clients_module", true, false),
-    ("stream_return_module", true, false),
-    ("stream_set_module", true, false),
-    ("stream_upstream_hash_module", true, false),
-    ("stream_upstream_least_conn_module", true, false),
-    ("stream_upstream_random_module", true, false),
+    ("stream_limit_conn_module", true, true),
+    ("stream_access_module", true, true),
+    ("stream_geo_module", true, true),
+    ("stream_map_module", true, true),
+    ("stream_split_clients_module", true, true),
+    ("stream_return_module", true, true),
+    ("stream_set_module", true, true),
+    ("stream_upstream_hash_module", true, true),
+    ("stream_upstream_least_conn_module", true, true),
+    ("stream_upstream_random_module", true, true),
     ("stream_upstream_zone_module", true, true),
+    ("stream_realip_module", false, true),
 ];
 
 /// The `configure arguments:` line.

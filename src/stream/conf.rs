@@ -20,9 +20,13 @@ use std::time::Duration;
 use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
-use crate::core::log::Logger;
+use crate::core::log::{Level, Logger};
 use crate::http::conf::{Listen, ListenAddr};
-use crate::stream::upstream::{Peer, PeerAddr, Upstream};
+use crate::http::modules::access::{Addr, Rule};
+use crate::http::modules::access_log::LogSpec;
+use crate::http::modules::limit_conn::{ConnState, ConnZone, ZoneKind};
+use crate::http::vars::{Template, VarTable};
+use crate::stream::upstream::{Balance, Peer, PeerAddr, Upstream};
 
 /// nginx's defaults for the stream proxy.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -48,11 +52,51 @@ impl StreamConf {
     }
 }
 
+/// What a server does with a session once the access checks passed.
+#[derive(Debug)]
+pub enum Content {
+    /// `return VALUE`: send it and close.
+    Return(Template),
+    /// `proxy_pass ADDR|UPSTREAM`.
+    Proxy(Arc<Upstream>),
+    /// `proxy_pass` with variables: the rendered value names an upstream
+    /// block or is an `ip:port` / `unix:path` address.
+    ProxyVar(Template, Arc<HashMap<String, Arc<Upstream>>>),
+}
+
+/// One `limit_conn ZONE N` of a server.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub zone: Arc<ConnZone>,
+    pub n: u32,
+}
+
 /// One compiled `server {}` of the stream block.
 #[derive(Debug)]
 pub struct StreamServer {
     pub listen: Vec<Listen>,
-    pub upstream: Arc<Upstream>,
+    /// Listening addresses of this server with `proxy_protocol`.
+    pub pp_listens: Vec<ListenAddr>,
+    pub content: Content,
+    /// The block's variables (shared by its servers).
+    pub vars: Arc<VarTable>,
+    /// `set $var value` in order: (user variable index, value).
+    pub sets: Vec<(usize, Template)>,
+    /// `allow`/`deny` in order.
+    pub access: Vec<Rule>,
+    pub limits: Vec<Limit>,
+    pub limit_dry_run: bool,
+    pub limit_log_level: Level,
+    /// `access_log`s (empty: none, stream has no default log).
+    pub logs: Vec<Arc<LogSpec>>,
+    /// `set_real_ip_from`.
+    pub realip_from: Vec<Addr>,
+    /// `proxy_protocol on`: send a PROXY v1 header to the upstream.
+    pub proxy_protocol: bool,
+    pub proxy_protocol_timeout: Duration,
+    /// Bytes per second; 0 = no limit.
+    pub download_rate: u64,
+    pub upload_rate: u64,
     pub connect_timeout: Duration,
     /// Idle timeout between two successive reads or writes (`proxy_timeout`).
     pub timeout: Duration,
@@ -83,6 +127,18 @@ pub struct ProxyConf {
     pub socket_keepalive: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub error_log: Option<Vec<ErrorLogSpec>>,
+    pub access: Option<Vec<Rule>>,
+    /// `limit_conn ZONE N` as written (resolved once the block is read).
+    pub limits: Option<Vec<(String, u32, Directive)>>,
+    pub limit_dry_run: Option<bool>,
+    pub limit_log_level: Option<Level>,
+    /// Some(empty) is `access_log off`.
+    pub logs: Option<Vec<Arc<LogSpec>>>,
+    pub realip_from: Option<Vec<Addr>>,
+    pub proxy_protocol: Option<bool>,
+    pub proxy_protocol_timeout: Option<Duration>,
+    pub download_rate: Option<u64>,
+    pub upload_rate: Option<u64>,
 }
 
 impl ProxyConf {
@@ -100,7 +156,17 @@ impl ProxyConf {
             half_close,
             socket_keepalive,
             tcp_nodelay,
-            error_log
+            error_log,
+            access,
+            limits,
+            limit_dry_run,
+            limit_log_level,
+            logs,
+            realip_from,
+            proxy_protocol,
+            proxy_protocol_timeout,
+            download_rate,
+            upload_rate
         );
     }
 }
@@ -111,6 +177,11 @@ pub struct SrvBuild {
     pub listen: Vec<Listen>,
     /// `proxy_pass` target as written, with its directive for error locations.
     pub pass: Option<(String, Directive)>,
+    pub ret: Option<Template>,
+    /// `return` came after `proxy_pass`.
+    pub ret_last: bool,
+    pub sets: Vec<(usize, Template)>,
+    pub pp_listens: Vec<ListenAddr>,
     pub proxy: ProxyConf,
 }
 
@@ -119,6 +190,7 @@ pub struct SrvBuild {
 pub struct UpsBuild {
     pub peers: Vec<Peer>,
     pub backup: Vec<Peer>,
+    pub balance: Option<Balance>,
 }
 
 /// The `stream {}` block while it is being read.
@@ -127,6 +199,8 @@ pub struct MainBuild {
     pub proxy: ProxyConf,
     pub servers: Vec<(SrvBuild, Directive)>,
     pub upstreams: HashMap<String, Arc<Upstream>>,
+    /// `limit_conn_zone`s by name.
+    pub zones: HashMap<String, Arc<ConnZone>>,
 }
 
 /// Which struct a stream directive's setter fills.
@@ -138,6 +212,14 @@ pub enum StreamSetter {
     Srv(fn(&mut SrvBuild, &Directive, &mut Compiler) -> ConfResult<()>),
     /// Inside `upstream {}`.
     Ups(fn(&mut UpsBuild, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// `stream`-level state (`limit_conn_zone`).
+    Main(fn(&mut MainBuild, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Fills only the block's variable table (`map`, `geo`,
+    /// `split_clients`, `log_format`): http's compilers, run against the
+    /// stream table.
+    Vars(fn(&Directive, &mut Compiler) -> ConfResult<()>),
+    /// Like `Vars`, for a directive with a `{}` block.
+    VarsBlock(fn(&Directive, &mut Compiler) -> ConfResult<()>),
     /// `server` and `upstream` blocks, handled by the walker itself.
     Block,
     /// Accepted for compatibility; has no effect in tern (the reason is at
@@ -289,26 +371,31 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         "hash",
         ctx::STREAM_UPS,
         Args::take12(),
-        StreamSetter::Unsupported
+        StreamSetter::Ups(set_hash)
     ),
     row!(
         "least_conn",
         ctx::STREAM_UPS,
         Args::take(0),
-        StreamSetter::Unsupported
+        StreamSetter::Ups(set_least_conn)
     ),
     row!(
         "random",
         ctx::STREAM_UPS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::Take(0b11),
+        StreamSetter::Ups(set_random)
     ),
-    row!("access_log", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "access_log",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_access_log)
+    ),
     row!(
         "log_format",
         ctx::STREAM,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::AtLeast(2),
+        StreamSetter::Vars(crate::http::modules::access_log::compile_log_format)
     ),
     row!(
         "open_log_file_cache",
@@ -316,51 +403,83 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::Any,
         StreamSetter::Unsupported
     ),
-    row!("map", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
-    row!("geo", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "map",
+        ctx::STREAM,
+        Args::take(2),
+        StreamSetter::VarsBlock(crate::http::modules::map::compile_map)
+    ),
+    row!(
+        "geo",
+        ctx::STREAM,
+        Args::take12(),
+        StreamSetter::VarsBlock(crate::http::modules::geo::compile_geo)
+    ),
     row!(
         "split_clients",
         ctx::STREAM,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(2),
+        StreamSetter::VarsBlock(crate::http::modules::map::compile_split_clients)
     ),
-    row!("limit_conn", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "limit_conn",
+        SS,
+        Args::take(2),
+        StreamSetter::Proxy(set_limit_conn)
+    ),
     row!(
         "limit_conn_zone",
         ctx::STREAM,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(2),
+        StreamSetter::Main(set_limit_conn_zone)
     ),
     row!(
         "limit_conn_log_level",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_limit_conn_log_level)
     ),
-    row!("allow", SS, Args::Any, StreamSetter::Unsupported),
-    row!("deny", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "limit_conn_dry_run",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_limit_conn_dry_run)
+    ),
+    row!("allow", SS, Args::take(1), StreamSetter::Proxy(set_rule)),
+    row!("deny", SS, Args::take(1), StreamSetter::Proxy(set_rule)),
     row!(
         "return",
         ctx::STREAM_SRV,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Srv(set_return)
     ),
-    row!("set", ctx::STREAM_SRV, Args::Any, StreamSetter::Unsupported),
+    row!("set", ctx::STREAM_SRV, Args::take(2), StreamSetter::Srv(set_set)),
     row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
     row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_bind", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_protocol", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_protocol",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_protocol)
+    ),
+    row!(
+        "proxy_protocol_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_protocol_timeout)
+    ),
     row!(
         "proxy_download_rate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_download_rate)
     ),
     row!(
         "proxy_upload_rate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_upload_rate)
     ),
     row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
@@ -373,7 +492,12 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         StreamSetter::Unsupported
     ),
     row!("ssl_preread", SS, Args::Any, StreamSetter::Unsupported),
-    row!("set_real_ip_from", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "set_real_ip_from",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_real_ip_from)
+    ),
 ];
 
 /// Whether `name` is a stream directive (the core compiler uses this to
@@ -409,7 +533,7 @@ fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
             d,
         ));
     }
-    let block = matches!(spec.set, StreamSetter::Block);
+    let block = matches!(spec.set, StreamSetter::Block | StreamSetter::VarsBlock(_));
     if !block && d.block.is_some() {
         return Err(ConfError::at(
             format!("directive \"{}\" is not terminated by \";\"", d.name),
@@ -453,7 +577,24 @@ fn check_zone(d: &Directive) -> ConfResult<()> {
 }
 
 /// Compiles a `stream {}` directive.
+///
+/// The block has its own variable table (in stream mode): the compiler's
+/// http table is set aside while the block is read, so `map`, `geo`,
+/// `split_clients` and `log_format` of http's modules fill the stream
+/// table, and stream names never meet http's.
 pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf> {
+    let table = VarTable::for_stream();
+    let http_vars = std::mem::replace(&mut cx.vars, table);
+    let r = compile_block(d, cx);
+    let stream_vars = std::mem::replace(&mut cx.vars, http_vars);
+    let (m, builds) = r?;
+    stream_vars.finish()?;
+    finish_servers(m, builds, Arc::new(stream_vars))
+}
+
+type Builds = Vec<(SrvBuild, Directive)>;
+
+fn compile_block(d: &Directive, cx: &mut Compiler) -> ConfResult<(MainBuild, Builds)> {
     let mut m = MainBuild::default();
     let kids = d.block.as_deref().unwrap_or(&[]);
     // Servers are only collected here; their `proxy_pass` is resolved once
@@ -466,6 +607,8 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
             StreamSetter::Block if k.name == "upstream" => upstream_block(&mut m, k, cx)?,
             StreamSetter::Block => m.servers.push((server_block(k, cx)?, k.clone())),
             StreamSetter::Ignored(check) => check(k)?,
+            StreamSetter::Main(f) => f(&mut m, k, cx)?,
+            StreamSetter::Vars(f) | StreamSetter::VarsBlock(f) => f(k, cx)?,
             // lookup() only returns these in other contexts.
             StreamSetter::Srv(_) | StreamSetter::Ups(_) | StreamSetter::Unsupported => {
                 return Err(ConfError::at(
@@ -475,38 +618,83 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
             }
         }
     }
+    let builds = std::mem::take(&mut m.servers);
+    Ok((m, builds))
+}
+
+/// nginx's implicit upstream of `proxy_pass host:port`: every address of
+/// the name, default weight and failure accounting.
+fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
+    let peers = peers
+        .into_iter()
+        .map(|addr| Peer {
+            name: addr.to_string(),
+            addr,
+            weight: 1,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            max_conns: 0,
+            down: false,
+        })
+        .collect();
+    Arc::new(Upstream::new(
+        target.to_string(),
+        peers,
+        Vec::new(),
+        Balance::RoundRobin,
+    ))
+}
+
+/// An address that `proxy_pass` with variables rendered: `unix:PATH` or
+/// `ip:port` (tern resolves no names at run time).
+pub fn runtime_peer(target: &str) -> Option<Arc<Upstream>> {
+    if let Some(p) = target.strip_prefix("unix:") {
+        if p.is_empty() {
+            return None;
+        }
+        return Some(implicit_upstream(
+            target,
+            vec![PeerAddr::Unix(PathBuf::from(p))],
+        ));
+    }
+    let (host, port) = split_host_port(target)?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let ip: std::net::IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    Some(implicit_upstream(
+        target,
+        vec![PeerAddr::Inet(SocketAddr::new(ip, port))],
+    ))
+}
+
+fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResult<StreamConf> {
     let mut out = StreamConf::default();
     let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
-    let builds = std::mem::take(&mut m.servers);
+    let all_upstreams = Arc::new(m.upstreams.clone());
     for (mut sb, sd) in builds {
         sb.proxy.merge(&m.proxy);
-        let Some((target, pd)) = sb.pass.take() else {
-            return Err(ConfError::at("no handler for server", &sd));
-        };
-        let upstream = match m.upstreams.get(&target) {
-            Some(u) => u.clone(),
-            None => match implicit.get(&target) {
-                Some(u) => u.clone(),
-                None => {
-                    // nginx's implicit upstream: every address of the
-                    // name, default weight and failure accounting.
-                    let peers = resolve(&target, &pd, "upstream")?
-                        .into_iter()
-                        .map(|addr| Peer {
-                            name: addr.to_string(),
-                            addr,
-                            weight: 1,
-                            max_fails: 1,
-                            fail_timeout: Duration::from_secs(10),
-                            max_conns: 0,
-                            down: false,
-                        })
-                        .collect();
-                    let u = Arc::new(Upstream::new(target.clone(), peers, Vec::new()));
-                    implicit.insert(target.clone(), u.clone());
-                    u
-                }
-            },
+        let content = match (sb.ret.take(), sb.pass.take()) {
+            (Some(t), _) => Content::Return(t),
+            (None, Some((target, pd))) if target.contains('$') => {
+                let t = Template::compile_existing(&target, &vars)
+                    .map_err(|msg| ConfError::at(msg, &pd))?;
+                Content::ProxyVar(t, all_upstreams.clone())
+            }
+            (None, Some((target, pd))) => {
+                let u = match m.upstreams.get(&target).or_else(|| implicit.get(&target)) {
+                    Some(u) => u.clone(),
+                    None => {
+                        let u = implicit_upstream(&target, resolve(&target, &pd, "upstream")?);
+                        implicit.insert(target.clone(), u.clone());
+                        u
+                    }
+                };
+                Content::Proxy(u)
+            }
+            (None, None) => return Err(ConfError::at("no handler for server", &sd)),
         };
         let p = &sb.proxy;
         let logger = match &p.error_log {
@@ -518,9 +706,34 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
             })?)),
             None => None,
         };
+        let mut limits = Vec::new();
+        for (zone, n, ld) in p.limits.as_deref().unwrap_or(&[]) {
+            let z = m.zones.get(zone).ok_or_else(|| {
+                ConfError::at(format!("zone \"{}\" is unknown", zone), ld)
+            })?;
+            limits.push(Limit {
+                zone: z.clone(),
+                n: *n,
+            });
+        }
         let srv = Arc::new(StreamServer {
             listen: sb.listen.clone(),
-            upstream,
+            pp_listens: sb.pp_listens.clone(),
+            content,
+            vars: vars.clone(),
+            sets: std::mem::take(&mut sb.sets),
+            access: p.access.clone().unwrap_or_default(),
+            limits,
+            limit_dry_run: p.limit_dry_run.unwrap_or(false),
+            limit_log_level: p.limit_log_level.unwrap_or(Level::Error),
+            logs: p.logs.clone().unwrap_or_default(),
+            realip_from: p.realip_from.clone().unwrap_or_default(),
+            proxy_protocol: p.proxy_protocol.unwrap_or(false),
+            proxy_protocol_timeout: p
+                .proxy_protocol_timeout
+                .unwrap_or(Duration::from_secs(30)),
+            download_rate: p.download_rate.unwrap_or(0),
+            upload_rate: p.upload_rate.unwrap_or(0),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
             buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
@@ -563,6 +776,14 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
             }
         }
     }
+    // Both set the server's content handler in nginx: the later one wins.
+    if sb.ret.is_some() && sb.pass.is_some() {
+        if sb.ret_last {
+            sb.pass = None;
+        } else {
+            sb.ret = None;
+        }
+    }
     Ok(sb)
 }
 
@@ -588,7 +809,12 @@ fn upstream_block(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfRe
     if ub.peers.is_empty() {
         return Err(ConfError::at("no servers are inside upstream", d));
     }
-    let u = Upstream::new(name.clone(), ub.peers, ub.backup);
+    let u = Upstream::new(
+        name.clone(),
+        ub.peers,
+        ub.backup,
+        ub.balance.unwrap_or(Balance::RoundRobin),
+    );
     m.upstreams.insert(name, Arc::new(u));
     Ok(())
 }
@@ -668,7 +894,8 @@ fn split_host_port(s: &str) -> Option<(&str, &str)> {
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         match p {
-            "udp" | "ssl" | "proxy_protocol" => {
+            "proxy_protocol" => {}
+            "udp" | "ssl" => {
                 return Err(ConfError::at(
                     format!(
                         "the \"{}\" parameter of \"listen\" is not supported by tern yet",
@@ -705,6 +932,9 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
             d,
         ));
     }
+    if d.args.iter().skip(1).any(|a| a.value == "proxy_protocol") {
+        sb.pp_listens.push(l.addr.clone());
+    }
     sb.listen.push(l);
     Ok(())
 }
@@ -714,7 +944,194 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
         return Err(registry::duplicate(d));
     }
     sb.pass = Some((arg(d, 0).to_string(), d.clone()));
+    sb.ret_last = false;
     Ok(())
+}
+
+fn set_return(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if sb.ret.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    sb.ret = Some(cx.template(arg(d, 0), d)?);
+    sb.ret_last = true;
+    Ok(())
+}
+
+/// `set $var value`: run in order before the access checks.
+fn set_set(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let name = match a.strip_prefix('$') {
+        Some(n) if !n.is_empty() => n,
+        _ => return Err(ConfError::at(format!("invalid variable name \"{}\"", a), d)),
+    };
+    if let Some(v) = cx.vars.lookup(name) {
+        if !matches!(v, crate::http::vars::Var::User(_)) {
+            return Err(ConfError::at(
+                format!("the duplicate \"{}\" variable", name),
+                d,
+            ));
+        }
+    }
+    let i = cx.vars.define_set(name);
+    let t = cx.template(arg(d, 1), d)?;
+    sb.sets.push((i, t));
+    Ok(())
+}
+
+fn set_access_log(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let logs = p.logs.get_or_insert_with(Vec::new);
+    if let Some(spec) = crate::http::modules::access_log::parse_access_log(d, cx, false)? {
+        logs.push(spec);
+    }
+    Ok(())
+}
+
+fn set_rule(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let addr = crate::http::modules::access::parse_addr(d)?;
+    p.access.get_or_insert_with(Vec::new).push(Rule {
+        allow: d.name == "allow",
+        addr,
+    });
+    Ok(())
+}
+
+fn set_real_ip_from(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let addr = crate::http::modules::access::parse_addr(d)?;
+    if matches!(addr, Addr::All) {
+        // nginx's set_real_ip_from takes a network, not "all".
+        return Err(ConfError::at(
+            format!("invalid parameter \"{}\"", arg(d, 0)),
+            d,
+        ));
+    }
+    p.realip_from.get_or_insert_with(Vec::new).push(addr);
+    Ok(())
+}
+
+fn set_limit_conn_zone(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    use crate::http::modules::limit_conn as lc;
+    let key_src = arg(d, 0);
+    let key = cx.template(key_src, d)?;
+    let v = arg(d, 1);
+    if !v.starts_with("zone=") {
+        return Err(ConfError::at(format!("invalid parameter \"{}\"", v), d));
+    }
+    let (name, size) = lc::parse_zone_param(v, d)?;
+    if let Some(z) = m.zones.get(&name) {
+        return Err(lc::already_bound(d, &name, lc::ZoneState::key_src(&*z.state)));
+    }
+    // Stream zones are a namespace of their own: the registry key says so.
+    let state = lc::zone_state(
+        ZoneKind::Conn,
+        &format!("stream\0{}", name),
+        size,
+        key_src,
+        "limit_conn_zone",
+        d,
+        || ConnState::new(size, key_src),
+    )?;
+    m.zones
+        .insert(name.clone(), Arc::new(ConnZone { name, key, state }));
+    Ok(())
+}
+
+fn set_limit_conn(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let zone = arg(d, 0).to_string();
+    let nv = arg(d, 1);
+    let n = match value::number(nv) {
+        Some(n) if n > 0 => n,
+        _ => {
+            return Err(ConfError::at(
+                format!("invalid number of connections \"{}\"", nv),
+                d,
+            ))
+        }
+    };
+    if n > 65535 {
+        return Err(ConfError::at("connection limit must be less 65536", d));
+    }
+    let limits = p.limits.get_or_insert_with(Vec::new);
+    if limits.iter().any(|(z, _, _)| *z == zone) {
+        return Err(registry::duplicate(d));
+    }
+    limits.push((zone, n as u32, d.clone()));
+    Ok(())
+}
+
+fn set_limit_conn_log_level(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::http::modules::limit_conn::set_level(&mut p.limit_log_level, d)
+}
+
+fn set_limit_conn_dry_run(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.limit_dry_run, v, d)
+}
+
+fn set_proxy_protocol(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_protocol, v, d)
+}
+
+fn set_proxy_protocol_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.proxy_protocol_timeout, v, d)
+}
+
+fn rate(d: &Directive) -> ConfResult<u64> {
+    value::size(arg(d, 0)).ok_or_else(|| registry::slot_invalid(d))
+}
+
+fn set_download_rate(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d)?;
+    set_once(&mut p.download_rate, v, d)
+}
+
+fn set_upload_rate(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d)?;
+    set_once(&mut p.upload_rate, v, d)
+}
+
+fn set_balance(ub: &mut UpsBuild, b: Balance, d: &Directive) -> ConfResult<()> {
+    if ub.balance.is_some() {
+        return Err(ConfError::at("load balancing method redefined", d));
+    }
+    ub.balance = Some(b);
+    Ok(())
+}
+
+/// `hash KEY [consistent]`.
+fn set_hash(ub: &mut UpsBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let key = cx.template(arg(d, 0), d)?;
+    let consistent = match d.args.get(1).map(|a| a.value.as_str()) {
+        None => false,
+        Some("consistent") => true,
+        Some(o) => {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", o),
+                d,
+            ))
+        }
+    };
+    set_balance(ub, Balance::Hash { key, consistent }, d)
+}
+
+fn set_least_conn(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    set_balance(ub, Balance::LeastConn, d)
+}
+
+/// `random [two [least_conn]]`.
+fn set_random(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let two = match d.args.first().map(|a| a.value.as_str()) {
+        None => false,
+        Some("two") => true,
+        Some(o) => {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", o),
+                d,
+            ))
+        }
+    };
+    set_balance(ub, Balance::Random { two }, d)
 }
 
 fn msecs(d: &Directive) -> ConfResult<Duration> {

@@ -40,4 +40,7 @@
 
 pub mod conf;
 pub mod proxy;
+pub mod proxy_protocol;
+pub mod session;
 pub mod upstream;
+pub mod vars;

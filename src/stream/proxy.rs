@@ -14,20 +14,18 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
-use crate::core::log::{Level, Logger};
-use crate::core::worker::{Slot, WorkerShared};
-use crate::http::conf::ListenAddr;
+use crate::core::log::Level;
 use crate::stream::conf::StreamServer;
-use crate::stream::upstream::{PeerAddr, Picked};
+use crate::stream::session::Session;
+use crate::stream::upstream::{Balance, PeerAddr, Picked, Upstream};
 
 /// A connected socket of either family: the client side or the upstream side.
 pub enum Sock {
@@ -69,106 +67,71 @@ impl AsyncWrite for Sock {
     }
 }
 
-/// Who a session is, for its log lines.
-struct Ctx<'a> {
-    id: u64,
-    client: String,
-    server: &'a ListenAddr,
-    logger: Arc<Logger>,
-}
-
-impl Ctx<'_> {
-    fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
-        self.logger.log(level, Some(self.id), msg);
-    }
-}
-
-/// Serves one accepted stream connection with the server it arrived on.
-/// `slot` is the `worker_connections` slot for the upstream side (None:
-/// none was free).
-pub async fn serve(
-    client: Sock,
-    remote: Option<SocketAddr>,
-    listen: ListenAddr,
-    srv: Arc<StreamServer>,
-    slot: Option<Slot>,
-    shared: Arc<WorkerShared>,
-    id: u64,
-) {
-    let cx = Ctx {
-        id,
-        client: remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into()),
-        server: &listen,
-        logger: srv
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger),
+/// Connects to a peer of `upstream` (trying the next on failure, within
+/// `proxy_next_upstream*`), relays until the session ends, and records
+/// what happened in the session (status, counters, `$upstream_*`).
+pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upstream>) {
+    let srv = s.srv.clone();
+    let key = match &upstream.balance {
+        Balance::Hash { key, .. } => key.render_vec(&*s),
+        _ => Vec::new(),
     };
-    cx.log(
-        Level::Info,
-        format_args!(
-            "client {} connected to {}",
-            remote
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "unix:".into()),
-            listen
-        ),
-    );
-    // The upstream connection is a connection of this worker too: nginx's
-    // worker_connections counts both sides of a proxied session.
-    let Some(_slot) = slot else {
-        cx.log(
-            Level::Alert,
-            format_args!(
-                "{} worker_connections are not enough while connecting to upstream, client: {}, server: {}",
-                shared.config.load().main.connections(),
-                cx.client,
-                listen
-            ),
-        );
-        return;
-    };
-    let Some((upstream, peer)) = connect(&srv, &cx).await else {
+    let Some((up, peer)) = connect(s, &srv, &upstream, key).await else {
+        s.status = 502;
         return;
     };
     if let (Sock::Tcp(t), true) = (&client, srv.tcp_nodelay) {
         let _ = t.set_nodelay(true);
     }
-    cx.log(
+    s.log(
         Level::Info,
         format_args!("proxy connected to {}", peer.name),
     );
+    // What goes to the upstream before the client's next bytes: the
+    // PROXY header (proxy_protocol on), then what was read ahead.
+    let mut first = Vec::new();
+    if srv.proxy_protocol {
+        first = crate::stream::proxy_protocol::v1_line(s.remote, s.local);
+    }
+    let pre_len = pre.len() as u64;
+    first.extend_from_slice(&pre);
+    let connected_at = Instant::now();
     // A graceful stop (QUIT) does not cut sessions: like nginx, a worker
     // waits for them (bounded by worker_shutdown_timeout); only idle http
     // keepalives are closed early.
-    let (end, bytes) = pump(client, upstream, &srv).await;
+    let (end, bytes, first_byte) = pump(client, up, &srv, first).await;
+    s.up.session = Some(connected_at.elapsed());
+    s.up.first_byte = first_byte.map(|t| t.duration_since(connected_at) + s.up.connect.last().copied().flatten().unwrap_or_default());
+    s.up.bytes_sent = bytes.to_upstream;
+    s.up.bytes_received = bytes.from_upstream;
+    s.bytes_received += bytes.from_client;
+    s.bytes_sent += bytes.to_client;
+    let from_client = bytes.from_client + pre_len;
     let tail = format!(
-        "client: {}, server: {}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
-        cx.client, listen, peer.name, bytes.from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream
+        "{}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+        s.client_ctx(), peer.name, from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream
     );
     match end {
-        End::Closed(who) => cx.log(
+        End::Closed(who) => s.log(
             Level::Info,
             format_args!(
                 "{} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{} while proxying connection, {}",
                 who,
-                bytes.from_client,
+                from_client,
                 bytes.to_client,
                 bytes.from_upstream,
                 bytes.to_upstream,
                 tail
             ),
         ),
-        End::TimedOut => cx.log(
+        End::TimedOut => s.log(
             Level::Info,
             format_args!(
                 "connection timed out (110: Connection timed out) while proxying connection, {}",
                 tail
             ),
         ),
-        End::Error(who, e) => cx.log(
+        End::Error(who, e) => s.log(
             Level::Info,
             format_args!(
                 "{}() failed {} while proxying {}, {}",
@@ -183,27 +146,36 @@ pub async fn serve(
 }
 
 /// Picks peers until one accepts, within `proxy_next_upstream*` limits.
-async fn connect(srv: &StreamServer, cx: &Ctx<'_>) -> Option<(Sock, Picked)> {
+async fn connect(
+    s: &mut Session,
+    srv: &StreamServer,
+    upstream: &Arc<Upstream>,
+    key: Vec<u8>,
+) -> Option<(Sock, Picked)> {
     let started = Instant::now();
-    let mut tried = srv.upstream.tried();
+    let mut tried = upstream.tried(key);
     let mut tries = 0usize;
     loop {
-        let Some(peer) = srv.upstream.pick(&mut tried) else {
-            cx.log(
+        let Some(peer) = upstream.pick(&mut tried) else {
+            s.log(
                 Level::Error,
                 format_args!(
-                    "no live upstreams while connecting to upstream, client: {}, server: {}, upstream: \"{}\"",
-                    cx.client, cx.server, srv.upstream.name
+                    "no live upstreams while connecting to upstream, {}, upstream: \"{}\"",
+                    s.client_ctx(),
+                    upstream.name
                 ),
             );
             return None;
         };
         tries += 1;
+        s.up.addrs.push(peer.name.clone());
+        let t0 = Instant::now();
         let attempt = tokio::time::timeout(srv.connect_timeout, dial(&peer.addr, srv)).await;
         let err = match attempt {
-            Ok(Ok(s)) => {
+            Ok(Ok(sock)) => {
+                s.up.connect.push(Some(t0.elapsed()));
                 peer.connected();
-                return Some((s, peer));
+                return Some((sock, peer));
             }
             Ok(Err(e)) => format!(
                 "connect() failed {} while connecting to upstream",
@@ -212,11 +184,14 @@ async fn connect(srv: &StreamServer, cx: &Ctx<'_>) -> Option<(Sock, Picked)> {
             Err(_) => "upstream timed out (110: Connection timed out) while connecting to upstream"
                 .to_string(),
         };
-        cx.log(
+        s.up.connect.push(None);
+        s.log(
             Level::Error,
             format_args!(
-                "{}, client: {}, server: {}, upstream: \"{}\"",
-                err, cx.client, cx.server, peer.name
+                "{}, {}, upstream: \"{}\"",
+                err,
+                s.client_ctx(),
+                peer.name
             ),
         );
         peer.failed();
@@ -284,19 +259,53 @@ struct Dir {
     shut: bool,
     read: u64,
     written: u64,
+    /// `proxy_upload_rate` / `proxy_download_rate` (bytes/s; 0 = none).
+    rate: u64,
+    start: Instant,
+    /// Waiting for the rate to allow the next read.
+    delay: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the first byte was read.
+    first_read: Option<Instant>,
 }
 
 impl Dir {
-    fn new(size: usize) -> Dir {
+    /// A direction whose buffer starts with `first` (sent before anything
+    /// read from the source).
+    fn new(size: usize, rate: u64, first: Vec<u8>) -> Dir {
+        let mut buf = first;
+        let end = buf.len();
+        buf.resize(size.max(end), 0);
         Dir {
-            buf: vec![0u8; size].into_boxed_slice(),
+            buf: buf.into_boxed_slice(),
             pos: 0,
-            end: 0,
+            end,
             eof: false,
             shut: false,
             read: 0,
             written: 0,
+            rate,
+            start: Instant::now(),
+            delay: None,
+            first_read: None,
         }
+    }
+
+    /// How many bytes the rate allows now (nginx's limit: rate times the
+    /// seconds since the start plus one, less what was read); when none,
+    /// arms the delay until one is allowed.
+    fn allowance(&mut self) -> usize {
+        if self.rate == 0 {
+            return self.buf.len();
+        }
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let limit = (self.rate as f64 * (elapsed + 1.0)) as u64;
+        if limit > self.read {
+            return ((limit - self.read) as usize).min(self.buf.len());
+        }
+        let wait = (self.read + 1) as f64 / self.rate as f64 - 1.0 - elapsed;
+        let wait = Duration::from_secs_f64(wait.max(0.001));
+        self.delay = Some(Box::pin(tokio::time::sleep(wait)));
+        0
     }
 
     /// Moves data from `src` to `dst` until blocked. Ready(Ok) means the
@@ -344,7 +353,17 @@ impl Dir {
                     Poll::Pending => return Poll::Pending,
                 }
             } else {
-                let mut rb = ReadBuf::new(&mut self.buf[..]);
+                if let Some(d) = &mut self.delay {
+                    match d.as_mut().poll(cx) {
+                        Poll::Ready(()) => self.delay = None,
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                let room = self.allowance();
+                if room == 0 {
+                    continue;
+                }
+                let mut rb = ReadBuf::new(&mut self.buf[..room]);
                 match Pin::new(&mut *src).poll_read(cx, &mut rb) {
                     Poll::Ready(Ok(())) => {
                         let n = rb.filled().len();
@@ -353,6 +372,7 @@ impl Dir {
                         } else {
                             self.end = n;
                             self.read += n as u64;
+                            self.first_read.get_or_insert_with(Instant::now);
                             *active = true;
                         }
                     }
@@ -364,10 +384,17 @@ impl Dir {
     }
 }
 
-/// Copies both ways until the session ends; returns why, and the byte counts.
-async fn pump(mut client: Sock, mut upstream: Sock, srv: &StreamServer) -> (End, Bytes) {
-    let mut down = Dir::new(srv.buffer_size); // upstream -> client
-    let mut up = Dir::new(srv.buffer_size); // client -> upstream
+/// Copies both ways until the session ends; returns why, the byte
+/// counts, and when the upstream's first byte came. `first` goes to the
+/// upstream before anything the client sends from now on.
+async fn pump(
+    mut client: Sock,
+    mut upstream: Sock,
+    srv: &StreamServer,
+    first: Vec<u8>,
+) -> (End, Bytes, Option<Instant>) {
+    let mut down = Dir::new(srv.buffer_size, srv.download_rate, Vec::new()); // upstream -> client
+    let mut up = Dir::new(srv.buffer_size, srv.upload_rate, first); // client -> upstream
     let (mut up_done, mut down_done) = (false, false);
     let idle = tokio::time::sleep(srv.timeout);
     tokio::pin!(idle);
@@ -419,5 +446,5 @@ async fn pump(mut client: Sock, mut upstream: Sock, srv: &StreamServer) -> (End,
         from_upstream: down.read,
         to_client: down.written,
     };
-    (end, bytes)
+    (end, bytes, down.first_read)
 }

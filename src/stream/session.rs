@@ -1,0 +1,487 @@
+//! One stream session through nginx's stream phases, in this order (the
+//! one place it is written):
+//!
+//! ```text
+//!  accepted
+//!   │ post-accept: PROXY protocol header (listen ... proxy_protocol),
+//!   │              then realip (set_real_ip_from) ─── broken header ──▶ 400
+//!   │ preaccess:   set (in order), limit_conn ──────── over the limit ─▶ 503
+//!   │ access:      allow / deny (first match) ─────── denied ─────────▶ 403
+//!   │ content:     return VALUE ─── written ────────────────────────────▶ 200
+//!   │              proxy_pass ───── no peer / connect failed ──────────▶ 502
+//!   │                               bad variable target ──────────────▶ 500
+//!   │                               relayed until one side ends ──────▶ 200
+//!   ▼ log:         every access_log of the server (with $status)
+//!  closed
+//! ```
+//!
+//! [`Session`] holds what the variables read (addresses, counters,
+//! upstream timings, `set` values) and is the [`VarCtx`] every template of
+//! the server renders against. A `limit_conn` slot is held by the session
+//! until it ends, after the log phase.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::core::log::{Level, Logger};
+use crate::core::worker::{Slot, WorkerShared};
+use crate::http::conf::ListenAddr;
+use crate::http::modules::access::matches_addr;
+use crate::http::modules::access_log::{write_one, ErrCtx, ScriptCtx};
+use crate::http::modules::limit_conn::{ConnState, Take, ZoneState};
+use crate::http::response::push_num;
+use crate::http::vars::{Var, VarCtx};
+use crate::stream::conf::{Content, StreamServer};
+use crate::stream::proxy::{self, Sock};
+use crate::stream::proxy_protocol::{self as pp, Parsed};
+use crate::stream::vars::SVar;
+
+/// What the upstream side of a session did, for `$upstream_*`.
+#[derive(Debug, Default)]
+pub struct UpInfo {
+    /// Every peer tried, in order.
+    pub addrs: Vec<String>,
+    /// Connect time per peer tried (None: the attempt failed).
+    pub connect: Vec<Option<Duration>>,
+    pub first_byte: Option<Duration>,
+    pub session: Option<Duration>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// One session's state.
+pub struct Session {
+    pub id: u64,
+    pub start: Instant,
+    /// The client's address after realip (None: a unix socket).
+    pub remote: Option<SocketAddr>,
+    /// The connection's own peer address.
+    pub conn_remote: Option<SocketAddr>,
+    pub local: Option<SocketAddr>,
+    pub listen: ListenAddr,
+    pub srv: Arc<StreamServer>,
+    pub status: u16,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub up: UpInfo,
+    pub pp: Option<pp::Header>,
+    /// Values `set` gave, by user-variable index.
+    pub set_vals: Vec<Option<Vec<u8>>>,
+    pub limit_status: Option<&'static str>,
+    pub logger: Arc<Logger>,
+}
+
+impl Session {
+    pub fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
+        self.logger.log(level, Some(self.id), msg);
+    }
+
+    /// nginx's error-log context of a stream session.
+    pub fn client_ctx(&self) -> String {
+        format!(
+            "client: {}, server: {}",
+            self.conn_remote
+                .map(|a| a.ip().to_string())
+                .unwrap_or_else(|| "unix:".into()),
+            self.listen
+        )
+    }
+}
+
+fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
+    match a {
+        Some(a) if port => push_num(out, u64::from(a.port())),
+        Some(a) => out.extend_from_slice(a.ip().to_string().as_bytes()),
+        None if port => {}
+        None => out.extend_from_slice(b"unix:"),
+    }
+}
+
+/// Seconds with milliseconds, as nginx prints times ("0.012").
+fn push_secs(out: &mut Vec<u8>, d: Duration) {
+    out.extend_from_slice(format!("{}.{:03}", d.as_secs(), d.subsec_millis()).as_bytes());
+}
+
+impl VarCtx for Session {
+    fn var(&self, v: &Var, out: &mut Vec<u8>) -> bool {
+        match v {
+            Var::RemoteAddr => push_addr(out, self.remote, false),
+            Var::RemotePort => push_addr(out, self.remote, true),
+            Var::RealIpRemoteAddr => push_addr(out, self.conn_remote, false),
+            Var::RealIpRemotePort => push_addr(out, self.conn_remote, true),
+            Var::BinaryRemoteAddr => match self.remote {
+                Some(SocketAddr::V4(a)) => out.extend_from_slice(&a.ip().octets()),
+                Some(SocketAddr::V6(a)) => out.extend_from_slice(&a.ip().octets()),
+                None => {}
+            },
+            Var::ServerAddr => push_addr(out, self.local, false),
+            Var::ServerPort => push_addr(out, self.local, true),
+            Var::BytesSent => push_num(out, self.bytes_sent),
+            Var::Status => push_num(out, u64::from(self.status)),
+            Var::Connection => push_num(out, self.id),
+            Var::Hostname => out.extend_from_slice(crate::core::hostname().as_bytes()),
+            Var::Pid => push_num(out, u64::from(std::process::id())),
+            Var::NginxVersion => {
+                out.extend_from_slice(crate::http::response::NGINX_VERSION.as_bytes())
+            }
+            Var::TernVersion => out.extend_from_slice(crate::http::response::VERSION.as_bytes()),
+            Var::TimeLocal => out.extend_from_slice(&crate::http::date::time_local()),
+            Var::TimeIso8601 => out.extend_from_slice(&crate::http::date::time_iso8601()),
+            Var::Msec => push_secs(
+                out,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default(),
+            ),
+            Var::Stream(s) => return self.stream_var(*s, out),
+            Var::User(i) => {
+                if let Some(Some(v)) = self.set_vals.get(*i) {
+                    out.extend_from_slice(v);
+                    return true;
+                }
+                return match self.srv.vars.def(*i) {
+                    Some(d) => d.eval(self, out),
+                    // Declared by `set` only, not set (yet): empty.
+                    None => true,
+                };
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+impl Session {
+    fn stream_var(&self, v: SVar, out: &mut Vec<u8>) -> bool {
+        let pp_part = |src: bool, port: bool, out: &mut Vec<u8>| {
+            let Some(h) = &self.pp else { return false };
+            let Some((ip, p)) = (if src { h.src } else { h.dst }) else {
+                return false;
+            };
+            if port {
+                push_num(out, u64::from(p));
+            } else {
+                out.extend_from_slice(ip.to_string().as_bytes());
+            }
+            true
+        };
+        match v {
+            SVar::BytesReceived => push_num(out, self.bytes_received),
+            SVar::SessionTime => push_secs(out, self.start.elapsed()),
+            SVar::Protocol => out.extend_from_slice(b"TCP"),
+            SVar::UpstreamAddr => {
+                if self.up.addrs.is_empty() {
+                    return false;
+                }
+                out.extend_from_slice(self.up.addrs.join(", ").as_bytes());
+            }
+            SVar::UpstreamBytesSent if !self.up.addrs.is_empty() => {
+                push_num(out, self.up.bytes_sent)
+            }
+            SVar::UpstreamBytesReceived if !self.up.addrs.is_empty() => {
+                push_num(out, self.up.bytes_received)
+            }
+            SVar::UpstreamConnectTime if !self.up.connect.is_empty() => {
+                for (i, c) in self.up.connect.iter().enumerate() {
+                    if i > 0 {
+                        out.extend_from_slice(b", ");
+                    }
+                    match c {
+                        Some(d) => push_secs(out, *d),
+                        None => out.push(b'-'),
+                    }
+                }
+            }
+            SVar::UpstreamFirstByteTime if !self.up.addrs.is_empty() => match self.up.first_byte {
+                Some(d) => push_secs(out, d),
+                None => out.push(b'-'),
+            },
+            SVar::UpstreamSessionTime if !self.up.addrs.is_empty() => match self.up.session {
+                Some(d) => push_secs(out, d),
+                None => out.push(b'-'),
+            },
+            SVar::ProxyProtocolAddr => return pp_part(true, false, out),
+            SVar::ProxyProtocolPort => return pp_part(true, true, out),
+            SVar::ProxyProtocolServerAddr => return pp_part(false, false, out),
+            SVar::ProxyProtocolServerPort => return pp_part(false, true, out),
+            SVar::LimitConnStatus => match self.limit_status {
+                Some(s) => out.extend_from_slice(s.as_bytes()),
+                None => return false,
+            },
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// A `limit_conn` slot held for the session's life.
+struct Held {
+    state: Arc<ConnState>,
+    key: Vec<u8>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.state.release(&self.key);
+    }
+}
+
+/// Serves one accepted stream connection with the server it arrived on.
+/// `slot` is the `worker_connections` slot for the upstream side (None:
+/// none was free).
+pub async fn serve(
+    mut client: Sock,
+    remote: Option<SocketAddr>,
+    listen: ListenAddr,
+    srv: Arc<StreamServer>,
+    slot: Option<Slot>,
+    shared: Arc<WorkerShared>,
+    id: u64,
+) {
+    let local = match (&listen, &client) {
+        // A listener on a specific address is its connections' local address.
+        (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
+        (_, Sock::Tcp(t)) => t.local_addr().ok(),
+        _ => None,
+    };
+    let nvars = srv.vars.len();
+    let mut s = Session {
+        id,
+        start: Instant::now(),
+        remote,
+        conn_remote: remote,
+        local,
+        listen: listen.clone(),
+        logger: srv
+            .logger
+            .clone()
+            .unwrap_or_else(crate::core::log::main_logger),
+        srv,
+        status: 200,
+        bytes_received: 0,
+        bytes_sent: 0,
+        up: UpInfo::default(),
+        pp: None,
+        set_vals: vec![None; nvars],
+        limit_status: None,
+    };
+    s.log(
+        Level::Info,
+        format_args!(
+            "client {} connected to {}",
+            remote
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "unix:".into()),
+            listen
+        ),
+    );
+    let mut held: Vec<Held> = Vec::new();
+    if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
+        content(&mut s, client, pre, slot, &shared).await;
+    }
+    log_phase(&s);
+    drop(held);
+}
+
+/// post-accept, preaccess and access: Some(bytes already read from the
+/// client) to go on to the content phase, None when the session ended.
+async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Option<Vec<u8>> {
+    let srv = s.srv.clone();
+    let mut pre = Vec::new();
+    if srv.pp_listens.contains(&s.listen) {
+        match read_pp(client, srv.proxy_protocol_timeout).await {
+            Ok((h, rest)) => {
+                s.bytes_received += rest.len() as u64;
+                pre = rest;
+                s.pp = Some(h);
+            }
+            Err(msg) => {
+                s.log(
+                    Level::Error,
+                    format_args!("{}, {}", msg, s.client_ctx()),
+                );
+                s.status = 400;
+                return None;
+            }
+        }
+        // realip: a trusted sender's PROXY header names the client.
+        let trusted = srv
+            .realip_from
+            .iter()
+            .any(|a| matches_addr(a, s.conn_remote.map(|r| r.ip())));
+        if trusted {
+            if let Some(Some((ip, port))) = s.pp.as_ref().map(|h| h.src) {
+                s.remote = Some(SocketAddr::new(ip, port));
+            }
+        }
+    }
+    for (i, t) in &srv.sets {
+        let v = t.render_vec(&*s);
+        if let Some(slot) = s.set_vals.get_mut(*i) {
+            *slot = Some(v);
+        }
+    }
+    for l in &srv.limits {
+        let key = l.zone.key.render_vec(&*s);
+        if key.is_empty() {
+            continue;
+        }
+        if key.len() > 255 {
+            s.log(
+                Level::Error,
+                format_args!(
+                    "the value of the \"{}\" key is more than 255 bytes: \"{}\", {}",
+                    l.zone.state.key_src(),
+                    String::from_utf8_lossy(&key),
+                    s.client_ctx()
+                ),
+            );
+            continue;
+        }
+        match l.zone.state.take(&key, l.n) {
+            Take::Ok => held.push(Held {
+                state: l.zone.state.clone(),
+                key,
+            }),
+            Take::Limited | Take::NoMemory => {
+                let dry = if srv.limit_dry_run { ", dry run," } else { "" };
+                s.log(
+                    srv.limit_log_level,
+                    format_args!(
+                        "limiting connections{} by zone \"{}\", {}",
+                        dry,
+                        l.zone.name,
+                        s.client_ctx()
+                    ),
+                );
+                if srv.limit_dry_run {
+                    s.limit_status = Some("REJECTED_DRY_RUN");
+                    continue;
+                }
+                s.limit_status = Some("REJECTED");
+                held.clear();
+                s.status = 503;
+                return None;
+            }
+        }
+    }
+    if !srv.limits.is_empty() && s.limit_status.is_none() {
+        s.limit_status = Some("PASSED");
+    }
+    let peer: Option<IpAddr> = s.remote.map(|a| a.ip());
+    if let Some(r) = srv.access.iter().find(|r| matches_addr(&r.addr, peer)) {
+        if !r.allow {
+            s.log(
+                Level::Error,
+                format_args!("access forbidden by rule, {}", s.client_ctx()),
+            );
+            s.status = 403;
+            return None;
+        }
+    }
+    Some(pre)
+}
+
+/// Reads a PROXY protocol header; Ok((header, bytes after it)).
+async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Vec<u8>), String> {
+    let mut buf = Vec::with_capacity(pp::MAX_V1);
+    let read = async {
+        let mut chunk = [0u8; 512];
+        loop {
+            match pp::parse(&buf) {
+                Parsed::Done(h, n) => return Ok((h, buf[n..].to_vec())),
+                Parsed::Broken => {
+                    let end = buf.len().min(pp::MAX_V1);
+                    return Err(format!(
+                        "broken header: \"{}\"",
+                        String::from_utf8_lossy(&buf[..end])
+                    ));
+                }
+                Parsed::Partial => {}
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    return Err("client closed connection while reading PROXY protocol header"
+                        .to_string())
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err("client timed out (110: Connection timed out) while reading PROXY protocol header".to_string()),
+    }
+}
+
+async fn content(
+    s: &mut Session,
+    mut client: Sock,
+    pre: Vec<u8>,
+    slot: Option<Slot>,
+    shared: &Arc<WorkerShared>,
+) {
+    let srv = s.srv.clone();
+    let upstream = match &srv.content {
+        Content::Return(t) => {
+            let v = t.render_vec(&*s);
+            if client.write_all(&v).await.is_ok() {
+                s.bytes_sent += v.len() as u64;
+            }
+            let _ = client.shutdown().await;
+            return;
+        }
+        Content::Proxy(u) => u.clone(),
+        Content::ProxyVar(t, ups) => {
+            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
+            match ups
+                .get(&target)
+                .cloned()
+                .or_else(|| crate::stream::conf::runtime_peer(&target))
+            {
+                Some(u) => u,
+                None => {
+                    let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
+                    s.log(
+                        Level::Error,
+                        format_args!("no resolver defined to resolve {}, {}", host, s.client_ctx()),
+                    );
+                    s.status = 500;
+                    return;
+                }
+            }
+        }
+    };
+    // The upstream connection is a connection of this worker too: nginx's
+    // worker_connections counts both sides of a proxied session.
+    let Some(_slot) = slot else {
+        s.log(
+            Level::Alert,
+            format_args!(
+                "{} worker_connections are not enough while connecting to upstream, {}",
+                shared.config.load().main.connections(),
+                s.client_ctx()
+            ),
+        );
+        s.status = 502;
+        return;
+    };
+    proxy::run(s, client, pre, upstream).await;
+}
+
+fn log_phase(s: &Session) {
+    for l in &s.srv.logs {
+        write_one(l, s, &|| ScriptCtx {
+            root: Vec::new(),
+            cache: None,
+            err: ErrCtx {
+                logger: s.logger.clone(),
+                conn: s.id,
+                suffix: format!(" while logging session, {}", s.client_ctx()),
+            },
+        });
+    }
+}
