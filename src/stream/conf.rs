@@ -94,9 +94,11 @@ pub struct StreamServer {
     /// `proxy_protocol on`: send a PROXY v1 header to the upstream.
     pub proxy_protocol: bool,
     pub proxy_protocol_timeout: Duration,
-    /// Bytes per second; 0 = no limit.
-    pub download_rate: u64,
-    pub upload_rate: u64,
+    /// Bytes per second (may have variables; 0 = no limit).
+    pub download_rate: Template,
+    pub upload_rate: Template,
+    /// `proxy_bind ADDR`: the local address of upstream connections.
+    pub bind: Option<Template>,
     pub connect_timeout: Duration,
     /// Idle timeout between two successive reads or writes (`proxy_timeout`).
     pub timeout: Duration,
@@ -137,8 +139,10 @@ pub struct ProxyConf {
     pub realip_from: Option<Vec<Addr>>,
     pub proxy_protocol: Option<bool>,
     pub proxy_protocol_timeout: Option<Duration>,
-    pub download_rate: Option<u64>,
-    pub upload_rate: Option<u64>,
+    pub download_rate: Option<Template>,
+    pub upload_rate: Option<Template>,
+    /// Some(None): `proxy_bind off`.
+    pub bind: Option<Option<Template>>,
 }
 
 impl ProxyConf {
@@ -166,7 +170,8 @@ impl ProxyConf {
             proxy_protocol,
             proxy_protocol_timeout,
             download_rate,
-            upload_rate
+            upload_rate,
+            bind
         );
     }
 }
@@ -382,7 +387,7 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!(
         "random",
         ctx::STREAM_UPS,
-        Args::Take(0b11),
+        Args::Take(0b111),
         StreamSetter::Ups(set_random)
     ),
     row!(
@@ -456,7 +461,7 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!("set", ctx::STREAM_SRV, Args::take(2), StreamSetter::Srv(set_set)),
     row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
     row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_bind", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_bind", SS, Args::take12(), StreamSetter::Proxy(set_bind)),
     row!(
         "proxy_protocol",
         SS,
@@ -732,8 +737,15 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             proxy_protocol_timeout: p
                 .proxy_protocol_timeout
                 .unwrap_or(Duration::from_secs(30)),
-            download_rate: p.download_rate.unwrap_or(0),
-            upload_rate: p.upload_rate.unwrap_or(0),
+            download_rate: p
+                .download_rate
+                .clone()
+                .unwrap_or_else(|| Template::literal("0")),
+            upload_rate: p
+                .upload_rate
+                .clone()
+                .unwrap_or_else(|| Template::literal("0")),
+            bind: p.bind.clone().flatten(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
             buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
@@ -925,7 +937,11 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
             d,
         ));
     }
-    let l = crate::http::conf::parse_listen(d)?;
+    // The shared parser knows http's parameters; stream's own are taken
+    // out first.
+    let mut plain = d.clone();
+    plain.args.retain(|a| a.value != "proxy_protocol");
+    let l = crate::http::conf::parse_listen(&plain)?;
     if sb.listen.iter().any(|x| x.addr == l.addr) {
         return Err(ConfError::at(
             format!("duplicate \"{}\" address and port pair", l.addr),
@@ -996,16 +1012,35 @@ fn set_rule(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
 }
 
 fn set_real_ip_from(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let addr = crate::http::modules::access::parse_addr(d)?;
-    if matches!(addr, Addr::All) {
+    let list = p.realip_from.get_or_insert_with(Vec::new);
+    match crate::http::modules::access::parse_addr(d) {
         // nginx's set_real_ip_from takes a network, not "all".
-        return Err(ConfError::at(
+        Ok(Addr::All) => Err(ConfError::at(
             format!("invalid parameter \"{}\"", arg(d, 0)),
             d,
-        ));
+        )),
+        Ok(a) => {
+            list.push(a);
+            Ok(())
+        }
+        Err(e) => {
+            // A host name stands for every address it resolves to (now,
+            // as nginx resolves it at startup).
+            let host = arg(d, 0);
+            let addrs: Vec<std::net::IpAddr> = (host, 0u16)
+                .to_socket_addrs()
+                .map(|it| it.map(|a| a.ip()).collect())
+                .unwrap_or_default();
+            if host.contains('/') || addrs.is_empty() {
+                return Err(e);
+            }
+            for addr in addrs {
+                let prefix = if addr.is_ipv4() { 32 } else { 128 };
+                list.push(Addr::Net { addr, prefix });
+            }
+            Ok(())
+        }
     }
-    p.realip_from.get_or_insert_with(Vec::new).push(addr);
-    Ok(())
 }
 
 fn set_limit_conn_zone(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -1077,18 +1112,51 @@ fn set_proxy_protocol_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler
     set_once(&mut p.proxy_protocol_timeout, v, d)
 }
 
-fn rate(d: &Directive) -> ConfResult<u64> {
-    value::size(arg(d, 0)).ok_or_else(|| registry::slot_invalid(d))
+/// A size that may have variables (checked now when it has none).
+fn rate(d: &Directive, cx: &mut Compiler) -> ConfResult<Template> {
+    let t = cx.template(arg(d, 0), d)?;
+    if !t.has_vars() && value::size(arg(d, 0)).is_none() {
+        return Err(registry::slot_invalid(d));
+    }
+    Ok(t)
 }
 
-fn set_download_rate(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = rate(d)?;
+fn set_download_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d, cx)?;
     set_once(&mut p.download_rate, v, d)
 }
 
-fn set_upload_rate(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = rate(d)?;
+fn set_upload_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d, cx)?;
     set_once(&mut p.upload_rate, v, d)
+}
+
+/// `proxy_bind ADDR | off` (ADDR may have variables).
+fn set_bind(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if p.bind.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    let a = arg(d, 0);
+    if d.args.len() > 1 {
+        // `transparent` needs CAP_NET_ADMIN and routing set up for it.
+        return Err(ConfError::at(
+            format!(
+                "the \"{}\" parameter of \"proxy_bind\" is not supported by tern yet",
+                arg(d, 1)
+            ),
+            d,
+        ));
+    }
+    if a == "off" {
+        p.bind = Some(None);
+        return Ok(());
+    }
+    let t = cx.template(a, d)?;
+    if !t.has_vars() && a.parse::<std::net::IpAddr>().is_err() {
+        return Err(ConfError::at(format!("invalid address \"{}\"", a), d));
+    }
+    p.bind = Some(Some(t));
+    Ok(())
 }
 
 fn set_balance(ub: &mut UpsBuild, b: Balance, d: &Directive) -> ConfResult<()> {
@@ -1121,12 +1189,13 @@ fn set_least_conn(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfRes
 
 /// `random [two [least_conn]]`.
 fn set_random(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let two = match d.args.first().map(|a| a.value.as_str()) {
-        None => false,
-        Some("two") => true,
-        Some(o) => {
+    let words: Vec<&str> = d.args.iter().map(|a| a.value.as_str()).collect();
+    let two = match words.as_slice() {
+        [] => false,
+        ["two"] | ["two", "least_conn"] => true,
+        ["two", bad] | [bad, ..] => {
             return Err(ConfError::at(
-                format!("invalid parameter \"{}\"", o),
+                format!("invalid parameter \"{}\"", bad),
                 d,
             ))
         }

@@ -24,7 +24,7 @@ use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::core::log::Level;
 use crate::stream::conf::StreamServer;
-use crate::stream::session::Session;
+use crate::stream::session::{Session, UpTry};
 use crate::stream::upstream::{Balance, PeerAddr, Picked, Upstream};
 
 /// A connected socket of either family: the client side or the upstream side.
@@ -76,7 +76,19 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
         Balance::Hash { key, .. } => key.render_vec(&*s),
         _ => Vec::new(),
     };
-    let Some((up, peer)) = connect(s, &srv, &upstream, key).await else {
+    let bind = srv.bind.as_ref().and_then(|t| {
+        std::str::from_utf8(&t.render_vec(&*s))
+            .ok()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+    });
+    let rate = |t: &crate::http::vars::Template| {
+        std::str::from_utf8(&t.render_vec(&*s))
+            .ok()
+            .and_then(crate::config::value::size)
+            .unwrap_or(0)
+    };
+    let rates = (rate(&srv.upload_rate), rate(&srv.download_rate));
+    let Some((up, peer)) = connect(s, &srv, &upstream, key, bind).await else {
         s.status = 502;
         return;
     };
@@ -99,11 +111,14 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
     // A graceful stop (QUIT) does not cut sessions: like nginx, a worker
     // waits for them (bounded by worker_shutdown_timeout); only idle http
     // keepalives are closed early.
-    let (end, bytes, first_byte) = pump(client, up, &srv, first).await;
-    s.up.session = Some(connected_at.elapsed());
-    s.up.first_byte = first_byte.map(|t| t.duration_since(connected_at) + s.up.connect.last().copied().flatten().unwrap_or_default());
-    s.up.bytes_sent = bytes.to_upstream;
-    s.up.bytes_received = bytes.from_upstream;
+    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates).await;
+    if let Some(t) = s.up.tries.last_mut() {
+        let connect = t.connect.unwrap_or_default();
+        t.session = Some(connected_at.elapsed() + connect);
+        t.first_byte = first_byte.map(|f| f.duration_since(connected_at) + connect);
+        t.bytes_sent = bytes.to_upstream;
+        t.bytes_received = bytes.from_upstream;
+    }
     s.bytes_received += bytes.from_client;
     s.bytes_sent += bytes.to_client;
     let from_client = bytes.from_client + pre_len;
@@ -151,12 +166,17 @@ async fn connect(
     srv: &StreamServer,
     upstream: &Arc<Upstream>,
     key: Vec<u8>,
+    bind: Option<std::net::IpAddr>,
 ) -> Option<(Sock, Picked)> {
     let started = Instant::now();
     let mut tried = upstream.tried(key);
     let mut tries = 0usize;
     loop {
         let Some(peer) = upstream.pick(&mut tried) else {
+            s.up.tries.push(UpTry {
+                addr: upstream.name.clone(),
+                ..Default::default()
+            });
             s.log(
                 Level::Error,
                 format_args!(
@@ -168,12 +188,17 @@ async fn connect(
             return None;
         };
         tries += 1;
-        s.up.addrs.push(peer.name.clone());
+        s.up.tries.push(UpTry {
+            addr: peer.name.clone(),
+            ..Default::default()
+        });
         let t0 = Instant::now();
-        let attempt = tokio::time::timeout(srv.connect_timeout, dial(&peer.addr, srv)).await;
+        let attempt = tokio::time::timeout(srv.connect_timeout, dial(&peer.addr, srv, bind)).await;
         let err = match attempt {
             Ok(Ok(sock)) => {
-                s.up.connect.push(Some(t0.elapsed()));
+                if let Some(t) = s.up.tries.last_mut() {
+                    t.connect = Some(t0.elapsed());
+                }
                 peer.connected();
                 return Some((sock, peer));
             }
@@ -184,7 +209,6 @@ async fn connect(
             Err(_) => "upstream timed out (110: Connection timed out) while connecting to upstream"
                 .to_string(),
         };
-        s.up.connect.push(None);
         s.log(
             Level::Error,
             format_args!(
@@ -205,7 +229,7 @@ async fn connect(
     }
 }
 
-async fn dial(addr: &PeerAddr, srv: &StreamServer) -> io::Result<Sock> {
+async fn dial(addr: &PeerAddr, srv: &StreamServer, bind: Option<std::net::IpAddr>) -> io::Result<Sock> {
     match addr {
         PeerAddr::Inet(a) => {
             let s = if a.is_ipv4() {
@@ -215,6 +239,9 @@ async fn dial(addr: &PeerAddr, srv: &StreamServer) -> io::Result<Sock> {
             };
             if srv.socket_keepalive {
                 s.set_keepalive(true)?;
+            }
+            if let Some(ip) = bind.filter(|ip| ip.is_ipv4() == a.is_ipv4()) {
+                s.bind(std::net::SocketAddr::new(ip, 0))?;
             }
             let t = s.connect(*a).await?;
             if srv.tcp_nodelay {
@@ -290,21 +317,24 @@ impl Dir {
         }
     }
 
-    /// How many bytes the rate allows now (nginx's limit: rate times the
-    /// seconds since the start plus one, less what was read); when none,
-    /// arms the delay until one is allowed.
+    /// How many bytes the rate allows now: nginx's limit, the rate times
+    /// the whole seconds since the start plus one, less what was read.
+    /// When none, arms the delay until the second in which some will be.
     fn allowance(&mut self) -> usize {
         if self.rate == 0 {
             return self.buf.len();
         }
-        let elapsed = self.start.elapsed().as_secs_f64();
-        let limit = (self.rate as f64 * (elapsed + 1.0)) as u64;
+        let secs = self.start.elapsed().as_secs();
+        let limit = self.rate.saturating_mul(secs + 1);
         if limit > self.read {
-            return ((limit - self.read) as usize).min(self.buf.len());
+            return usize::try_from(limit - self.read)
+                .unwrap_or(usize::MAX)
+                .min(self.buf.len());
         }
-        let wait = (self.read + 1) as f64 / self.rate as f64 - 1.0 - elapsed;
-        let wait = Duration::from_secs_f64(wait.max(0.001));
-        self.delay = Some(Box::pin(tokio::time::sleep(wait)));
+        // The first whole second s with rate * (s + 1) > read.
+        let s = (self.read + 1).div_ceil(self.rate).saturating_sub(1);
+        let at = self.start + Duration::from_secs(s);
+        self.delay = Some(Box::pin(tokio::time::sleep_until(at.into())));
         0
     }
 
@@ -392,9 +422,10 @@ async fn pump(
     mut upstream: Sock,
     srv: &StreamServer,
     first: Vec<u8>,
+    (upload_rate, download_rate): (u64, u64),
 ) -> (End, Bytes, Option<Instant>) {
-    let mut down = Dir::new(srv.buffer_size, srv.download_rate, Vec::new()); // upstream -> client
-    let mut up = Dir::new(srv.buffer_size, srv.upload_rate, first); // client -> upstream
+    let mut down = Dir::new(srv.buffer_size, download_rate, Vec::new()); // upstream -> client
+    let mut up = Dir::new(srv.buffer_size, upload_rate, first); // client -> upstream
     let (mut up_done, mut down_done) = (false, false);
     let idle = tokio::time::sleep(srv.timeout);
     tokio::pin!(idle);

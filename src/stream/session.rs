@@ -39,17 +39,41 @@ use crate::stream::proxy::{self, Sock};
 use crate::stream::proxy_protocol::{self as pp, Parsed};
 use crate::stream::vars::SVar;
 
-/// What the upstream side of a session did, for `$upstream_*`.
+/// One upstream peer tried by a session, for `$upstream_*` (each of
+/// those variables lists the attempts, comma-separated, as nginx does).
 #[derive(Debug, Default)]
-pub struct UpInfo {
-    /// Every peer tried, in order.
-    pub addrs: Vec<String>,
-    /// Connect time per peer tried (None: the attempt failed).
-    pub connect: Vec<Option<Duration>>,
+pub struct UpTry {
+    /// The peer, or the upstream's name when no peer was left.
+    pub addr: String,
+    /// None: the connection failed.
+    pub connect: Option<Duration>,
     pub first_byte: Option<Duration>,
     pub session: Option<Duration>,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+}
+
+/// What the upstream side of a session did.
+#[derive(Debug, Default)]
+pub struct UpInfo {
+    pub tries: Vec<UpTry>,
+}
+
+impl UpInfo {
+    /// Appends one value per attempt, comma-separated; false when the
+    /// session reached no upstream.
+    fn list(&self, out: &mut Vec<u8>, f: impl Fn(&UpTry, &mut Vec<u8>)) -> bool {
+        if self.tries.is_empty() {
+            return false;
+        }
+        for (i, t) in self.tries.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(b", ");
+            }
+            f(t, out);
+        }
+        true
+    }
 }
 
 /// One session's state.
@@ -103,6 +127,13 @@ fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
 /// Seconds with milliseconds, as nginx prints times ("0.012").
 fn push_secs(out: &mut Vec<u8>, d: Duration) {
     out.extend_from_slice(format!("{}.{:03}", d.as_secs(), d.subsec_millis()).as_bytes());
+}
+
+fn opt_secs(out: &mut Vec<u8>, d: Option<Duration>) {
+    match d {
+        Some(d) => push_secs(out, d),
+        None => out.push(b'-'),
+    }
 }
 
 impl VarCtx for Session {
@@ -173,36 +204,17 @@ impl Session {
             SVar::SessionTime => push_secs(out, self.start.elapsed()),
             SVar::Protocol => out.extend_from_slice(b"TCP"),
             SVar::UpstreamAddr => {
-                if self.up.addrs.is_empty() {
-                    return false;
-                }
-                out.extend_from_slice(self.up.addrs.join(", ").as_bytes());
+                return self.up.list(out, |t, o| o.extend_from_slice(t.addr.as_bytes()))
             }
-            SVar::UpstreamBytesSent if !self.up.addrs.is_empty() => {
-                push_num(out, self.up.bytes_sent)
+            SVar::UpstreamBytesSent => return self.up.list(out, |t, o| push_num(o, t.bytes_sent)),
+            SVar::UpstreamBytesReceived => {
+                return self.up.list(out, |t, o| push_num(o, t.bytes_received))
             }
-            SVar::UpstreamBytesReceived if !self.up.addrs.is_empty() => {
-                push_num(out, self.up.bytes_received)
+            SVar::UpstreamConnectTime => return self.up.list(out, |t, o| opt_secs(o, t.connect)),
+            SVar::UpstreamFirstByteTime => {
+                return self.up.list(out, |t, o| opt_secs(o, t.first_byte))
             }
-            SVar::UpstreamConnectTime if !self.up.connect.is_empty() => {
-                for (i, c) in self.up.connect.iter().enumerate() {
-                    if i > 0 {
-                        out.extend_from_slice(b", ");
-                    }
-                    match c {
-                        Some(d) => push_secs(out, *d),
-                        None => out.push(b'-'),
-                    }
-                }
-            }
-            SVar::UpstreamFirstByteTime if !self.up.addrs.is_empty() => match self.up.first_byte {
-                Some(d) => push_secs(out, d),
-                None => out.push(b'-'),
-            },
-            SVar::UpstreamSessionTime if !self.up.addrs.is_empty() => match self.up.session {
-                Some(d) => push_secs(out, d),
-                None => out.push(b'-'),
-            },
+            SVar::UpstreamSessionTime => return self.up.list(out, |t, o| opt_secs(o, t.session)),
             SVar::ProxyProtocolAddr => return pp_part(true, false, out),
             SVar::ProxyProtocolPort => return pp_part(true, true, out),
             SVar::ProxyProtocolServerAddr => return pp_part(false, false, out),
@@ -211,7 +223,6 @@ impl Session {
                 Some(s) => out.extend_from_slice(s.as_bytes()),
                 None => return false,
             },
-            _ => return false,
         }
         true
     }
