@@ -58,6 +58,8 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("stream_upstream_random_module", true, true),
     ("stream_upstream_zone_module", true, true),
     ("stream_realip_module", false, true),
+    ("stream_ssl_module", false, true),
+    ("stream_ssl_preread_module", false, true),
 ];
 
 /// The `configure arguments:` line.

@@ -99,6 +99,14 @@ pub struct StreamServer {
     pub upload_rate: Template,
     /// `proxy_bind ADDR`: the local address of upstream connections.
     pub bind: Option<Template>,
+    pub ssl_preread: bool,
+    pub preread_buffer_size: usize,
+    pub preread_timeout: Duration,
+    /// The TLS configuration of `listen ... ssl` addresses.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Listening addresses of this server with `ssl`.
+    pub ssl_listens: Vec<ListenAddr>,
+    pub ssl_handshake_timeout: Duration,
     pub connect_timeout: Duration,
     /// Idle timeout between two successive reads or writes (`proxy_timeout`).
     pub timeout: Duration,
@@ -143,6 +151,12 @@ pub struct ProxyConf {
     pub upload_rate: Option<Template>,
     /// Some(None): `proxy_bind off`.
     pub bind: Option<Option<Template>>,
+    pub ssl_preread: Option<bool>,
+    pub preread_buffer_size: Option<usize>,
+    pub preread_timeout: Option<Duration>,
+    pub ssl: crate::http::modules::ssl_settings::SslConf,
+    pub ssl_handshake_timeout: Option<Duration>,
+    pub ssl_alpn: Option<Vec<Vec<u8>>>,
 }
 
 impl ProxyConf {
@@ -171,8 +185,14 @@ impl ProxyConf {
             proxy_protocol_timeout,
             download_rate,
             upload_rate,
-            bind
+            bind,
+            ssl_preread,
+            preread_buffer_size,
+            preread_timeout,
+            ssl_handshake_timeout,
+            ssl_alpn
         );
+        self.ssl.merge(&p.ssl);
     }
 }
 
@@ -187,6 +207,8 @@ pub struct SrvBuild {
     pub ret_last: bool,
     pub sets: Vec<(usize, Template)>,
     pub pp_listens: Vec<ListenAddr>,
+    /// Each `listen` with whether it says `ssl` (for error locations).
+    pub listen_dirs: Vec<(bool, Directive)>,
     pub proxy: ProxyConf,
 }
 
@@ -223,6 +245,9 @@ pub enum StreamSetter {
     /// `split_clients`, `log_format`): http's compilers, run against the
     /// stream table.
     Vars(fn(&Directive, &mut Compiler) -> ConfResult<()>),
+    /// An `ssl_*` directive of http's ssl_settings table, filling the
+    /// server's [`crate::http::modules::ssl_settings::SslConf`].
+    Ssl,
     /// Like `Vars`, for a directive with a `{}` block.
     VarsBlock(fn(&Directive, &mut Compiler) -> ConfResult<()>),
     /// `server` and `upstream` blocks, handled by the walker itself.
@@ -346,19 +371,17 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take12(),
         StreamSetter::Ignored(check_zone)
     ),
-    // tern proxies without reading ahead (no preread-phase module), so
-    // these bound nothing; accepted so that existing configs load.
     row!(
         "preread_buffer_size",
         SS,
         Args::take(1),
-        StreamSetter::Ignored(check_size)
+        StreamSetter::Proxy(set_preread_buffer_size)
     ),
     row!(
         "preread_timeout",
         SS,
         Args::take(1),
-        StreamSetter::Ignored(check_time)
+        StreamSetter::Proxy(set_preread_timeout)
     ),
     row!(
         "variables_hash_max_size",
@@ -489,14 +512,45 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_ssl", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_certificate", SS, Args::Any, StreamSetter::Unsupported),
     row!(
-        "ssl_certificate_key",
+        "ssl_preread",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::Flag,
+        StreamSetter::Proxy(set_ssl_preread)
     ),
-    row!("ssl_preread", SS, Args::Any, StreamSetter::Unsupported),
+    // TLS termination: http's ssl_* setters fill the same SslConf, built
+    // by the same tls::config code.
+    row!("ssl_certificate", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_certificate_key", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_protocols", SS, Args::AtLeast(1), StreamSetter::Ssl),
+    row!("ssl_ciphers", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_prefer_server_ciphers", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_session_cache", SS, Args::take12(), StreamSetter::Ssl),
+    row!("ssl_session_timeout", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_session_tickets", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_ecdh_curve", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_dhparam", SS, Args::take(1), StreamSetter::Ssl),
+    row!(
+        "ssl_handshake_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_ssl_handshake_timeout)
+    ),
+    row!(
+        "ssl_alpn",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_ssl_alpn)
+    ),
+    row!("ssl_verify_client", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_client_certificate", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_trusted_certificate", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_verify_depth", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_password_file", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_session_ticket_key", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_reject_handshake", SS, Args::Any, StreamSetter::Unsupported),
     row!(
         "set_real_ip_from",
         SS,
@@ -559,14 +613,6 @@ fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
 
 // Checks of the directives accepted without effect: a value nginx would
 // refuse is refused here too, in nginx's words.
-fn check_size(d: &Directive) -> ConfResult<()> {
-    crate::config::registry::size_arg(d, 0).map(drop)
-}
-
-fn check_time(d: &Directive) -> ConfResult<()> {
-    crate::config::registry::msec_arg(d, 0).map(drop)
-}
-
 fn check_number(d: &Directive) -> ConfResult<()> {
     crate::config::registry::num_arg(d, 0).map(drop)
 }
@@ -609,6 +655,7 @@ fn compile_block(d: &Directive, cx: &mut Compiler) -> ConfResult<(MainBuild, Bui
         let spec = lookup(k, ctx::STREAM)?;
         match spec.set {
             StreamSetter::Proxy(f) => f(&mut m.proxy, k, cx)?,
+            StreamSetter::Ssl => set_ssl(&mut m.proxy, k, cx)?,
             StreamSetter::Block if k.name == "upstream" => upstream_block(&mut m, k, cx)?,
             StreamSetter::Block => m.servers.push((server_block(k, cx)?, k.clone())),
             StreamSetter::Ignored(check) => check(k)?,
@@ -677,6 +724,7 @@ pub fn runtime_peer(target: &str) -> Option<Arc<Upstream>> {
 
 fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResult<StreamConf> {
     let mut out = StreamConf::default();
+    let keys = &mut crate::tls::config::KeyCache::default();
     let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
     let all_upstreams = Arc::new(m.upstreams.clone());
     for (mut sb, sd) in builds {
@@ -710,6 +758,24 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 )
             })?)),
             None => None,
+        };
+        let tls = if sb.listen.iter().any(|l| l.ssl) {
+            let mut ssl = p.ssl.clone();
+            crate::tls::config::build(&mut ssl, keys)?;
+            let Some(cfg) = ssl.tls else {
+                let l = sb.listen_dirs.iter().find(|(ssl, _)| *ssl).map(|(_, d)| d).unwrap_or(&sd);
+                return Err(ConfError::at(
+                    "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
+                    l,
+                ));
+            };
+            // http's build offers http/1.1; a stream server offers what
+            // `ssl_alpn` lists (nothing by default).
+            let mut c = (*cfg).clone();
+            c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
+            Some(Arc::new(c))
+        } else {
+            None
         };
         let mut limits = Vec::new();
         for (zone, n, ld) in p.limits.as_deref().unwrap_or(&[]) {
@@ -746,6 +812,12 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 .clone()
                 .unwrap_or_else(|| Template::literal("0")),
             bind: p.bind.clone().flatten(),
+            ssl_preread: p.ssl_preread.unwrap_or(false),
+            preread_buffer_size: p.preread_buffer_size.unwrap_or(16384),
+            preread_timeout: p.preread_timeout.unwrap_or(Duration::from_secs(30)),
+            tls,
+            ssl_listens: sb.listen.iter().filter(|l| l.ssl).map(|l| l.addr.clone()).collect(),
+            ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
             buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
@@ -779,6 +851,7 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
         match spec.set {
             StreamSetter::Srv(f) => f(&mut sb, k, cx)?,
             StreamSetter::Proxy(f) => f(&mut sb.proxy, k, cx)?,
+            StreamSetter::Ssl => set_ssl(&mut sb.proxy, k, cx)?,
             StreamSetter::Ignored(check) => check(k)?,
             _ => {
                 return Err(ConfError::at(
@@ -906,8 +979,8 @@ fn split_host_port(s: &str) -> Option<(&str, &str)> {
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         match p {
-            "proxy_protocol" => {}
-            "udp" | "ssl" => {
+            "proxy_protocol" | "ssl" => {}
+            "udp" => {
                 return Err(ConfError::at(
                     format!(
                         "the \"{}\" parameter of \"listen\" is not supported by tern yet",
@@ -951,6 +1024,7 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
     if d.args.iter().skip(1).any(|a| a.value == "proxy_protocol") {
         sb.pp_listens.push(l.addr.clone());
     }
+    sb.listen_dirs.push((l.ssl, d.clone()));
     sb.listen.push(l);
     Ok(())
 }
@@ -961,6 +1035,70 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
     }
     sb.pass = Some((arg(d, 0).to_string(), d.clone()));
     sb.ret_last = false;
+    Ok(())
+}
+
+/// Runs http's setter of an `ssl_*` directive on the stream level's
+/// `SslConf` (http's setters fill a server conf; the slice is lent to one).
+fn set_ssl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let spec = crate::http::modules::ssl_settings::DIRECTIVES
+        .iter()
+        .find(|s| s.name == d.name);
+    let Some(registry::Spec {
+        set: registry::Setter::Srv(f),
+        ..
+    }) = spec
+    else {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        ));
+    };
+    let mut tmp = crate::http::conf::SrvConf {
+        ssl: std::mem::take(&mut p.ssl),
+        ..Default::default()
+    };
+    let r = f(&mut tmp, d, cx);
+    p.ssl = tmp.ssl;
+    r
+}
+
+fn set_ssl_preread(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.ssl_preread, v, d)
+}
+
+fn set_preread_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::size(arg(d, 0)).ok_or_else(|| registry::slot_invalid(d))? as usize;
+    set_once(&mut p.preread_buffer_size, v, d)
+}
+
+fn set_preread_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.preread_timeout, v, d)
+}
+
+fn set_ssl_handshake_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.ssl_handshake_timeout, v, d)
+}
+
+/// `ssl_alpn PROTOCOL ...`: what the server accepts, in its order.
+fn set_ssl_alpn(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if p.ssl_alpn.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    let mut list = Vec::new();
+    for a in &d.args {
+        if a.value.is_empty() || a.value.len() > 255 {
+            return Err(ConfError::at(
+                format!("protocol too long \"{}\"", a.value),
+                d,
+            ));
+        }
+        list.push(a.value.as_bytes().to_vec());
+    }
+    p.ssl_alpn = Some(list);
     Ok(())
 }
 

@@ -42,5 +42,6 @@ pub mod conf;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod session;
+pub mod ssl_preread;
 pub mod upstream;
 pub mod vars;

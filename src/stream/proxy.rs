@@ -31,6 +31,11 @@ use crate::stream::upstream::{Balance, PeerAddr, Picked, Upstream};
 pub enum Sock {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A client connection on a `listen ... ssl` address, after the handshake.
+    Tls(Box<tokio_rustls::server::TlsStream<Sock>>),
+    /// A socket with bytes already read from it (`buf[pos..]`), which
+    /// reads return first.
+    Prefixed(Vec<u8>, usize, Box<Sock>),
 }
 
 impl AsyncRead for Sock {
@@ -42,6 +47,16 @@ impl AsyncRead for Sock {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Sock::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Sock::Prefixed(pre, pos, s) => {
+                if *pos < pre.len() {
+                    let n = (pre.len() - *pos).min(buf.remaining());
+                    buf.put_slice(&pre[*pos..*pos + n]);
+                    *pos += n;
+                    return Poll::Ready(Ok(()));
+                }
+                Pin::new(&mut **s).poll_read(cx, buf)
+            }
         }
     }
 }
@@ -51,18 +66,24 @@ impl AsyncWrite for Sock {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_write(cx, b),
             Sock::Unix(s) => Pin::new(s).poll_write(cx, b),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_write(cx, b),
+            Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_write(cx, b),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_flush(cx),
             Sock::Unix(s) => Pin::new(s).poll_flush(cx),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Sock::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
 }

@@ -37,7 +37,9 @@ use crate::http::vars::{Var, VarCtx};
 use crate::stream::conf::{Content, StreamServer};
 use crate::stream::proxy::{self, Sock};
 use crate::stream::proxy_protocol::{self as pp, Parsed};
+use crate::stream::ssl_preread::{self, Hello, Preread};
 use crate::stream::vars::SVar;
+use crate::tls::TlsInfo;
 
 /// One upstream peer tried by a session, for `$upstream_*` (each of
 /// those variables lists the attempts, comma-separated, as nginx does).
@@ -96,6 +98,10 @@ pub struct Session {
     pub set_vals: Vec<Option<Vec<u8>>>,
     pub limit_status: Option<&'static str>,
     pub logger: Arc<Logger>,
+    /// What `ssl_preread` found in the ClientHello.
+    pub hello: Option<Hello>,
+    /// The TLS session of an `ssl` listener.
+    pub tls: Option<TlsInfo>,
 }
 
 impl Session {
@@ -168,6 +174,18 @@ impl VarCtx for Session {
                     .unwrap_or_default(),
             ),
             Var::Stream(s) => return self.stream_var(*s, out),
+            Var::SslProtocol | Var::SslCipher | Var::SslServerName | Var::SslSessionReused => {
+                let Some(t) = &self.tls else { return false };
+                match v {
+                    Var::SslProtocol => out.extend_from_slice(t.protocol.as_bytes()),
+                    Var::SslCipher => out.extend_from_slice(t.cipher.as_bytes()),
+                    Var::SslServerName => match &t.server_name {
+                        Some(n) => out.extend_from_slice(n.as_bytes()),
+                        None => return false,
+                    },
+                    _ => out.extend_from_slice(if t.reused { b"r" } else { b"." }),
+                }
+            }
             Var::User(i) => {
                 if let Some(Some(v)) = self.set_vals.get(*i) {
                     out.extend_from_slice(v);
@@ -219,6 +237,18 @@ impl Session {
             SVar::ProxyProtocolPort => return pp_part(true, true, out),
             SVar::ProxyProtocolServerAddr => return pp_part(false, false, out),
             SVar::ProxyProtocolServerPort => return pp_part(false, true, out),
+            SVar::SslPrereadServerName => match &self.hello {
+                Some(h) => out.extend_from_slice(&h.server_name),
+                None => return false,
+            },
+            SVar::SslPrereadAlpnProtocols => match &self.hello {
+                Some(h) => out.extend_from_slice(&h.alpn),
+                None => return false,
+            },
+            SVar::SslPrereadProtocol => match &self.hello {
+                Some(h) => out.extend_from_slice(h.protocol.as_bytes()),
+                None => return false,
+            },
             SVar::LimitConnStatus => match self.limit_status {
                 Some(s) => out.extend_from_slice(s.as_bytes()),
                 None => return false,
@@ -278,6 +308,8 @@ pub async fn serve(
         pp: None,
         set_vals: vec![None; nvars],
         limit_status: None,
+        hello: None,
+        tls: None,
     };
     s.log(
         Level::Info,
@@ -291,7 +323,9 @@ pub async fn serve(
     );
     let mut held: Vec<Held> = Vec::new();
     if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
-        content(&mut s, client, pre, slot, &shared).await;
+        if let Some((client, pre)) = tls_and_preread(&mut s, client, pre).await {
+            content(&mut s, client, pre, slot, &shared).await;
+        }
     }
     log_phase(&s);
     drop(held);
@@ -394,6 +428,106 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
         }
     }
     Some(pre)
+}
+
+/// The ssl phase (handshake on an `ssl` listener) and the preread phase
+/// (`ssl_preread`); None when the session ended there.
+async fn tls_and_preread(s: &mut Session, client: Sock, mut pre: Vec<u8>) -> Option<(Sock, Vec<u8>)> {
+    let srv = s.srv.clone();
+    let mut client = client;
+    if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
+        // Bytes read ahead of the handshake (after a PROXY header) belong
+        // to it: the handshake reads them first.
+        let inner = if pre.is_empty() {
+            client
+        } else {
+            Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
+        };
+        let hs = async { acceptor.accept(inner).await.ok() };
+        match tokio::time::timeout(srv.ssl_handshake_timeout, hs).await {
+            Ok(Some(t)) => {
+                let (_, c) = t.get_ref();
+                s.tls = Some(tls_info(c));
+                client = Sock::Tls(Box::new(t));
+            }
+            Ok(None) => {
+                s.log(
+                    Level::Info,
+                    format_args!("SSL handshake failed while SSL handshaking, {}", s.client_ctx()),
+                );
+                s.status = 500;
+                return None;
+            }
+            Err(_) => {
+                s.log(
+                    Level::Info,
+                    format_args!(
+                        "client timed out (110: Connection timed out) while SSL handshaking, {}",
+                        s.client_ctx()
+                    ),
+                );
+                s.status = 500;
+                return None;
+            }
+        }
+    }
+    if !srv.ssl_preread {
+        return Some((client, pre));
+    }
+    let read = async {
+        loop {
+            match ssl_preread::parse(&pre) {
+                Preread::Done(h) => return Ok(Some(h)),
+                Preread::NotTls => return Ok(None),
+                Preread::Partial => {}
+            }
+            if pre.len() >= srv.preread_buffer_size {
+                return Err(());
+            }
+            let mut chunk = vec![0u8; srv.preread_buffer_size - pre.len()];
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return Ok(None),
+                Ok(n) => {
+                    s.bytes_received += n as u64;
+                    pre.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(srv.preread_timeout, read).await {
+        Ok(Ok(h)) => {
+            s.hello = h;
+            Some((client, pre))
+        }
+        Ok(Err(())) => {
+            s.log(
+                Level::Error,
+                format_args!("preread buffer full, {}", s.client_ctx()),
+            );
+            s.status = 400;
+            None
+        }
+        // nginx ends the session when the preread times out, with 200.
+        Err(_) => None,
+    }
+}
+
+/// The `$ssl_*` values of a handshake (as http's TLS info).
+fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
+    TlsInfo {
+        protocol: match c.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            _ => "unknown",
+        },
+        cipher: c
+            .negotiated_cipher_suite()
+            .and_then(|s| crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str()))
+            .unwrap_or("unknown"),
+        server_name: c.server_name().map(str::to_string),
+        reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+    }
 }
 
 /// Reads a PROXY protocol header; Ok((header, bytes after it)).

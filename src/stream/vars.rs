@@ -28,6 +28,9 @@ pub enum SVar {
     ProxyProtocolServerAddr,
     ProxyProtocolServerPort,
     LimitConnStatus,
+    SslPrereadServerName,
+    SslPrereadAlpnProtocols,
+    SslPrereadProtocol,
 }
 
 /// The stream module's builtin variables by name.
@@ -64,6 +67,13 @@ pub fn builtin(name: &str) -> Option<Var> {
         "proxy_protocol_server_addr" => Var::Stream(SVar::ProxyProtocolServerAddr),
         "proxy_protocol_server_port" => Var::Stream(SVar::ProxyProtocolServerPort),
         "limit_conn_status" => Var::Stream(SVar::LimitConnStatus),
+        "ssl_preread_server_name" => Var::Stream(SVar::SslPrereadServerName),
+        "ssl_preread_alpn_protocols" => Var::Stream(SVar::SslPrereadAlpnProtocols),
+        "ssl_preread_protocol" => Var::Stream(SVar::SslPrereadProtocol),
+        "ssl_protocol" => Var::SslProtocol,
+        "ssl_cipher" => Var::SslCipher,
+        "ssl_server_name" => Var::SslServerName,
+        "ssl_session_reused" => Var::SslSessionReused,
         _ => return None,
     })
 }
