@@ -107,6 +107,10 @@ pub struct StreamServer {
     /// Listening addresses of this server with `ssl`.
     pub ssl_listens: Vec<ListenAddr>,
     pub ssl_handshake_timeout: Duration,
+    /// `proxy_ssl on`: the TLS client configuration toward the upstream.
+    pub proxy_ssl: Option<Arc<rustls::ClientConfig>>,
+    /// `proxy_ssl_name` (None: the host of `proxy_pass`).
+    pub proxy_ssl_name: Option<Template>,
     pub connect_timeout: Duration,
     /// Idle timeout between two successive reads or writes (`proxy_timeout`).
     pub timeout: Duration,
@@ -157,6 +161,15 @@ pub struct ProxyConf {
     pub ssl: crate::http::modules::ssl_settings::SslConf,
     pub ssl_handshake_timeout: Option<Duration>,
     pub ssl_alpn: Option<Vec<Vec<u8>>>,
+    pub proxy_ssl: Option<bool>,
+    pub proxy_ssl_session_reuse: Option<bool>,
+    pub proxy_ssl_server_name: Option<bool>,
+    pub proxy_ssl_verify: Option<bool>,
+    pub proxy_ssl_name: Option<Template>,
+    pub proxy_ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub proxy_ssl_protocols: Option<(bool, bool)>,
+    pub proxy_ssl_ciphers: Option<String>,
+    pub proxy_ssl_verify_depth: Option<u64>,
 }
 
 impl ProxyConf {
@@ -190,7 +203,16 @@ impl ProxyConf {
             preread_buffer_size,
             preread_timeout,
             ssl_handshake_timeout,
-            ssl_alpn
+            ssl_alpn,
+            proxy_ssl,
+            proxy_ssl_session_reuse,
+            proxy_ssl_server_name,
+            proxy_ssl_verify,
+            proxy_ssl_name,
+            proxy_ssl_trusted,
+            proxy_ssl_protocols,
+            proxy_ssl_ciphers,
+            proxy_ssl_verify_depth
         );
         self.ssl.merge(&p.ssl);
     }
@@ -511,7 +533,61 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     ),
     row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_ssl", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_ssl", SS, Args::Flag, StreamSetter::Proxy(set_proxy_ssl)),
+    row!(
+        "proxy_ssl_session_reuse",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl_session_reuse)
+    ),
+    row!(
+        "proxy_ssl_server_name",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl_server_name)
+    ),
+    row!(
+        "proxy_ssl_verify",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl_verify)
+    ),
+    row!(
+        "proxy_ssl_name",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_name)
+    ),
+    row!(
+        "proxy_ssl_trusted_certificate",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_trusted)
+    ),
+    row!(
+        "proxy_ssl_protocols",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_proxy_ssl_protocols)
+    ),
+    row!(
+        "proxy_ssl_ciphers",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_ciphers)
+    ),
+    // rustls checks the whole chain; a depth bound has nothing to bound.
+    row!(
+        "proxy_ssl_verify_depth",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_verify_depth)
+    ),
+    row!("proxy_ssl_certificate", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_ssl_certificate_key", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_ssl_password_file", SS, Args::Any, StreamSetter::Unsupported),
+    row!("proxy_ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
     row!(
         "ssl_preread",
         SS,
@@ -777,6 +853,32 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         } else {
             None
         };
+        let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
+            let up = crate::tls::client::UpSsl {
+                verify: p.proxy_ssl_verify.unwrap_or(false),
+                server_name: p.proxy_ssl_server_name.unwrap_or(false),
+                // nginx 1.22's default: TLSv1 TLSv1.1 TLSv1.2.
+                protocols: p.proxy_ssl_protocols.unwrap_or((true, false)),
+                ciphers: p
+                    .proxy_ssl_ciphers
+                    .clone()
+                    .unwrap_or_else(|| "DEFAULT".into()),
+                roots: p.proxy_ssl_trusted.clone(),
+                session_reuse: p.proxy_ssl_session_reuse.unwrap_or(true),
+            };
+            if up.verify && up.roots.is_none() {
+                return Err(ConfError::at(
+                    "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+                    &sd,
+                ));
+            }
+            Some(
+                crate::tls::client::client_config(&up)
+                    .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?,
+            )
+        } else {
+            None
+        };
         let mut limits = Vec::new();
         for (zone, n, ld) in p.limits.as_deref().unwrap_or(&[]) {
             let z = m.zones.get(zone).ok_or_else(|| {
@@ -818,6 +920,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             tls,
             ssl_listens: sb.listen.iter().filter(|l| l.ssl).map(|l| l.addr.clone()).collect(),
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
+            proxy_ssl,
+            proxy_ssl_name: p.proxy_ssl_name.clone(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
             buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
@@ -1061,6 +1165,57 @@ fn set_ssl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()
     let r = f(&mut tmp, d, cx);
     p.ssl = tmp.ssl;
     r
+}
+
+fn set_proxy_ssl(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl, v, d)
+}
+
+fn set_proxy_ssl_session_reuse(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl_session_reuse, v, d)
+}
+
+fn set_proxy_ssl_server_name(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl_server_name, v, d)
+}
+
+fn set_proxy_ssl_verify(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl_verify, v, d)
+}
+
+fn set_proxy_ssl_name(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    set_once(&mut p.proxy_ssl_name, t, d)
+}
+
+fn set_proxy_ssl_trusted(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let path = if a.starts_with('/') {
+        a.to_string()
+    } else {
+        cx.conf_prefix.join(a).to_string_lossy().into_owned()
+    };
+    let roots = crate::tls::client::load_roots(&path)?;
+    set_once(&mut p.proxy_ssl_trusted, roots, d)
+}
+
+fn set_proxy_ssl_protocols(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::http::modules::ssl_settings::parse_protocols(d)?;
+    set_once(&mut p.proxy_ssl_protocols, v, d)
+}
+
+fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::tls::client::check_ciphers(arg(d, 0))?;
+    set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_proxy_ssl_verify_depth(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
+    set_once(&mut p.proxy_ssl_verify_depth, v, d)
 }
 
 fn set_ssl_preread(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::core::log::Level;
@@ -33,6 +33,8 @@ pub enum Sock {
     Unix(UnixStream),
     /// A client connection on a `listen ... ssl` address, after the handshake.
     Tls(Box<tokio_rustls::server::TlsStream<Sock>>),
+    /// A connection to an upstream with `proxy_ssl on`.
+    TlsUp(Box<tokio_rustls::client::TlsStream<Sock>>),
     /// A socket with bytes already read from it (`buf[pos..]`), which
     /// reads return first.
     Prefixed(Vec<u8>, usize, Box<Sock>),
@@ -48,6 +50,7 @@ impl AsyncRead for Sock {
             Sock::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Sock::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Sock::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_read(cx, buf),
             Sock::Prefixed(pre, pos, s) => {
                 if *pos < pre.len() {
                     let n = (pre.len() - *pos).min(buf.remaining());
@@ -67,6 +70,7 @@ impl AsyncWrite for Sock {
             Sock::Tcp(s) => Pin::new(s).poll_write(cx, b),
             Sock::Unix(s) => Pin::new(s).poll_write(cx, b),
             Sock::Tls(s) => Pin::new(&mut **s).poll_write(cx, b),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_write(cx, b),
             Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_write(cx, b),
         }
     }
@@ -75,6 +79,7 @@ impl AsyncWrite for Sock {
             Sock::Tcp(s) => Pin::new(s).poll_flush(cx),
             Sock::Unix(s) => Pin::new(s).poll_flush(cx),
             Sock::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_flush(cx),
             Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
@@ -83,6 +88,7 @@ impl AsyncWrite for Sock {
             Sock::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Sock::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Sock::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_shutdown(cx),
             Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
@@ -109,7 +115,19 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
             .unwrap_or(0)
     };
     let rates = (rate(&srv.upload_rate), rate(&srv.download_rate));
-    let Some((up, peer)) = connect(s, &srv, &upstream, key, bind).await else {
+    let ssl_name = match (&srv.proxy_ssl, &srv.proxy_ssl_name) {
+        (None, _) => None,
+        (Some(_), Some(t)) => Some(String::from_utf8_lossy(&t.render_vec(&*s)).into_owned()),
+        (Some(_), None) => Some(upstream.name.clone()),
+    };
+    let pp = (srv.proxy_protocol && srv.proxy_ssl.is_some())
+        .then(|| crate::stream::proxy_protocol::v1_line(s.remote, s.local));
+    let how = Dial {
+        bind,
+        ssl_name,
+        pp,
+    };
+    let Some((up, peer)) = connect(s, &srv, &upstream, key, &how).await else {
         s.status = 502;
         return;
     };
@@ -123,7 +141,7 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
     // What goes to the upstream before the client's next bytes: the
     // PROXY header (proxy_protocol on), then what was read ahead.
     let mut first = Vec::new();
-    if srv.proxy_protocol {
+    if srv.proxy_protocol && srv.proxy_ssl.is_none() {
         first = crate::stream::proxy_protocol::v1_line(s.remote, s.local);
     }
     let pre_len = pre.len() as u64;
@@ -187,7 +205,7 @@ async fn connect(
     srv: &StreamServer,
     upstream: &Arc<Upstream>,
     key: Vec<u8>,
-    bind: Option<std::net::IpAddr>,
+    how: &Dial,
 ) -> Option<(Sock, Picked)> {
     let started = Instant::now();
     let mut tried = upstream.tried(key);
@@ -214,7 +232,23 @@ async fn connect(
             ..Default::default()
         });
         let t0 = Instant::now();
-        let attempt = tokio::time::timeout(srv.connect_timeout, dial(&peer.addr, srv, bind)).await;
+        let attempt = tokio::time::timeout(srv.connect_timeout, async {
+            let mut sock = dial(&peer.addr, srv, how.bind).await?;
+            if let (Some(cfg), Some(name)) = (&srv.proxy_ssl, &how.ssl_name) {
+                if let Some(pp) = &how.pp {
+                    sock.write_all(pp).await?;
+                }
+                let name = crate::tls::client::server_name(name).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "invalid proxy_ssl_name")
+                })?;
+                let t = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, sock)
+                    .await?;
+                sock = Sock::TlsUp(Box::new(t));
+            }
+            Ok::<Sock, io::Error>(sock)
+        })
+        .await;
         let err = match attempt {
             Ok(Ok(sock)) => {
                 if let Some(t) = s.up.tries.last_mut() {
@@ -240,7 +274,8 @@ async fn connect(
             ),
         );
         peer.failed();
-        let out_of_tries = srv.next_upstream_tries != 0 && tries >= srv.next_upstream_tries;
+        let out_of_tries = (srv.next_upstream_tries != 0 && tries >= srv.next_upstream_tries)
+            || tries >= upstream.max_tries();
         let out_of_time = srv
             .next_upstream_timeout
             .is_some_and(|t| started.elapsed() >= t);
@@ -248,6 +283,14 @@ async fn connect(
             return None;
         }
     }
+}
+
+/// How to reach a peer: the local address (`proxy_bind`), the TLS name
+/// (`proxy_ssl`), and a PROXY header to send before the TLS handshake.
+struct Dial {
+    bind: Option<std::net::IpAddr>,
+    ssl_name: Option<String>,
+    pp: Option<Vec<u8>>,
 }
 
 async fn dial(addr: &PeerAddr, srv: &StreamServer, bind: Option<std::net::IpAddr>) -> io::Result<Sock> {
@@ -492,6 +535,11 @@ async fn pump(
         }
     })
     .await;
+    // A TLS client gets close_notify (one try, as nginx's SSL_shutdown):
+    // without it, clients drop the session instead of caching it.
+    if matches!(client, Sock::Tls(_)) {
+        let _ = poll_fn(|cx| Poll::Ready(Pin::new(&mut client).poll_shutdown(cx))).await;
+    }
     let bytes = Bytes {
         from_client: up.read,
         to_upstream: up.written,

@@ -102,6 +102,8 @@ pub struct Session {
     pub hello: Option<Hello>,
     /// The TLS session of an `ssl` listener.
     pub tls: Option<TlsInfo>,
+    /// The protocol ALPN settled on (`$ssl_alpn_protocol`).
+    pub alpn: Option<Vec<u8>>,
 }
 
 impl Session {
@@ -249,6 +251,11 @@ impl Session {
                 Some(h) => out.extend_from_slice(h.protocol.as_bytes()),
                 None => return false,
             },
+            SVar::SslAlpnProtocol => match (&self.tls, &self.alpn) {
+                (Some(_), Some(a)) => out.extend_from_slice(a),
+                (Some(_), None) => {}
+                (None, _) => return false,
+            },
             SVar::LimitConnStatus => match self.limit_status {
                 Some(s) => out.extend_from_slice(s.as_bytes()),
                 None => return false,
@@ -310,6 +317,7 @@ pub async fn serve(
         limit_status: None,
         hello: None,
         tls: None,
+        alpn: None,
     };
     s.log(
         Level::Info,
@@ -449,6 +457,7 @@ async fn tls_and_preread(s: &mut Session, client: Sock, mut pre: Vec<u8>) -> Opt
             Ok(Some(t)) => {
                 let (_, c) = t.get_ref();
                 s.tls = Some(tls_info(c));
+                s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
                 client = Sock::Tls(Box::new(t));
             }
             Ok(None) => {

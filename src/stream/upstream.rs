@@ -396,6 +396,13 @@ impl Upstream {
         }
     }
 
+    /// How many peers one session may try: those not marked `down`
+    /// (nginx's `peer.tries`).
+    pub fn max_tries(&self) -> usize {
+        let up = |set: &PeerSet| set.peers.iter().filter(|p| !p.down).count();
+        up(&self.primary) + up(&self.backup)
+    }
+
     /// Bookkeeping of the peers one session has tried; `key` is the
     /// rendered `hash` key (empty for other methods).
     pub fn tried(&self, key: Vec<u8>) -> Tried {

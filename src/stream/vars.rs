@@ -31,6 +31,7 @@ pub enum SVar {
     SslPrereadServerName,
     SslPrereadAlpnProtocols,
     SslPrereadProtocol,
+    SslAlpnProtocol,
 }
 
 /// The stream module's builtin variables by name.
@@ -70,6 +71,7 @@ pub fn builtin(name: &str) -> Option<Var> {
         "ssl_preread_server_name" => Var::Stream(SVar::SslPrereadServerName),
         "ssl_preread_alpn_protocols" => Var::Stream(SVar::SslPrereadAlpnProtocols),
         "ssl_preread_protocol" => Var::Stream(SVar::SslPrereadProtocol),
+        "ssl_alpn_protocol" => Var::Stream(SVar::SslAlpnProtocol),
         "ssl_protocol" => Var::SslProtocol,
         "ssl_cipher" => Var::SslCipher,
         "ssl_server_name" => Var::SslServerName,
