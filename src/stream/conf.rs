@@ -503,10 +503,20 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(1),
         StreamSetter::Srv(set_return)
     ),
-    row!("set", ctx::STREAM_SRV, Args::take(2), StreamSetter::Srv(set_set)),
+    row!(
+        "set",
+        ctx::STREAM_SRV,
+        Args::take(2),
+        StreamSetter::Srv(set_set)
+    ),
     row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
     row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_bind", SS, Args::take12(), StreamSetter::Proxy(set_bind)),
+    row!(
+        "proxy_bind",
+        SS,
+        Args::take12(),
+        StreamSetter::Proxy(set_bind)
+    ),
     row!(
         "proxy_protocol",
         SS,
@@ -533,7 +543,12 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     ),
     row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_ssl", SS, Args::Flag, StreamSetter::Proxy(set_proxy_ssl)),
+    row!(
+        "proxy_ssl",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl)
+    ),
     row!(
         "proxy_ssl_session_reuse",
         SS,
@@ -583,11 +598,31 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(1),
         StreamSetter::Proxy(set_proxy_ssl_verify_depth)
     ),
-    row!("proxy_ssl_certificate", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_ssl_certificate_key", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_ssl_certificate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "proxy_ssl_certificate_key",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("proxy_ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_ssl_password_file", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_ssl_password_file",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "proxy_ssl_conf_command",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!(
         "ssl_preread",
         SS,
@@ -600,7 +635,12 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!("ssl_certificate_key", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_protocols", SS, Args::AtLeast(1), StreamSetter::Ssl),
     row!("ssl_ciphers", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_prefer_server_ciphers", SS, Args::Flag, StreamSetter::Ssl),
+    row!(
+        "ssl_prefer_server_ciphers",
+        SS,
+        Args::Flag,
+        StreamSetter::Ssl
+    ),
     row!("ssl_session_cache", SS, Args::take12(), StreamSetter::Ssl),
     row!("ssl_session_timeout", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_session_tickets", SS, Args::Flag, StreamSetter::Ssl),
@@ -618,15 +658,45 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::AtLeast(1),
         StreamSetter::Proxy(set_ssl_alpn)
     ),
-    row!("ssl_verify_client", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_client_certificate", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_trusted_certificate", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_verify_client",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_client_certificate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_trusted_certificate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("ssl_verify_depth", SS, Args::Any, StreamSetter::Unsupported),
     row!("ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_password_file", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_password_file",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_session_ticket_key", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_reject_handshake", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_session_ticket_key",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_reject_handshake",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
     row!(
         "set_real_ip_from",
         SS,
@@ -839,7 +909,12 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
             let Some(cfg) = ssl.tls else {
-                let l = sb.listen_dirs.iter().find(|(ssl, _)| *ssl).map(|(_, d)| d).unwrap_or(&sd);
+                let l = sb
+                    .listen_dirs
+                    .iter()
+                    .find(|(ssl, _)| *ssl)
+                    .map(|(_, d)| d)
+                    .unwrap_or(&sd);
                 return Err(ConfError::at(
                     "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
                     l,
@@ -881,9 +956,10 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         };
         let mut limits = Vec::new();
         for (zone, n, ld) in p.limits.as_deref().unwrap_or(&[]) {
-            let z = m.zones.get(zone).ok_or_else(|| {
-                ConfError::at(format!("zone \"{}\" is unknown", zone), ld)
-            })?;
+            let z = m
+                .zones
+                .get(zone)
+                .ok_or_else(|| ConfError::at(format!("zone \"{}\" is unknown", zone), ld))?;
             limits.push(Limit {
                 zone: z.clone(),
                 n: *n,
@@ -902,9 +978,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             logs: p.logs.clone().unwrap_or_default(),
             realip_from: p.realip_from.clone().unwrap_or_default(),
             proxy_protocol: p.proxy_protocol.unwrap_or(false),
-            proxy_protocol_timeout: p
-                .proxy_protocol_timeout
-                .unwrap_or(Duration::from_secs(30)),
+            proxy_protocol_timeout: p.proxy_protocol_timeout.unwrap_or(Duration::from_secs(30)),
             download_rate: p
                 .download_rate
                 .clone()
@@ -918,7 +992,12 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             preread_buffer_size: p.preread_buffer_size.unwrap_or(16384),
             preread_timeout: p.preread_timeout.unwrap_or(Duration::from_secs(30)),
             tls,
-            ssl_listens: sb.listen.iter().filter(|l| l.ssl).map(|l| l.addr.clone()).collect(),
+            ssl_listens: sb
+                .listen
+                .iter()
+                .filter(|l| l.ssl)
+                .map(|l| l.addr.clone())
+                .collect(),
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             proxy_ssl,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
@@ -1172,7 +1251,11 @@ fn set_proxy_ssl(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResu
     set_once(&mut p.proxy_ssl, v, d)
 }
 
-fn set_proxy_ssl_session_reuse(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+fn set_proxy_ssl_session_reuse(
+    p: &mut ProxyConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
     let v = flag(d)?;
     set_once(&mut p.proxy_ssl_session_reuse, v, d)
 }
@@ -1213,7 +1296,11 @@ fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> 
     set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
 }
 
-fn set_proxy_ssl_verify_depth(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+fn set_proxy_ssl_verify_depth(
+    p: &mut ProxyConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
     let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
     set_once(&mut p.proxy_ssl_verify_depth, v, d)
 }
@@ -1346,7 +1433,11 @@ fn set_limit_conn_zone(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> C
     }
     let (name, size) = lc::parse_zone_param(v, d)?;
     if let Some(z) = m.zones.get(&name) {
-        return Err(lc::already_bound(d, &name, lc::ZoneState::key_src(&*z.state)));
+        return Err(lc::already_bound(
+            d,
+            &name,
+            lc::ZoneState::key_src(&*z.state),
+        ));
     }
     // Stream zones are a namespace of their own: the registry key says so.
     let state = lc::zone_state(
@@ -1400,7 +1491,11 @@ fn set_proxy_protocol(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> Con
     set_once(&mut p.proxy_protocol, v, d)
 }
 
-fn set_proxy_protocol_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+fn set_proxy_protocol_timeout(
+    p: &mut ProxyConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
     let v = msecs(d)?;
     set_once(&mut p.proxy_protocol_timeout, v, d)
 }
@@ -1466,12 +1561,7 @@ fn set_hash(ub: &mut UpsBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     let consistent = match d.args.get(1).map(|a| a.value.as_str()) {
         None => false,
         Some("consistent") => true,
-        Some(o) => {
-            return Err(ConfError::at(
-                format!("invalid parameter \"{}\"", o),
-                d,
-            ))
-        }
+        Some(o) => return Err(ConfError::at(format!("invalid parameter \"{}\"", o), d)),
     };
     set_balance(ub, Balance::Hash { key, consistent }, d)
 }
@@ -1487,10 +1577,7 @@ fn set_random(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
         [] => false,
         ["two"] | ["two", "least_conn"] => true,
         ["two", bad] | [bad, ..] => {
-            return Err(ConfError::at(
-                format!("invalid parameter \"{}\"", bad),
-                d,
-            ))
+            return Err(ConfError::at(format!("invalid parameter \"{}\"", bad), d))
         }
     };
     set_balance(ub, Balance::Random { two }, d)

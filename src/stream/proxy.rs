@@ -122,11 +122,7 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
     };
     let pp = (srv.proxy_protocol && srv.proxy_ssl.is_some())
         .then(|| crate::stream::proxy_protocol::v1_line(s.remote, s.local));
-    let how = Dial {
-        bind,
-        ssl_name,
-        pp,
-    };
+    let how = Dial { bind, ssl_name, pp };
     let Some((up, peer)) = connect(s, &srv, &upstream, key, &how).await else {
         s.status = 502;
         return;
@@ -163,7 +159,12 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
     let from_client = bytes.from_client + pre_len;
     let tail = format!(
         "{}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
-        s.client_ctx(), peer.name, from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream
+        s.client_ctx(),
+        peer.name,
+        from_client,
+        bytes.to_client,
+        bytes.from_upstream,
+        bytes.to_upstream
     );
     match end {
         End::Closed(who) => s.log(
@@ -266,12 +267,7 @@ async fn connect(
         };
         s.log(
             Level::Error,
-            format_args!(
-                "{}, {}, upstream: \"{}\"",
-                err,
-                s.client_ctx(),
-                peer.name
-            ),
+            format_args!("{}, {}, upstream: \"{}\"", err, s.client_ctx(), peer.name),
         );
         peer.failed();
         let out_of_tries = (srv.next_upstream_tries != 0 && tries >= srv.next_upstream_tries)
@@ -293,7 +289,11 @@ struct Dial {
     pp: Option<Vec<u8>>,
 }
 
-async fn dial(addr: &PeerAddr, srv: &StreamServer, bind: Option<std::net::IpAddr>) -> io::Result<Sock> {
+async fn dial(
+    addr: &PeerAddr,
+    srv: &StreamServer,
+    bind: Option<std::net::IpAddr>,
+) -> io::Result<Sock> {
     match addr {
         PeerAddr::Inet(a) => {
             let s = if a.is_ipv4() {

@@ -224,7 +224,9 @@ impl Session {
             SVar::SessionTime => push_secs(out, self.start.elapsed()),
             SVar::Protocol => out.extend_from_slice(b"TCP"),
             SVar::UpstreamAddr => {
-                return self.up.list(out, |t, o| o.extend_from_slice(t.addr.as_bytes()))
+                return self
+                    .up
+                    .list(out, |t, o| o.extend_from_slice(t.addr.as_bytes()))
             }
             SVar::UpstreamBytesSent => return self.up.list(out, |t, o| push_num(o, t.bytes_sent)),
             SVar::UpstreamBytesReceived => {
@@ -352,10 +354,7 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
                 s.pp = Some(h);
             }
             Err(msg) => {
-                s.log(
-                    Level::Error,
-                    format_args!("{}, {}", msg, s.client_ctx()),
-                );
+                s.log(Level::Error, format_args!("{}, {}", msg, s.client_ctx()));
                 s.status = 400;
                 return None;
             }
@@ -440,7 +439,11 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
 
 /// The ssl phase (handshake on an `ssl` listener) and the preread phase
 /// (`ssl_preread`); None when the session ended there.
-async fn tls_and_preread(s: &mut Session, client: Sock, mut pre: Vec<u8>) -> Option<(Sock, Vec<u8>)> {
+async fn tls_and_preread(
+    s: &mut Session,
+    client: Sock,
+    mut pre: Vec<u8>,
+) -> Option<(Sock, Vec<u8>)> {
     let srv = s.srv.clone();
     let mut client = client;
     if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
@@ -463,7 +466,10 @@ async fn tls_and_preread(s: &mut Session, client: Sock, mut pre: Vec<u8>) -> Opt
             Ok(None) => {
                 s.log(
                     Level::Info,
-                    format_args!("SSL handshake failed while SSL handshaking, {}", s.client_ctx()),
+                    format_args!(
+                        "SSL handshake failed while SSL handshaking, {}",
+                        s.client_ctx()
+                    ),
                 );
                 s.status = 500;
                 return None;
@@ -532,7 +538,9 @@ fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
         },
         cipher: c
             .negotiated_cipher_suite()
-            .and_then(|s| crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str()))
+            .and_then(|s| {
+                crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
+            })
             .unwrap_or("unknown"),
         server_name: c.server_name().map(str::to_string),
         reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
@@ -558,8 +566,9 @@ async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Ve
             }
             match client.read(&mut chunk).await {
                 Ok(0) | Err(_) => {
-                    return Err("client closed connection while reading PROXY protocol header"
-                        .to_string())
+                    return Err(
+                        "client closed connection while reading PROXY protocol header".to_string(),
+                    )
                 }
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
@@ -567,7 +576,10 @@ async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Ve
     };
     match tokio::time::timeout(timeout, read).await {
         Ok(r) => r,
-        Err(_) => Err("client timed out (110: Connection timed out) while reading PROXY protocol header".to_string()),
+        Err(_) => Err(
+            "client timed out (110: Connection timed out) while reading PROXY protocol header"
+                .to_string(),
+        ),
     }
 }
 
@@ -601,7 +613,11 @@ async fn content(
                     let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
                     s.log(
                         Level::Error,
-                        format_args!("no resolver defined to resolve {}, {}", host, s.client_ctx()),
+                        format_args!(
+                            "no resolver defined to resolve {}, {}",
+                            host,
+                            s.client_ctx()
+                        ),
                     );
                     s.status = 500;
                     return;

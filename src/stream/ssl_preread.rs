@@ -55,7 +55,11 @@ pub fn parse(buf: &[u8]) -> Preread {
         }
         let v = u16::from_be_bytes([buf[3], buf[4]]);
         return Preread::Done(Hello {
-            protocol: if v == 0x0002 { "SSLv2" } else { version_name(v) },
+            protocol: if v == 0x0002 {
+                "SSLv2"
+            } else {
+                version_name(v)
+            },
             ..Default::default()
         });
     }
@@ -82,7 +86,8 @@ pub fn parse(buf: &[u8]) -> Preread {
         }
         rest = &rest[5 + len..];
         if hs.len() >= 4 {
-            let need = 4 + (usize::from(hs[1]) << 16 | usize::from(hs[2]) << 8 | usize::from(hs[3]));
+            let need =
+                4 + (usize::from(hs[1]) << 16 | usize::from(hs[2]) << 8 | usize::from(hs[3]));
             if hs.len() >= need {
                 break;
             }
@@ -120,7 +125,8 @@ impl<'a> Cur<'a> {
         self.take(1).map(|b| usize::from(b[0]))
     }
     fn u16(&mut self) -> Option<usize> {
-        self.take(2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        self.take(2)
+            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
     }
 }
 

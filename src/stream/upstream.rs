@@ -149,7 +149,14 @@ impl PeerSet {
 
     /// Whether peer `i` may be picked now (not tried, not down, not
     /// failed within `fail_timeout`, under `max_conns`).
-    fn usable(&self, st: &[PeerState], tried: &[bool], i: usize, single: bool, now: Instant) -> bool {
+    fn usable(
+        &self,
+        st: &[PeerState],
+        tried: &[bool],
+        i: usize,
+        single: bool,
+        now: Instant,
+    ) -> bool {
         let (Some(p), Some(s)) = (self.peers.get(i), st.get(i)) else {
             return false;
         };
@@ -371,7 +378,9 @@ pub enum Balance {
     /// Fewest active sessions per unit of weight; ties by round robin.
     LeastConn,
     /// A peer drawn by weight; with `two`, the less loaded of two draws.
-    Random { two: bool },
+    Random {
+        two: bool,
+    },
 }
 
 /// An `upstream {}` block, or the implicit group of a `proxy_pass host:port`.
@@ -423,7 +432,9 @@ impl Upstream {
             Balance::RoundRobin => None,
             Balance::Hash { .. } if self.single || tried.key.is_empty() => None,
             Balance::Hash { .. } => self.primary.pick_hash(tried, now),
-            Balance::LeastConn => self.primary.pick_least(&mut tried.primary, self.single, now),
+            Balance::LeastConn => self
+                .primary
+                .pick_least(&mut tried.primary, self.single, now),
             Balance::Random { .. } if self.single => None,
             Balance::Random { two } => self.primary.pick_random(&mut tried.primary, *two, now),
         };
@@ -598,9 +609,16 @@ mod tests {
 
     #[test]
     fn single_peer_never_marked_down() {
-        let u = Arc::new(Upstream::new("u".into(), vec![peer(1, 1)], vec![], Balance::RoundRobin));
+        let u = Arc::new(Upstream::new(
+            "u".into(),
+            vec![peer(1, 1)],
+            vec![],
+            Balance::RoundRobin,
+        ));
         for _ in 0..3 {
-            let p = u.pick(&mut u.tried(Vec::new())).expect("single peer always tried");
+            let p = u
+                .pick(&mut u.tried(Vec::new()))
+                .expect("single peer always tried");
             p.failed();
         }
     }
@@ -611,10 +629,18 @@ mod tests {
         d.down = true;
         let mut m = peer(2, 1);
         m.max_conns = 1;
-        let u = Arc::new(Upstream::new("u".into(), vec![d, m], vec![], Balance::RoundRobin));
+        let u = Arc::new(Upstream::new(
+            "u".into(),
+            vec![d, m],
+            vec![],
+            Balance::RoundRobin,
+        ));
         let held = u.pick(&mut u.tried(Vec::new())).expect("peer 2");
         assert_eq!(port(&held), 2);
-        assert!(u.pick(&mut u.tried(Vec::new())).is_none(), "max_conns reached");
+        assert!(
+            u.pick(&mut u.tried(Vec::new())).is_none(),
+            "max_conns reached"
+        );
         drop(held);
         assert!(u.pick(&mut u.tried(Vec::new())).is_some());
     }

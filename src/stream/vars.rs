@@ -91,8 +91,9 @@ mod tests {
         let tpl = Template::compile("$bytes_received $uri", &mut t).expect("compiles");
         assert!(tpl
             .parts
-            .iter()
-            .any(|p| *p == crate::http::vars::Part::Var(Var::Stream(SVar::BytesReceived))));
+            .contains(&crate::http::vars::Part::Var(Var::Stream(
+                SVar::BytesReceived
+            ))));
         // `$uri` is no stream variable: a user variable, unknown unless defined.
         assert!(t.finish().is_err());
     }

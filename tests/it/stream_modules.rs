@@ -182,7 +182,9 @@ fn proxy_protocol_in_realip_and_out() {
     assert_eq!(answer, b"done");
     // The harness's readiness probe of S2 made a session first.
     let up = loop {
-        let got = rx.recv_timeout(Duration::from_secs(10)).expect("backend saw");
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("backend saw");
         if got.ends_with(b"END") {
             break got;
         }
@@ -290,7 +292,10 @@ fn nginx_stream() -> bool {
     }
     let ok = std::path::Path::new(STREAM_SO).exists();
     if !ok {
-        eprintln!("skipped: {} missing (.ci/run installs libnginx-mod-stream)", STREAM_SO);
+        eprintln!(
+            "skipped: {} missing (.ci/run installs libnginx-mod-stream)",
+            STREAM_SO
+        );
     }
     ok
 }
