@@ -8,6 +8,7 @@ pub mod master;
 pub mod modules;
 pub mod park;
 pub mod sock;
+pub mod stream;
 pub mod upgrade;
 pub mod user;
 pub mod worker;

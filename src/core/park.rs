@@ -5,7 +5,7 @@
 //! (a task of `core::worker` with the `conn::serve` state machine in it,
 //! ~4 KiB) and tokio's I/O registration (256 bytes, cache-line aligned):
 //! several times what nginx spends on an idle keep-alive connection. So a
-//! connection that has waited [`crate::http::conn::PARK_AFTER`] without a
+//! connection that has waited [`crate::http::serve::PARK_AFTER`] without a
 //! byte hands its socket here and gives its runner back (busy keep-alive
 //! clients never get here, so the hot path does not pay for parking). A
 //! connection just accepted waits here for its first request too
@@ -24,7 +24,7 @@
 //!     readable / hang-up  <--------------+---------> deadline passed: close
 //!     back to a runner, bare socket        (RST if first wait and
 //!     (core::sock::LazySock):               reset_timedout_connection)
-//!     conn::serve(.., Some(wait))     QUIT: close all but first waits
+//!     serve::serve(.., Some(wait))     QUIT: close all but first waits
 //! ```
 //!
 //! Sockets are watched one-shot: an event disables the socket in the
@@ -49,7 +49,7 @@ use tokio::time::Instant;
 
 use crate::core::sock::LazySock;
 use crate::core::worker::{self, ConnSlot, Either};
-use crate::http::conn::{ConnInfo, IdleWait};
+use crate::http::serve::{ConnInfo, IdleWait};
 use crate::tls::stream::TlsStream;
 
 thread_local! {

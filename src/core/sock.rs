@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use crate::http::conn::Stream;
+use crate::core::stream::Stream;
 
 /// A tokio socket type that can be made from, and turned back into, its
 /// std counterpart.

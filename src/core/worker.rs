@@ -31,7 +31,7 @@ use crate::core::conf::Config;
 use crate::core::park;
 use crate::core::sock::{LazySock, Registrable};
 use crate::http::conf::ListenAddr;
-use crate::http::conn::{self, ConnInfo, IdleWait, Served};
+use crate::http::serve::{self, ConnInfo, IdleWait, Served};
 use crate::tls::stream::{Accepted, TlsStream};
 use crate::tls::TlsState;
 
@@ -351,7 +351,7 @@ async fn accept_loop(
                 // by a moment: the connection waits for it in the parking
                 // lot's epoll (one EPOLL_CTL_ADD, as nginx) and gets its
                 // task when the bytes are there.
-                match (&s, conn::first_wait(&shared, &mut info)) {
+                match (&s, serve::first_wait(&shared, &mut info)) {
                     (Either::Tcp(_), Some(wait)) => park::wait_first(s, info, slot, wait),
                     _ => spawn_http(s, info, slot, None),
                 }
@@ -555,7 +555,7 @@ async fn runner(runners: Rc<Runners>) {
     }
 }
 
-async fn run_http<S: conn::Stream>(
+async fn run_http<S: crate::core::stream::Stream>(
     s: S,
     info: ConnInfo,
     slot: ConnSlot,
@@ -564,7 +564,7 @@ async fn run_http<S: conn::Stream>(
 ) {
     // `slot` is released on drop: also when the connection panics.
     let sh = slot.0.clone();
-    if let Served::Idle(s, info, w) = conn::serve(s, info, sh, wait).await {
+    if let Served::Idle(s, info, w) = serve::serve(s, info, sh, wait).await {
         park::park(kind(s), info, slot, w);
     }
 }
@@ -607,7 +607,7 @@ async fn run_tls<T: Registrable>(
             info.tls = TlsState::PlainOnSsl;
             drop((addr, config));
             // Answered with 497 and closed: never idle.
-            let _ = conn::serve(p, info, sh, wait).await;
+            let _ = serve::serve(p, info, sh, wait).await;
         }
         Accepted::Failed => {}
     }

@@ -39,11 +39,11 @@ use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
-use crate::http::chunked::ChunkedDecoder;
+use crate::core::stream::Stream;
 use crate::http::conf::{merge_opts, LocConf};
-use crate::http::conn::Stream;
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
+use crate::http::v1::chunked::ChunkedDecoder;
 use crate::io::{OpenFile, Policy};
 
 // ---- configuration ----------------------------------------------------------

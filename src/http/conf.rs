@@ -242,10 +242,15 @@ pub struct LocConf {
     pub core: CoreLoc,
     pub io: crate::io::IoLoc,
     pub modules: crate::http::modules::ModLoc,
+    /// The content handler a `*_pass` directive put here (nginx's
+    /// `clcf->handler`); inherited by `if` and `limit_except` blocks, not
+    /// by nested locations.
+    pub content: Option<crate::http::upstream::Handler>,
 }
 
 impl LocConf {
     pub fn merge(&mut self, parent: &LocConf) {
+        self.content = self.content.or(parent.content);
         self.core.merge(&parent.core);
         self.io.merge(&parent.io);
         self.modules.merge(&parent.modules);
@@ -832,18 +837,15 @@ fn compile_location(
         crate::http::modules::proxy::check_no_uri_part(&loc, d.block.as_deref().unwrap_or(&[]))?;
     }
     let own_error_log = loc.core.error_log.is_some();
-    let own_pass = loc.modules.proxy.pass.is_some();
-    let own_fastcgi_pass = loc.modules.fastcgi.pass.is_some();
-    crate::http::modules::fastcgi::check_pass(&loc, hm, d.block.as_deref().unwrap_or(&[]))?;
+    let own_content = loc.content.is_some();
+    crate::http::modules::ModLoc::check_pass(&loc, hm, d.block.as_deref().unwrap_or(&[]))?;
     loc.merge(parent);
     // A content handler belongs to its location: nginx does not pass the
     // enclosing location's proxy_pass on to a nested one (only to its
     // `if` and `limit_except` blocks, which merge on their own).
-    if !own_pass {
-        loc.modules.proxy.pass = None;
-    }
-    if !own_fastcgi_pass {
-        loc.modules.fastcgi.pass = None;
+    if !own_content {
+        loc.content = None;
+        loc.modules.drop_inherited_pass();
     }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;

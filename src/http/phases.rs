@@ -11,7 +11,7 @@
 //! 6. addition ([`crate::http::modules::addition`]: subrequests around
 //!    the body), then header filters: [`HEADER_FILTERS`] in order, which may install body
 //!    filters; then the header writer and body writer in
-//!    [`crate::http::conn`]
+//!    [`crate::http::v1::conn`]
 //! 7. log: [`crate::http::modules::log_phase`]
 
 use std::borrow::Cow;
@@ -23,10 +23,10 @@ use std::sync::Arc;
 use crate::core::log::Level;
 use crate::core::worker::WorkerShared;
 use crate::http::conf::{HttpConf, LocConf, Server};
-use crate::http::conn::ConnInfo;
 use crate::http::modules::{self, rewrite};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Response};
+use crate::http::serve::ConnInfo;
 use crate::http::vars::{Var, VarCtx};
 
 /// A request in progress: the parts of its state that phases change.
@@ -338,17 +338,6 @@ pub fn finish(cx: &mut Ctx<'_>, resp: &mut Response) {
     // (the access log) `$limit_rate` reads the rate the body is paced by.
     if let Some(rate) = cx.sent.limit_rate {
         cx.set_note(rewrite::LIMIT_RATE, rate.to_string());
-    }
-    // chunked_transfer_encoding off, or a status below 200 (a FastCGI
-    // `Status: 100`, an upstream's `000`, which nginx's chunked filter
-    // leaves alone): a body of unknown length goes as it is and
-    // keep-alive is off (a HEAD, which has no body, keeps it).
-    let chunked_off = !cx.loc.core.chunked_transfer_encoding.unwrap_or(true) || resp.status < 200;
-    if chunked_off && resp.chunked(cx.req.minor) {
-        resp.unframed = true;
-        if cx.req.method != Method::Head {
-            resp.force_close = true;
-        }
     }
 }
 

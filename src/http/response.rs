@@ -1,11 +1,11 @@
 //! A response on its way out, and the header filter that serialises it.
 //!
-//! Handlers fill a [`Response`]; [`write_head`] renders the status line and
-//! headers in nginx's order (Server, Date, Content-Type, Content-Length,
-//! Last-Modified, Location, Connection, Keep-Alive, then the rest) into a
-//! reused buffer. The body is sent by the connection: bytes with the head in
-//! one `writev`, a file range through the file-I/O layer, a stream (a
-//! proxied body still arriving) piece by piece as it comes.
+//! Handlers fill a [`Response`], which knows no protocol: a status, the
+//! fields ([`fixed_fields`] in nginx's order, then `headers`) and a
+//! [`Body`]. The protocol that carries the request renders it
+//! (`http::v1::head` writes the status line and HTTP/1's own fields) and
+//! sends the body: bytes, a file range through the file-I/O layer, a
+//! stream (a proxied body still arriving) piece by piece as it comes.
 
 use std::sync::Arc;
 
@@ -105,9 +105,12 @@ pub struct Response {
     pub body: Body,
     /// `return 444`: close without answering.
     pub close_silently: bool,
-    /// Keep-alive must end after this response.
+    /// No further request may follow on this connection after this one
+    /// (HTTP/1 closes it; a multiplexing protocol has nothing to do).
     pub force_close: bool,
-    /// Lingering close is needed (unread body may follow).
+    /// The client may still be sending (a body left unread): a protocol
+    /// that closes the connection drains it first (HTTP/1's lingering
+    /// close).
     pub linger: bool,
     /// A streamed body ends as soon as the client hangs up while waiting
     /// for it (proxied responses, unless `proxy_ignore_client_abort`).
@@ -144,9 +147,6 @@ pub struct Response {
     /// Conditional request headers are not answered with 304/412 (nginx's
     /// `disable_not_modified`: a proxied response not being cached).
     pub disable_not_modified: bool,
-    /// `chunked_transfer_encoding off`: a body of unknown length goes out
-    /// as it is, ended by the close.
-    pub unframed: bool,
     /// A proxied `101` to a request that asked for an upgrade: once the
     /// head is out, the connection relays bytes both ways
     /// ([`crate::http::tunnel`]) instead of sending a body.
@@ -196,15 +196,11 @@ impl Response {
         self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
     }
 
-    /// Whether the body goes out with chunked transfer-encoding.
-    pub fn chunked(&self, minor: u8) -> bool {
+    /// Whether the body's length is unknown when the head goes out (a
+    /// stream, or filters that change it): HTTP/1.1 chunks such a body.
+    pub fn length_unknown(&self) -> bool {
         self.content_length.is_none()
             && (!self.filters.is_empty() || matches!(self.body, Body::Stream(_)))
-            && minor == 1
-            && !self.unframed
-            // nginx's chunked filter leaves interim answers alone (a
-            // proxied 101 without an upgrade has its body unframed).
-            && !(100..200).contains(&self.status)
     }
 }
 
@@ -325,96 +321,45 @@ pub fn msie_refresh(resp: &mut Response, target: &[u8]) {
     resp.body = Body::Bytes(body);
 }
 
-/// Serialises the head. `minor` is the request's HTTP minor version (9
-/// for HTTP/0.9, which gets no head at all).
-pub fn write_head(out: &mut Vec<u8>, resp: &Response, loc: &LocConf, minor: u8, keepalive: bool) {
-    if minor == 9 {
-        return;
-    }
-    // nginx answers 1.0 and 1.1 requests with an HTTP/1.1 status line.
-    let code = match resp.status {
-        494..=497 => 400,
-        c => c,
-    };
-    out.extend_from_slice(b"HTTP/1.1 ");
-    match &resp.status_line {
-        Some((c, line)) if *c == resp.status => out.extend_from_slice(line),
-        _ => {
-            push_num(out, code as u64);
-            out.push(b' ');
-            if let Some(r) = status::reason(code) {
-                out.extend_from_slice(r.as_bytes());
-            }
-        }
-    }
-    out.extend_from_slice(b"\r\n");
+/// The fields of the head every protocol sends, in nginx's order, before
+/// the protocol's own (HTTP/1's Transfer-Encoding, Connection): Server,
+/// Date, Content-Type, Content-Length, Last-Modified, Location. The
+/// handlers' other fields (`headers`) follow those, in order.
+pub fn fixed_fields(resp: &Response, loc: &LocConf, mut f: impl FnMut(&'static str, &[u8])) {
     let has = |n: &str| {
         resp.upstream_server_date && resp.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n))
     };
     if !has("server") {
-        out.extend_from_slice(b"Server: ");
         if loc.core.server_tokens.unwrap_or(true) {
-            out.extend_from_slice(b"tern/");
-            out.extend_from_slice(VERSION.as_bytes());
+            f("Server", SERVER_FULL.as_bytes());
         } else {
-            out.extend_from_slice(b"tern");
+            f("Server", b"tern");
         }
-        out.extend_from_slice(b"\r\n");
     }
     if !has("date") {
-        out.extend_from_slice(b"Date: ");
-        out.extend_from_slice(&date::http_date());
-        out.extend_from_slice(b"\r\n");
+        f("Date", &date::http_date());
     }
     if let Some(ct) = &resp.content_type {
-        out.extend_from_slice(b"Content-Type: ");
-        out.extend_from_slice(ct.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        f("Content-Type", ct.as_bytes());
     }
     if let Some(n) = resp.content_length {
-        out.extend_from_slice(b"Content-Length: ");
-        push_num(out, n);
-        out.extend_from_slice(b"\r\n");
+        let mut b = itoa::Buffer::new();
+        f("Content-Length", b.format(n).as_bytes());
     }
     // nginx sends Last-Modified only with 200, 206 and 304.
     if let Some(t) = resp
         .last_modified
         .filter(|_| matches!(resp.status, 200 | 206 | 304) && !resp.last_modified_listed)
     {
-        out.extend_from_slice(b"Last-Modified: ");
-        out.extend_from_slice(&date::http_date_of(t));
-        out.extend_from_slice(b"\r\n");
+        f("Last-Modified", &date::http_date_of(t));
     }
     if let Some(l) = &resp.location {
-        out.extend_from_slice(b"Location: ");
-        out.extend_from_slice(l);
-        out.extend_from_slice(b"\r\n");
+        f("Location", l);
     }
-    if resp.chunked(minor) {
-        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
-    }
-    if resp.status == 101 {
-        // nginx says so on any 101, whether the connection is upgraded
-        // or not (and then may still keep it alive).
-        out.extend_from_slice(b"Connection: upgrade\r\n");
-    } else if keepalive {
-        out.extend_from_slice(b"Connection: keep-alive\r\n");
-        if let Some(ka) = loc.core.keepalive.and_then(|k| k.header_secs) {
-            out.extend_from_slice(b"Keep-Alive: timeout=");
-            push_num(out, ka);
-            out.extend_from_slice(b"\r\n");
-        }
-    } else {
-        out.extend_from_slice(b"Connection: close\r\n");
-    }
-    for (n, v) in &resp.headers {
-        out.extend_from_slice(n.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }
+
+/// `Server:` with `server_tokens on`.
+const SERVER_FULL: &str = concat!("tern/", env!("CARGO_PKG_VERSION"));
 
 pub fn push_num(out: &mut Vec<u8>, n: u64) {
     let mut b = itoa::Buffer::new();

@@ -32,9 +32,9 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::core::log::Level;
+use crate::core::stream::Stream;
 use crate::http::conf::LocConf;
-use crate::http::conn::Stream;
-use crate::http::modules::upstream::Lease;
+use crate::http::upstream::peers::Lease;
 use crate::tls::client::UpStream;
 
 /// The upstream side of an upgrade, handed from the proxy to the connection.
@@ -208,7 +208,7 @@ async fn send_client<S: Stream>(
     data: &[u8],
     loc: &LocConf,
 ) -> Result<(), (Level, String)> {
-    match crate::http::conn::write_all(client, &[data], loc).await {
+    match crate::http::v1::conn::write_all(client, &[data], loc).await {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(timed_out("client")),
         Err(e) => Err(failed(Level::Info, "send", &e)),

@@ -10,7 +10,7 @@
 //!      per server                        server by SNI (AddrConf::select) ->
 //!                                        its ServerConfig -> handshake
 //!                                        (client_header_timeout)
-//!                                      -> http::conn::serve(TlsStream)
+//!                                      -> http::serve::serve(TlsStream)
 //!                                     otherwise plain HTTP: served as such and
 //!                                      answered with 497 (400, "The plain HTTP
 //!                                      request was sent to HTTPS port")

@@ -16,8 +16,9 @@ use rustls::server::{Acceptor, ServerConnection};
 use tokio::time::Instant;
 
 use crate::core::log::Level;
+use crate::core::stream::Stream;
 use crate::http::conf::AddrConf;
-use crate::http::conn::{log_conn, ConnInfo, Stream};
+use crate::http::serve::{log_conn, ConnInfo};
 use crate::tls::TlsInfo;
 
 /// `io::Read` over the engine's non-blocking read.

@@ -11,6 +11,7 @@ pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
+pub mod cgi;
 pub mod charset;
 pub mod empty_gif;
 pub mod error_page;
@@ -39,8 +40,6 @@ pub mod static_file;
 pub mod stub_status;
 pub mod sub_filter;
 pub mod try_files;
-pub mod upstream;
-pub mod upstream_head;
 pub mod userid;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
@@ -73,7 +72,7 @@ pub const TABLES: &[&[Spec]] = &[
     error_page::DIRECTIVES,
     proxy::DIRECTIVES,
     fastcgi::DIRECTIVES,
-    upstream::DIRECTIVES,
+    crate::http::upstream::peers::DIRECTIVES,
     crate::http::body::DIRECTIVES,
     hash_sizes::DIRECTIVES,
     ssl_settings::DIRECTIVES,
@@ -109,7 +108,8 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
 ];
 
 /// The content phase: try_files, then mirror (nginx's precontent phase,
-/// in its order), then the location's content handler (proxy, fastcgi, status pages),
+/// in its order), then the location's content handler (the slot a `*_pass`
+/// fills), then status pages,
 /// then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
     match try_files::run(cx).await {
@@ -119,11 +119,9 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
     if let Some(step) = mirror::precontent(cx).await {
         return step;
     }
-    if let Some(step) = proxy::content(cx).await {
-        return step;
-    }
-    if let Some(step) = fastcgi::content(cx).await {
-        return step;
+    // The location's content handler (its `*_pass`, nginx's clcf->handler).
+    if let Some(handler) = cx.loc.content {
+        return Step::done(handler(cx).await);
     }
     if let Some(step) = stub_status::content(cx) {
         return step;
@@ -148,6 +146,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (limit_req::VARS, limit_req::var),
     (gzip::VARS, gzip::var),
     (stub_status::VARS, stub_status::var),
+    (crate::http::upstream::VARS, crate::http::upstream::var),
     (proxy::VARS, proxy::var),
     (fastcgi::VARS, fastcgi::var),
     (crate::http::body::VARS, crate::http::body::var),
@@ -213,6 +212,20 @@ pub struct ModLoc {
 }
 
 impl ModLoc {
+    /// A nested location does not inherit its parent's `*_pass` (nginx's
+    /// content handler belongs to its location; `if` and `limit_except`
+    /// blocks keep it).
+    pub fn drop_inherited_pass(&mut self) {
+        self.proxy.pass = None;
+        self.fastcgi.pass = None;
+    }
+
+    /// The `*_pass` modules' checks of a compiled location (`own`: its
+    /// own configuration, `block`: its directives).
+    pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
+        fastcgi::check_pass(own, hm, block)
+    }
+
     pub fn merge(&mut self, p: &ModLoc) {
         self.index.merge(&p.index);
         self.sub_filter.merge(&p.sub_filter);
@@ -257,8 +270,7 @@ pub struct ModMain {
     pub access_log: access_log::AccessLogMain,
     pub limit_conn: limit_conn::LimitConnMain,
     pub limit_req: limit_req::LimitReqMain,
-    pub proxy: proxy::ProxyMain,
-    pub upstream: upstream::UpstreamMain,
+    pub upstream: crate::http::upstream::peers::UpstreamMain,
 }
 
 /// A block directive inside `server` that a module owns (`if`).

@@ -24,6 +24,206 @@
 //!
 //! Names are kept as text: a name that is not UTF-8 (a Latin-1 byte, say)
 //! is left out, as tern's headers are strings.
+//!
+//! [`HttpHead`] is proxy's head reader for the engine (interim 1xx
+//! answers dropped), [`HttpBody`] its body decoder: chunked, a
+//! Content-Length, or the connection's close.
+
+use crate::http::upstream::fetch::{fail, invalid_header, Fail, WHILE_HEAD};
+use crate::http::upstream::response::{has_token, header};
+use crate::http::upstream::{BodyDecoder, Head as UpHead, HeadReader};
+
+/// Reads an HTTP/1.x response head as it arrives.
+pub struct HttpHead {
+    buf: Vec<u8>,
+    head_only: bool,
+    head_max: usize,
+}
+
+impl HttpHead {
+    pub fn new(head_only: bool, head_max: usize) -> HttpHead {
+        HttpHead {
+            buf: Vec::new(),
+            head_only,
+            head_max,
+        }
+    }
+}
+
+impl HeadReader for HttpHead {
+    fn feed(&mut self, data: &[u8]) -> Result<Option<UpHead>, Fail> {
+        self.buf.extend_from_slice(data);
+        loop {
+            // The head must fit proxy_buffer_size.
+            let window = &self.buf[..self.buf.len().min(self.head_max)];
+            match parse(window) {
+                Parse::Partial if self.buf.len() >= self.head_max => {
+                    return Err(invalid_header(&format!(
+                        "upstream sent too big header {}",
+                        WHILE_HEAD
+                    )))
+                }
+                Parse::Partial => return Ok(None),
+                Parse::Done(h) => {
+                    if (100..200).contains(&h.code) && h.code != 101 {
+                        // An interim response: drop it and read the real
+                        // one. (nginx 1.22 relays it as the final answer,
+                        // its body unframed: see DIFFERENCES.md.)
+                        self.buf.drain(..h.end);
+                        if self.buf.is_empty() {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                    return Ok(Some(self.head(h)));
+                }
+                Parse::NotHttp => {
+                    return Err(invalid_header(&format!(
+                        "upstream sent no valid HTTP/1.0 header {}",
+                        WHILE_HEAD
+                    )))
+                }
+                Parse::Invalid(msg) => return Err(invalid_header(&msg)),
+            }
+        }
+    }
+}
+
+impl HttpHead {
+    fn head(&mut self, h: Head) -> UpHead {
+        // (A chunked answer to HEAD announces no length, as nginx.)
+        let chunked = h
+            .headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && mentions_chunked(v));
+        let declared_len = content_length(&h.headers).filter(|_| !chunked);
+        let no_body = self.head_only || h.code == 204 || h.code == 304;
+        // nginx never reuses an HTTP/1.0 connection, whatever its
+        // Connection header says, nor one that answered 101.
+        let keep = !(header(&h.headers, "connection").is_some_and(|v| has_token(v, "close"))
+            || !h.http11
+            || h.code == 101);
+        let decoder = HttpBody::of(no_body, &h.headers);
+        UpHead {
+            status: h.code,
+            status_line: h.line,
+            early: self.buf[h.end..].to_vec(),
+            body: Vec::new(),
+            headers: h.headers,
+            declared_len,
+            no_body,
+            keep,
+            decoder: Box::new(decoder),
+        }
+    }
+}
+
+/// The body length upstream declared, as nginx 1.22 reads it: the last
+/// `Content-Length` header, digits only; anything else (`+3`, `3, 3`,
+/// empty, too big) counts as none, so the body ends with the connection.
+pub fn content_length(hs: &[(String, Vec<u8>)]) -> Option<u64> {
+    let (_, v) = hs
+        .iter()
+        .rev()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))?;
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // Digits only, so only an overflow (past nginx's off_t) fails here.
+    let n: i64 = std::str::from_utf8(v).ok()?.parse().ok()?;
+    u64::try_from(n).ok()
+}
+
+/// nginx's test of a Transfer-Encoding value: "chunked" anywhere in it.
+fn mentions_chunked(v: &[u8]) -> bool {
+    v.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"))
+}
+
+/// How the upstream body ends: chunked, a length, or the connection's close.
+pub struct HttpBody {
+    dec: Option<crate::http::chunked::ChunkedDecoder>,
+    /// Bytes still expected with a Content-Length.
+    left: Option<u64>,
+    /// Bytes after the body's end arrived (the connection cannot be reused).
+    extra: bool,
+}
+
+impl HttpBody {
+    fn of(no_body: bool, headers: &[(String, Vec<u8>)]) -> HttpBody {
+        if no_body {
+            return HttpBody {
+                dec: None,
+                left: Some(0),
+                extra: false,
+            };
+        }
+        // nginx 1.22 decodes a chunked body whatever the version, when
+        // Transfer-Encoding mentions "chunked" anywhere; a Content-Length
+        // then does not count, and one it cannot read means none.
+        let chunked = headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && mentions_chunked(v));
+        let length = if chunked {
+            None
+        } else {
+            content_length(headers)
+        };
+        HttpBody {
+            dec: chunked.then(crate::http::chunked::ChunkedDecoder::new),
+            left: length,
+            extra: false,
+        }
+    }
+}
+
+impl BodyDecoder for HttpBody {
+    fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
+        if let Some(d) = self.dec.as_mut() {
+            let used = d.decode(buf, out).map_err(|_| {
+                fail(
+                    502,
+                    "upstream sent invalid chunked response while reading upstream",
+                    false,
+                )
+            })?;
+            self.extra |= used < buf.len() && d.is_done();
+        } else if let Some(l) = self.left.as_mut() {
+            let take = (*l).min(buf.len() as u64) as usize;
+            self.extra |= take < buf.len();
+            *l -= take as u64;
+            out.extend_from_slice(&buf[..take]);
+        } else {
+            out.extend_from_slice(buf);
+        }
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        match (&self.dec, self.left) {
+            (Some(d), _) => d.is_done(),
+            (None, Some(l)) => l == 0,
+            (None, None) => false,
+        }
+    }
+
+    fn extra(&self) -> bool {
+        self.extra
+    }
+
+    fn extra_warning(&self) -> Option<&'static str> {
+        if !self.extra {
+            return None;
+        }
+        Some(match self.dec {
+            Some(_) => "upstream sent data after final chunk",
+            None => "upstream sent more data than specified in \"Content-Length\" header",
+        })
+    }
+
+    fn by_close(&self) -> bool {
+        self.dec.is_none() && self.left.is_none()
+    }
+}
 
 /// A complete response head.
 pub(crate) struct Head {

@@ -1,6 +1,7 @@
 //! `upstream NAME { server ADDR [weight= max_fails= fail_timeout= backup down]; keepalive N;
 //! keepalive_timeout T; keepalive_requests N; }`
-//! and the implicit one-server upstream of `proxy_pass http://HOST:PORT`.
+//! and the implicit one-server upstream of `proxy_pass http://HOST:PORT`
+//! (any `*_pass` to an address): the engine's peers.
 //!
 //! # Peer selection
 //!
@@ -139,10 +140,208 @@ fn inside_upstream_only(_: &mut HttpMain, d: &Directive, _: &mut Compiler) -> Co
     ))
 }
 
-/// http-level state: the `upstream` blocks by name.
+/// http-level state: the `upstream` blocks and the cache zones
+/// (`PREFIX_cache_path`, all modules' in one namespace) by name.
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamMain {
     pub upstreams: HashMap<String, Arc<Upstream>>,
+    pub zones: HashMap<String, Arc<crate::cache::Zone>>,
+}
+
+/// Where a `*_pass` goes.
+#[derive(Debug)]
+pub enum Target {
+    /// An address: one implicit upstream, built at configuration time.
+    Fixed(Arc<Upstream>),
+    /// A name: an `upstream` block of that name if there is one (looked up
+    /// per request in the request's configuration: a location is compiled
+    /// without access to the http-level state), else the host resolved on
+    /// first use (port 0: only a block can be meant).
+    Named {
+        name: String,
+        port: u16,
+        resolved: std::sync::OnceLock<Option<Arc<Upstream>>>,
+    },
+}
+
+/// Where a `*_pass ADDRESS` goes (fastcgi, scgi, uwsgi, memcached).
+#[derive(Debug)]
+pub enum PassTo {
+    /// An address, a unix socket or an upstream name.
+    Static(Target),
+    /// With variables: an upstream name or an address, per request.
+    Var(Template),
+}
+
+/// A compiled `*_pass ADDRESS`, with the module's default directories.
+#[derive(Debug)]
+pub struct PassAddr {
+    pub to: PassTo,
+    /// `<prefix>/PREFIX_temp`, used without `PREFIX_temp_path`.
+    pub temp_default: std::path::PathBuf,
+    /// `<prefix>/client_body_temp`, used without `client_body_temp_path`.
+    pub body_temp_default: Arc<crate::http::body::TempDir>,
+}
+
+/// `*_pass ADDRESS` (`a`: the address, `temp`: the module's temp
+/// directory under the prefix).
+pub fn pass_addr(d: &Directive, cx: &mut Compiler, a: &str, temp: &str) -> ConfResult<PassAddr> {
+    let to = if a.contains('$') {
+        PassTo::Var(cx.template(a, d)?)
+    } else {
+        PassTo::Static(target(a).map_err(|m| ConfError::at(m, d))?)
+    };
+    let temp_default = cx.path(temp);
+    crate::cache::allow_dir(&temp_default);
+    Ok(PassAddr {
+        to,
+        temp_default,
+        body_temp_default: Arc::new(crate::http::body::TempDir::plain(
+            cx.path("client_body_temp"),
+        )),
+    })
+}
+
+/// A `*_pass` address as nginx parses it: `unix:PATH`, `HOST:PORT`, or a
+/// name without a port (an `upstream` block).
+pub fn target(a: &str) -> Result<Target, String> {
+    if let Some(path) = a.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(format!("no path in the unix domain socket \"{}\"", a));
+        }
+        return Ok(Target::Fixed(Arc::new(Upstream::implicit_unix(
+            path.into(),
+        ))));
+    }
+    if a.contains("://") {
+        return Err(format!("invalid host in upstream \"{}\"", a));
+    }
+    let port = if a.starts_with('[') {
+        a.rsplit_once("]:").map(|(_, p)| p)
+    } else {
+        a.rsplit_once(':').map(|(_, p)| p)
+    };
+    match port {
+        None => Ok(Target::Named {
+            name: a.to_string(),
+            // No port: only an upstream block can be meant.
+            port: 0,
+            resolved: std::sync::OnceLock::new(),
+        }),
+        Some(p) => {
+            if p.parse::<u16>().ok().filter(|p| *p > 0).is_none() {
+                return Err(format!("invalid port in upstream \"{}\"", a));
+            }
+            let addrs: Vec<SocketAddr> =
+                a.to_socket_addrs().map(|i| i.collect()).unwrap_or_default();
+            if addrs.is_empty() {
+                let host = a.rsplit_once(':').map_or(a, |(h, _)| h);
+                return Err(format!("host not found in upstream \"{}\"", host));
+            }
+            Ok(Target::Fixed(Arc::new(Upstream::implicit(a, addrs))))
+        }
+    }
+}
+
+/// nginx's `no port in upstream "NAME"` for a `*_pass NAME` with no
+/// `upstream NAME` block. Checked per location once it is compiled:
+/// upstream blocks are http-level directives, all applied before any
+/// server is compiled. `block` is the location's directives (for the
+/// line), `name` the directive's.
+pub fn check_pass(
+    p: Option<&PassAddr>,
+    hm: &HttpMain,
+    block: &[Directive],
+    name: &str,
+) -> ConfResult<()> {
+    match p.map(|p| &p.to) {
+        Some(PassTo::Static(Target::Named { name: up, .. }))
+            if !hm.modules.upstream.upstreams.contains_key(up) =>
+        {
+            let msg = format!("no port in upstream \"{}\"", up);
+            Err(match block.iter().find(|k| k.name == name) {
+                Some(d) => ConfError::at(msg, d),
+                None => ConfError::new(msg),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The upstream of a `*_pass ADDRESS` for this request.
+pub async fn upstream_of(cx: &crate::http::phases::Ctx<'_>, to: &PassTo) -> Option<Arc<Upstream>> {
+    use crate::core::log::Level;
+    match to {
+        PassTo::Static(t @ Target::Fixed(_)) => upstream_for(cx, t, b"").await,
+        PassTo::Static(Target::Named { name, .. }) => {
+            let u = cx.http.main.modules.upstream.upstreams.get(name).cloned();
+            if u.is_none() {
+                cx.log(Level::Error, &format!("no port in upstream \"{}\"", name));
+            }
+            u
+        }
+        PassTo::Var(t) => {
+            let v = t.render_vec(cx);
+            let v = String::from_utf8_lossy(&v).into_owned();
+            if let Some(u) = cx.http.main.modules.upstream.upstreams.get(&v) {
+                return Some(u.clone());
+            }
+            match target(&v) {
+                Ok(Target::Fixed(u)) => Some(u),
+                Ok(Target::Named { .. }) => {
+                    cx.log(Level::Error, &format!("no port in upstream \"{}\"", v));
+                    None
+                }
+                Err(m) => {
+                    cx.log(Level::Error, &m);
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// The upstream of a `Target` (`host`: the implicit upstream's name).
+pub async fn upstream_for(
+    cx: &crate::http::phases::Ctx<'_>,
+    target: &Target,
+    host: &[u8],
+) -> Option<Arc<Upstream>> {
+    match target {
+        Target::Fixed(u) => Some(u.clone()),
+        Target::Named {
+            name,
+            port,
+            resolved,
+        } => {
+            if let Some(u) = cx.http.main.modules.upstream.upstreams.get(name) {
+                return Some(u.clone());
+            }
+            if let Some(r) = resolved.get() {
+                return r.clone();
+            }
+            // getaddrinfo blocks: tokio runs it on its resolver threads.
+            let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((name.as_str(), *port)).await
+            {
+                Ok(a) => a.collect(),
+                Err(_) => Vec::new(),
+            };
+            let u = if addrs.is_empty() {
+                cx.log(
+                    crate::core::log::Level::Error,
+                    &format!("host not found in upstream \"{}\"", name),
+                );
+                None
+            } else {
+                Some(Arc::new(Upstream::implicit(
+                    &String::from_utf8_lossy(host),
+                    addrs,
+                )))
+            };
+            let _ = resolved.set(u.clone());
+            u
+        }
+    }
 }
 
 /// Where a peer listens: a TCP address or a unix-domain socket

@@ -21,67 +21,20 @@
 //! a reload applies from the next request on a kept-alive connection.
 
 use std::io::{self, IoSlice};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::timeout;
 
 use crate::core::log::Level;
+pub use crate::core::stream::Stream;
 use crate::core::worker::WorkerShared;
-use crate::http::chunked::ChunkedDecoder;
-use crate::http::conf::{AddrConf, ListenAddr, LocConf, SizeValue};
+use crate::http::conf::{AddrConf, LocConf, SizeValue};
 use crate::http::phases;
 use crate::http::request::{self, Reject, Request};
 use crate::http::response::{self, Body, Response};
-
-/// What the engine needs from a socket (TCP or unix).
-pub trait Stream: crate::io::SendSock + 'static {
-    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
-    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
-    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
-    /// Like `try_write_vectored`, but tells TCP more data follows at once
-    /// (`MSG_MORE`): the bytes wait for the next write instead of leaving
-    /// as a short segment. This is TCP_CORK for one call, without the two
-    /// `setsockopt` calls around it.
-    fn try_write_more(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
-    fn set_nodelay(&self, on: bool);
-    fn set_cork(&self, on: bool);
-    fn set_linger_zero(&self);
-    fn shutdown_write(&self);
-    /// Whether the socket is known to the event loop (see
-    /// [`crate::core::sock::LazySock`]); tokio's own sockets always are.
-    fn is_registered(&self) -> bool {
-        true
-    }
-    /// Pushes out bytes a write accepted but could not send yet (TLS
-    /// records); `WouldBlock` while some are left. Called after every
-    /// complete write.
-    fn try_flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    /// Whether files may be `sendfile`d to the socket (not through TLS).
-    fn sendfile_ok(&self) -> bool {
-        true
-    }
-    /// The connection is about to close (TLS sends close_notify).
-    fn close(&self) {}
-    /// Whether the client has closed its side (`Ok(true)`) or sent more
-    /// bytes (`Ok(false)`, left unread for the next request), by a peek;
-    /// `WouldBlock` when nothing has come (readiness is cleared, so the
-    /// next `readable()` really waits). Streams that cannot tell say
-    /// `Ok(false)`.
-    fn peek_hangup(&self) -> io::Result<bool> {
-        Ok(false)
-    }
-}
-
-/// A non-blocking one-byte peek: true at EOF.
-fn peek_eof(s: socket2::SockRef<'_>) -> io::Result<bool> {
-    let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    s.recv_with_flags(&mut b, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        .map(|n| n == 0)
-}
+use crate::http::serve::{idle_params, log_conn, ConnInfo, IdleWait, Served, PARK_AFTER};
+use crate::http::v1::chunked::ChunkedDecoder;
 
 /// Resolves when the client hangs up (EOF or an error); never once it
 /// has sent more bytes (they belong to the next request), nor if the
@@ -100,113 +53,11 @@ async fn hangup<S: Stream>(stream: &S) {
     }
 }
 
-macro_rules! impl_stream {
-    ($t:ty, $tcp:expr) => {
-        impl Stream for $t {
-            async fn readable(&self) -> io::Result<()> {
-                <$t>::readable(self).await
-            }
-            fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-                // A read that does not fill `buf` has drained the socket:
-                // tell tokio (as if it had said EAGAIN) so the next wait
-                // goes to epoll instead of making a `recv` that can only
-                // find nothing. New bytes after this read raise a new edge.
-                let mut got = None;
-                let r = <$t>::try_io(self, tokio::io::Interest::READABLE, || {
-                    let sock = socket2::SockRef::from(self);
-                    let n = std::io::Read::read(&mut &*sock, buf)?;
-                    if n == 0 || n == buf.len() {
-                        return Ok(n);
-                    }
-                    got = Some(n);
-                    Err(io::ErrorKind::WouldBlock.into())
-                });
-                match (r, got) {
-                    (_, Some(n)) => Ok(n),
-                    (r, None) => r,
-                }
-            }
-            fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-                <$t>::try_write_vectored(self, bufs)
-            }
-            fn try_write_more(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-                if !$tcp {
-                    return <$t>::try_write_vectored(self, bufs);
-                }
-                let fd = std::os::fd::AsRawFd::as_raw_fd(self);
-                crate::io::SendSock::try_io(self, || crate::core::sock::send_more(fd, bufs))
-            }
-            fn set_nodelay(&self, on: bool) {
-                if $tcp {
-                    let _ = socket2::SockRef::from(self).set_nodelay(on);
-                }
-            }
-            fn set_cork(&self, on: bool) {
-                if $tcp {
-                    let _ = socket2::SockRef::from(self).set_cork(on);
-                }
-            }
-            fn set_linger_zero(&self) {
-                let _ = socket2::SockRef::from(self).set_linger(Some(Duration::ZERO));
-            }
-            fn shutdown_write(&self) {
-                let _ = socket2::SockRef::from(self).shutdown(std::net::Shutdown::Write);
-            }
-            fn peek_hangup(&self) -> io::Result<bool> {
-                <$t>::try_io(self, tokio::io::Interest::READABLE, || {
-                    peek_eof(socket2::SockRef::from(self))
-                })
-            }
-        }
-    };
-}
-impl_stream!(tokio::net::TcpStream, true);
-impl_stream!(tokio::net::UnixStream, false);
-
-/// Per-connection facts (variables, logs).
-#[derive(Debug, Clone)]
-pub struct ConnInfo {
-    pub id: u64,
-    pub remote: Option<SocketAddr>,
-    pub local: Option<SocketAddr>,
-    pub listen: ListenAddr,
-    pub requests: u64,
-    pub tls: crate::tls::TlsState,
-    /// When the connection was accepted (`keepalive_time`).
-    pub started: std::time::Instant,
-}
-
 enum HeadResult {
     Head(usize),
     Closed,
     TimedOut,
     Reject(Reject),
-}
-
-/// How long an idle connection waits inside its task before it is
-/// parked (see [`crate::core::park`]): a busy keep-alive client never pays
-/// for parking, a quiet one stops costing a task and an I/O registration.
-pub const PARK_AFTER: Duration = Duration::from_secs(1);
-
-/// The state of an idle wait that outlives the task it started in.
-#[derive(Debug, Clone, Copy)]
-pub struct IdleWait {
-    /// When the wait times out (client_header_timeout before the first
-    /// request, keepalive_timeout after).
-    pub deadline: tokio::time::Instant,
-    /// Waiting for the first request (QUIT does not close it).
-    pub first: bool,
-    /// A timeout resets the connection (reset_timedout_connection).
-    pub reset: bool,
-}
-
-/// How [`serve`] ended.
-pub enum Served<S> {
-    /// The connection is done; dropping the stream closes it.
-    Closed,
-    /// Idle for [`PARK_AFTER`] with no request: the caller parks the
-    /// socket and calls [`serve`] again with the wait once bytes arrive.
-    Idle(S, ConnInfo, IdleWait),
 }
 
 /// Serves one connection until it closes or idles long enough to be
@@ -218,7 +69,7 @@ pub enum Served<S> {
 /// once per runner, while a box was a large allocation (glibc's slow path)
 /// and a copy on every request. An idle connection gives its runner back
 /// after [`PARK_AFTER`], when it is parked.
-pub async fn serve<S: Stream>(
+pub(crate) async fn serve<S: Stream>(
     stream: S,
     mut info: ConnInfo,
     shared: Arc<WorkerShared>,
@@ -430,6 +281,14 @@ async fn request<S: Stream>(
     let mut resp = phases::run(&mut cx).await;
     let body_end = crate::http::body::give_back(&mut cx, buf);
     let loc = cx.loc.clone();
+    // A body of unknown length that goes out unframed (see
+    // v1::head::unframed) is ended by the close; a HEAD has no body and
+    // keeps the connection.
+    if crate::http::v1::head::unframed(&resp, req.minor, &loc)
+        && req.method != crate::http::request::Method::Head
+    {
+        resp.force_close = true;
+    }
     if let crate::http::body::End::Broken { silent: true, .. } = body_end {
         // A body timeout or a client gone mid-body: nothing is sent
         // (nginx terminates the request); the status is still logged.
@@ -578,7 +437,7 @@ async fn upgraded<S: Stream>(
     cx: &mut phases::Ctx<'_>,
 ) {
     let mut head = take_head_buf();
-    response::write_head(&mut head, resp, loc, minor, false);
+    crate::http::v1::head::write_head(&mut head, resp, loc, minor, false);
     // As nginx on an upgrade: TCP_NODELAY on the client connection too
     // (upstream connections always have it), so small frames leave at once.
     if loc.core.tcp_nodelay.unwrap_or(true) {
@@ -599,54 +458,6 @@ async fn upgraded<S: Stream>(
         }
     }
     log_answered(cx, resp.status);
-}
-
-/// The wait of a connection just accepted for its first request, or None
-/// when its listener accepts only once data has arrived (`deferred`), so
-/// the request is there to be read at once.
-pub(crate) fn first_wait(shared: &WorkerShared, info: &mut ConnInfo) -> Option<IdleWait> {
-    let config = shared.config.load();
-    let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
-    if addr.listen.ssl {
-        info.tls = crate::tls::TlsState::Pending;
-    }
-    if addr.listen.deferred {
-        return None;
-    }
-    let (wait_ms, reset, _) = idle_params_of(&addr, true);
-    Some(IdleWait {
-        deadline: tokio::time::Instant::now() + Duration::from_millis(wait_ms),
-        first: true,
-        reset,
-    })
-}
-
-/// The idle wait before a request (client_header_timeout for the first,
-/// keepalive_timeout after), whether a timeout resets the connection, and
-/// the first read buffer's size (client_header_buffer_size).
-fn idle_params(shared: &WorkerShared, info: &ConnInfo, first: bool) -> Option<(u64, bool, usize)> {
-    let config = shared.config.load();
-    let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
-    Some(idle_params_of(&addr, first))
-}
-
-fn idle_params_of(addr: &AddrConf, first: bool) -> (u64, bool, usize) {
-    let wait_ms = if first {
-        addr.default.srv.header_timeout_ms()
-    } else {
-        addr.default
-            .conf
-            .core
-            .keepalive
-            .map_or(75_000, |k| k.timeout_ms)
-    };
-    let reset = addr
-        .default
-        .conf
-        .core
-        .reset_timedout_connection
-        .unwrap_or(false);
-    (wait_ms, reset, addr.default.srv.header_buffer().max(1))
 }
 
 /// Reads until a complete head is in `buf`; returns its length.
@@ -866,28 +677,6 @@ async fn reject_and_close<S: Stream>(
     linger(stream, &loc).await;
 }
 
-pub(crate) fn log_conn(loc: &LocConf, level: Level, info: &ConnInfo, msg: &str) {
-    let client = info
-        .remote
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unix:".into());
-    let logger = loc
-        .core
-        .logger
-        .clone()
-        .unwrap_or_else(crate::core::log::main_logger);
-    logger.log(
-        level,
-        Some(info.id),
-        format_args!(
-            "{}, client: {}, server: {}",
-            msg,
-            client,
-            info.local.map(|a| a.to_string()).unwrap_or_default()
-        ),
-    );
-}
-
 enum DiscardError {
     Bad,
     Io,
@@ -1018,7 +807,7 @@ async fn write_response<S: Stream>(
     sent: &mut phases::Sent,
 ) -> io::Result<()> {
     let mut head = take_head_buf();
-    response::write_head(&mut head, resp, loc, minor, keepalive);
+    crate::http::v1::head::write_head(&mut head, resp, loc, minor, keepalive);
     let r = write_body(stream, resp, loc, minor, head_only, !keepalive, &head, sent).await;
     sent.head = head;
     r
@@ -1308,7 +1097,7 @@ async fn write_filtered<S: Stream>(
     sent: &mut phases::Sent,
     policy: &crate::io::Policy,
 ) -> io::Result<()> {
-    let chunked = resp.chunked(minor);
+    let chunked = crate::http::v1::head::chunked(resp, minor, loc);
     let body = std::mem::take(&mut resp.body);
     let pieces: Vec<response::Piece> = match body {
         Body::Stream(src) => {

@@ -1,0 +1,921 @@
+//! `proxy_pass` and the `proxy_*` directives: the reverse proxy and its
+//! HTTP cache front end (the cache itself is [`crate::cache`]).
+//!
+//! The HTTP protocol on the upstream engine ([`crate::http::upstream`]):
+//! this module encodes the request (`proxy_set_header` and the defaults,
+//! the URI, `proxy_method`, `proxy_set_body`), reads the response head
+//! (`head.rs`) and decodes the body (chunked, a length, or the close:
+//! [`head::HttpBody`]), and rewrites `Location` and `Set-Cookie`
+//! (`proxy_redirect`, `cookie.rs`); peers, retries, buffering, the cache
+//! and the response are the engine's. The shared `proxy_*` rows of the
+//! table are the engine's ([`crate::upstream_directives!`]).
+//!
+//! # A proxied request
+//!
+//! ```text
+//! content phase
+//!   ├─ the request body, read whole (crate::http::body): memory, or a temp
+//!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
+//!   ├─ proxy_cache? ── (the engine's cache.rs) ── HIT ──▶ cache file as Body::File
+//!   │                                           └─ MISS / EXPIRED / BYPASS
+//!   ├─ pick a peer (round robin) ── connect (+ TLS for https://, see
+//!   │   crate::tls::client) ── send head + body ── read head ──────────────┐
+//!   │        ▲ error/timeout before a response head: next peer                 │
+//!   │        │ (not for POST/LOCK/PATCH once sent, as nginx)                   │
+//!   │        └─────────────────────────────────────────────────────────────────┘
+//!   ├─ the body part that came with the head, decoded: complete and not
+//!   │   being cached ──▶ Body::Bytes (the upstream connection kept alive)
+//!   ├─ else Body::Stream: the head goes to the client now, and the
+//!   │   engine's Producer reads the rest as it arrives (its pipe.rs)
+//!   └─ 101 to a request with an `Upgrade` header: Response::upgrade takes
+//!       the upstream connection and what came after the head, and the
+//!       connection tunnels (crate::http::tunnel); a 101 to any other
+//!       request is an ordinary answer whose body runs to the close, unframed
+//! ```
+//!
+//! # Headers sent upstream (as nginx 1.22)
+//!
+//! Request line with the (replaced) URI and `HTTP/1.0` (or
+//! `proxy_http_version`), then `proxy_set_header` entries in order, then
+//! the defaults not overridden (`Host: $proxy_host`, `Connection: close`,
+//! `Content-Length` of the body when there is one: the client's chunked
+//! body goes with its decoded length, `proxy_set_body` with its own, and
+//! `proxy_pass_request_body off` still announces the client's, as nginx),
+//! then the client's headers except those named by any of the above and
+//! the hop-by-hop ones nginx clears (`TE`, `Keep-Alive`, `Expect`,
+//! `Upgrade`, plus the conditional and `Range` headers when caching). An
+//! entry whose value renders empty is not sent.
+//!
+//! # Headers relayed back
+//!
+//! All but the framing and hop-by-hop ones (`Content-Length`,
+//! `Transfer-Encoding`, `Connection`, `Keep-Alive`, ...) and nginx's hidden
+//! set (`Date`, `Server`, `X-Pad`, `X-Accel-Expires`, `X-Accel-Redirect`,
+//! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `X-Accel-Charset`); tern
+//! writes its own `Date` and `Server`. `X-Accel-Charset` goes to the
+//! charset filter instead (`Response::override_charset`) unless
+//! `proxy_ignore_headers` names it. `Set-Cookie` goes through
+//! `proxy_cookie_domain`/`_path`/`_flags` (a header they change is
+//! rebuilt as nginx rebuilds it: `name=value; attr=value; attr`).
+
+mod cookie;
+pub mod head;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::core::log::Level;
+use crate::http::body::{self, TempDir};
+use crate::http::conf::{merge_opts, LocConf};
+use crate::http::phases::Ctx;
+use crate::http::request::Method;
+use crate::http::response::Response;
+use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
+use crate::http::upstream::peers::{self, Target, Upstream};
+use crate::http::upstream::{Caching, HeadReader, OutBody, Protocol, Request};
+use crate::http::vars::Template;
+
+const LOC: u32 = ctx::LOC | ctx::LIF | ctx::LMT;
+const HSL: u32 = ctx::HSL;
+
+/// proxy's [`UpstreamConf`] in a location.
+pub struct Up;
+
+impl Slot for Up {
+    fn conf(l: &mut LocConf) -> &mut UpstreamConf {
+        &mut l.modules.proxy.up
+    }
+}
+
+pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
+    Up,
+    "proxy",
+    [
+        row("proxy_pass", LOC, Args::take(1), set_pass),
+        row("proxy_set_header", HSL, Args::take(2), set_header),
+        row("proxy_http_version", HSL, Args::take(1), set_http_version),
+        row(
+            "proxy_cache_convert_head",
+            HSL,
+            Args::Flag,
+            crate::http::upstream::conf::set_flag::<Up>
+        ),
+        row(
+            "proxy_cookie_domain",
+            HSL,
+            Args::take12(),
+            set_cookie_rewrite
+        ),
+        row("proxy_cookie_path", HSL, Args::take12(), set_cookie_rewrite),
+        row(
+            "proxy_cookie_flags",
+            HSL,
+            Args::take1234(),
+            set_cookie_flags
+        ),
+        row("proxy_method", HSL, Args::take(1), set_method),
+        row("proxy_redirect", HSL, Args::take12(), set_redirect),
+        row("proxy_set_body", HSL, Args::take(1), set_body),
+        row("proxy_ssl_verify", HSL, Args::Flag, set_ssl_flag),
+        row("proxy_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
+        row("proxy_ssl_session_reuse", HSL, Args::Flag, set_ssl_flag),
+        row("proxy_ssl_name", HSL, Args::take(1), set_ssl_name),
+        row(
+            "proxy_ssl_protocols",
+            HSL,
+            Args::AtLeast(1),
+            set_ssl_protocols
+        ),
+        row("proxy_ssl_ciphers", HSL, Args::take(1), set_ssl_ciphers),
+        row(
+            "proxy_ssl_trusted_certificate",
+            HSL,
+            Args::take(1),
+            set_ssl_trusted
+        ),
+        row(
+            "proxy_ssl_verify_depth",
+            HSL,
+            Args::take(1),
+            set_ssl_verify_depth
+        ),
+        unsupported("proxy_ssl_certificate"),
+        unsupported("proxy_ssl_certificate_key"),
+        unsupported("proxy_ssl_password_file"),
+        unsupported("proxy_ssl_crl"),
+        unsupported("proxy_ssl_conf_command"),
+    ]
+);
+
+/// A directive of the module tern does not implement yet.
+const fn unsupported(name: &'static str) -> Spec {
+    Spec {
+        name,
+        ctx: HSL,
+        args: Args::Any,
+        set: Setter::Unsupported,
+    }
+}
+
+const fn row(
+    name: &'static str,
+    ctx: u32,
+    args: Args,
+    f: fn(&mut LocConf, &Directive, &mut Compiler) -> ConfResult<()>,
+) -> Spec {
+    Spec {
+        name,
+        ctx,
+        args,
+        set: Setter::Loc(f),
+    }
+}
+
+/// Module variables (see `modules::VAR_MODULES`).
+pub const VARS: &[&str] = &["proxy_host", "proxy_port", "proxy_add_x_forwarded_for"];
+
+pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
+    if i == 2 {
+        if let Some(x) = cx.req.header("x-forwarded-for") {
+            out.extend_from_slice(x);
+            out.extend_from_slice(b", ");
+        }
+        match cx.remote {
+            Some(a) => out.extend_from_slice(a.ip().to_string().as_bytes()),
+            None => out.extend_from_slice(b"unix:"),
+        }
+        return true;
+    }
+    let Some(name) = VARS.get(usize::from(i)) else {
+        return false;
+    };
+    cx.note_var(name, out)
+}
+
+// ---- configuration ----------------------------------------------------------
+
+/// A compiled `proxy_pass http://HOST[:PORT][/URI]`.
+#[derive(Debug)]
+pub struct Pass {
+    /// `http://HOST[:PORT]` as written (for messages).
+    pub url: String,
+    /// `https://`: TLS to the upstream (`tls::client`).
+    pub tls: bool,
+    /// `$proxy_host`: the Host header sent by default.
+    pub host: Vec<u8>,
+    pub port: u16,
+    /// The URI part, if any: it replaces the matched location prefix.
+    pub uri: Option<Vec<u8>>,
+    pub target: Target,
+    /// `<prefix>/proxy_temp`, used without `proxy_temp_path`.
+    pub temp_default: PathBuf,
+    /// `<prefix>/client_body_temp`, used without `client_body_temp_path`.
+    pub body_temp_default: Arc<TempDir>,
+}
+
+/// Location-level settings: the engine's, and HTTP's own.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyLoc {
+    pub pass: Option<Arc<Pass>>,
+    /// The shared upstream settings (the engine's `proxy_*` rows).
+    pub up: UpstreamConf,
+    pub headers: Option<Arc<Vec<(String, Template)>>>,
+    /// Minor version of HTTP/1.x to upstream.
+    pub http_version: Option<u8>,
+    pub redirect: Option<bool>,
+    pub set_body: Option<Template>,
+    pub ssl_verify: Option<bool>,
+    pub ssl_server_name: Option<bool>,
+    pub ssl_session_reuse: Option<bool>,
+    pub ssl_name: Option<String>,
+    pub ssl_protocols: Option<(bool, bool)>,
+    pub ssl_ciphers: Option<String>,
+    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    /// The TLS client configuration of this level, made on its first
+    /// `https://` request from the merged settings (not inherited: each
+    /// level has its own).
+    pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
+    /// `proxy_cookie_domain` / `_path` rules in order (empty: `off`).
+    pub cookie_domain: Option<Arc<Vec<CookieRewrite>>>,
+    pub cookie_path: Option<Arc<Vec<CookieRewrite>>>,
+    /// `proxy_cookie_flags` entries in order (empty: `off`).
+    pub cookie_flags: Option<Arc<Vec<CookieFlags>>>,
+    /// `proxy_method`.
+    pub method: Option<Template>,
+}
+
+/// entry matches: text (with variables), or a regex (`~`, `~*`).
+#[derive(Debug, Clone)]
+pub enum CookieMatch {
+    Text(Template),
+    Regex(regex::bytes::Regex),
+}
+
+#[derive(Debug, Clone)]
+pub struct CookieRewrite {
+    pub pattern: CookieMatch,
+    pub replacement: Template,
+}
+
+#[derive(Debug, Clone)]
+pub struct CookieFlags {
+    pub cookie: CookieMatch,
+    pub flags: Vec<Template>,
+}
+
+impl ProxyLoc {
+    pub fn merge(&mut self, p: &ProxyLoc) {
+        // `pass` is inherited too, so that an `if` block inside a proxied
+        // location still proxies (nginx keeps the location's handler there).
+        merge_opts!(self, p; pass, headers, http_version, redirect, set_body, ssl_verify,
+            ssl_server_name, ssl_session_reuse, ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted,
+            cookie_domain, cookie_path, cookie_flags, method);
+        self.up.merge(&p.up);
+    }
+}
+
+/// nginx's refusal of a `proxy_pass` with a URI part where there is no
+/// location prefix for it to replace: a regex or named location, an `if`
+/// block, a `limit_except` block. `own` is the block's own configuration
+/// (before merging), `block` its directives (for the line).
+pub fn check_no_uri_part(own: &LocConf, block: &[Directive]) -> ConfResult<()> {
+    if own
+        .modules
+        .proxy
+        .pass
+        .as_ref()
+        .is_none_or(|p| p.uri.is_none())
+    {
+        return Ok(());
+    }
+    let d = block.iter().find(|k| k.name == "proxy_pass");
+    let msg = "\"proxy_pass\" cannot have URI part in location given by regular expression, \
+               or inside named location, or inside \"if\" statement, or inside \
+               \"limit_except\" block";
+    Err(match d {
+        Some(d) => ConfError::at(msg, d),
+        None => ConfError::new(msg.to_string()),
+    })
+}
+
+fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if l.modules.proxy.pass.is_some() {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    let url = arg(d, 0);
+    if url.contains('$') {
+        return Err(ConfError::at(
+            "proxy_pass with variables is not supported by tern yet",
+            d,
+        ));
+    }
+    let lower = url.to_ascii_lowercase();
+    let tls = lower.starts_with("https://");
+    let rest = if lower.starts_with("http://") {
+        &url[7..]
+    } else if tls {
+        &url[8..]
+    } else {
+        return Err(ConfError::at(
+            format!("invalid URL prefix in \"{}\"", url),
+            d,
+        ));
+    };
+    let (hostport, uri) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(rest.as_bytes()[i..].to_vec())),
+        None => (rest, None),
+    };
+    if hostport.is_empty() {
+        return Err(ConfError::at(format!("no host in \"{}\"", url), d));
+    }
+    let (host, port) = split_port(hostport)
+        .ok_or_else(|| ConfError::at(format!("invalid port in \"{}\"", url), d))?;
+    let explicit_port = port.is_some();
+    let default_port = if tls { 443 } else { 80 };
+    let port = port.unwrap_or(default_port);
+    let proxy_host = if port == default_port {
+        host.to_string()
+    } else {
+        format!("{}:{}", host, port)
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let target = if bare.parse::<std::net::IpAddr>().is_ok() {
+        let addrs = peers::resolve(&format!("{}:{}", host, port), d, "upstream")?;
+        Target::Fixed(Arc::new(Upstream::implicit(&proxy_host, addrs)))
+    } else if explicit_port {
+        // A name with a port is never an upstream block: resolve now.
+        let addrs = peers::resolve(&format!("{}:{}", host, port), d, "upstream")?;
+        Target::Fixed(Arc::new(Upstream::implicit(&proxy_host, addrs)))
+    } else {
+        Target::Named {
+            name: host.to_string(),
+            port,
+            resolved: OnceLock::new(),
+        }
+    };
+    // Temp files of unbuffered-in-memory responses go under the prefix
+    // unless proxy_temp_path says otherwise; the keeper may create it.
+    let temp_default = cx.path("proxy_temp");
+    crate::cache::allow_dir(&temp_default);
+    l.content = Some(content);
+    l.modules.proxy.pass = Some(Arc::new(Pass {
+        url: format!("{}://{}", if tls { "https" } else { "http" }, hostport),
+        tls,
+        host: proxy_host.into_bytes(),
+        port,
+        uri,
+        target,
+        temp_default,
+        body_temp_default: Arc::new(TempDir::plain(cx.path("client_body_temp"))),
+    }));
+    Ok(())
+}
+
+/// `host`, `host:port`, `[v6]:port`; None for a bad port.
+fn split_port(hp: &str) -> Option<(&str, Option<u16>)> {
+    if hp.starts_with('[') {
+        return match hp.rsplit_once("]:") {
+            Some((h, p)) => Some((&hp[..h.len() + 1], Some(p.parse().ok().filter(|p| *p > 0)?))),
+            None => Some((hp, None)),
+        };
+    }
+    match hp.rsplit_once(':') {
+        Some((h, p)) => Some((h, Some(p.parse().ok().filter(|p| *p > 0)?))),
+        None => Some((hp, None)),
+    }
+}
+
+fn set_header(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = cx.template(arg(d, 1), d)?;
+    let list = l.modules.proxy.headers.get_or_insert_with(Default::default);
+    Arc::make_mut(list).push((arg(d, 0).to_string(), v));
+    Ok(())
+}
+
+fn set_body(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = cx.template(arg(d, 0), d)?;
+    set_once(&mut l.modules.proxy.set_body, v, d)
+}
+
+fn set_http_version(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match arg(d, 0) {
+        "1.0" => 0,
+        "1.1" => 1,
+        v => return Err(crate::config::registry::enum_invalid(d, v)),
+    };
+    set_once(&mut l.modules.proxy.http_version, v, d)
+}
+
+/// A cookie pattern: `~re`, `~*re`, or text (with variables; for
+/// domains a leading dot is dropped, as nginx matches without it).
+fn cookie_match(
+    d: &Directive,
+    cx: &mut Compiler,
+    a: &str,
+    domain: bool,
+) -> ConfResult<CookieMatch> {
+    if let Some(r) = a.strip_prefix('~') {
+        let (r, caseless) = match r.strip_prefix('*') {
+            Some(r) => (r, true),
+            None => (r, false),
+        };
+        let re = regex::bytes::RegexBuilder::new(r)
+            .case_insensitive(caseless)
+            .build()
+            .map_err(|e| crate::config::registry::regex_failed(d, r, &e))?;
+        return Ok(CookieMatch::Regex(re));
+    }
+    let a = if domain {
+        a.strip_prefix('.').unwrap_or(a)
+    } else {
+        a
+    };
+    Ok(CookieMatch::Text(cx.template(a, d)?))
+}
+
+/// `proxy_cookie_domain off | DOMAIN REPLACEMENT`, `proxy_cookie_path
+/// off | PATH REPLACEMENT` (several rules add up; `off` only alone).
+fn set_cookie_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let domain = d.name == "proxy_cookie_domain";
+    let p = &mut l.modules.proxy;
+    let slot = if domain {
+        &mut p.cookie_domain
+    } else {
+        &mut p.cookie_path
+    };
+    if slot.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if d.args.len() == 1 {
+        if arg(d, 0) != "off" {
+            return Err(ConfError::at(
+                format!("invalid parameter \"{}\"", arg(d, 0)),
+                d,
+            ));
+        }
+        if slot.is_some() {
+            return Err(crate::config::registry::duplicate(d));
+        }
+        *slot = Some(Arc::new(Vec::new()));
+        return Ok(());
+    }
+    let pattern = cookie_match(d, cx, arg(d, 0), domain)?;
+    let replacement = cx.template(arg(d, 1), d)?;
+    let p = &mut l.modules.proxy;
+    let slot = if domain {
+        &mut p.cookie_domain
+    } else {
+        &mut p.cookie_path
+    };
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(CookieRewrite {
+        pattern,
+        replacement,
+    });
+    Ok(())
+}
+
+/// `proxy_cookie_flags off | COOKIE [FLAG...]`: flags are text with
+/// variables, read when applied (unknown ones are ignored, as nginx).
+fn set_cookie_flags(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let cur = &l.modules.proxy.cookie_flags;
+    if cur.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    if d.args.len() == 1 && arg(d, 0) == "off" {
+        if cur.is_some() {
+            return Err(crate::config::registry::duplicate(d));
+        }
+        l.modules.proxy.cookie_flags = Some(Arc::new(Vec::new()));
+        return Ok(());
+    }
+    let cookie = cookie_match(d, cx, arg(d, 0), false)?;
+    let mut flags = Vec::new();
+    for a in &d.args[1..] {
+        flags.push(cx.template(&a.value, d)?);
+    }
+    let slot = &mut l.modules.proxy.cookie_flags;
+    Arc::make_mut(slot.get_or_insert_with(Default::default)).push(CookieFlags { cookie, flags });
+    Ok(())
+}
+
+fn set_method(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    set_once(&mut l.modules.proxy.method, t, d)
+}
+
+fn set_ssl_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    let p = &mut l.modules.proxy;
+    let slot = match d.name.as_str() {
+        "proxy_ssl_verify" => &mut p.ssl_verify,
+        "proxy_ssl_server_name" => &mut p.ssl_server_name,
+        _ => &mut p.ssl_session_reuse,
+    };
+    set_once(slot, v, d)
+}
+
+fn set_ssl_name(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = arg(d, 0);
+    if v.contains('$') {
+        return Err(ConfError::at(
+            "proxy_ssl_name with variables is not supported by tern yet",
+            d,
+        ));
+    }
+    set_once(&mut l.modules.proxy.ssl_name, v.to_string(), d)
+}
+
+fn set_ssl_protocols(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = super::ssl_settings::parse_protocols(d)?;
+    set_once(&mut l.modules.proxy.ssl_protocols, v, d)
+}
+
+fn set_ssl_ciphers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::tls::client::check_ciphers(arg(d, 0))?;
+    set_once(&mut l.modules.proxy.ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = arg(d, 0);
+    let path = if p.starts_with('/') {
+        p.to_string()
+    } else {
+        cx.conf_prefix.join(p).to_string_lossy().into_owned()
+    };
+    // Read here, on the master thread, never on a worker.
+    let roots = crate::tls::client::load_roots(&path)?;
+    set_once(&mut l.modules.proxy.ssl_trusted, roots, d)
+}
+
+fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    value::number(arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
+}
+
+/// nginx's check of a location that proxies to `https://` with
+/// `proxy_ssl_verify on`.
+pub fn check_ssl(l: &LocConf) -> ConfResult<()> {
+    let p = &l.modules.proxy;
+    if p.pass.as_ref().is_some_and(|x| x.tls)
+        && p.ssl_verify == Some(true)
+        && p.ssl_trusted.is_none()
+    {
+        return Err(ConfError::new(
+            "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+        ));
+    }
+    Ok(())
+}
+
+/// The location's TLS client configuration and the name to verify (and
+/// send as SNI), or None when the configuration cannot be made.
+fn ssl_client(
+    conf: &ProxyLoc,
+    pass: &Pass,
+) -> Option<(
+    Arc<rustls::ClientConfig>,
+    rustls::pki_types::ServerName<'static>,
+)> {
+    let cfg = conf
+        .ssl_client
+        .get_or_init(|| {
+            let s = crate::tls::client::UpSsl {
+                verify: conf.ssl_verify.unwrap_or(false),
+                server_name: conf.ssl_server_name.unwrap_or(false),
+                // nginx 1.22's default: TLSv1 TLSv1.1 TLSv1.2.
+                protocols: conf.ssl_protocols.unwrap_or((true, false)),
+                ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
+                roots: conf.ssl_trusted.clone(),
+                session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+            };
+            crate::tls::client::client_config(&s).ok()
+        })
+        .clone()?;
+    let host = String::from_utf8_lossy(&pass.host).into_owned();
+    let name = crate::tls::client::server_name(conf.ssl_name.as_deref().unwrap_or(&host))?;
+    Some((cfg, name))
+}
+
+fn set_redirect(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match (d.args.len(), arg(d, 0)) {
+        (1, "default") => true,
+        (1, "off") => false,
+        _ => {
+            return Err(ConfError::at(
+                "proxy_redirect with a replacement is not supported by tern yet",
+                d,
+            ))
+        }
+    };
+    set_once(&mut l.modules.proxy.redirect, v, d)
+}
+
+// ---- the protocol -----------------------------------------------------------
+
+/// Headers nginx hides from the client by default.
+const HIDDEN: &[&str] = &[
+    "date",
+    "server",
+    "x-pad",
+    "x-accel-expires",
+    "x-accel-redirect",
+    "x-accel-limit-rate",
+    "x-accel-buffering",
+    "x-accel-charset",
+];
+
+/// The URI sent upstream: the client's as sent when unchanged, else the
+/// current URI (escaped) with the location prefix replaced by the
+/// proxy_pass URI, plus the args.
+fn upstream_uri(cx: &Ctx<'_>, pass: &Pass) -> Vec<u8> {
+    let unchanged = *cx.uri == *cx.req.uri()
+        && cx.args.as_deref() == cx.req.args()
+        && cx.req.raw_uri().starts_with(b"/");
+    let mut out = Vec::new();
+    match &pass.uri {
+        None if unchanged => return cx.req.raw_uri().to_vec(),
+        None => crate::http::uri::escape_uri(&cx.uri, &mut out),
+        Some(u) => {
+            out.extend_from_slice(u);
+            let rest = cx.uri.get(cx.loc_prefix_len..).unwrap_or(b"");
+            crate::http::uri::escape_uri(rest, &mut out);
+        }
+    }
+    if let Some(a) = &cx.args {
+        out.push(b'?');
+        out.extend_from_slice(a);
+    }
+    out
+}
+
+/// Names nginx always sets (or clears) itself, in its default order.
+const DEFAULT_SET: &[&str] = &["host", "connection", "content-length", "transfer-encoding"];
+const CLEARED: &[&str] = &["te", "keep-alive", "expect", "upgrade"];
+const CLEARED_WHEN_CACHING: &[&str] = &[
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-none-match",
+    "if-match",
+    "range",
+    "if-range",
+];
+
+/// The body to send and the length for `Content-Length` (as nginx:
+/// `proxy_set_body`'s length, else the client's body length even when
+/// `proxy_pass_request_body off` sends none).
+fn outgoing_body(cx: &Ctx<'_>, conf: &ProxyLoc) -> (OutBody, Option<u64>) {
+    if let Some(t) = &conf.set_body {
+        let b = t.render_vec(cx);
+        let n = b.len() as u64;
+        return (OutBody::Mem(Bytes::from(b)), Some(n));
+    }
+    let len = body::length(cx);
+    if !conf.up.pass_request_body.unwrap_or(true) {
+        return (OutBody::None, len);
+    }
+    let out = match body::data(cx) {
+        Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(b.clone()),
+        Some(body::Data::File { file, len, .. }) if *len > 0 => OutBody::File(file.clone(), *len),
+        _ => OutBody::None,
+    };
+    (out, len)
+}
+
+/// The request head for upstream. `caching`: the request may be answered
+/// from or stored in the cache: whether HEAD becomes GET
+/// (`proxy_cache_convert_head`), and the validators to revalidate an
+/// expired entry with.
+fn request_head(
+    cx: &Ctx<'_>,
+    conf: &ProxyLoc,
+    uri: &[u8],
+    caching: Option<Caching<'_>>,
+    body_len: Option<u64>,
+) -> Vec<u8> {
+    let convert_head = caching.is_some_and(|c| c.convert_head);
+    let set_method = conf.method.as_ref().map(|t| t.render_vec(cx));
+    let method: &[u8] = if convert_head && cx.method == Method::Head {
+        b"GET"
+    } else if let Some(m) = &set_method {
+        m
+    } else if cx.method != cx.req.method {
+        // An error_page redirect turned the request into a GET.
+        b"GET"
+    } else {
+        cx.req.method_raw().as_bytes()
+    };
+    let mut h = Vec::with_capacity(512);
+    h.extend_from_slice(method);
+    h.push(b' ');
+    h.extend_from_slice(uri);
+    h.extend_from_slice(if conf.http_version == Some(1) {
+        b" HTTP/1.1\r\n"
+    } else {
+        b" HTTP/1.0\r\n"
+    });
+    let user: &[(String, Template)] = conf.headers.as_deref().map_or(&[], |v| v.as_slice());
+    let mut set_names: Vec<String> = user.iter().map(|(n, _)| n.to_ascii_lowercase()).collect();
+    for (n, t) in user {
+        let v = t.render_vec(cx);
+        if !v.is_empty() {
+            push_header(&mut h, n.as_bytes(), &v);
+        }
+    }
+    for d in DEFAULT_SET {
+        if set_names.iter().any(|n| n == d) {
+            continue;
+        }
+        match *d {
+            "host" => push_header(&mut h, b"Host", cx.note("proxy_host").unwrap_or(b"")),
+            "connection" => push_header(&mut h, b"Connection", b"close"),
+            // The body is buffered whole, so its length is known even
+            // when the client sent it chunked: never Transfer-Encoding.
+            "content-length" => {
+                if let Some(n) = body_len {
+                    push_header(&mut h, b"Content-Length", n.to_string().as_bytes());
+                }
+            }
+            _ => {}
+        }
+        set_names.push(d.to_string());
+    }
+    // nginx's defaults when caching: If-Modified-Since
+    // $upstream_cache_last_modified, If-None-Match $upstream_cache_etag
+    // (set only while revalidating), the other conditionals cleared.
+    if let Some((lm, etag)) = caching.and_then(|c| c.revalidate) {
+        for (name, lower, v) in [
+            ("If-Modified-Since", "if-modified-since", lm),
+            ("If-None-Match", "if-none-match", etag),
+        ] {
+            if let Some(v) = v.as_ref().filter(|_| !set_names.iter().any(|n| n == lower)) {
+                push_header(&mut h, name.as_bytes(), v);
+            }
+        }
+    }
+    set_names.extend(CLEARED.iter().map(|s| s.to_string()));
+    if caching.is_some() {
+        set_names.extend(CLEARED_WHEN_CACHING.iter().map(|s| s.to_string()));
+    }
+    if conf.up.pass_request_headers.unwrap_or(true) {
+        for hd in cx.req.headers() {
+            if set_names.iter().any(|n| hd.is(n)) {
+                continue;
+            }
+            push_header(&mut h, hd.name, hd.value);
+        }
+    }
+    h.extend_from_slice(b"\r\n");
+    h
+}
+
+fn push_header(h: &mut Vec<u8>, n: &[u8], v: &[u8]) {
+    h.extend_from_slice(n);
+    h.extend_from_slice(b": ");
+    h.extend_from_slice(v);
+    h.extend_from_slice(b"\r\n");
+}
+
+// ---- the content handler ----------------------------------------------------
+
+/// The content handler `proxy_pass` puts in its location's slot.
+/// Boxed: the proxy's state is KiBs, and inline it would make every
+/// request's future (static files too) that big.
+pub fn content<'a>(
+    cx: &'a mut Ctx<'_>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + 'a>> {
+    Box::pin(handle(cx))
+}
+
+async fn handle(cx: &mut Ctx<'_>) -> Response {
+    let loc = cx.loc.clone();
+    let Some(pass) = loc.modules.proxy.pass.clone() else {
+        return Response::status(500);
+    };
+    let conf = &loc.modules.proxy;
+    cx.set_note("proxy_host", pass.host.clone());
+    cx.set_note("proxy_port", pass.port.to_string().into_bytes());
+    // As nginx with proxy_request_buffering on: the whole body first
+    // (memory or a temp file), then the upstream.
+    if let Err(r) = body::read(cx, &pass.body_temp_default).await {
+        return *r;
+    }
+    let Some(up) = peers::upstream_for(cx, &pass.target, &pass.host).await else {
+        return Response::status(502);
+    };
+    let mut lim = Limits::of(&conf.up);
+    if pass.tls {
+        match ssl_client(conf, &pass) {
+            Some(t) => lim.tls = Some(t),
+            None => {
+                cx.log(
+                    Level::Error,
+                    "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
+                );
+                return Response::status(502);
+            }
+        }
+    }
+    let uri = upstream_uri(cx, &pass);
+    let proto = Arc::new(Http {
+        loc: loc.clone(),
+        pass,
+        uri,
+    });
+    crate::http::upstream::run(cx, proto, up, lim).await
+}
+
+/// HTTP to one request's upstream.
+struct Http {
+    loc: Arc<LocConf>,
+    pass: Arc<Pass>,
+    /// The URI sent upstream.
+    uri: Vec<u8>,
+}
+
+impl Protocol for Http {
+    fn conf(&self) -> &UpstreamConf {
+        &self.loc.modules.proxy.up
+    }
+
+    /// nginx names the peer with the scheme and the URI.
+    fn url(&self, peer: &str) -> String {
+        let scheme = if self.pass.tls { "https" } else { "http" };
+        format!(
+            "{}://{}{}",
+            scheme,
+            peer,
+            String::from_utf8_lossy(&self.uri)
+        )
+    }
+
+    fn create_request(
+        &self,
+        cx: &Ctx<'_>,
+        caching: Option<Caching<'_>>,
+    ) -> Result<Request, Box<Response>> {
+        let conf = &self.loc.modules.proxy;
+        let (body, body_len) = outgoing_body(cx, conf);
+        let head = request_head(cx, conf, &self.uri, caching, body_len);
+        Ok(Request { head, body })
+    }
+
+    fn head_reader(&self, head_only: bool, head_max: usize) -> Box<dyn HeadReader> {
+        Box::new(head::HttpHead::new(head_only, head_max))
+    }
+
+    fn hidden(&self) -> &'static [&'static str] {
+        HIDDEN
+    }
+
+    fn rewrite_location(&self, prefix: &[u8], v: &[u8]) -> Option<Vec<u8>> {
+        self.loc
+            .modules
+            .proxy
+            .redirect
+            .unwrap_or(true)
+            .then(|| cookie::rewrite_location(prefix, &self.pass, v))
+    }
+
+    fn rewrite_cookies(&self, cx: &mut Ctx<'_>, headers: &mut [(String, Vec<u8>)]) {
+        cookie::rewrite_cookies(cx, &self.loc.modules.proxy, headers);
+    }
+
+    fn upgrades(&self) -> bool {
+        true
+    }
+
+    /// nginx's built-in key: the proxy_pass URL's scheme and host, then
+    /// the URI as sent upstream.
+    fn cache_key(&self, _: &Ctx<'_>) -> Vec<u8> {
+        let mut k = self.pass.url.as_bytes().to_vec();
+        k.extend_from_slice(&self.uri);
+        k
+    }
+
+    fn convert_head(&self) -> bool {
+        true
+    }
+
+    fn temp_default(&self) -> &Path {
+        &self.pass.temp_default
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_split() {
+        assert_eq!(split_port("a:81"), Some(("a", Some(81))));
+        assert_eq!(split_port("a"), Some(("a", None)));
+        assert_eq!(split_port("[::1]:81"), Some(("[::1]", Some(81))));
+        assert_eq!(split_port("a:x"), None);
+    }
+}

@@ -1,0 +1,650 @@
+//! One fetch: the peers tried in turn until one answers with a response
+//! head (nginx's ngx_http_upstream_connect / _send_request /
+//! _process_header / _next), with the timeouts and nginx's log wording.
+//!
+//! ```text
+//!  fetch ── peer = Upstream::next ──▶ exchange ──┬─ Ok(head) ─ status a next_upstream case? ─▶ next peer
+//!    ▲                                           │                      └─ else ─▶ UpResp
+//!    └──── next_upstream allows it (tries, ◀─────┴─ Err(Fail)
+//!          timeout, non_idempotent)
+//!  exchange: a kept-alive connection (a stale one is retried fresh once)
+//!            or connect (+ TLS) ── send the request (the body framed by
+//!            the protocol) ── read until the protocol's HeadReader has a head
+//! ```
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::conf::{ft, parse_bind, BindAddr, Limits, UpstreamConf};
+use super::peers::{self, PeerAddr, Upstream};
+use super::{BodyDecoder, Head, HeadReader, Protocol};
+use crate::core::log::Level;
+use crate::http::phases::Ctx;
+use crate::io::{OpenFile, Policy};
+use crate::tls::client::UpStream;
+
+/// What goes upstream after the head.
+#[derive(Clone)]
+pub enum OutBody {
+    None,
+    Mem(Bytes),
+    /// A client body in its temp file (read back for every attempt).
+    File(Arc<OpenFile>, u64),
+}
+
+/// One request as sent to each peer tried: the body is buffered, so a
+/// retry sends it again.
+pub struct Outgoing<'o> {
+    pub head: &'o [u8],
+    pub body: &'o OutBody,
+    pub policy: &'o Policy,
+    /// POST, LOCK, PATCH: not passed to another peer once sent.
+    pub non_idempotent: bool,
+    /// `PREFIX_bind`'s address for this request.
+    pub bind: Option<std::net::IpAddr>,
+    /// `PREFIX_socket_keepalive`.
+    pub keepalive: bool,
+}
+
+/// `PREFIX_bind`'s address for a request (an unusable rendered value is
+/// logged and ignored, as nginx does).
+pub fn bind_addr(cx: &Ctx<'_>, conf: &UpstreamConf) -> Option<std::net::IpAddr> {
+    match conf.bind.as_ref()?.as_ref()? {
+        BindAddr::Fixed(a) => Some(*a),
+        BindAddr::Var(t) => {
+            let v = t.render_vec(cx);
+            if v.is_empty() {
+                return None;
+            }
+            let a = std::str::from_utf8(&v).ok().and_then(parse_bind);
+            if a.is_none() {
+                cx.log(
+                    Level::Error,
+                    &format!("invalid local address \"{}\"", String::from_utf8_lossy(&v)),
+                );
+            }
+            a
+        }
+    }
+}
+
+pub struct Fail {
+    pub status: u16,
+    pub msg: String,
+    /// Which `PREFIX_next_upstream` case this is ([`ft`]; 0: never retried,
+    /// e.g. after part of a response was received).
+    pub ft: u16,
+    /// The request had started to go out (nginx's `request_sent`).
+    pub sent: bool,
+    /// Lines the protocol logged before the failure (FastCGI's stderr).
+    pub logs: Vec<String>,
+}
+
+pub fn fail(status: u16, msg: impl Into<String>, next: bool) -> Fail {
+    Fail {
+        status,
+        msg: msg.into(),
+        ft: match (next, status) {
+            (false, _) => 0,
+            (true, 504) => ft::TIMEOUT,
+            (true, _) => ft::ERROR,
+        },
+        sent: false,
+        logs: Vec::new(),
+    }
+}
+
+/// An upstream response head nginx counts as `invalid_header`.
+pub fn invalid_header(msg: &str) -> Fail {
+    Fail {
+        ft: ft::INVALID_HEADER,
+        ..fail(502, msg, false)
+    }
+}
+
+pub const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
+
+/// One read from the upstream within `limit`: 504 on timeout, 502 on an
+/// error, with nginx's log wording (`... while reading upstream`).
+pub async fn timed_read(
+    s: &mut UpStream,
+    buf: &mut [u8],
+    limit: Duration,
+    context: &str,
+    next: bool,
+) -> Result<usize, Fail> {
+    match tokio::time::timeout(limit, s.read(buf)).await {
+        Err(_) => Err(fail(504, format!("{} {}", TIMED_OUT, context), next)),
+        Ok(Err(e)) => Err(fail(
+            502,
+            format!("recv() failed {} {}", crate::core::errno_text(&e), context),
+            next,
+        )),
+        Ok(Ok(n)) => Ok(n),
+    }
+}
+
+/// A response head from upstream, with the connection to read the body from.
+pub struct UpResp {
+    pub status: u16,
+    /// The status line after the version as upstream sent it (`302
+    /// Found`), relayed verbatim as nginx does; empty: tern's own.
+    pub status_line: Vec<u8>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub stream: Option<UpStream>,
+    /// Bytes that came after the head, as they came (the body's decoder
+    /// gets them first; a tunnel relays them).
+    pub early: Vec<u8>,
+    /// Body bytes the head reader already decoded.
+    pub body: Vec<u8>,
+    pub peer: PeerAddr,
+    pub peer_name: String,
+    /// Requests the connection has carried, this one included
+    /// (`keepalive_requests`).
+    pub requests: u64,
+    /// No body follows (HEAD, 1xx, 204, 304).
+    pub no_body: bool,
+    /// The Content-Length upstream declared.
+    pub declared_len: Option<u64>,
+    /// The connection may be reused once the body is read whole.
+    pub keep: bool,
+    /// The peer counts as busy (least_conn, max_conns) while this lives:
+    /// it moves to the body's producer.
+    pub lease: Option<peers::Lease>,
+    /// The body's decoder (nginx's input_filter).
+    pub decoder: Box<dyn BodyDecoder>,
+    /// Lines the protocol logged with the head (logged by [`fetch`]).
+    pub logs: Vec<String>,
+}
+
+impl UpResp {
+    fn of(h: Head, s: UpStream, addr: &PeerAddr, logs: Vec<String>) -> UpResp {
+        UpResp {
+            status: h.status,
+            status_line: h.status_line,
+            headers: h.headers,
+            stream: Some(s),
+            early: h.early,
+            body: h.body,
+            peer: addr.clone(),
+            peer_name: String::new(),
+            requests: 1,
+            no_body: h.no_body,
+            declared_len: h.declared_len,
+            keep: h.keep,
+            lease: None,
+            decoder: h.decoder,
+            logs,
+        }
+    }
+}
+
+/// Where [`fetch`] records `$upstream_addr`/`$upstream_status` and logs:
+/// the request, or (a background cache update) only the log.
+pub trait FetchEnv {
+    fn note(&mut self, key: &'static str, v: &[u8]);
+    fn log_up(&self, level: Level, msg: &str, url: &str);
+}
+
+impl FetchEnv for Ctx<'_> {
+    fn note(&mut self, key: &'static str, v: &[u8]) {
+        match self.notes.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => {
+                slot.1.extend_from_slice(b", ");
+                slot.1.extend_from_slice(v);
+            }
+            None => self.notes.push((key, v.to_vec())),
+        }
+    }
+
+    fn log_up(&self, level: Level, msg: &str, url: &str) {
+        log_upstream(self, level, msg, url);
+    }
+}
+
+impl FetchEnv for UpLog {
+    fn note(&mut self, _: &'static str, _: &[u8]) {}
+
+    fn log_up(&self, level: Level, msg: &str, url: &str) {
+        self.logger.log(
+            level,
+            Some(self.conn),
+            format_args!("{}{}, upstream: \"{}\"{}", msg, self.tail, url, self.host),
+        );
+    }
+}
+
+/// Why [`fetch`] gave up: the status for the client and the
+/// `PREFIX_next_upstream` case of the last failure (0: none).
+pub struct FetchErr {
+    pub status: u16,
+    pub ft: u16,
+}
+
+/// Tries peers until one answers with a response head.
+pub async fn fetch<E: FetchEnv>(
+    cx: &mut E,
+    mut at: peers::Attempt,
+    up: &Arc<Upstream>,
+    lim: &Limits,
+    proto: &dyn Protocol,
+    send: &Outgoing<'_>,
+    head_only: bool,
+) -> Result<UpResp, FetchErr> {
+    let started = std::time::Instant::now();
+    let mut tries_left = match lim.next_tries {
+        0 => up.tries(),
+        n => up.tries().min(n as usize),
+    };
+    // Whether the case `bit` may go on to the next peer (nginx's
+    // ngx_http_upstream_next checks, in its order).
+    let may_retry = |bit: u16, sent: bool, tries_left: usize| {
+        let mut need = bit;
+        if sent && send.non_idempotent {
+            need |= ft::NON_IDEMPOTENT;
+        }
+        bit != 0
+            && tries_left > 0
+            && lim.next_mask & need == need
+            && lim.next_timeout.is_none_or(|t| started.elapsed() < t)
+    };
+    while let Some(lease) = up.next(&mut at) {
+        let pid = lease.id();
+        let Some(peer) = up.peer(pid) else { break };
+        tries_left = tries_left.saturating_sub(1);
+        cx.note("upstream_addr", peer.name.as_bytes());
+        let url = proto.url(&peer.name);
+        let got = exchange(up, &peer.addr, lim, proto, send, head_only).await;
+        let logs = match &got {
+            Ok(r) => &r.logs,
+            Err(f) => &f.logs,
+        };
+        for e in logs {
+            cx.log_up(Level::Error, e, &url);
+        }
+        match got {
+            Ok(mut r) => {
+                let bit = ft::of_status(r.status).unwrap_or(0);
+                if may_retry(bit, true, tries_left) {
+                    // The answer goes unread; 403 and 404 do not count
+                    // against the peer, the others do.
+                    cx.note("upstream_status", r.status.to_string().as_bytes());
+                    if bit & (ft::HTTP_403 | ft::HTTP_404) == 0 && up.failed(pid) {
+                        cx.log_up(
+                            Level::Warn,
+                            "upstream server temporarily disabled while reading response header from upstream",
+                            &url,
+                        );
+                    }
+                    continue;
+                }
+                cx.note("upstream_status", r.status.to_string().as_bytes());
+                up.succeeded(pid);
+                r.peer_name = peer.name.clone();
+                r.lease = Some(lease);
+                return Ok(r);
+            }
+            Err(f) => {
+                // 500: tern's own failure (PREFIX_bind, the body's temp
+                // file), logged as nginx does such, and not the peer's.
+                let local = f.status == 500;
+                let level = if local { Level::Crit } else { Level::Error };
+                // An empty message: already said (fastcgi_catch_stderr's
+                // line is the stderr itself, as nginx logs it).
+                if !f.msg.is_empty() {
+                    cx.log_up(level, &f.msg, &url);
+                }
+                cx.note("upstream_status", f.status.to_string().as_bytes());
+                if !local && up.failed(pid) {
+                    cx.log_up(
+                        Level::Warn,
+                        "upstream server temporarily disabled while connecting to upstream",
+                        &url,
+                    );
+                }
+                if !may_retry(f.ft, f.sent, tries_left) {
+                    return Err(FetchErr {
+                        status: f.status,
+                        ft: f.ft,
+                    });
+                }
+            }
+        }
+    }
+    // Peers were left to try, but none can be used now: nginx records a
+    // pseudo-attempt named after the upstream.
+    let url = proto.url(&up.name);
+    cx.log_up(
+        Level::Error,
+        "no live upstreams while connecting to upstream",
+        &url,
+    );
+    cx.note("upstream_addr", up.name.as_bytes());
+    cx.note("upstream_status", b"502");
+    // nginx's NOLIVE case, which `PREFIX_cache_use_stale error` includes.
+    Err(FetchErr {
+        status: 502,
+        ft: ft::ERROR,
+    })
+}
+
+/// One attempt on one peer: connect (or reuse), send, read the head.
+async fn exchange(
+    up: &Upstream,
+    addr: &PeerAddr,
+    lim: &Limits,
+    proto: &dyn Protocol,
+    send: &Outgoing<'_>,
+    head_only: bool,
+) -> Result<UpResp, Fail> {
+    // A cached connection may have been closed by the peer meanwhile; an
+    // error on it is retried once on a fresh connection without blaming
+    // the peer, as nginx does. A timeout is not a stale connection (the
+    // peer may be working on the request): as nginx, it is the attempt's
+    // result, and is not sent again here.
+    // A kept connection of the other kind (plain vs TLS) is closed.
+    if let Some((s, served)) = up
+        .take_idle(addr)
+        .filter(|(s, _)| s.is_tls() == lim.tls.is_some())
+    {
+        match send_and_read(s, addr, lim, proto, send, head_only).await {
+            Ok(r) => {
+                return Ok(UpResp {
+                    requests: served + 1,
+                    ..r
+                })
+            }
+            Err(f) if f.status == 504 => return Err(Fail { sent: true, ..f }),
+            Err(_) => {}
+        }
+    }
+    let s = match tokio::time::timeout(lim.connect, connect(addr, send)).await {
+        Err(_) => {
+            return Err(fail(
+                504,
+                format!("{} while connecting to upstream", TIMED_OUT),
+                true,
+            ))
+        }
+        Ok(Err(e)) => {
+            // PREFIX_bind's failure carries its own words (nginx's
+            // "bind(ADDR) failed (...)").
+            if let Some(m) = e
+                .get_ref()
+                .map(|m| m.to_string())
+                .filter(|m| m.starts_with("bind("))
+            {
+                // A local failure, as nginx: 500, not the peer's fault,
+                // no next server.
+                return Err(fail(
+                    500,
+                    format!("{} while connecting to upstream", m),
+                    false,
+                ));
+            }
+            return Err(fail(
+                502,
+                format!(
+                    "connect() failed {} while connecting to upstream",
+                    crate::core::errno_text(&e)
+                ),
+                true,
+            ));
+        }
+        Ok(Ok(s)) => s,
+    };
+    let s = match (s, &lim.tls) {
+        (s, None) => s,
+        (UpStream::Plain(s), Some((cfg, name))) => {
+            let hs = crate::tls::client::connect(s, cfg.clone(), name.clone());
+            match tokio::time::timeout(lim.connect, hs).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    return Err(fail(
+                        502,
+                        format!(
+                            "SSL_do_handshake() failed ({}) while SSL handshaking to upstream",
+                            e
+                        ),
+                        true,
+                    ))
+                }
+                Err(_) => {
+                    return Err(fail(
+                        504,
+                        format!("{} while SSL handshaking to upstream", TIMED_OUT),
+                        true,
+                    ))
+                }
+            }
+        }
+        (_, Some(_)) => {
+            return Err(fail(
+                502,
+                "SSL to a unix-domain upstream is not supported by tern yet while SSL handshaking to upstream",
+                false,
+            ))
+        }
+    };
+    send_and_read(s, addr, lim, proto, send, head_only)
+        .await
+        .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// A new connection to `addr`, from `PREFIX_bind`'s address, with
+/// `PREFIX_socket_keepalive` (a unix-domain socket takes neither).
+async fn connect(addr: &PeerAddr, send: &Outgoing<'_>) -> io::Result<UpStream> {
+    let addr = match addr {
+        PeerAddr::Unix(p) => return Ok(UpStream::Unix(tokio::net::UnixStream::connect(p).await?)),
+        PeerAddr::Inet(a) => *a,
+    };
+    let s = connect_tcp(addr, send).await?;
+    let _ = s.set_nodelay(true);
+    Ok(UpStream::Plain(s))
+}
+
+async fn connect_tcp(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStream> {
+    if send.bind.is_none() && !send.keepalive {
+        return TcpStream::connect(addr).await;
+    }
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if send.keepalive {
+        sock.set_keepalive(true)?;
+    }
+    if let Some(ip) = send.bind {
+        sock.bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("bind({}) failed {}", ip, crate::core::errno_text(&e)),
+            )
+        })?;
+    }
+    sock.connect(addr).await
+}
+
+/// Memory bodies up to this size leave in one write with the head.
+const JOIN_BODY_MAX: usize = 16 * 1024;
+
+/// Sends the head and the body (from memory, or read back from its temp
+/// file through the file-I/O layer a chunk at a time).
+async fn send_request(
+    s: &mut UpStream,
+    lim: &Limits,
+    proto: &dyn Protocol,
+    send: &Outgoing<'_>,
+) -> Result<(), Fail> {
+    match send.body {
+        OutBody::Mem(b) if b.len() <= JOIN_BODY_MAX => {
+            let mut all = Vec::with_capacity(send.head.len() + b.len());
+            all.extend_from_slice(send.head);
+            all.extend_from_slice(b);
+            return write_timed(s, &all, lim).await;
+        }
+        _ => write_timed(s, send.head, lim).await?,
+    }
+    match send.body {
+        OutBody::None => Ok(()),
+        OutBody::Mem(b) => write_timed(s, b, lim).await,
+        OutBody::File(f, len) => {
+            let mut off = 0u64;
+            while off < *len {
+                let n = (*len - off).min(64 * 1024) as usize;
+                let data = crate::io::read(f, off, n, send.policy).await.map_err(|e| {
+                    fail(
+                        500,
+                        format!(
+                            "client request body temp file read failed {}",
+                            crate::core::errno_text(&e)
+                        ),
+                        false,
+                    )
+                })?;
+                if data.is_empty() {
+                    return Err(fail(
+                        500,
+                        "client request body temp file was truncated",
+                        false,
+                    ));
+                }
+                let mut framed = Vec::new();
+                match proto.frame_body(&data, &mut framed) {
+                    true => write_timed(s, &framed, lim).await?,
+                    false => write_timed(s, &data, lim).await?,
+                }
+                off += data.len() as u64;
+            }
+            let mut end = Vec::new();
+            proto.end_body(&mut end);
+            if !end.is_empty() {
+                write_timed(s, &end, lim).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes all of `data` within PREFIX_send_timeout, with nginx's log
+/// wording on failure.
+async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits) -> Result<(), Fail> {
+    // The flush pushes out what TLS still holds (a no-op for plain TCP).
+    let write = async {
+        s.write_all(data).await?;
+        s.flush().await
+    };
+    match tokio::time::timeout(lim.send, write).await {
+        Err(_) => Err(fail(
+            504,
+            format!("{} while sending request to upstream", TIMED_OUT),
+            true,
+        )),
+        Ok(Err(e)) => Err(fail(
+            502,
+            format!(
+                "writev() failed {} while sending request to upstream",
+                crate::core::errno_text(&e)
+            ),
+            true,
+        )),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Sends the request and reads until the protocol's head reader has the
+/// response head.
+async fn send_and_read(
+    mut s: UpStream,
+    addr: &PeerAddr,
+    lim: &Limits,
+    proto: &dyn Protocol,
+    send: &Outgoing<'_>,
+    head_only: bool,
+) -> Result<UpResp, Fail> {
+    send_request(&mut s, lim, proto, send).await?;
+    let mut reader = proto.head_reader(head_only, lim.head_max);
+    let mut buf = vec![0u8; lim.head_max.max(8 * 1024)];
+    loop {
+        let n = timed_read(&mut s, &mut buf, lim.read, WHILE_HEAD, true).await;
+        let n = match n {
+            Ok(n) => n,
+            Err(f) => return Err(with_logs(f, reader.as_mut())),
+        };
+        if n == 0 {
+            let f = fail(
+                502,
+                format!("upstream prematurely closed connection {}", WHILE_HEAD),
+                true,
+            );
+            return Err(with_logs(f, reader.as_mut()));
+        }
+        match reader.feed(&buf[..n]) {
+            Ok(Some(h)) => {
+                let logs = reader.logs();
+                return Ok(UpResp::of(h, s, addr, logs));
+            }
+            Ok(None) => {}
+            Err(f) => return Err(with_logs(f, reader.as_mut())),
+        }
+    }
+}
+
+/// The context of errors while the head is read.
+pub const WHILE_HEAD: &str = "while reading response header from upstream";
+
+/// A failure with the lines the head reader logged before it.
+fn with_logs(f: Fail, reader: &mut dyn HeadReader) -> Fail {
+    let mut logs = reader.logs();
+    logs.extend(f.logs);
+    Fail { logs, ..f }
+}
+
+/// What an upstream error is logged with once the request's context is
+/// out of reach (the reader outlives the handler).
+pub struct UpLog {
+    pub logger: Arc<crate::core::log::Logger>,
+    pub conn: u64,
+    /// `, client: ..., server: ..., request: "..."`.
+    pub tail: String,
+    /// `, upstream: "..."` and `, host: "..."`.
+    pub upstream: String,
+    pub host: String,
+}
+
+impl UpLog {
+    pub fn of(cx: &Ctx<'_>, url: &str) -> UpLog {
+        UpLog {
+            logger: cx.logger(),
+            conn: cx.conn.id,
+            tail: cx.log_request_ctx(),
+            upstream: format!(", upstream: \"{}\"", url),
+            host: cx.log_host_ctx(),
+        }
+    }
+
+    pub fn log(&self, level: Level, msg: &str, with_upstream: bool) {
+        let up = if with_upstream {
+            &self.upstream[..]
+        } else {
+            ""
+        };
+        self.logger.log(
+            level,
+            Some(self.conn),
+            format_args!("{}{}{}{}", msg, self.tail, up, self.host),
+        );
+    }
+}
+
+/// Logs with nginx's upstream context: `..., request: "...", upstream: "...", host: "..."`.
+pub fn log_upstream(cx: &Ctx<'_>, level: Level, msg: &str, upstream: &str) {
+    cx.log_with_upstream(level, msg, Some(upstream));
+}

@@ -1,0 +1,473 @@
+//! An upstream response head turned into the client's [`Response`], once
+//! for every protocol (nginx's ngx_http_upstream_process_headers and
+//! _send_response): the headers relayed (hop-by-hop and the protocol's
+//! hidden ones dropped, `PREFIX_hide_header`/`_pass_header`, the
+//! protocol's Location and Set-Cookie rewrites), `X-Accel-Charset`,
+//! `X-Accel-Limit-Rate`, `X-Accel-Buffering`, `PREFIX_intercept_errors`,
+//! ranges, a 101 into a tunnel, and the body: complete with the head
+//! (memory), or streamed by a [`Producer`] into the pipe, a cache entry
+//! or a `PREFIX_store` file.
+
+use std::borrow::Cow;
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::cache::{cache_validity, entry_head, start_cache_file, CacheReq};
+use super::conf::*;
+use super::fetch::{log_upstream, UpLog, UpResp};
+use super::peers::Upstream;
+use super::pipe::{complete_stream, named_temp, CacheOut, Consumer, Pipe, Producer, StoreOut};
+use super::Protocol;
+use crate::cache::UpdateGuard;
+use crate::core::log::Level;
+use crate::http::conf::LocConf;
+use crate::http::phases::Ctx;
+use crate::http::response::{Body, Response};
+use crate::io::Policy;
+
+/// Framing and hop-by-hop headers: never relayed. (`Upgrade` is: nginx
+/// passes it on any response, and a 101 needs it.)
+const HOP: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+];
+
+/// The part of the URI the location matched (what `proxy_redirect
+/// default` puts back).
+pub fn loc_prefix<'c>(cx: &'c Ctx<'_>) -> &'c [u8] {
+    cx.uri.get(..cx.loc_prefix_len).unwrap_or(b"")
+}
+
+/// The headers that go to the client (and into a cache file).
+pub fn relayed(
+    proto: &dyn Protocol,
+    prefix: &[u8],
+    hs: &[(String, Vec<u8>)],
+) -> Vec<(String, Vec<u8>)> {
+    let conf = proto.conf();
+    let hidden = proto.hidden();
+    let pass_list: &[String] = conf.pass_headers.as_deref().map_or(&[], |v| v);
+    let hide_list: &[String] = conf.hide.as_deref().map_or(&[], |v| v);
+    let mut out = Vec::new();
+    for (n, v) in hs {
+        let l = n.to_ascii_lowercase();
+        if HOP.contains(&l.as_str()) || hide_list.contains(&l) {
+            continue;
+        }
+        if hidden.contains(&l.as_str()) && !pass_list.contains(&l) {
+            continue;
+        }
+        if l == "location" {
+            if let Some(v) = proto.rewrite_location(prefix, v) {
+                out.push((n.clone(), v));
+                continue;
+            }
+        }
+        out.push((n.clone(), v.clone()));
+    }
+    out
+}
+
+/// Whether the upstream connection can go back to the keepalive cache
+/// once its body was read whole.
+pub fn reusable(r: &UpResp) -> bool {
+    r.keep && !r.decoder.extra() && !r.decoder.by_close()
+}
+
+pub fn header<'h>(hs: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
+    hs.iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_slice())
+}
+
+/// A comma-separated header value lists `tok`.
+pub fn has_token(v: &[u8], tok: &str) -> bool {
+    v.split(|&c| c == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(tok.as_bytes()))
+}
+
+/// `msg` (said `... while reading upstream`) with another context.
+fn with_context(msg: &str, context: &str) -> String {
+    match msg.strip_suffix("while reading upstream") {
+        Some(m) => format!("{}{}", m, context),
+        None => msg.to_string(),
+    }
+}
+
+/// The response for a fetched head: headers, then the body as it comes.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn respond(
+    cx: &mut Ctx<'_>,
+    proto: &Arc<dyn Protocol>,
+    up: &Arc<Upstream>,
+    lim: &Limits,
+    mut resp: UpResp,
+    creq: Option<CacheReq>,
+    mut guard: Option<UpdateGuard>,
+    head_only: bool,
+    policy: Policy,
+) -> Response {
+    let conf = proto.conf();
+    let mut relayed = relayed(&**proto, loc_prefix(cx), &resp.headers);
+    proto.rewrite_cookies(cx, &mut relayed);
+    if resp.status == 101
+        && proto.upgrades()
+        && cx.req.header("upgrade").is_some()
+        && cx.sub_depth == 0
+    {
+        return upgrade_answer(cx, &**proto, resp, relayed, lim);
+    }
+    let store = creq
+        .as_ref()
+        .filter(|c| !c.no_store)
+        .and_then(|c| cache_validity(conf, resp.status, &resp.headers).map(|v| (c, v)));
+
+    // The body: what came with the head is decoded now; a body complete
+    // with it (and not being cached) is answered from memory, anything
+    // else streams to the client while it arrives (see `Producer`).
+    let url = proto.url(&resp.peer_name);
+    let mut first = std::mem::take(&mut resp.body);
+    let buffering = buffering(conf, &resp.headers);
+    // nginx reads what came with the head as part of the head without
+    // buffering, and as the body with it.
+    let early_context = if buffering {
+        "while reading upstream"
+    } else {
+        "while reading response header from upstream"
+    };
+    if let Err(f) = resp
+        .decoder
+        .feed(&std::mem::take(&mut resp.early), &mut first)
+    {
+        log_upstream(cx, Level::Error, &with_context(&f.msg, early_context), &url);
+        // nginx has "sent" the head already and closes the connection
+        // without a word.
+        let mut r = Response::status(f.status);
+        r.close_silently = true;
+        return r;
+    }
+    // (A HEAD answer's body is not read, even when upstream sends one.)
+    if let Some(w) = resp.decoder.extra_warning().filter(|_| !head_only) {
+        log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
+    }
+    if proto.intercepts(resp.status)
+        || (resp.status >= 300
+            && conf.intercept_errors.unwrap_or(false)
+            && has_error_page(&cx.loc, resp.status))
+    {
+        // PREFIX_intercept_errors: let error_page answer instead.
+        return Response::status(resp.status);
+    }
+    let (mem_max, temp_max) = if buffering {
+        (lim.mem_max, lim.temp_max)
+    } else {
+        (lim.head_max, 0)
+    };
+    // nginx does not cache what it does not buffer.
+    let store = store.filter(|_| buffering);
+    let cache_out = match &store {
+        Some((c, valid_until)) => {
+            let mut eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+            if let Some(n) = resp.declared_len.filter(|_| head_only) {
+                // A HEAD response stored as such (PREFIX_cache_convert_head
+                // off): its entry keeps the length it announced.
+                eh.headers
+                    .push(("Content-Length".into(), n.to_string().into_bytes()));
+            }
+            let base = eh.header_len() as u64;
+            match start_cache_file(c, &policy).await {
+                Ok((file, path)) => Some(CacheOut {
+                    zone: c.zone.clone(),
+                    md5: c.md5,
+                    file,
+                    path,
+                    eh,
+                    base,
+                    written: 0,
+                    held: None,
+                    _guard: guard.take(),
+                }),
+                Err(e) => {
+                    // The response is still served; it just is not stored.
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cannot create cache temp file in \"{}\" {}",
+                            c.zone.conf.path.display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+
+    // PREFIX_store: a 200 read whole goes to its own file as well.
+    let store_to = conf.store.as_ref().and_then(|s| s.as_ref());
+    let store_out = match store_to {
+        Some(to)
+            if cache_out.is_none()
+                && resp.status == 200
+                && buffering
+                && !head_only
+                && !resp.no_body =>
+        {
+            let dest = match to {
+                StoreTo::Root => cx.request_filename(),
+                StoreTo::Path(t) => t.render_vec(&*cx),
+            };
+            let dest = PathBuf::from(std::ffi::OsString::from_vec(dest));
+            let dir = conf
+                .temp_path
+                .clone()
+                .unwrap_or_else(|| proto.temp_default().to_path_buf());
+            match named_temp(&dir, &policy).await {
+                Ok((file, path)) => Some(StoreOut {
+                    file,
+                    path,
+                    dest,
+                    mode: conf.store_access.unwrap_or(0o600),
+                    mtime: header(&resp.headers, "last-modified")
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|s| httpdate::parse_http_date(s.trim()).ok()),
+                    written: 0,
+                }),
+                Err(e) => {
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cannot create temp file in \"{}\" {}",
+                            dir.display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+
+    let mut out = Response::status(resp.status);
+    if !resp.status_line.is_empty() {
+        out.status_line = Some((resp.status, std::mem::take(&mut resp.status_line)));
+    }
+    out.upstream_server_date = proto.relays_date();
+    apply_headers(&mut out, relayed);
+    // As nginx: only a response being cached answers If-Modified-Since
+    // and the like itself; any other goes as upstream answered.
+    out.disable_not_modified = store.is_none();
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
+        // The charset filter's destination; nginx takes the last one.
+        out.override_charset = resp
+            .headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    }
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_LIMIT_RATE == 0 {
+        // The response's rate in bytes per second (nginx's ngx_atoi: digits
+        // only; each valid header sets it, so the last one wins).
+        if let Some(n) = resp
+            .headers
+            .iter()
+            .rev()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-accel-limit-rate"))
+            .filter_map(|(_, v)| {
+                let v = std::str::from_utf8(v).ok()?;
+                v.bytes()
+                    .all(|c| c.is_ascii_digit())
+                    .then(|| v.parse::<u64>().ok())
+                    .flatten()
+            })
+            .next()
+        {
+            cx.set_note(crate::http::modules::rewrite::LIMIT_RATE, n.to_string());
+        }
+    }
+    // Ranges, as nginx: a response being cached may be cut to one range
+    // when upstream allows ranges, PREFIX_force_ranges cuts any; anything
+    // else passes as it came (the Range header went upstream).
+    if conf.force_ranges.unwrap_or(false) {
+        force_ranges(&mut out);
+    } else if store.is_some() {
+        out.single_range = true;
+    } else {
+        out.ranges_off = true;
+    }
+    if head_only && cache_out.is_none() {
+        out.content_length = resp.declared_len;
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    }
+    if resp.no_body && cache_out.is_none() {
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    }
+    // What the client is told of the length.
+    let length = resp.declared_len.filter(|_| !resp.no_body);
+    if resp.decoder.done() && cache_out.is_none() && store_out.is_none() {
+        if reusable(&resp) {
+            if let Some(s) = resp.stream.take() {
+                up.put_idle(resp.peer.clone(), s, resp.requests);
+            }
+        }
+        match length {
+            Some(_) => {
+                out.content_length = Some(first.len() as u64);
+                out.body = Body::Bytes(first);
+            }
+            None => {
+                // Chunked from upstream: nginx does not know the length
+                // before the end either, and relays it chunked.
+                out.force_close = cx.req.minor == 0;
+                out.body = complete_stream(first, policy);
+            }
+        }
+        return out;
+    }
+    let Some(stream) = resp.stream.take() else {
+        log_upstream(cx, Level::Error, "upstream connection lost", &url);
+        return Response::status(502);
+    };
+    out.content_length = length;
+    if out.content_length.is_none() && cx.req.minor == 0 {
+        // An HTTP/1.0 client learns the end from the close.
+        out.force_close = true;
+    }
+    let pipe = Arc::new(Pipe::default());
+    if let Some(c) = &cache_out {
+        pipe.lock().file = Some(c.file.clone());
+    }
+    let keep = reusable(&resp).then(|| (up.clone(), resp.peer.clone(), resp.requests));
+    let producer = Producer {
+        pipe: pipe.clone(),
+        stream,
+        _lease: resp.lease.take(),
+        decoder: resp.decoder,
+        read_timeout: lim.read,
+        mem_max,
+        temp_max,
+        temp_dir: conf
+            .temp_path
+            .clone()
+            .unwrap_or_else(|| proto.temp_default().to_path_buf()),
+        policy: policy.clone(),
+        temp: None,
+        temp_len: 0,
+        cache: cache_out,
+        keep,
+        log: UpLog::of(cx, &url),
+        limit_rate: conf.limit_rate.unwrap_or(0),
+        store: store_out,
+    };
+    tokio::spawn(producer.run(first));
+    if resp.no_body {
+        // Stored all the same (an empty entry); the client needs nothing.
+        out.content_length = if head_only { resp.declared_len } else { None };
+        out.force_close = false;
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    }
+    out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
+    out.watch_client = !conf.ignore_client_abort.unwrap_or(false);
+    out
+}
+
+/// A 101 to a request with an `Upgrade` header (any value, any HTTP
+/// version: nginx's test is the header's presence): the head is relayed
+/// (with the upstream's Content-Length, if any, though nothing is framed
+/// by it) and the connection turns into a tunnel (crate::http::tunnel).
+fn upgrade_answer(
+    cx: &mut Ctx<'_>,
+    proto: &dyn Protocol,
+    mut resp: UpResp,
+    relayed: Vec<(String, Vec<u8>)>,
+    lim: &Limits,
+) -> Response {
+    let url = proto.url(&resp.peer_name);
+    let Some(up) = resp.stream.take() else {
+        log_upstream(cx, Level::Error, "upstream connection lost", &url);
+        return Response::status(502);
+    };
+    let mut out = Response::status(101);
+    if !resp.status_line.is_empty() {
+        out.status_line = Some((101, std::mem::take(&mut resp.status_line)));
+    }
+    apply_headers(&mut out, relayed);
+    out.content_length = resp.declared_len;
+    out.disable_not_modified = true;
+    out.ranges_off = true;
+    out.force_close = true;
+    out.upgrade = Some(Box::new(crate::http::tunnel::Upgrade {
+        up,
+        early: std::mem::take(&mut resp.early),
+        read_timeout: lim.read,
+        send_timeout: lim.send,
+        buffer: lim.head_max,
+        url,
+        _lease: resp.lease.take(),
+    }));
+    out
+}
+
+/// Moves relayed headers into a response (Content-Type to its field).
+pub fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
+    for (n, v) in headers {
+        if n.eq_ignore_ascii_case("content-length") {
+            // Only a stored HEAD response has one; see entry_response.
+            continue;
+        }
+        if n.eq_ignore_ascii_case("content-type") {
+            r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
+            r.charset_param = true;
+        } else if n.eq_ignore_ascii_case("last-modified") {
+            // Relayed as it came, in its place (as nginx); the filters
+            // (not_modified, If-Range, expires modified) get the time of
+            // the last one.
+            r.last_modified = std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| httpdate::parse_http_date(s).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs() as i64);
+            r.last_modified_listed = true;
+            r.headers.push((Cow::Owned(n), v));
+        } else {
+            r.headers.push((Cow::Owned(n), v));
+        }
+    }
+}
+
+/// PREFIX_buffering, unless upstream says otherwise (X-Accel-Buffering).
+pub fn buffering(conf: &UpstreamConf, hs: &[(String, Vec<u8>)]) -> bool {
+    let mut buffering = conf.buffering.unwrap_or(true);
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_BUFFERING == 0 {
+        match header(hs, "x-accel-buffering") {
+            Some(v) if v.eq_ignore_ascii_case(b"yes") => buffering = true,
+            Some(v) if v.eq_ignore_ascii_case(b"no") => buffering = false,
+            _ => {}
+        }
+    }
+    buffering
+}
+
+/// `PREFIX_force_ranges`: upstream's `Accept-Ranges` gives way to the
+/// range filter's mark (the filter writes its own header), one range at most.
+pub fn force_ranges(r: &mut Response) {
+    r.remove_header("accept-ranges");
+    r.headers
+        .push((Cow::Borrowed("Accept-Ranges"), b"bytes".to_vec()));
+    r.single_range = true;
+}
+
+pub fn has_error_page(loc: &LocConf, status: u16) -> bool {
+    loc.modules.error_page.find(status).is_some()
+}

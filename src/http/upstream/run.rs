@@ -1,0 +1,235 @@
+//! The order of one upstream request (nginx's ngx_http_upstream_init,
+//! _cache, _connect ... _send_response): cache lookup, fetch, stale and
+//! revalidated answers, then the response ([`super::response::respond`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cache::{
+    self, any_true, cache_answer, entry_response, lookup, refresh_entry, validators, CacheReq,
+    Lookup, Stale,
+};
+use super::conf::{ft, CacheSel, Limits, M_GET, M_HEAD, M_POST};
+use super::fetch::{bind_addr, fetch, Outgoing};
+use super::peers::Upstream;
+use super::{Caching, Protocol};
+use crate::cache::{self as store, md5};
+use crate::core::log::Level;
+use crate::http::phases::Ctx;
+use crate::http::request::Method;
+use crate::http::response::Response;
+
+/// Serves the request from `up` with `proto` (the request body has been
+/// read), through the cache when the location has one.
+pub async fn run(
+    cx: &mut Ctx<'_>,
+    proto: Arc<dyn Protocol>,
+    up: Arc<Upstream>,
+    lim: Limits,
+) -> Response {
+    let conf = proto.conf();
+    let policy = match cx.io_policy() {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    // Cache lookup.
+    let mut creq: Option<CacheReq> = None;
+    // The expired entry, kept for PREFIX_cache_use_stale and _revalidate.
+    let mut stale: Option<Stale> = None;
+    // This request's `updating` mark on the key (PREFIX_cache_lock, and
+    // the UPDATING state of PREFIX_cache_use_stale): released when the
+    // entry is stored or the request is done with it.
+    let mut guard: Option<store::UpdateGuard> = None;
+    let zone = match &conf.cache {
+        None | Some(CacheSel::Off) => None,
+        Some(CacheSel::Zone(n)) => Some(n.clone().into_bytes()),
+        Some(CacheSel::Var(t)) => Some(t.render_vec(&*cx)),
+    };
+    if let Some(zname) = zone {
+        let Some(z) = std::str::from_utf8(&zname)
+            .ok()
+            .and_then(|n| cx.http.main.modules.upstream.zones.get(n))
+            .cloned()
+        else {
+            cx.log(
+                Level::Error,
+                &format!("cache \"{}\" not found", String::from_utf8_lossy(&zname)),
+            );
+            return Response::status(500);
+        };
+        let m = match cx.method {
+            Method::Get => M_GET,
+            Method::Head => M_HEAD,
+            Method::Post => M_POST,
+            _ => 0,
+        };
+        if conf.cache_methods.unwrap_or(M_GET | M_HEAD) & m != 0 {
+            let key = match &conf.cache_key {
+                Some(t) => t.render_vec(&*cx),
+                None => proto.cache_key(cx),
+            };
+            let md5 = md5::digest(&key);
+            let bypass = any_true(cx, conf.cache_bypass.as_deref());
+            let mut no_store = any_true(cx, conf.no_cache.as_deref());
+            let use_stale = conf.cache_use_stale.unwrap_or(0);
+            // PREFIX_cache_lock waits at most this long, over all rounds.
+            let lock_deadline = std::time::Instant::now()
+                + Duration::from_millis(conf.cache_lock_timeout.unwrap_or(5000));
+            let status: &[u8] = if bypass {
+                b"BYPASS"
+            } else {
+                loop {
+                    match lookup(cx, &z, &md5, &key, &policy).await {
+                        Lookup::Hit(r) => return cache_answer(cx, conf, *r, b"HIT"),
+                        Lookup::Expired(st) => {
+                            // The first request to find it expired updates
+                            // it (nginx's STALE); others meanwhile find it
+                            // UPDATING.
+                            let g = z.try_update(&md5, None);
+                            if let Some(st) = st {
+                                if use_stale & ft::UPDATING != 0 {
+                                    match g {
+                                        None => {
+                                            let r = entry_response(st.eh, st.file, &policy);
+                                            return cache_answer(cx, conf, r, b"UPDATING");
+                                        }
+                                        Some(g)
+                                            if conf.cache_background_update.unwrap_or(false) =>
+                                        {
+                                            let c = CacheReq {
+                                                zone: z.clone(),
+                                                key,
+                                                md5,
+                                                no_store,
+                                            };
+                                            cache::background_update(
+                                                cx,
+                                                &proto,
+                                                &up,
+                                                &lim,
+                                                &policy,
+                                                c,
+                                                g,
+                                                Some(&st.eh),
+                                            );
+                                            let r = entry_response(st.eh, st.file, &policy);
+                                            return cache_answer(cx, conf, r, b"STALE");
+                                        }
+                                        Some(g) => guard = Some(g),
+                                    }
+                                } else {
+                                    guard = g;
+                                }
+                                stale = Some(st);
+                            } else {
+                                guard = g;
+                            }
+                            break b"EXPIRED";
+                        }
+                        Lookup::Miss => {
+                            let min_uses = conf.cache_min_uses.unwrap_or(1);
+                            if min_uses > 1 && z.count_use(&md5) < min_uses {
+                                no_store = true;
+                                break b"MISS";
+                            }
+                            if !conf.cache_lock.unwrap_or(false) {
+                                break b"MISS";
+                            }
+                            let age = Duration::from_millis(conf.cache_lock_age.unwrap_or(5000));
+                            if let Some(g) = z.try_update(&md5, Some(age)) {
+                                guard = Some(g);
+                                break b"MISS";
+                            }
+                            // Another request is filling it: wait for it,
+                            // then look again (a HIT, or this request's
+                            // turn to fill it).
+                            if !z.wait_update(&md5, lock_deadline).await {
+                                cx.log(Level::Info, "cache lock timeout");
+                                no_store = true;
+                                break b"MISS";
+                            }
+                        }
+                    }
+                }
+            };
+            cx.set_note("upstream_cache_status", status.to_vec());
+            creq = Some(CacheReq {
+                zone: z,
+                key,
+                md5,
+                no_store,
+            });
+        }
+    }
+
+    // PREFIX_cache_revalidate: ask whether the expired entry still holds.
+    let revalidate = stale
+        .as_ref()
+        .filter(|_| conf.cache_revalidate.unwrap_or(false))
+        .map(|st| validators(&st.eh))
+        .filter(|v| v.0.is_some() || v.1.is_some());
+    let convert_head = conf.cache_convert_head.unwrap_or(proto.convert_head());
+    let caching = creq.as_ref().map(|_| Caching {
+        convert_head,
+        revalidate: revalidate.as_ref(),
+    });
+    let req = match proto.create_request(cx, caching) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let head_only = cx.method == Method::Head && (creq.is_none() || !convert_head);
+    let send = Outgoing {
+        head: &req.head,
+        body: &req.body,
+        policy: &policy,
+        // nginx does not pass these to the next server once sent to one
+        // (PREFIX_next_upstream without non_idempotent).
+        non_idempotent: matches!(cx.req.method_raw(), "POST" | "LOCK" | "PATCH"),
+        bind: bind_addr(cx, conf),
+        keepalive: conf.socket_keepalive.unwrap_or(false),
+    };
+    let at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
+    let got = fetch(cx, at, &up, &lim, &*proto, &send, head_only).await;
+    let use_stale = conf.cache_use_stale.unwrap_or(0);
+    let resp = match got {
+        Ok(r) => {
+            if cx.http.main.vars.upstream_http {
+                cx.upstream_headers = Some(r.headers.clone());
+            }
+            r
+        }
+        Err(e) => {
+            // PREFIX_cache_use_stale: the expired entry instead of an error.
+            if let Some(st) = stale.filter(|_| use_stale & e.ft != 0) {
+                let r = entry_response(st.eh, st.file, &policy);
+                return cache_answer(cx, conf, r, b"STALE");
+            }
+            return Response::status(e.status);
+        }
+    };
+    if let Some(st) = stale.take() {
+        let bit = ft::of_status(resp.status).unwrap_or(0);
+        if use_stale & bit != 0 {
+            let r = entry_response(st.eh, st.file, &policy);
+            return cache_answer(cx, conf, r, b"STALE");
+        }
+        if resp.status == 304 && revalidate.is_some() {
+            if let Some(c) = &creq {
+                let r = refresh_entry(conf, c, &st.eh, st.file.meta.size, &resp.headers, &policy);
+                if let Err(e) = r.await {
+                    cx.log(
+                        Level::Crit,
+                        &format!(
+                            "cache file \"{}\" could not be updated {}",
+                            c.zone.file_path(&c.md5).display(),
+                            crate::core::errno_text(&e)
+                        ),
+                    );
+                }
+            }
+            let r = entry_response(st.eh, st.file, &policy);
+            return cache_answer(cx, conf, r, b"REVALIDATED");
+        }
+    }
+    super::response::respond(cx, &proto, &up, &lim, resp, creq, guard, head_only, policy).await
+}
