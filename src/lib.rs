@@ -12,6 +12,8 @@
 pub mod cache;
 pub mod config;
 pub mod core;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod io;
 pub mod stream;

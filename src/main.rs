@@ -227,6 +227,11 @@ fn main() {
             eprintln!("tern: [warn] {}", w);
         }
         if !o.quiet {
+            for w in &cfg.lint {
+                eprintln!("tern: [warn] {}", w);
+            }
+        }
+        if !o.quiet {
             eprintln!("tern: configuration file {} test is successful", name);
         }
         if o.dump {

@@ -65,6 +65,9 @@ pub struct Config {
     /// between "syntax is ok" and "test is successful", logged at start
     /// and reload.
     pub warnings: Vec<String>,
+    /// Warnings of [`crate::core::lint`] for known-exploitable settings:
+    /// shown like `warnings`, except under `-q` or `config_lint off`.
+    pub lint: Vec<String>,
 }
 
 /// State available to directive setters while compiling.
@@ -130,6 +133,7 @@ impl Compiler {
 fn tables() -> impl Iterator<Item = &'static [Spec]> {
     [
         MAIN_DIRECTIVES,
+        crate::core::lint::DIRECTIVES,
         crate::core::log::DIRECTIVES,
         crate::io::DIRECTIVES,
         crate::http::conf::DIRECTIVES,
@@ -340,10 +344,12 @@ pub fn compile(
         Some(d) => Some(Arc::new(crate::stream::conf::compile_stream(&d, &mut cx)?)),
         None => None,
     };
+    let lint = crate::core::lint::check(&tree.directives);
     Ok(Config {
         main,
         http,
         stream,
+        lint,
         tree,
         prefix: prefix.to_path_buf(),
         conf_file: conf_file.to_path_buf(),

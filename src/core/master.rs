@@ -216,7 +216,7 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
             inherited.text
         );
     }
-    for w in &cfg.warnings {
+    for w in cfg.warnings.iter().chain(&cfg.lint) {
         crate::elog!(Warn, "{}", w);
     }
     if let Some(n) = cfg.main.worker_rlimit_nofile {
@@ -718,7 +718,8 @@ fn reload(st: &mut State<'_>, w: &Workers) {
     config.store(Arc::new(new));
     pools.store(Arc::new(new_pools));
     log::set_main_logger(logger);
-    for w in &config.load().warnings {
+    let published = config.load();
+    for w in published.warnings.iter().chain(&published.lint) {
         crate::elog!(Warn, "{}", w);
     }
     let removed: Vec<ListenAddr> = bound

@@ -48,7 +48,7 @@ struct Tm {
 /// Civil date from days since 1970-01-01 (proleptic Gregorian), using the
 /// 400-year era decomposition so it is exact for any `i64` day count we can
 /// produce from seconds.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468; // shift epoch to 0000-03-01
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097); // [0, 146096]

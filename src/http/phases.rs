@@ -222,10 +222,56 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
             "client sent plain HTTP request to HTTPS port while reading client request headers",
         );
         Response::status(497)
+    } else if let Some(status) = ssl_check(cx) {
+        Response::status(status)
     } else {
         run_phases(cx, Entry::Start).await
     };
     conclude(cx, resp).await
+}
+
+/// nginx's checks of a TLS request once its server is known: a `Host`
+/// other than the SNI name on a server that verifies client
+/// certificates is 421; a bad client certificate is 495 (unless
+/// `optional_no_ca` forgives an unknown issuer), a missing one with
+/// `ssl_verify_client on` 496. Like 497, these skip every phase and
+/// `error_page` may catch them.
+fn ssl_check(cx: &Ctx<'_>) -> Option<u16> {
+    use crate::tls::client_auth::VerifyMode;
+    let info = cx.conn.tls.info()?;
+    let mode = cx.server.srv.ssl.verify_client.unwrap_or_default();
+    if mode == VerifyMode::Off {
+        return None;
+    }
+    if let (Some(sni), Some(host)) = (&info.server_name, cx.req.host()) {
+        if !sni.as_bytes().eq_ignore_ascii_case(host) {
+            cx.log(
+                Level::Info,
+                "client attempted to request the server name different from the one that was negotiated while reading client request headers",
+            );
+            return Some(421);
+        }
+    }
+    if let Err(e) = info.verify {
+        if mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
+            cx.log(
+                Level::Info,
+                &format!(
+                    "client SSL certificate verify error: ({}:{}) while reading client request headers",
+                    e.0, e.1
+                ),
+            );
+            return Some(495);
+        }
+    }
+    if mode == VerifyMode::On && info.client_chain.is_none() {
+        cx.log(
+            Level::Info,
+            "client sent no required SSL certificate while reading client request headers",
+        );
+        return Some(496);
+    }
+    None
 }
 
 /// Applies `error_page` to a decided response (internal redirects, named
@@ -784,6 +830,7 @@ impl VarCtx for Ctx<'_> {
                 Some(t) => out.push(if t.reused { b'r' } else { b'.' }),
                 None => return false,
             },
+            Var::Ssl(v) => return crate::tls::vars::eval(self.conn.tls.info(), *v, out),
             Var::Request => out.extend_from_slice(r.line()),
             Var::RequestMethod => out.extend_from_slice(r.method_raw().as_bytes()),
             Var::RequestLength => response::push_num(out, r.head_len as u64),

@@ -45,6 +45,8 @@ pub enum Var {
     SslCipher,
     SslServerName,
     SslSessionReused,
+    /// The other `$ssl_*` variables (`crate::tls::vars`).
+    Ssl(crate::tls::vars::SslVar),
     Request,
     RequestMethod,
     RequestLength,
@@ -130,7 +132,7 @@ fn builtin(name: &str) -> Option<Var> {
         "nginx_version" => Var::NginxVersion,
         "tern_version" => Var::TernVersion,
         "tern_io" => Var::TernIo,
-        _ => return None,
+        _ => return crate::tls::vars::by_name(name).map(Var::Ssl),
     })
 }
 

@@ -16,28 +16,27 @@
 //!   TLS 1.2 suites rustls has; like OpenSSL's, it does not touch TLS 1.3.
 //! - `ssl_prefer_server_ciphers`: `ignore_client_order`.
 //! - `ssl_ecdh_curve`: the key-exchange groups (X25519, P-256, P-384).
-//! - `ssl_session_cache`: `builtin[:N]` is a cache of N sessions per
-//!   server, `shared:NAME:SIZE` one cache per name for all servers and
-//!   workers (about 4000 sessions per MiB, as nginx), kept across reloads
-//!   while name and size stay; `none`/`off` keep no sessions.
-//! - `ssl_session_tickets`: tickets with a process-wide key (so a reload
-//!   keeps them valid), whose lifetime hint is `ssl_session_timeout`.
+//! - `ssl_session_cache`, `ssl_session_timeout`, `ssl_session_tickets`,
+//!   `ssl_session_ticket_key`: see `tls::sessions`.
+//! - `ssl_verify_client` and its files: see `tls::client_auth`.
 //! - `ssl_buffer_size`: the largest TLS record's plaintext.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use rustls::crypto::ring as provider;
-use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresServerSessions};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SupportedCipherSuite};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 
 use crate::config::{ConfError, ConfResult};
 use crate::core::errno_text;
 use crate::http::conf::AddrConf;
-use crate::http::modules::ssl_settings::{SessionCache, SslConf};
+use crate::http::modules::ssl_settings::SslConf;
+use crate::tls::client_auth::{ClientAuth, VerifyMode};
+use crate::tls::sessions;
 
 /// Certificate/key pairs loaded while compiling one configuration: the
 /// http level's `ssl_certificate` inherited by many servers is read once.
@@ -60,17 +59,37 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         )));
     }
     let mut pairs = Vec::with_capacity(certs.len());
+    // Read for every server with certificates, as nginx does (a FIFO
+    // there has a writer waiting).
+    let passwords = match &ssl.password_file {
+        Some(f) => crate::tls::keys::read_passwords(f)?,
+        None => Vec::new(),
+    };
     for (c, k) in certs.iter().zip(&key_paths) {
         let id = (c.clone(), k.clone());
         let pair = match keys.0.get(&id) {
             Some(p) => p.clone(),
             None => {
-                let p = load_pair(c, k)?;
+                let p = load_pair(c, k, &passwords)?;
                 keys.0.insert(id, p.clone());
                 p
             }
         };
         pairs.push(pair);
+    }
+    if let (Some(true), Some(f)) = (ssl.stapling, &ssl.stapling_file) {
+        // A DER OCSP response, stapled as it is to every certificate of
+        // the server (no responder is asked: see DIFFERENCES.md).
+        let der = std::fs::read(f)
+            .map_err(|e| ConfError::new(format!("open() \"{}\" failed {}", f, errno_text(&e))))?;
+        pairs = pairs
+            .into_iter()
+            .map(|k| {
+                let mut k = (*k).clone();
+                k.ocsp = Some(der.clone());
+                Arc::new(k)
+            })
+            .collect();
     }
     if let Some(p) = &ssl.dhparam {
         // nginx reads it (DHE suites); rustls has none, but a missing
@@ -103,17 +122,29 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         .filter(|s| s.version() == &rustls::version::TLS13)
         .copied()
         .collect();
+    let keys = Keys {
+        pairs,
+        tls13: want13,
+        tls12: if want12 { tls12.clone() } else { Vec::new() },
+    };
     suites.extend(tls12);
     let p = rustls::crypto::CryptoProvider {
         cipher_suites: suites,
         kx_groups: groups,
         ..provider::default_provider()
     };
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(p))
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(p))
         .with_protocol_versions(&versions)
-        .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Keys(pairs)));
+        .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))?;
+    let mut cfg = match client_auth(ssl)? {
+        Some(a) => {
+            let v = a.verifier();
+            ssl.client_auth = Some(a);
+            builder.with_client_cert_verifier(v)
+        }
+        None => builder.with_no_client_auth(),
+    }
+    .with_cert_resolver(Arc::new(keys));
     cfg.ignore_client_order = ssl.prefer_server_ciphers.unwrap_or(false);
     // HTTP/1.x only, also on `listen ... http2` (clients fall back).
     cfg.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
@@ -124,13 +155,10 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
     }
     let timeout = ssl.session_timeout.unwrap_or(300);
     let tickets = ssl.session_tickets.unwrap_or(true);
-    cfg.session_storage = session_storage(ssl.session_cache.as_ref());
+    cfg.session_storage = sessions::storage(ssl.session_cache.as_ref(), timeout);
     if tickets {
-        if let Some(t) = ticketer() {
-            cfg.ticketer = Arc::new(Lifetime {
-                inner: t,
-                secs: u32::try_from(timeout).unwrap_or(u32::MAX),
-            });
+        if let Some(t) = sessions::ticketer(ssl.session_ticket_keys.as_deref(), timeout)? {
+            cfg.ticketer = t;
         }
     }
     if !tickets && !cfg.session_storage.can_cache() {
@@ -140,14 +168,39 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
     Ok(())
 }
 
+/// `ssl_verify_client` and its files, checked and read as nginx does for
+/// a server with certificates.
+fn client_auth(ssl: &SslConf) -> ConfResult<Option<Arc<ClientAuth>>> {
+    let mode = ssl.verify_client.unwrap_or_default();
+    if mode == VerifyMode::Off {
+        return Ok(None);
+    }
+    if ssl.client_certificate.is_none() && mode != VerifyMode::OptionalNoCa {
+        return Err(ConfError::new(
+            "no ssl_client_certificate for ssl_verify_client".to_string(),
+        ));
+    }
+    let a = ClientAuth::load(
+        mode,
+        ssl.client_certificate.as_deref(),
+        ssl.trusted_certificate.as_deref(),
+        ssl.verify_depth.unwrap_or(1),
+        ssl.crl.as_deref(),
+    )?;
+    Ok(Some(Arc::new(a)))
+}
+
 /// A configuration every handshake fails with: no certificate is ever
 /// chosen.
 fn no_protocols_config() -> ConfResult<rustls::ServerConfig> {
     rustls::ServerConfig::builder_with_provider(Arc::new(provider::default_provider()))
         .with_safe_default_protocol_versions()
         .map(|b| {
-            b.with_no_client_auth()
-                .with_cert_resolver(Arc::new(Keys(Vec::new())))
+            b.with_no_client_auth().with_cert_resolver(Arc::new(Keys {
+                pairs: Vec::new(),
+                tls13: false,
+                tls12: Vec::new(),
+            }))
         })
         .map_err(|e| ConfError::new(format!("SSL_CTX_new() failed ({})", e)))
 }
@@ -156,7 +209,8 @@ fn no_protocols_config() -> ConfResult<rustls::ServerConfig> {
 /// server of an `ssl` address must have a certificate.
 pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfResult<()> {
     for a in addrs {
-        if !a.listen.ssl || a.default.srv.ssl.tls.is_some() {
+        let ssl = &a.default.srv.ssl;
+        if !a.listen.ssl || ssl.tls.is_some() || ssl.reject_handshake == Some(true) {
             continue;
         }
         return Err(ConfError::new(format!(
@@ -168,7 +222,7 @@ pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfRe
     Ok(())
 }
 
-fn load_pair(cert: &str, key: &str) -> ConfResult<Arc<CertifiedKey>> {
+fn load_pair(cert: &str, key: &str, passwords: &[Vec<u8>]) -> ConfResult<Arc<CertifiedKey>> {
     let bad_cert =
         |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", cert, why));
     let bad_key =
@@ -185,30 +239,46 @@ fn load_pair(cert: &str, key: &str) -> ConfResult<Arc<CertifiedKey>> {
     }
     let kpem = std::fs::read(key)
         .map_err(|e| bad_key(format!("BIO_new_file() failed {}", errno_text(&e))))?;
-    let der = PrivateKeyDer::from_pem_slice(&kpem).map_err(|e| {
-        bad_key(match e {
-            rustls_pki_types::pem::Error::NoItemsFound => {
-                "PEM_read_bio_PrivateKey() failed (no private key in the file)".to_string()
-            }
-            e => format!("PEM_read_bio_PrivateKey() failed ({})", e),
-        })
-    })?;
+    let der = crate::tls::keys::private_key(&kpem, passwords).map_err(bad_key)?;
     let signer = provider::sign::any_supported_type(&der)
         .map_err(|e| bad_key(format!("PEM_read_bio_PrivateKey() failed ({})", e)))?;
     Ok(Arc::new(CertifiedKey::new(chain, signer)))
 }
 
-/// A server's certificate/key pairs.
+/// A server's certificate/key pairs, and what it can negotiate with them.
 #[derive(Debug)]
-struct Keys(Vec<Arc<CertifiedKey>>);
+struct Keys {
+    pairs: Vec<Arc<CertifiedKey>>,
+    tls13: bool,
+    tls12: Vec<SupportedCipherSuite>,
+}
 
 impl ResolvesServerCert for Keys {
+    /// The first pair the client can use: its key signs with a scheme the
+    /// client offers, and either TLS 1.3 is possible or a TLS 1.2 suite
+    /// both sides have authenticates with that key's algorithm (an ECDSA
+    /// certificate is useless to a client offering only RSA suites).
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let schemes = hello.signature_schemes();
-        self.0
+        let offered = hello.cipher_suites();
+        let tls13 = self.tls13
+            && offered.iter().any(|c| {
+                provider::ALL_CIPHER_SUITES
+                    .iter()
+                    .any(|s| s.suite() == *c && s.version() == &rustls::version::TLS13)
+            });
+        let usable = |k: &CertifiedKey| {
+            k.key.choose_scheme(schemes).is_some()
+                && (tls13
+                    || self.tls12.iter().any(|s| {
+                        offered.contains(&s.suite())
+                            && s.usable_for_signature_algorithm(k.key.algorithm())
+                    }))
+        };
+        self.pairs
             .iter()
-            .find(|k| k.key.choose_scheme(schemes).is_some())
-            .or_else(|| self.0.first())
+            .find(|k| usable(k))
+            .or_else(|| self.pairs.first())
             .cloned()
     }
 }
@@ -441,76 +511,6 @@ fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKx
         )));
     }
     Ok(out)
-}
-
-// ---- sessions -----------------------------------------------------------------
-
-/// `shared:NAME:SIZE` caches by name: like nginx's shared zones, kept
-/// across reloads while the size is unchanged.
-type SharedCaches = Mutex<HashMap<String, (u64, Arc<dyn StoresServerSessions>)>>;
-
-fn shared_caches() -> &'static SharedCaches {
-    static C: OnceLock<SharedCaches> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn session_storage(c: Option<&SessionCache>) -> Arc<dyn StoresServerSessions> {
-    match c {
-        None | Some(SessionCache::None) | Some(SessionCache::Off) => {
-            Arc::new(rustls::server::NoServerSessionStorage {})
-        }
-        Some(SessionCache::Cache {
-            shared: Some((name, size)),
-            ..
-        }) => {
-            let mut m = shared_caches().lock().unwrap_or_else(|p| p.into_inner());
-            match m.get(name) {
-                Some((s, c)) if s == size => c.clone(),
-                _ => {
-                    // nginx: one megabyte stores about 4000 sessions.
-                    let n = usize::try_from(size / 256).unwrap_or(usize::MAX).max(1);
-                    let c: Arc<dyn StoresServerSessions> =
-                        rustls::server::ServerSessionMemoryCache::new(n);
-                    m.insert(name.clone(), (*size, c.clone()));
-                    c
-                }
-            }
-        }
-        Some(SessionCache::Cache {
-            builtin: Some(n),
-            shared: None,
-        }) => rustls::server::ServerSessionMemoryCache::new(*n),
-        Some(SessionCache::Cache { .. }) => Arc::new(rustls::server::NoServerSessionStorage {}),
-    }
-}
-
-/// The process's ticket keys (rotated by rustls), the same for every
-/// server and kept across reloads.
-fn ticketer() -> Option<Arc<dyn ProducesTickets>> {
-    static T: OnceLock<Option<Arc<dyn ProducesTickets>>> = OnceLock::new();
-    T.get_or_init(|| provider::Ticketer::new().ok()).clone()
-}
-
-/// Tickets with `ssl_session_timeout` as their lifetime hint.
-#[derive(Debug)]
-struct Lifetime {
-    inner: Arc<dyn ProducesTickets>,
-    secs: u32,
-}
-
-impl ProducesTickets for Lifetime {
-    fn enabled(&self) -> bool {
-        self.inner.enabled()
-    }
-    fn lifetime(&self) -> u32 {
-        self.secs.min(self.inner.lifetime())
-    }
-    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        self.inner.encrypt(plain)
-    }
-    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
-        self.inner.decrypt(cipher)
-    }
 }
 
 #[cfg(test)]

@@ -30,8 +30,13 @@
 //! were accepted with.
 
 pub mod client;
+pub mod client_auth;
 pub mod config;
+pub mod keys;
+pub mod sessions;
 pub mod stream;
+pub mod vars;
+pub mod x509;
 
 use std::sync::Arc;
 
@@ -74,6 +79,38 @@ pub struct TlsInfo {
     pub server_name: Option<String>,
     /// An abbreviated (resumed) handshake.
     pub reused: bool,
+    /// `$ssl_session_id`: made at the full handshake, carried in the
+    /// session (rustls's resumption data) so a resumed one shows it again.
+    pub session_id: [u8; 32],
+    /// The key-exchange group (`$ssl_curve`).
+    pub curve: Option<rustls::NamedGroup>,
+    /// What the client offered (`$ssl_ciphers`, `$ssl_curves`).
+    pub client_ciphers: Box<[rustls::CipherSuite]>,
+    pub client_groups: Box<[rustls::NamedGroup]>,
+    /// The client's certificate chain, leaf first.
+    pub client_chain: Option<Vec<rustls_pki_types::CertificateDer<'static>>>,
+    /// The verdict on that chain by the handshake's server (Ok without a
+    /// certificate, as OpenSSL's X509_V_OK).
+    pub verify: Result<(), client_auth::VerifyError>,
+}
+
+/// OpenSSL's name of a key-exchange group (`$ssl_curve`, `$ssl_curves`);
+/// None for one OpenSSL would print as a number.
+pub fn group_name(g: rustls::NamedGroup) -> Option<&'static str> {
+    use rustls::NamedGroup as G;
+    Some(match g {
+        G::X25519 => "X25519",
+        G::X448 => "X448",
+        G::secp256r1 => "prime256v1",
+        G::secp384r1 => "secp384r1",
+        G::secp521r1 => "secp521r1",
+        G::FFDHE2048 => "ffdhe2048",
+        G::FFDHE3072 => "ffdhe3072",
+        G::FFDHE4096 => "ffdhe4096",
+        G::FFDHE6144 => "ffdhe6144",
+        G::FFDHE8192 => "ffdhe8192",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use crate::core::log::Level;
 use crate::core::stream::Stream;
 use crate::http::conf::AddrConf;
 use crate::http::serve::{log_conn, ConnInfo};
+use crate::tls::client_auth::ClientAuth;
 use crate::tls::TlsInfo;
 
 /// `io::Read` over the engine's non-blocking read.
@@ -113,8 +114,19 @@ impl<S: Stream> TlsStream<S> {
         Ok(true)
     }
 
-    fn info(&self, server_name: Option<String>) -> TlsInfo {
+    fn info(
+        &self,
+        server_name: Option<String>,
+        offered: (Box<[rustls::CipherSuite]>, Box<[rustls::NamedGroup]>),
+        session_id: [u8; 32],
+        auth: Option<&ClientAuth>,
+    ) -> TlsInfo {
         let c = self.conn.borrow();
+        let client_chain = c.peer_certificates().map(|ch| ch.to_vec());
+        let verify = match (&client_chain, auth) {
+            (Some(ch), Some(a)) => a.verify(ch),
+            _ => Ok(()),
+        };
         TlsInfo {
             protocol: match c.protocol_version() {
                 Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
@@ -129,6 +141,12 @@ impl<S: Stream> TlsStream<S> {
                 .unwrap_or("unknown"),
             server_name,
             reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+            session_id,
+            curve: c.negotiated_key_exchange_group().map(|g| g.name()),
+            client_ciphers: offered.0,
+            client_groups: offered.1,
+            client_chain,
+            verify,
         }
     }
 }
@@ -385,21 +403,32 @@ pub async fn accept<S: Stream>(
             }
         }
     };
-    let server_name = hello.client_hello().server_name().map(str::to_string);
+    let ch = hello.client_hello();
+    let server_name = ch.server_name().map(str::to_string);
+    let offered = (
+        ch.cipher_suites().into(),
+        ch.named_groups().unwrap_or_default().into(),
+    );
     let server = match &server_name {
         Some(n) => addr.select(Some(n.as_bytes())),
         None => &addr.default,
     };
-    let Some(cfg) = server
-        .srv
-        .ssl
-        .tls
-        .clone()
-        .or_else(|| addr.default.srv.ssl.tls.clone())
-    else {
+    let ssl = if server.srv.ssl.tls.is_some() || server.srv.ssl.reject_handshake == Some(true) {
+        &server.srv.ssl
+    } else {
+        &addr.default.srv.ssl
+    };
+    if ssl.reject_handshake.unwrap_or(false) {
+        // nginx: the handshake fails with an "unrecognized_name" alert.
+        let _ = Wr(&sock).write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70]);
+        log("SSL_do_handshake() failed (SSL: error:0A0000EA:SSL routines::callback failed) while SSL handshaking");
+        return Accepted::Failed;
+    }
+    let Some(cfg) = ssl.tls.clone() else {
         return Accepted::Failed;
     };
-    let conn = match hello.into_connection(cfg) {
+    let auth = ssl.client_auth.clone();
+    let mut conn = match hello.into_connection(cfg) {
         Ok(c) => c,
         Err((e, mut alert)) => {
             let _ = alert.write_all(&mut Wr(&sock));
@@ -408,6 +437,21 @@ pub async fn accept<S: Stream>(
                 e
             ));
             return Accepted::Failed;
+        }
+    };
+    // A resumed session brings its id back; a new one gets a fresh id
+    // (a random one: clients see it, nothing trusts it).
+    let session_id = match conn.received_resumption_data() {
+        Some(d) if d.len() == 32 => {
+            let mut id = [0u8; 32];
+            id.copy_from_slice(d);
+            id
+        }
+        _ => {
+            let mut id = [0u8; 32];
+            let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id);
+            conn.set_resumption_data(&id);
+            id
         }
     };
     let tls = TlsStream::from_parts(sock, Box::new(conn));
@@ -455,6 +499,6 @@ pub async fn accept<S: Stream>(
             }
         }
     }
-    let info = tls.info(server_name);
+    let info = tls.info(server_name, offered, session_id, auth.as_deref());
     Accepted::Tls(tls, info)
 }

@@ -77,7 +77,7 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
 
 /// The outcome of parsing a `Range` value against a body length.
 #[derive(Debug, PartialEq, Eq)]
-enum Parsed {
+pub(crate) enum Parsed {
     /// Half-open `[start, end)` ranges, in request order.
     Ranges(Vec<(u64, u64)>),
     /// Serve the whole body.
@@ -163,7 +163,7 @@ fn if_range_allows(cx: &Ctx<'_>, resp: &Response) -> bool {
 
 /// Parses the part after `bytes=`. Spaces are allowed around numbers and
 /// dashes; anything else malformed makes the request unsatisfiable.
-fn parse(v: &[u8], len: u64, max_ranges: u64) -> Parsed {
+pub(crate) fn parse(v: &[u8], len: u64, max_ranges: u64) -> Parsed {
     const LIMIT: u64 = i64::MAX as u64;
     let mut p = 0;
     let at = |i: usize| v.get(i).copied().unwrap_or(0);

@@ -13,10 +13,13 @@
 
 use std::sync::Arc;
 
-use crate::config::registry::{arg, ctx, flag, sec_arg, set_once, size_arg, Args, Setter, Spec};
+use crate::config::registry::{
+    arg, ctx, flag, num_arg, sec_arg, set_once, size_arg, Args, Setter, Spec,
+};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::conf::SrvConf;
+use crate::tls::client_auth::{ClientAuth, VerifyMode};
 
 /// `ssl_session_cache`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +55,25 @@ pub struct SslConf {
     pub dhparam: Option<String>,
     /// The legacy `ssl on;`: every `listen` of the server is `ssl`.
     pub legacy_on: Option<bool>,
+    pub verify_client: Option<VerifyMode>,
+    pub client_certificate: Option<String>,
+    pub trusted_certificate: Option<String>,
+    pub verify_depth: Option<u32>,
+    pub crl: Option<String>,
+    /// `ssl_reject_handshake on`: handshakes that select this server
+    /// fail (it needs no certificate).
+    pub reject_handshake: Option<bool>,
+    /// `ssl_password_file`: passphrases tried on encrypted keys.
+    pub password_file: Option<String>,
+    /// `ssl_session_ticket_key` files (a level that sets any replaces the
+    /// parent's list; the first key encrypts).
+    pub session_ticket_keys: Option<Vec<String>>,
+    pub early_data: Option<bool>,
+    /// `ssl_stapling_file`: a DER OCSP response stapled as it is.
+    pub stapling_file: Option<String>,
+    pub stapling: Option<bool>,
+    /// Built with `tls` when client certificates are asked for.
+    pub client_auth: Option<Arc<ClientAuth>>,
     /// Built after merging (see `tls::config::build`): None when the
     /// server has no certificate.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -61,7 +83,9 @@ impl SslConf {
     pub fn merge(&mut self, p: &SslConf) {
         crate::http::conf::merge_opts!(self, p; certificates, certificate_keys, protocols,
             ciphers, prefer_server_ciphers, session_cache, session_timeout, session_tickets,
-            buffer_size, ecdh_curve, dhparam, legacy_on);
+            buffer_size, ecdh_curve, dhparam, legacy_on, verify_client, client_certificate,
+            trusted_certificate, verify_depth, crl, reject_handshake, password_file,
+            session_ticket_keys, early_data, stapling_file, stapling);
     }
 }
 
@@ -164,6 +188,95 @@ fn dhparam(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
     set_once(&mut s.ssl.dhparam, p, d)
 }
 
+fn verify_client(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = match arg(d, 0) {
+        "on" => VerifyMode::On,
+        "off" => VerifyMode::Off,
+        "optional" => VerifyMode::Optional,
+        "optional_no_ca" => VerifyMode::OptionalNoCa,
+        v => {
+            return Err(ConfError::at(
+                format!("invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\", \"optional\" or \"optional_no_ca\"", v, d.name),
+                d,
+            ))
+        }
+    };
+    set_once(&mut s.ssl.verify_client, v, d)
+}
+
+fn client_certificate(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = conf_path(cx, arg(d, 0));
+    set_once(&mut s.ssl.client_certificate, p, d)
+}
+
+fn trusted_certificate(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = conf_path(cx, arg(d, 0));
+    set_once(&mut s.ssl.trusted_certificate, p, d)
+}
+
+fn verify_depth(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = num_arg(d, 0)?;
+    set_once(
+        &mut s.ssl.verify_depth,
+        u32::try_from(v).unwrap_or(u32::MAX),
+        d,
+    )
+}
+
+fn crl(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = conf_path(cx, arg(d, 0));
+    set_once(&mut s.ssl.crl, p, d)
+}
+
+fn reject_handshake(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut s.ssl.reject_handshake, v, d)
+}
+
+fn password_file(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = conf_path(cx, arg(d, 0));
+    set_once(&mut s.ssl.password_file, p, d)
+}
+
+fn session_ticket_key(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = conf_path(cx, arg(d, 0));
+    s.ssl
+        .session_ticket_keys
+        .get_or_insert_with(Vec::new)
+        .push(p);
+    Ok(())
+}
+
+fn early_data(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut s.ssl.early_data, v, d)
+}
+
+fn stapling(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut s.ssl.stapling, v, d)
+}
+
+fn stapling_file(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = conf_path(cx, arg(d, 0));
+    set_once(&mut s.ssl.stapling_file, p, d)
+}
+
+/// `ssl_conf_command NAME VALUE`: OpenSSL's SSL_CONF commands. rustls has
+/// no such interface; the directive is accepted with a warning naming
+/// what is not applied (the settings it usually carries have directives
+/// of their own: ssl_protocols, ssl_ciphers, ssl_ecdh_curve).
+fn conf_command(_: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    cx.warnings.push(format!(
+        "\"ssl_conf_command {} {}\" is not applied: rustls has no OpenSSL configuration commands in {}:{}",
+        arg(d, 0),
+        arg(d, 1),
+        d.file.display(),
+        d.line
+    ));
+    Ok(())
+}
+
 /// `ssl on|off`: deprecated in nginx 1.15 (with a warning), still obeyed.
 fn legacy_ssl(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let v = flag(d)?;
@@ -263,22 +376,26 @@ pub const DIRECTIVES: &[Spec] = &[
     row("ssl_session_timeout", Args::take(1), session_timeout),
     row("ssl_session_tickets", Args::Flag, session_tickets),
     row("ssl_buffer_size", Args::take(1), buffer_size),
-    row("ssl_stapling", Args::Flag, on_off),
+    row("ssl_stapling", Args::Flag, stapling),
     row("ssl_stapling_verify", Args::Flag, on_off),
-    row("ssl_trusted_certificate", Args::take(1), any),
-    row("ssl_early_data", Args::Flag, on_off),
-    row("ssl_stapling_file", Args::take(1), any),
+    row(
+        "ssl_trusted_certificate",
+        Args::take(1),
+        trusted_certificate,
+    ),
+    row("ssl_early_data", Args::Flag, early_data),
+    row("ssl_stapling_file", Args::take(1), stapling_file),
     row("ssl_stapling_responder", Args::take(1), any),
-    // Client certificates, key files of other forms, OpenSSL commands:
-    // refused by name rather than taken for unknown.
-    refused("ssl_verify_client"),
-    refused("ssl_client_certificate"),
-    refused("ssl_verify_depth"),
-    refused("ssl_crl"),
-    refused("ssl_password_file"),
-    refused("ssl_session_ticket_key"),
-    refused("ssl_conf_command"),
-    refused("ssl_reject_handshake"),
+    row("ssl_verify_client", Args::take(1), verify_client),
+    row("ssl_client_certificate", Args::take(1), client_certificate),
+    row("ssl_verify_depth", Args::take(1), verify_depth),
+    row("ssl_crl", Args::take(1), crl),
+    row("ssl_password_file", Args::take(1), password_file),
+    row("ssl_session_ticket_key", Args::take(1), session_ticket_key),
+    row("ssl_conf_command", Args::take(2), conf_command),
+    row("ssl_reject_handshake", Args::Flag, reject_handshake),
+    // OCSP for client certificates: refused by name rather than taken
+    // for unknown.
     refused("ssl_ocsp"),
     refused("ssl_ocsp_responder"),
     refused("ssl_ocsp_cache"),

@@ -35,7 +35,7 @@
 //!
 //! Every record is padded to a multiple of 8 bytes, as nginx pads them.
 
-mod records;
+pub(crate) mod records;
 
 use std::borrow::Cow;
 use std::path::Path;

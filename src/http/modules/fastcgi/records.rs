@@ -123,7 +123,7 @@ enum Part {
 /// to the caller, STDERR content is collected for the log, END_REQUEST
 /// ends it.
 #[derive(Debug)]
-pub(super) struct Decoder {
+pub(crate) struct Decoder {
     part: Part,
     hdr: [u8; 8],
     have: usize,
@@ -131,13 +131,13 @@ pub(super) struct Decoder {
     pub(super) stderr: Vec<Vec<u8>>,
     cur_err: Vec<u8>,
     /// END_REQUEST arrived.
-    pub(super) done: bool,
+    pub(crate) done: bool,
     /// Bytes came after END_REQUEST.
     pub(super) extra: bool,
 }
 
 impl Decoder {
-    fn new() -> Decoder {
+    pub(crate) fn new() -> Decoder {
         Decoder {
             part: Part::Header,
             hdr: [0; 8],
@@ -151,7 +151,7 @@ impl Decoder {
 
     /// Decodes `buf`, appending STDOUT content to `out`. Err: nginx's
     /// words for a broken stream.
-    pub(super) fn feed(&mut self, mut buf: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub(crate) fn feed(&mut self, mut buf: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         while !buf.is_empty() {
             if self.done {
                 self.extra = true;
