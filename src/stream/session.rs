@@ -544,6 +544,14 @@ fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
             .unwrap_or("unknown"),
         server_name: c.server_name().map(str::to_string),
         reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        // What http's handshake records beyond this (session id, groups,
+        // client certificates) the stream module does not offer yet.
+        session_id: [0; 32],
+        curve: None,
+        client_ciphers: Box::new([]),
+        client_groups: Box::new([]),
+        client_chain: None,
+        verify: Ok(()),
     }
 }
 
