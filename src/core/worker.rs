@@ -463,7 +463,7 @@ fn serve_stream(
     tokio::task::spawn_local(async move {
         // Released on drop: also when the task panics.
         let _conn_slot = conn_slot;
-        crate::stream::proxy::serve(sock, peer, addr, srv, slot, sh, id).await;
+        crate::stream::session::serve(sock, peer, addr, srv, slot, sh, id).await;
     });
 }
 

@@ -1057,6 +1057,8 @@ impl VarCtx for Ctx<'_> {
                 }
             }
             Var::Module(m) => return modules::module_var(self, *m, out),
+            // An http table never resolves to stream variables.
+            Var::Stream(_) => return false,
         }
         true
     }

@@ -83,6 +83,9 @@ pub enum Var {
     /// A variable a module provides (`$limit_conn_status`, `$gzip_ratio`...),
     /// by the module's own id (see `modules::module_var_by_name`).
     Module(u16),
+    /// A variable only the stream module has (`$bytes_received`,
+    /// `$upstream_connect_time`...), by [`crate::stream::vars::SVar`].
+    Stream(crate::stream::vars::SVar),
 }
 
 /// How a user variable gets its value when `set` did not give one
@@ -160,9 +163,21 @@ pub struct VarTable {
     /// Some template mentions `$upstream_http_NAME`: the proxy keeps the
     /// upstream's header lines for the request (else it need not).
     pub upstream_http: bool,
+    /// The table of a `stream {}` block: names resolve to the stream
+    /// module's variables ([`crate::stream::vars::builtin`]), never to
+    /// http's.
+    pub stream: bool,
 }
 
 impl VarTable {
+    /// An empty table of a `stream {}` block.
+    pub fn for_stream() -> VarTable {
+        VarTable {
+            stream: true,
+            ..Default::default()
+        }
+    }
+
     /// The index of a user variable, created on first mention.
     pub fn user(&mut self, name: &str) -> usize {
         if let Some(i) = self.index.get(name) {
@@ -263,7 +278,10 @@ impl VarTable {
         if let Some(i) = self.index.get(name) {
             return Some(Var::User(*i));
         }
-        let mut probe = VarTable::default();
+        let mut probe = VarTable {
+            stream: self.stream,
+            ..Default::default()
+        };
         match probe.resolve(name) {
             Var::User(_) => None,
             v => Some(v),
@@ -272,6 +290,12 @@ impl VarTable {
 
     /// Resolves a name to a variable.
     pub fn resolve(&mut self, name: &str) -> Var {
+        if self.stream {
+            return match crate::stream::vars::builtin(name) {
+                Some(v) => v,
+                None => Var::User(self.user(name)),
+            };
+        }
         if let Some(v) = builtin(name) {
             return v;
         }

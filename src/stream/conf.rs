@@ -20,9 +20,13 @@ use std::time::Duration;
 use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
-use crate::core::log::Logger;
+use crate::core::log::{Level, Logger};
 use crate::http::conf::{Listen, ListenAddr};
-use crate::stream::upstream::{Peer, PeerAddr, Upstream};
+use crate::http::modules::access::{Addr, Rule};
+use crate::http::modules::access_log::LogSpec;
+use crate::http::modules::limit_conn::{ConnState, ConnZone, ZoneKind};
+use crate::http::vars::{Template, VarTable};
+use crate::stream::upstream::{Balance, Peer, PeerAddr, Upstream};
 
 /// nginx's defaults for the stream proxy.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -48,11 +52,65 @@ impl StreamConf {
     }
 }
 
+/// What a server does with a session once the access checks passed.
+#[derive(Debug)]
+pub enum Content {
+    /// `return VALUE`: send it and close.
+    Return(Template),
+    /// `proxy_pass ADDR|UPSTREAM`.
+    Proxy(Arc<Upstream>),
+    /// `proxy_pass` with variables: the rendered value names an upstream
+    /// block or is an `ip:port` / `unix:path` address.
+    ProxyVar(Template, Arc<HashMap<String, Arc<Upstream>>>),
+}
+
+/// One `limit_conn ZONE N` of a server.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub zone: Arc<ConnZone>,
+    pub n: u32,
+}
+
 /// One compiled `server {}` of the stream block.
 #[derive(Debug)]
 pub struct StreamServer {
     pub listen: Vec<Listen>,
-    pub upstream: Arc<Upstream>,
+    /// Listening addresses of this server with `proxy_protocol`.
+    pub pp_listens: Vec<ListenAddr>,
+    pub content: Content,
+    /// The block's variables (shared by its servers).
+    pub vars: Arc<VarTable>,
+    /// `set $var value` in order: (user variable index, value).
+    pub sets: Vec<(usize, Template)>,
+    /// `allow`/`deny` in order.
+    pub access: Vec<Rule>,
+    pub limits: Vec<Limit>,
+    pub limit_dry_run: bool,
+    pub limit_log_level: Level,
+    /// `access_log`s (empty: none, stream has no default log).
+    pub logs: Vec<Arc<LogSpec>>,
+    /// `set_real_ip_from`.
+    pub realip_from: Vec<Addr>,
+    /// `proxy_protocol on`: send a PROXY v1 header to the upstream.
+    pub proxy_protocol: bool,
+    pub proxy_protocol_timeout: Duration,
+    /// Bytes per second (may have variables; 0 = no limit).
+    pub download_rate: Template,
+    pub upload_rate: Template,
+    /// `proxy_bind ADDR`: the local address of upstream connections.
+    pub bind: Option<Template>,
+    pub ssl_preread: bool,
+    pub preread_buffer_size: usize,
+    pub preread_timeout: Duration,
+    /// The TLS configuration of `listen ... ssl` addresses.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Listening addresses of this server with `ssl`.
+    pub ssl_listens: Vec<ListenAddr>,
+    pub ssl_handshake_timeout: Duration,
+    /// `proxy_ssl on`: the TLS client configuration toward the upstream.
+    pub proxy_ssl: Option<Arc<rustls::ClientConfig>>,
+    /// `proxy_ssl_name` (None: the host of `proxy_pass`).
+    pub proxy_ssl_name: Option<Template>,
     pub connect_timeout: Duration,
     /// Idle timeout between two successive reads or writes (`proxy_timeout`).
     pub timeout: Duration,
@@ -83,6 +141,35 @@ pub struct ProxyConf {
     pub socket_keepalive: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub error_log: Option<Vec<ErrorLogSpec>>,
+    pub access: Option<Vec<Rule>>,
+    /// `limit_conn ZONE N` as written (resolved once the block is read).
+    pub limits: Option<Vec<(String, u32, Directive)>>,
+    pub limit_dry_run: Option<bool>,
+    pub limit_log_level: Option<Level>,
+    /// Some(empty) is `access_log off`.
+    pub logs: Option<Vec<Arc<LogSpec>>>,
+    pub realip_from: Option<Vec<Addr>>,
+    pub proxy_protocol: Option<bool>,
+    pub proxy_protocol_timeout: Option<Duration>,
+    pub download_rate: Option<Template>,
+    pub upload_rate: Option<Template>,
+    /// Some(None): `proxy_bind off`.
+    pub bind: Option<Option<Template>>,
+    pub ssl_preread: Option<bool>,
+    pub preread_buffer_size: Option<usize>,
+    pub preread_timeout: Option<Duration>,
+    pub ssl: crate::http::modules::ssl_settings::SslConf,
+    pub ssl_handshake_timeout: Option<Duration>,
+    pub ssl_alpn: Option<Vec<Vec<u8>>>,
+    pub proxy_ssl: Option<bool>,
+    pub proxy_ssl_session_reuse: Option<bool>,
+    pub proxy_ssl_server_name: Option<bool>,
+    pub proxy_ssl_verify: Option<bool>,
+    pub proxy_ssl_name: Option<Template>,
+    pub proxy_ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub proxy_ssl_protocols: Option<(bool, bool)>,
+    pub proxy_ssl_ciphers: Option<String>,
+    pub proxy_ssl_verify_depth: Option<u64>,
 }
 
 impl ProxyConf {
@@ -100,8 +187,34 @@ impl ProxyConf {
             half_close,
             socket_keepalive,
             tcp_nodelay,
-            error_log
+            error_log,
+            access,
+            limits,
+            limit_dry_run,
+            limit_log_level,
+            logs,
+            realip_from,
+            proxy_protocol,
+            proxy_protocol_timeout,
+            download_rate,
+            upload_rate,
+            bind,
+            ssl_preread,
+            preread_buffer_size,
+            preread_timeout,
+            ssl_handshake_timeout,
+            ssl_alpn,
+            proxy_ssl,
+            proxy_ssl_session_reuse,
+            proxy_ssl_server_name,
+            proxy_ssl_verify,
+            proxy_ssl_name,
+            proxy_ssl_trusted,
+            proxy_ssl_protocols,
+            proxy_ssl_ciphers,
+            proxy_ssl_verify_depth
         );
+        self.ssl.merge(&p.ssl);
     }
 }
 
@@ -111,6 +224,13 @@ pub struct SrvBuild {
     pub listen: Vec<Listen>,
     /// `proxy_pass` target as written, with its directive for error locations.
     pub pass: Option<(String, Directive)>,
+    pub ret: Option<Template>,
+    /// `return` came after `proxy_pass`.
+    pub ret_last: bool,
+    pub sets: Vec<(usize, Template)>,
+    pub pp_listens: Vec<ListenAddr>,
+    /// Each `listen` with whether it says `ssl` (for error locations).
+    pub listen_dirs: Vec<(bool, Directive)>,
     pub proxy: ProxyConf,
 }
 
@@ -119,6 +239,7 @@ pub struct SrvBuild {
 pub struct UpsBuild {
     pub peers: Vec<Peer>,
     pub backup: Vec<Peer>,
+    pub balance: Option<Balance>,
 }
 
 /// The `stream {}` block while it is being read.
@@ -127,6 +248,8 @@ pub struct MainBuild {
     pub proxy: ProxyConf,
     pub servers: Vec<(SrvBuild, Directive)>,
     pub upstreams: HashMap<String, Arc<Upstream>>,
+    /// `limit_conn_zone`s by name.
+    pub zones: HashMap<String, Arc<ConnZone>>,
 }
 
 /// Which struct a stream directive's setter fills.
@@ -138,6 +261,17 @@ pub enum StreamSetter {
     Srv(fn(&mut SrvBuild, &Directive, &mut Compiler) -> ConfResult<()>),
     /// Inside `upstream {}`.
     Ups(fn(&mut UpsBuild, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// `stream`-level state (`limit_conn_zone`).
+    Main(fn(&mut MainBuild, &Directive, &mut Compiler) -> ConfResult<()>),
+    /// Fills only the block's variable table (`map`, `geo`,
+    /// `split_clients`, `log_format`): http's compilers, run against the
+    /// stream table.
+    Vars(fn(&Directive, &mut Compiler) -> ConfResult<()>),
+    /// An `ssl_*` directive of http's ssl_settings table, filling the
+    /// server's [`crate::http::modules::ssl_settings::SslConf`].
+    Ssl,
+    /// Like `Vars`, for a directive with a `{}` block.
+    VarsBlock(fn(&Directive, &mut Compiler) -> ConfResult<()>),
     /// `server` and `upstream` blocks, handled by the walker itself.
     Block,
     /// Accepted for compatibility; has no effect in tern (the reason is at
@@ -259,19 +393,17 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take12(),
         StreamSetter::Ignored(check_zone)
     ),
-    // tern proxies without reading ahead (no preread-phase module), so
-    // these bound nothing; accepted so that existing configs load.
     row!(
         "preread_buffer_size",
         SS,
         Args::take(1),
-        StreamSetter::Ignored(check_size)
+        StreamSetter::Proxy(set_preread_buffer_size)
     ),
     row!(
         "preread_timeout",
         SS,
         Args::take(1),
-        StreamSetter::Ignored(check_time)
+        StreamSetter::Proxy(set_preread_timeout)
     ),
     row!(
         "variables_hash_max_size",
@@ -289,26 +421,31 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         "hash",
         ctx::STREAM_UPS,
         Args::take12(),
-        StreamSetter::Unsupported
+        StreamSetter::Ups(set_hash)
     ),
     row!(
         "least_conn",
         ctx::STREAM_UPS,
         Args::take(0),
-        StreamSetter::Unsupported
+        StreamSetter::Ups(set_least_conn)
     ),
     row!(
         "random",
         ctx::STREAM_UPS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::Take(0b111),
+        StreamSetter::Ups(set_random)
     ),
-    row!("access_log", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "access_log",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_access_log)
+    ),
     row!(
         "log_format",
         ctx::STREAM,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::AtLeast(2),
+        StreamSetter::Vars(crate::http::modules::access_log::compile_log_format)
     ),
     row!(
         "open_log_file_cache",
@@ -316,64 +453,256 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::Any,
         StreamSetter::Unsupported
     ),
-    row!("map", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
-    row!("geo", ctx::STREAM, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "map",
+        ctx::STREAM,
+        Args::take(2),
+        StreamSetter::VarsBlock(crate::http::modules::map::compile_map)
+    ),
+    row!(
+        "geo",
+        ctx::STREAM,
+        Args::take12(),
+        StreamSetter::VarsBlock(crate::http::modules::geo::compile_geo)
+    ),
     row!(
         "split_clients",
         ctx::STREAM,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(2),
+        StreamSetter::VarsBlock(crate::http::modules::map::compile_split_clients)
     ),
-    row!("limit_conn", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "limit_conn",
+        SS,
+        Args::take(2),
+        StreamSetter::Proxy(set_limit_conn)
+    ),
     row!(
         "limit_conn_zone",
         ctx::STREAM,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(2),
+        StreamSetter::Main(set_limit_conn_zone)
     ),
     row!(
         "limit_conn_log_level",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_limit_conn_log_level)
     ),
-    row!("allow", SS, Args::Any, StreamSetter::Unsupported),
-    row!("deny", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "limit_conn_dry_run",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_limit_conn_dry_run)
+    ),
+    row!("allow", SS, Args::take(1), StreamSetter::Proxy(set_rule)),
+    row!("deny", SS, Args::take(1), StreamSetter::Proxy(set_rule)),
     row!(
         "return",
         ctx::STREAM_SRV,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Srv(set_return)
     ),
-    row!("set", ctx::STREAM_SRV, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "set",
+        ctx::STREAM_SRV,
+        Args::take(2),
+        StreamSetter::Srv(set_set)
+    ),
     row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
     row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_bind", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_protocol", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_bind",
+        SS,
+        Args::take12(),
+        StreamSetter::Proxy(set_bind)
+    ),
+    row!(
+        "proxy_protocol",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_protocol)
+    ),
+    row!(
+        "proxy_protocol_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_protocol_timeout)
+    ),
     row!(
         "proxy_download_rate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_download_rate)
     ),
     row!(
         "proxy_upload_rate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_upload_rate)
     ),
     row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
     row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_ssl", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_certificate", SS, Args::Any, StreamSetter::Unsupported),
     row!(
-        "ssl_certificate_key",
+        "proxy_ssl",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl)
+    ),
+    row!(
+        "proxy_ssl_session_reuse",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl_session_reuse)
+    ),
+    row!(
+        "proxy_ssl_server_name",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl_server_name)
+    ),
+    row!(
+        "proxy_ssl_verify",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_ssl_verify)
+    ),
+    row!(
+        "proxy_ssl_name",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_name)
+    ),
+    row!(
+        "proxy_ssl_trusted_certificate",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_trusted)
+    ),
+    row!(
+        "proxy_ssl_protocols",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_proxy_ssl_protocols)
+    ),
+    row!(
+        "proxy_ssl_ciphers",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_ciphers)
+    ),
+    // rustls checks the whole chain; a depth bound has nothing to bound.
+    row!(
+        "proxy_ssl_verify_depth",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_verify_depth)
+    ),
+    row!(
+        "proxy_ssl_certificate",
         SS,
         Args::Any,
         StreamSetter::Unsupported
     ),
-    row!("ssl_preread", SS, Args::Any, StreamSetter::Unsupported),
-    row!("set_real_ip_from", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_ssl_certificate_key",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("proxy_ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_ssl_password_file",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "proxy_ssl_conf_command",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_preread",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_ssl_preread)
+    ),
+    // TLS termination: http's ssl_* setters fill the same SslConf, built
+    // by the same tls::config code.
+    row!("ssl_certificate", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_certificate_key", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_protocols", SS, Args::AtLeast(1), StreamSetter::Ssl),
+    row!("ssl_ciphers", SS, Args::take(1), StreamSetter::Ssl),
+    row!(
+        "ssl_prefer_server_ciphers",
+        SS,
+        Args::Flag,
+        StreamSetter::Ssl
+    ),
+    row!("ssl_session_cache", SS, Args::take12(), StreamSetter::Ssl),
+    row!("ssl_session_timeout", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_session_tickets", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_ecdh_curve", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_dhparam", SS, Args::take(1), StreamSetter::Ssl),
+    row!(
+        "ssl_handshake_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_ssl_handshake_timeout)
+    ),
+    row!(
+        "ssl_alpn",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_ssl_alpn)
+    ),
+    row!(
+        "ssl_verify_client",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_client_certificate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_trusted_certificate",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("ssl_verify_depth", SS, Args::Any, StreamSetter::Unsupported),
+    row!("ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_password_file",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "ssl_session_ticket_key",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "ssl_reject_handshake",
+        SS,
+        Args::Any,
+        StreamSetter::Unsupported
+    ),
+    row!(
+        "set_real_ip_from",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_real_ip_from)
+    ),
 ];
 
 /// Whether `name` is a stream directive (the core compiler uses this to
@@ -409,7 +738,7 @@ fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
             d,
         ));
     }
-    let block = matches!(spec.set, StreamSetter::Block);
+    let block = matches!(spec.set, StreamSetter::Block | StreamSetter::VarsBlock(_));
     if !block && d.block.is_some() {
         return Err(ConfError::at(
             format!("directive \"{}\" is not terminated by \";\"", d.name),
@@ -430,14 +759,6 @@ fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
 
 // Checks of the directives accepted without effect: a value nginx would
 // refuse is refused here too, in nginx's words.
-fn check_size(d: &Directive) -> ConfResult<()> {
-    crate::config::registry::size_arg(d, 0).map(drop)
-}
-
-fn check_time(d: &Directive) -> ConfResult<()> {
-    crate::config::registry::msec_arg(d, 0).map(drop)
-}
-
 fn check_number(d: &Directive) -> ConfResult<()> {
     crate::config::registry::num_arg(d, 0).map(drop)
 }
@@ -453,7 +774,24 @@ fn check_zone(d: &Directive) -> ConfResult<()> {
 }
 
 /// Compiles a `stream {}` directive.
+///
+/// The block has its own variable table (in stream mode): the compiler's
+/// http table is set aside while the block is read, so `map`, `geo`,
+/// `split_clients` and `log_format` of http's modules fill the stream
+/// table, and stream names never meet http's.
 pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf> {
+    let table = VarTable::for_stream();
+    let http_vars = std::mem::replace(&mut cx.vars, table);
+    let r = compile_block(d, cx);
+    let stream_vars = std::mem::replace(&mut cx.vars, http_vars);
+    let (m, builds) = r?;
+    stream_vars.finish()?;
+    finish_servers(m, builds, Arc::new(stream_vars))
+}
+
+type Builds = Vec<(SrvBuild, Directive)>;
+
+fn compile_block(d: &Directive, cx: &mut Compiler) -> ConfResult<(MainBuild, Builds)> {
     let mut m = MainBuild::default();
     let kids = d.block.as_deref().unwrap_or(&[]);
     // Servers are only collected here; their `proxy_pass` is resolved once
@@ -463,9 +801,12 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
         let spec = lookup(k, ctx::STREAM)?;
         match spec.set {
             StreamSetter::Proxy(f) => f(&mut m.proxy, k, cx)?,
+            StreamSetter::Ssl => set_ssl(&mut m.proxy, k, cx)?,
             StreamSetter::Block if k.name == "upstream" => upstream_block(&mut m, k, cx)?,
             StreamSetter::Block => m.servers.push((server_block(k, cx)?, k.clone())),
             StreamSetter::Ignored(check) => check(k)?,
+            StreamSetter::Main(f) => f(&mut m, k, cx)?,
+            StreamSetter::Vars(f) | StreamSetter::VarsBlock(f) => f(k, cx)?,
             // lookup() only returns these in other contexts.
             StreamSetter::Srv(_) | StreamSetter::Ups(_) | StreamSetter::Unsupported => {
                 return Err(ConfError::at(
@@ -475,38 +816,84 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
             }
         }
     }
-    let mut out = StreamConf::default();
-    let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
     let builds = std::mem::take(&mut m.servers);
+    Ok((m, builds))
+}
+
+/// nginx's implicit upstream of `proxy_pass host:port`: every address of
+/// the name, default weight and failure accounting.
+fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
+    let peers = peers
+        .into_iter()
+        .map(|addr| Peer {
+            name: addr.to_string(),
+            addr,
+            weight: 1,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            max_conns: 0,
+            down: false,
+        })
+        .collect();
+    Arc::new(Upstream::new(
+        target.to_string(),
+        peers,
+        Vec::new(),
+        Balance::RoundRobin,
+    ))
+}
+
+/// An address that `proxy_pass` with variables rendered: `unix:PATH` or
+/// `ip:port` (tern resolves no names at run time).
+pub fn runtime_peer(target: &str) -> Option<Arc<Upstream>> {
+    if let Some(p) = target.strip_prefix("unix:") {
+        if p.is_empty() {
+            return None;
+        }
+        return Some(implicit_upstream(
+            target,
+            vec![PeerAddr::Unix(PathBuf::from(p))],
+        ));
+    }
+    let (host, port) = split_host_port(target)?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let ip: std::net::IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    Some(implicit_upstream(
+        target,
+        vec![PeerAddr::Inet(SocketAddr::new(ip, port))],
+    ))
+}
+
+fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResult<StreamConf> {
+    let mut out = StreamConf::default();
+    let keys = &mut crate::tls::config::KeyCache::default();
+    let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
+    let all_upstreams = Arc::new(m.upstreams.clone());
     for (mut sb, sd) in builds {
         sb.proxy.merge(&m.proxy);
-        let Some((target, pd)) = sb.pass.take() else {
-            return Err(ConfError::at("no handler for server", &sd));
-        };
-        let upstream = match m.upstreams.get(&target) {
-            Some(u) => u.clone(),
-            None => match implicit.get(&target) {
-                Some(u) => u.clone(),
-                None => {
-                    // nginx's implicit upstream: every address of the
-                    // name, default weight and failure accounting.
-                    let peers = resolve(&target, &pd, "upstream")?
-                        .into_iter()
-                        .map(|addr| Peer {
-                            name: addr.to_string(),
-                            addr,
-                            weight: 1,
-                            max_fails: 1,
-                            fail_timeout: Duration::from_secs(10),
-                            max_conns: 0,
-                            down: false,
-                        })
-                        .collect();
-                    let u = Arc::new(Upstream::new(target.clone(), peers, Vec::new()));
-                    implicit.insert(target.clone(), u.clone());
-                    u
-                }
-            },
+        let content = match (sb.ret.take(), sb.pass.take()) {
+            (Some(t), _) => Content::Return(t),
+            (None, Some((target, pd))) if target.contains('$') => {
+                let t = Template::compile_existing(&target, &vars)
+                    .map_err(|msg| ConfError::at(msg, &pd))?;
+                Content::ProxyVar(t, all_upstreams.clone())
+            }
+            (None, Some((target, pd))) => {
+                let u = match m.upstreams.get(&target).or_else(|| implicit.get(&target)) {
+                    Some(u) => u.clone(),
+                    None => {
+                        let u = implicit_upstream(&target, resolve(&target, &pd, "upstream")?);
+                        implicit.insert(target.clone(), u.clone());
+                        u
+                    }
+                };
+                Content::Proxy(u)
+            }
+            (None, None) => return Err(ConfError::at("no handler for server", &sd)),
         };
         let p = &sb.proxy;
         let logger = match &p.error_log {
@@ -518,9 +905,102 @@ pub fn compile_stream(d: &Directive, cx: &mut Compiler) -> ConfResult<StreamConf
             })?)),
             None => None,
         };
+        let tls = if sb.listen.iter().any(|l| l.ssl) {
+            let mut ssl = p.ssl.clone();
+            crate::tls::config::build(&mut ssl, keys)?;
+            let Some(cfg) = ssl.tls else {
+                let l = sb
+                    .listen_dirs
+                    .iter()
+                    .find(|(ssl, _)| *ssl)
+                    .map(|(_, d)| d)
+                    .unwrap_or(&sd);
+                return Err(ConfError::at(
+                    "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
+                    l,
+                ));
+            };
+            // http's build offers http/1.1; a stream server offers what
+            // `ssl_alpn` lists (nothing by default).
+            let mut c = (*cfg).clone();
+            c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
+            Some(Arc::new(c))
+        } else {
+            None
+        };
+        let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
+            let up = crate::tls::client::UpSsl {
+                verify: p.proxy_ssl_verify.unwrap_or(false),
+                server_name: p.proxy_ssl_server_name.unwrap_or(false),
+                // nginx 1.22's default: TLSv1 TLSv1.1 TLSv1.2.
+                protocols: p.proxy_ssl_protocols.unwrap_or((true, false)),
+                ciphers: p
+                    .proxy_ssl_ciphers
+                    .clone()
+                    .unwrap_or_else(|| "DEFAULT".into()),
+                roots: p.proxy_ssl_trusted.clone(),
+                session_reuse: p.proxy_ssl_session_reuse.unwrap_or(true),
+            };
+            if up.verify && up.roots.is_none() {
+                return Err(ConfError::at(
+                    "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+                    &sd,
+                ));
+            }
+            Some(
+                crate::tls::client::client_config(&up)
+                    .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?,
+            )
+        } else {
+            None
+        };
+        let mut limits = Vec::new();
+        for (zone, n, ld) in p.limits.as_deref().unwrap_or(&[]) {
+            let z = m
+                .zones
+                .get(zone)
+                .ok_or_else(|| ConfError::at(format!("zone \"{}\" is unknown", zone), ld))?;
+            limits.push(Limit {
+                zone: z.clone(),
+                n: *n,
+            });
+        }
         let srv = Arc::new(StreamServer {
             listen: sb.listen.clone(),
-            upstream,
+            pp_listens: sb.pp_listens.clone(),
+            content,
+            vars: vars.clone(),
+            sets: std::mem::take(&mut sb.sets),
+            access: p.access.clone().unwrap_or_default(),
+            limits,
+            limit_dry_run: p.limit_dry_run.unwrap_or(false),
+            limit_log_level: p.limit_log_level.unwrap_or(Level::Error),
+            logs: p.logs.clone().unwrap_or_default(),
+            realip_from: p.realip_from.clone().unwrap_or_default(),
+            proxy_protocol: p.proxy_protocol.unwrap_or(false),
+            proxy_protocol_timeout: p.proxy_protocol_timeout.unwrap_or(Duration::from_secs(30)),
+            download_rate: p
+                .download_rate
+                .clone()
+                .unwrap_or_else(|| Template::literal("0")),
+            upload_rate: p
+                .upload_rate
+                .clone()
+                .unwrap_or_else(|| Template::literal("0")),
+            bind: p.bind.clone().flatten(),
+            ssl_preread: p.ssl_preread.unwrap_or(false),
+            preread_buffer_size: p.preread_buffer_size.unwrap_or(16384),
+            preread_timeout: p.preread_timeout.unwrap_or(Duration::from_secs(30)),
+            tls,
+            ssl_listens: sb
+                .listen
+                .iter()
+                .filter(|l| l.ssl)
+                .map(|l| l.addr.clone())
+                .collect(),
+            ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
+            proxy_ssl,
+            proxy_ssl_name: p.proxy_ssl_name.clone(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
             buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
@@ -554,6 +1034,7 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
         match spec.set {
             StreamSetter::Srv(f) => f(&mut sb, k, cx)?,
             StreamSetter::Proxy(f) => f(&mut sb.proxy, k, cx)?,
+            StreamSetter::Ssl => set_ssl(&mut sb.proxy, k, cx)?,
             StreamSetter::Ignored(check) => check(k)?,
             _ => {
                 return Err(ConfError::at(
@@ -561,6 +1042,14 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
                     k,
                 ))
             }
+        }
+    }
+    // Both set the server's content handler in nginx: the later one wins.
+    if sb.ret.is_some() && sb.pass.is_some() {
+        if sb.ret_last {
+            sb.pass = None;
+        } else {
+            sb.ret = None;
         }
     }
     Ok(sb)
@@ -588,7 +1077,12 @@ fn upstream_block(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfRe
     if ub.peers.is_empty() {
         return Err(ConfError::at("no servers are inside upstream", d));
     }
-    let u = Upstream::new(name.clone(), ub.peers, ub.backup);
+    let u = Upstream::new(
+        name.clone(),
+        ub.peers,
+        ub.backup,
+        ub.balance.unwrap_or(Balance::RoundRobin),
+    );
     m.upstreams.insert(name, Arc::new(u));
     Ok(())
 }
@@ -668,7 +1162,8 @@ fn split_host_port(s: &str) -> Option<(&str, &str)> {
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         match p {
-            "udp" | "ssl" | "proxy_protocol" => {
+            "proxy_protocol" | "ssl" => {}
+            "udp" => {
                 return Err(ConfError::at(
                     format!(
                         "the \"{}\" parameter of \"listen\" is not supported by tern yet",
@@ -698,13 +1193,21 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
             d,
         ));
     }
-    let l = crate::http::conf::parse_listen(d)?;
+    // The shared parser knows http's parameters; stream's own are taken
+    // out first.
+    let mut plain = d.clone();
+    plain.args.retain(|a| a.value != "proxy_protocol");
+    let l = crate::http::conf::parse_listen(&plain)?;
     if sb.listen.iter().any(|x| x.addr == l.addr) {
         return Err(ConfError::at(
             format!("duplicate \"{}\" address and port pair", l.addr),
             d,
         ));
     }
+    if d.args.iter().skip(1).any(|a| a.value == "proxy_protocol") {
+        sb.pp_listens.push(l.addr.clone());
+    }
+    sb.listen_dirs.push((l.ssl, d.clone()));
     sb.listen.push(l);
     Ok(())
 }
@@ -714,7 +1217,370 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
         return Err(registry::duplicate(d));
     }
     sb.pass = Some((arg(d, 0).to_string(), d.clone()));
+    sb.ret_last = false;
     Ok(())
+}
+
+/// Runs http's setter of an `ssl_*` directive on the stream level's
+/// `SslConf` (http's setters fill a server conf; the slice is lent to one).
+fn set_ssl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let spec = crate::http::modules::ssl_settings::DIRECTIVES
+        .iter()
+        .find(|s| s.name == d.name);
+    let Some(registry::Spec {
+        set: registry::Setter::Srv(f),
+        ..
+    }) = spec
+    else {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        ));
+    };
+    let mut tmp = crate::http::conf::SrvConf {
+        ssl: std::mem::take(&mut p.ssl),
+        ..Default::default()
+    };
+    let r = f(&mut tmp, d, cx);
+    p.ssl = tmp.ssl;
+    r
+}
+
+fn set_proxy_ssl(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl, v, d)
+}
+
+fn set_proxy_ssl_session_reuse(
+    p: &mut ProxyConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl_session_reuse, v, d)
+}
+
+fn set_proxy_ssl_server_name(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl_server_name, v, d)
+}
+
+fn set_proxy_ssl_verify(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_ssl_verify, v, d)
+}
+
+fn set_proxy_ssl_name(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let t = cx.template(arg(d, 0), d)?;
+    set_once(&mut p.proxy_ssl_name, t, d)
+}
+
+fn set_proxy_ssl_trusted(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let path = if a.starts_with('/') {
+        a.to_string()
+    } else {
+        cx.conf_prefix.join(a).to_string_lossy().into_owned()
+    };
+    let roots = crate::tls::client::load_roots(&path)?;
+    set_once(&mut p.proxy_ssl_trusted, roots, d)
+}
+
+fn set_proxy_ssl_protocols(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::http::modules::ssl_settings::parse_protocols(d)?;
+    set_once(&mut p.proxy_ssl_protocols, v, d)
+}
+
+fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::tls::client::check_ciphers(arg(d, 0))?;
+    set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_proxy_ssl_verify_depth(
+    p: &mut ProxyConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
+    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
+    set_once(&mut p.proxy_ssl_verify_depth, v, d)
+}
+
+fn set_ssl_preread(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.ssl_preread, v, d)
+}
+
+fn set_preread_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::size(arg(d, 0)).ok_or_else(|| registry::slot_invalid(d))? as usize;
+    set_once(&mut p.preread_buffer_size, v, d)
+}
+
+fn set_preread_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.preread_timeout, v, d)
+}
+
+fn set_ssl_handshake_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.ssl_handshake_timeout, v, d)
+}
+
+/// `ssl_alpn PROTOCOL ...`: what the server accepts, in its order.
+fn set_ssl_alpn(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if p.ssl_alpn.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    let mut list = Vec::new();
+    for a in &d.args {
+        if a.value.is_empty() || a.value.len() > 255 {
+            return Err(ConfError::at(
+                format!("protocol too long \"{}\"", a.value),
+                d,
+            ));
+        }
+        list.push(a.value.as_bytes().to_vec());
+    }
+    p.ssl_alpn = Some(list);
+    Ok(())
+}
+
+fn set_return(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if sb.ret.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    sb.ret = Some(cx.template(arg(d, 0), d)?);
+    sb.ret_last = true;
+    Ok(())
+}
+
+/// `set $var value`: run in order before the access checks.
+fn set_set(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    let name = match a.strip_prefix('$') {
+        Some(n) if !n.is_empty() => n,
+        _ => return Err(ConfError::at(format!("invalid variable name \"{}\"", a), d)),
+    };
+    if let Some(v) = cx.vars.lookup(name) {
+        if !matches!(v, crate::http::vars::Var::User(_)) {
+            return Err(ConfError::at(
+                format!("the duplicate \"{}\" variable", name),
+                d,
+            ));
+        }
+    }
+    let i = cx.vars.define_set(name);
+    let t = cx.template(arg(d, 1), d)?;
+    sb.sets.push((i, t));
+    Ok(())
+}
+
+fn set_access_log(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let logs = p.logs.get_or_insert_with(Vec::new);
+    if let Some(spec) = crate::http::modules::access_log::parse_access_log(d, cx, false)? {
+        logs.push(spec);
+    }
+    Ok(())
+}
+
+fn set_rule(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let addr = crate::http::modules::access::parse_addr(d)?;
+    p.access.get_or_insert_with(Vec::new).push(Rule {
+        allow: d.name == "allow",
+        addr,
+    });
+    Ok(())
+}
+
+fn set_real_ip_from(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let list = p.realip_from.get_or_insert_with(Vec::new);
+    match crate::http::modules::access::parse_addr(d) {
+        // nginx's set_real_ip_from takes a network, not "all".
+        Ok(Addr::All) => Err(ConfError::at(
+            format!("invalid parameter \"{}\"", arg(d, 0)),
+            d,
+        )),
+        Ok(a) => {
+            list.push(a);
+            Ok(())
+        }
+        Err(e) => {
+            // A host name stands for every address it resolves to (now,
+            // as nginx resolves it at startup).
+            let host = arg(d, 0);
+            let addrs: Vec<std::net::IpAddr> = (host, 0u16)
+                .to_socket_addrs()
+                .map(|it| it.map(|a| a.ip()).collect())
+                .unwrap_or_default();
+            if host.contains('/') || addrs.is_empty() {
+                return Err(e);
+            }
+            for addr in addrs {
+                let prefix = if addr.is_ipv4() { 32 } else { 128 };
+                list.push(Addr::Net { addr, prefix });
+            }
+            Ok(())
+        }
+    }
+}
+
+fn set_limit_conn_zone(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    use crate::http::modules::limit_conn as lc;
+    let key_src = arg(d, 0);
+    let key = cx.template(key_src, d)?;
+    let v = arg(d, 1);
+    if !v.starts_with("zone=") {
+        return Err(ConfError::at(format!("invalid parameter \"{}\"", v), d));
+    }
+    let (name, size) = lc::parse_zone_param(v, d)?;
+    if let Some(z) = m.zones.get(&name) {
+        return Err(lc::already_bound(
+            d,
+            &name,
+            lc::ZoneState::key_src(&*z.state),
+        ));
+    }
+    // Stream zones are a namespace of their own: the registry key says so.
+    let state = lc::zone_state(
+        ZoneKind::Conn,
+        &format!("stream\0{}", name),
+        size,
+        key_src,
+        "limit_conn_zone",
+        d,
+        || ConnState::new(size, key_src),
+    )?;
+    m.zones
+        .insert(name.clone(), Arc::new(ConnZone { name, key, state }));
+    Ok(())
+}
+
+fn set_limit_conn(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let zone = arg(d, 0).to_string();
+    let nv = arg(d, 1);
+    let n = match value::number(nv) {
+        Some(n) if n > 0 => n,
+        _ => {
+            return Err(ConfError::at(
+                format!("invalid number of connections \"{}\"", nv),
+                d,
+            ))
+        }
+    };
+    if n > 65535 {
+        return Err(ConfError::at("connection limit must be less 65536", d));
+    }
+    let limits = p.limits.get_or_insert_with(Vec::new);
+    if limits.iter().any(|(z, _, _)| *z == zone) {
+        return Err(registry::duplicate(d));
+    }
+    limits.push((zone, n as u32, d.clone()));
+    Ok(())
+}
+
+fn set_limit_conn_log_level(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::http::modules::limit_conn::set_level(&mut p.limit_log_level, d)
+}
+
+fn set_limit_conn_dry_run(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.limit_dry_run, v, d)
+}
+
+fn set_proxy_protocol(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_protocol, v, d)
+}
+
+fn set_proxy_protocol_timeout(
+    p: &mut ProxyConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.proxy_protocol_timeout, v, d)
+}
+
+/// A size that may have variables (checked now when it has none).
+fn rate(d: &Directive, cx: &mut Compiler) -> ConfResult<Template> {
+    let t = cx.template(arg(d, 0), d)?;
+    if !t.has_vars() && value::size(arg(d, 0)).is_none() {
+        return Err(registry::slot_invalid(d));
+    }
+    Ok(t)
+}
+
+fn set_download_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d, cx)?;
+    set_once(&mut p.download_rate, v, d)
+}
+
+fn set_upload_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d, cx)?;
+    set_once(&mut p.upload_rate, v, d)
+}
+
+/// `proxy_bind ADDR | off` (ADDR may have variables).
+fn set_bind(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if p.bind.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    let a = arg(d, 0);
+    if d.args.len() > 1 {
+        // `transparent` needs CAP_NET_ADMIN and routing set up for it.
+        return Err(ConfError::at(
+            format!(
+                "the \"{}\" parameter of \"proxy_bind\" is not supported by tern yet",
+                arg(d, 1)
+            ),
+            d,
+        ));
+    }
+    if a == "off" {
+        p.bind = Some(None);
+        return Ok(());
+    }
+    let t = cx.template(a, d)?;
+    if !t.has_vars() && a.parse::<std::net::IpAddr>().is_err() {
+        return Err(ConfError::at(format!("invalid address \"{}\"", a), d));
+    }
+    p.bind = Some(Some(t));
+    Ok(())
+}
+
+fn set_balance(ub: &mut UpsBuild, b: Balance, d: &Directive) -> ConfResult<()> {
+    if ub.balance.is_some() {
+        return Err(ConfError::at("load balancing method redefined", d));
+    }
+    ub.balance = Some(b);
+    Ok(())
+}
+
+/// `hash KEY [consistent]`.
+fn set_hash(ub: &mut UpsBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let key = cx.template(arg(d, 0), d)?;
+    let consistent = match d.args.get(1).map(|a| a.value.as_str()) {
+        None => false,
+        Some("consistent") => true,
+        Some(o) => return Err(ConfError::at(format!("invalid parameter \"{}\"", o), d)),
+    };
+    set_balance(ub, Balance::Hash { key, consistent }, d)
+}
+
+fn set_least_conn(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    set_balance(ub, Balance::LeastConn, d)
+}
+
+/// `random [two [least_conn]]`.
+fn set_random(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let words: Vec<&str> = d.args.iter().map(|a| a.value.as_str()).collect();
+    let two = match words.as_slice() {
+        [] => false,
+        ["two"] | ["two", "least_conn"] => true,
+        ["two", bad] | [bad, ..] => {
+            return Err(ConfError::at(format!("invalid parameter \"{}\"", bad), d))
+        }
+    };
+    set_balance(ub, Balance::Random { two }, d)
 }
 
 fn msecs(d: &Directive) -> ConfResult<Duration> {

@@ -1,16 +1,26 @@
 //! The `stream` module: a TCP (and unix-socket) proxy configured by
-//! nginx's `stream {}` block.
+//! nginx's `stream {}` block, with its modules (`return`, `set`, `map`,
+//! `geo`, `split_clients`, `access`, `limit_conn`, `realip`, `access_log`,
+//! `ssl`, `ssl_preread`, upstream balancing).
 //!
 //! - [`conf`]: the directive table and the compiled [`conf::StreamConf`].
-//! - [`upstream`]: `upstream {}` groups, weighted round-robin, passive
-//!   health checks.
-//! - [`proxy`]: one session: connect, then copy both ways.
+//!   The block compiles against its own variable table (stream mode), so
+//!   http's compilers of `map`, `geo`, `split_clients`, `log_format` and
+//!   `access_log`, and its `ssl_*` setters, serve stream unchanged.
+//! - [`session`]: the phases of one session, in order, and the session as
+//!   the variables' context; [`vars`]: the stream variables.
+//! - [`upstream`]: `upstream {}` groups, weighted round-robin, `hash`,
+//!   `least_conn`, `random`, passive health checks.
+//! - [`proxy`]: the content phase of `proxy_pass`: connect (with
+//!   `proxy_bind`, `proxy_ssl`, a PROXY header), then copy both ways.
+//! - [`proxy_protocol`], [`ssl_preread`]: the two parsers of what a client
+//!   sends before its data.
 //!
 //! Listening sockets of stream servers go through the same machinery as
 //! http ones: the master binds them (one `SO_REUSEPORT` socket per worker
 //! with `listen ... reuseport`), reconciles them on reload and hands them
 //! to the workers, whose accept loop counts connections against
-//! `worker_connections` and spawns [`proxy::serve`] for a stream listener.
+//! `worker_connections` and spawns [`session::serve`] for a stream listener.
 //! The server for a connection is looked up in the configuration current
 //! at accept time; a session keeps that server (an `Arc`) to its end, so a
 //! reload closes no session.
@@ -40,4 +50,8 @@
 
 pub mod conf;
 pub mod proxy;
+pub mod proxy_protocol;
+pub mod session;
+pub mod ssl_preread;
 pub mod upstream;
+pub mod vars;

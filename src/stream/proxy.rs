@@ -14,25 +14,30 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
-use crate::core::log::{Level, Logger};
-use crate::core::worker::{Slot, WorkerShared};
-use crate::http::conf::ListenAddr;
+use crate::core::log::Level;
 use crate::stream::conf::StreamServer;
-use crate::stream::upstream::{PeerAddr, Picked};
+use crate::stream::session::{Session, UpTry};
+use crate::stream::upstream::{Balance, PeerAddr, Picked, Upstream};
 
 /// A connected socket of either family: the client side or the upstream side.
 pub enum Sock {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A client connection on a `listen ... ssl` address, after the handshake.
+    Tls(Box<tokio_rustls::server::TlsStream<Sock>>),
+    /// A connection to an upstream with `proxy_ssl on`.
+    TlsUp(Box<tokio_rustls::client::TlsStream<Sock>>),
+    /// A socket with bytes already read from it (`buf[pos..]`), which
+    /// reads return first.
+    Prefixed(Vec<u8>, usize, Box<Sock>),
 }
 
 impl AsyncRead for Sock {
@@ -44,6 +49,17 @@ impl AsyncRead for Sock {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Sock::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Sock::Prefixed(pre, pos, s) => {
+                if *pos < pre.len() {
+                    let n = (pre.len() - *pos).min(buf.remaining());
+                    buf.put_slice(&pre[*pos..*pos + n]);
+                    *pos += n;
+                    return Poll::Ready(Ok(()));
+                }
+                Pin::new(&mut **s).poll_read(cx, buf)
+            }
         }
     }
 }
@@ -53,122 +69,124 @@ impl AsyncWrite for Sock {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_write(cx, b),
             Sock::Unix(s) => Pin::new(s).poll_write(cx, b),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_write(cx, b),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_write(cx, b),
+            Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_write(cx, b),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_flush(cx),
             Sock::Unix(s) => Pin::new(s).poll_flush(cx),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_flush(cx),
+            Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Sock::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Sock::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Sock::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Sock::TlsUp(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Sock::Prefixed(_, _, s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
 }
 
-/// Who a session is, for its log lines.
-struct Ctx<'a> {
-    id: u64,
-    client: String,
-    server: &'a ListenAddr,
-    logger: Arc<Logger>,
-}
-
-impl Ctx<'_> {
-    fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
-        self.logger.log(level, Some(self.id), msg);
-    }
-}
-
-/// Serves one accepted stream connection with the server it arrived on.
-/// `slot` is the `worker_connections` slot for the upstream side (None:
-/// none was free).
-pub async fn serve(
-    client: Sock,
-    remote: Option<SocketAddr>,
-    listen: ListenAddr,
-    srv: Arc<StreamServer>,
-    slot: Option<Slot>,
-    shared: Arc<WorkerShared>,
-    id: u64,
-) {
-    let cx = Ctx {
-        id,
-        client: remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into()),
-        server: &listen,
-        logger: srv
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger),
+/// Connects to a peer of `upstream` (trying the next on failure, within
+/// `proxy_next_upstream*`), relays until the session ends, and records
+/// what happened in the session (status, counters, `$upstream_*`).
+pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upstream>) {
+    let srv = s.srv.clone();
+    let key = match &upstream.balance {
+        Balance::Hash { key, .. } => key.render_vec(&*s),
+        _ => Vec::new(),
     };
-    cx.log(
-        Level::Info,
-        format_args!(
-            "client {} connected to {}",
-            remote
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "unix:".into()),
-            listen
-        ),
-    );
-    // The upstream connection is a connection of this worker too: nginx's
-    // worker_connections counts both sides of a proxied session.
-    let Some(_slot) = slot else {
-        cx.log(
-            Level::Alert,
-            format_args!(
-                "{} worker_connections are not enough while connecting to upstream, client: {}, server: {}",
-                shared.config.load().main.connections(),
-                cx.client,
-                listen
-            ),
-        );
-        return;
+    let bind = srv.bind.as_ref().and_then(|t| {
+        std::str::from_utf8(&t.render_vec(&*s))
+            .ok()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+    });
+    let rate = |t: &crate::http::vars::Template| {
+        std::str::from_utf8(&t.render_vec(&*s))
+            .ok()
+            .and_then(crate::config::value::size)
+            .unwrap_or(0)
     };
-    let Some((upstream, peer)) = connect(&srv, &cx).await else {
+    let rates = (rate(&srv.upload_rate), rate(&srv.download_rate));
+    let ssl_name = match (&srv.proxy_ssl, &srv.proxy_ssl_name) {
+        (None, _) => None,
+        (Some(_), Some(t)) => Some(String::from_utf8_lossy(&t.render_vec(&*s)).into_owned()),
+        (Some(_), None) => Some(upstream.name.clone()),
+    };
+    let pp = (srv.proxy_protocol && srv.proxy_ssl.is_some())
+        .then(|| crate::stream::proxy_protocol::v1_line(s.remote, s.local));
+    let how = Dial { bind, ssl_name, pp };
+    let Some((up, peer)) = connect(s, &srv, &upstream, key, &how).await else {
+        s.status = 502;
         return;
     };
     if let (Sock::Tcp(t), true) = (&client, srv.tcp_nodelay) {
         let _ = t.set_nodelay(true);
     }
-    cx.log(
+    s.log(
         Level::Info,
         format_args!("proxy connected to {}", peer.name),
     );
+    // What goes to the upstream before the client's next bytes: the
+    // PROXY header (proxy_protocol on), then what was read ahead.
+    let mut first = Vec::new();
+    if srv.proxy_protocol && srv.proxy_ssl.is_none() {
+        first = crate::stream::proxy_protocol::v1_line(s.remote, s.local);
+    }
+    let pre_len = pre.len() as u64;
+    first.extend_from_slice(&pre);
+    let connected_at = Instant::now();
     // A graceful stop (QUIT) does not cut sessions: like nginx, a worker
     // waits for them (bounded by worker_shutdown_timeout); only idle http
     // keepalives are closed early.
-    let (end, bytes) = pump(client, upstream, &srv).await;
+    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates).await;
+    if let Some(t) = s.up.tries.last_mut() {
+        let connect = t.connect.unwrap_or_default();
+        t.session = Some(connected_at.elapsed() + connect);
+        t.first_byte = first_byte.map(|f| f.duration_since(connected_at) + connect);
+        t.bytes_sent = bytes.to_upstream;
+        t.bytes_received = bytes.from_upstream;
+    }
+    s.bytes_received += bytes.from_client;
+    s.bytes_sent += bytes.to_client;
+    let from_client = bytes.from_client + pre_len;
     let tail = format!(
-        "client: {}, server: {}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
-        cx.client, listen, peer.name, bytes.from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream
+        "{}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+        s.client_ctx(),
+        peer.name,
+        from_client,
+        bytes.to_client,
+        bytes.from_upstream,
+        bytes.to_upstream
     );
     match end {
-        End::Closed(who) => cx.log(
+        End::Closed(who) => s.log(
             Level::Info,
             format_args!(
                 "{} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{} while proxying connection, {}",
                 who,
-                bytes.from_client,
+                from_client,
                 bytes.to_client,
                 bytes.from_upstream,
                 bytes.to_upstream,
                 tail
             ),
         ),
-        End::TimedOut => cx.log(
+        End::TimedOut => s.log(
             Level::Info,
             format_args!(
                 "connection timed out (110: Connection timed out) while proxying connection, {}",
                 tail
             ),
         ),
-        End::Error(who, e) => cx.log(
+        End::Error(who, e) => s.log(
             Level::Info,
             format_args!(
                 "{}() failed {} while proxying {}, {}",
@@ -183,27 +201,62 @@ pub async fn serve(
 }
 
 /// Picks peers until one accepts, within `proxy_next_upstream*` limits.
-async fn connect(srv: &StreamServer, cx: &Ctx<'_>) -> Option<(Sock, Picked)> {
+async fn connect(
+    s: &mut Session,
+    srv: &StreamServer,
+    upstream: &Arc<Upstream>,
+    key: Vec<u8>,
+    how: &Dial,
+) -> Option<(Sock, Picked)> {
     let started = Instant::now();
-    let mut tried = srv.upstream.tried();
+    let mut tried = upstream.tried(key);
     let mut tries = 0usize;
     loop {
-        let Some(peer) = srv.upstream.pick(&mut tried) else {
-            cx.log(
+        let Some(peer) = upstream.pick(&mut tried) else {
+            s.up.tries.push(UpTry {
+                addr: upstream.name.clone(),
+                ..Default::default()
+            });
+            s.log(
                 Level::Error,
                 format_args!(
-                    "no live upstreams while connecting to upstream, client: {}, server: {}, upstream: \"{}\"",
-                    cx.client, cx.server, srv.upstream.name
+                    "no live upstreams while connecting to upstream, {}, upstream: \"{}\"",
+                    s.client_ctx(),
+                    upstream.name
                 ),
             );
             return None;
         };
         tries += 1;
-        let attempt = tokio::time::timeout(srv.connect_timeout, dial(&peer.addr, srv)).await;
+        s.up.tries.push(UpTry {
+            addr: peer.name.clone(),
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        let attempt = tokio::time::timeout(srv.connect_timeout, async {
+            let mut sock = dial(&peer.addr, srv, how.bind).await?;
+            if let (Some(cfg), Some(name)) = (&srv.proxy_ssl, &how.ssl_name) {
+                if let Some(pp) = &how.pp {
+                    sock.write_all(pp).await?;
+                }
+                let name = crate::tls::client::server_name(name).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "invalid proxy_ssl_name")
+                })?;
+                let t = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, sock)
+                    .await?;
+                sock = Sock::TlsUp(Box::new(t));
+            }
+            Ok::<Sock, io::Error>(sock)
+        })
+        .await;
         let err = match attempt {
-            Ok(Ok(s)) => {
+            Ok(Ok(sock)) => {
+                if let Some(t) = s.up.tries.last_mut() {
+                    t.connect = Some(t0.elapsed());
+                }
                 peer.connected();
-                return Some((s, peer));
+                return Some((sock, peer));
             }
             Ok(Err(e)) => format!(
                 "connect() failed {} while connecting to upstream",
@@ -212,15 +265,13 @@ async fn connect(srv: &StreamServer, cx: &Ctx<'_>) -> Option<(Sock, Picked)> {
             Err(_) => "upstream timed out (110: Connection timed out) while connecting to upstream"
                 .to_string(),
         };
-        cx.log(
+        s.log(
             Level::Error,
-            format_args!(
-                "{}, client: {}, server: {}, upstream: \"{}\"",
-                err, cx.client, cx.server, peer.name
-            ),
+            format_args!("{}, {}, upstream: \"{}\"", err, s.client_ctx(), peer.name),
         );
         peer.failed();
-        let out_of_tries = srv.next_upstream_tries != 0 && tries >= srv.next_upstream_tries;
+        let out_of_tries = (srv.next_upstream_tries != 0 && tries >= srv.next_upstream_tries)
+            || tries >= upstream.max_tries();
         let out_of_time = srv
             .next_upstream_timeout
             .is_some_and(|t| started.elapsed() >= t);
@@ -230,7 +281,19 @@ async fn connect(srv: &StreamServer, cx: &Ctx<'_>) -> Option<(Sock, Picked)> {
     }
 }
 
-async fn dial(addr: &PeerAddr, srv: &StreamServer) -> io::Result<Sock> {
+/// How to reach a peer: the local address (`proxy_bind`), the TLS name
+/// (`proxy_ssl`), and a PROXY header to send before the TLS handshake.
+struct Dial {
+    bind: Option<std::net::IpAddr>,
+    ssl_name: Option<String>,
+    pp: Option<Vec<u8>>,
+}
+
+async fn dial(
+    addr: &PeerAddr,
+    srv: &StreamServer,
+    bind: Option<std::net::IpAddr>,
+) -> io::Result<Sock> {
     match addr {
         PeerAddr::Inet(a) => {
             let s = if a.is_ipv4() {
@@ -240,6 +303,9 @@ async fn dial(addr: &PeerAddr, srv: &StreamServer) -> io::Result<Sock> {
             };
             if srv.socket_keepalive {
                 s.set_keepalive(true)?;
+            }
+            if let Some(ip) = bind.filter(|ip| ip.is_ipv4() == a.is_ipv4()) {
+                s.bind(std::net::SocketAddr::new(ip, 0))?;
             }
             let t = s.connect(*a).await?;
             if srv.tcp_nodelay {
@@ -284,19 +350,56 @@ struct Dir {
     shut: bool,
     read: u64,
     written: u64,
+    /// `proxy_upload_rate` / `proxy_download_rate` (bytes/s; 0 = none).
+    rate: u64,
+    start: Instant,
+    /// Waiting for the rate to allow the next read.
+    delay: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the first byte was read.
+    first_read: Option<Instant>,
 }
 
 impl Dir {
-    fn new(size: usize) -> Dir {
+    /// A direction whose buffer starts with `first` (sent before anything
+    /// read from the source).
+    fn new(size: usize, rate: u64, first: Vec<u8>) -> Dir {
+        let mut buf = first;
+        let end = buf.len();
+        buf.resize(size.max(end), 0);
         Dir {
-            buf: vec![0u8; size].into_boxed_slice(),
+            buf: buf.into_boxed_slice(),
             pos: 0,
-            end: 0,
+            end,
             eof: false,
             shut: false,
             read: 0,
             written: 0,
+            rate,
+            start: Instant::now(),
+            delay: None,
+            first_read: None,
         }
+    }
+
+    /// How many bytes the rate allows now: nginx's limit, the rate times
+    /// the whole seconds since the start plus one, less what was read.
+    /// When none, arms the delay until the second in which some will be.
+    fn allowance(&mut self) -> usize {
+        if self.rate == 0 {
+            return self.buf.len();
+        }
+        let secs = self.start.elapsed().as_secs();
+        let limit = self.rate.saturating_mul(secs + 1);
+        if limit > self.read {
+            return usize::try_from(limit - self.read)
+                .unwrap_or(usize::MAX)
+                .min(self.buf.len());
+        }
+        // The first whole second s with rate * (s + 1) > read.
+        let s = (self.read + 1).div_ceil(self.rate).saturating_sub(1);
+        let at = self.start + Duration::from_secs(s);
+        self.delay = Some(Box::pin(tokio::time::sleep_until(at.into())));
+        0
     }
 
     /// Moves data from `src` to `dst` until blocked. Ready(Ok) means the
@@ -344,7 +447,17 @@ impl Dir {
                     Poll::Pending => return Poll::Pending,
                 }
             } else {
-                let mut rb = ReadBuf::new(&mut self.buf[..]);
+                if let Some(d) = &mut self.delay {
+                    match d.as_mut().poll(cx) {
+                        Poll::Ready(()) => self.delay = None,
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                let room = self.allowance();
+                if room == 0 {
+                    continue;
+                }
+                let mut rb = ReadBuf::new(&mut self.buf[..room]);
                 match Pin::new(&mut *src).poll_read(cx, &mut rb) {
                     Poll::Ready(Ok(())) => {
                         let n = rb.filled().len();
@@ -353,6 +466,7 @@ impl Dir {
                         } else {
                             self.end = n;
                             self.read += n as u64;
+                            self.first_read.get_or_insert_with(Instant::now);
                             *active = true;
                         }
                     }
@@ -364,10 +478,18 @@ impl Dir {
     }
 }
 
-/// Copies both ways until the session ends; returns why, and the byte counts.
-async fn pump(mut client: Sock, mut upstream: Sock, srv: &StreamServer) -> (End, Bytes) {
-    let mut down = Dir::new(srv.buffer_size); // upstream -> client
-    let mut up = Dir::new(srv.buffer_size); // client -> upstream
+/// Copies both ways until the session ends; returns why, the byte
+/// counts, and when the upstream's first byte came. `first` goes to the
+/// upstream before anything the client sends from now on.
+async fn pump(
+    mut client: Sock,
+    mut upstream: Sock,
+    srv: &StreamServer,
+    first: Vec<u8>,
+    (upload_rate, download_rate): (u64, u64),
+) -> (End, Bytes, Option<Instant>) {
+    let mut down = Dir::new(srv.buffer_size, download_rate, Vec::new()); // upstream -> client
+    let mut up = Dir::new(srv.buffer_size, upload_rate, first); // client -> upstream
     let (mut up_done, mut down_done) = (false, false);
     let idle = tokio::time::sleep(srv.timeout);
     tokio::pin!(idle);
@@ -413,11 +535,16 @@ async fn pump(mut client: Sock, mut upstream: Sock, srv: &StreamServer) -> (End,
         }
     })
     .await;
+    // A TLS client gets close_notify (one try, as nginx's SSL_shutdown):
+    // without it, clients drop the session instead of caching it.
+    if matches!(client, Sock::Tls(_)) {
+        let _ = poll_fn(|cx| Poll::Ready(Pin::new(&mut client).poll_shutdown(cx))).await;
+    }
     let bytes = Bytes {
         from_client: up.read,
         to_upstream: up.written,
         from_upstream: down.read,
         to_client: down.written,
     };
-    (end, bytes)
+    (end, bytes, down.first_read)
 }

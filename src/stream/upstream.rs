@@ -147,6 +147,155 @@ impl PeerSet {
         Some(b)
     }
 
+    /// Whether peer `i` may be picked now (not tried, not down, not
+    /// failed within `fail_timeout`, under `max_conns`).
+    fn usable(
+        &self,
+        st: &[PeerState],
+        tried: &[bool],
+        i: usize,
+        single: bool,
+        now: Instant,
+    ) -> bool {
+        let (Some(p), Some(s)) = (self.peers.get(i), st.get(i)) else {
+            return false;
+        };
+        if tried.get(i).copied().unwrap_or(true) || p.down {
+            return false;
+        }
+        if !single
+            && p.max_fails > 0
+            && s.fails >= p.max_fails
+            && s.checked
+                .is_some_and(|c| now.duration_since(c) <= p.fail_timeout)
+        {
+            return false;
+        }
+        !(p.max_conns > 0 && s.conns >= p.max_conns)
+    }
+
+    /// Takes peer `i` for a session.
+    fn take(&self, st: &mut [PeerState], tried: &mut [bool], i: usize, now: Instant) {
+        let p = &self.peers[i];
+        let s = &mut st[i];
+        if s.checked
+            .is_none_or(|c| now.duration_since(c) > p.fail_timeout)
+        {
+            s.checked = Some(now);
+        }
+        s.conns += 1;
+        if let Some(t) = tried.get_mut(i) {
+            *t = true;
+        }
+    }
+
+    /// nginx's `hash` walk; None after 20 unusable picks (round robin then).
+    fn pick_hash(&self, t: &mut Tried, now: Instant) -> Option<usize> {
+        let total: u64 = self.peers.iter().map(|p| u64::from(p.weight)).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut st = self.lock();
+        for _ in 0..20 {
+            let mut h = crc32fast::Hasher::new();
+            if t.rehash > 0 {
+                h.update(t.rehash.to_string().as_bytes());
+            }
+            h.update(&t.key);
+            t.hash = t.hash.wrapping_add((h.finalize() >> 16) & 0x7fff);
+            t.rehash += 1;
+            let mut w = u64::from(t.hash) % total;
+            let mut i = 0;
+            while i < self.peers.len() && w >= u64::from(self.peers[i].weight) {
+                w -= u64::from(self.peers[i].weight);
+                i += 1;
+            }
+            if self.usable(&st, &t.primary, i, false, now) {
+                self.take(&mut st, &mut t.primary, i, now);
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Fewest active sessions per weight; ties go to the first such peer
+    /// after smooth round robin among them.
+    fn pick_least(&self, tried: &mut [bool], single: bool, now: Instant) -> Option<usize> {
+        let mut st = self.lock();
+        let mut best: Option<usize> = None;
+        for i in 0..self.peers.len() {
+            if !self.usable(&st, tried, i, single, now) {
+                continue;
+            }
+            let fewer = best.is_none_or(|b| {
+                (st[i].conns as u64) * u64::from(self.peers[b].weight)
+                    < (st[b].conns as u64) * u64::from(self.peers[i].weight)
+            });
+            if fewer {
+                best = Some(i);
+            }
+        }
+        let b = best?;
+        // Among the tied peers, smooth weighted round robin.
+        let mut total = 0i64;
+        let mut pick: Option<(usize, i64)> = None;
+        for i in 0..self.peers.len() {
+            if !self.usable(&st, tried, i, single, now)
+                || (st[i].conns as u64) * u64::from(self.peers[b].weight)
+                    != (st[b].conns as u64) * u64::from(self.peers[i].weight)
+            {
+                continue;
+            }
+            let s = &mut st[i];
+            s.current += s.effective;
+            total += s.effective;
+            if s.effective < i64::from(self.peers[i].weight) {
+                s.effective += 1;
+            }
+            if pick.is_none_or(|(_, c)| s.current > c) {
+                pick = Some((i, s.current));
+            }
+        }
+        let (p, _) = pick?;
+        st[p].current -= total;
+        self.take(&mut st, tried, p, now);
+        Some(p)
+    }
+
+    /// A usable peer drawn by weight (with `two`, the less loaded of two).
+    fn pick_random(&self, tried: &mut [bool], two: bool, now: Instant) -> Option<usize> {
+        let mut st = self.lock();
+        let cands: Vec<usize> = (0..self.peers.len())
+            .filter(|&i| self.usable(&st, tried, i, false, now))
+            .collect();
+        let total: u64 = cands.iter().map(|&i| u64::from(self.peers[i].weight)).sum();
+        if total == 0 {
+            return None;
+        }
+        let draw = || {
+            let mut w = random_u64() % total;
+            for &i in &cands {
+                let pw = u64::from(self.peers[i].weight);
+                if w < pw {
+                    return i;
+                }
+                w -= pw;
+            }
+            cands[0]
+        };
+        let mut p = draw();
+        if two && cands.len() > 1 {
+            let q = draw();
+            let load = |i: usize| (st[i].conns as u64, u64::from(self.peers[i].weight));
+            let ((pc, pw), (qc, qw)) = (load(p), load(q));
+            if qc * pw < pc * qw {
+                p = q;
+            }
+        }
+        self.take(&mut st, tried, p, now);
+        Some(p)
+    }
+
     fn forgive(&self) {
         for s in self.lock().iter_mut() {
             s.fails = 0;
@@ -185,11 +334,53 @@ impl PeerSet {
     }
 }
 
+/// A per-thread xorshift generator for `random`: cheap, and its
+/// predictability does not matter for spreading load.
+fn random_u64() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
+                | 1,
+        );
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
+}
+
 enum Outcome {
     Connected,
     Failed,
     /// The session using the peer ended.
     Released,
+}
+
+/// The load-balancing method of an upstream (`hash`, `least_conn`,
+/// `random`; round robin without one).
+#[derive(Debug)]
+pub enum Balance {
+    RoundRobin,
+    /// `hash KEY [consistent]`: nginx's walk of `(crc32(N KEY) >> 16) &
+    /// 0x7fff` summed over the tries, modulo the total weight. With
+    /// `consistent` tern walks the same way (see DIFFERENCES.md).
+    Hash {
+        key: crate::http::vars::Template,
+        consistent: bool,
+    },
+    /// Fewest active sessions per unit of weight; ties by round robin.
+    LeastConn,
+    /// A peer drawn by weight; with `two`, the less loaded of two draws.
+    Random {
+        two: bool,
+    },
 }
 
 /// An `upstream {}` block, or the implicit group of a `proxy_pass host:port`.
@@ -199,24 +390,37 @@ pub struct Upstream {
     primary: PeerSet,
     backup: PeerSet,
     single: bool,
+    pub balance: Balance,
 }
 
 impl Upstream {
-    pub fn new(name: String, primary: Vec<Peer>, backup: Vec<Peer>) -> Upstream {
+    pub fn new(name: String, primary: Vec<Peer>, backup: Vec<Peer>, balance: Balance) -> Upstream {
         let single = primary.len() == 1 && backup.is_empty();
         Upstream {
             name,
             primary: PeerSet::new(primary),
             backup: PeerSet::new(backup),
             single,
+            balance,
         }
     }
 
-    /// Bookkeeping of the peers one session has tried.
-    pub fn tried(&self) -> Tried {
+    /// How many peers one session may try: those not marked `down`
+    /// (nginx's `peer.tries`).
+    pub fn max_tries(&self) -> usize {
+        let up = |set: &PeerSet| set.peers.iter().filter(|p| !p.down).count();
+        up(&self.primary) + up(&self.backup)
+    }
+
+    /// Bookkeeping of the peers one session has tried; `key` is the
+    /// rendered `hash` key (empty for other methods).
+    pub fn tried(&self, key: Vec<u8>) -> Tried {
         Tried {
             primary: vec![false; self.primary.peers.len()],
             backup: vec![false; self.backup.peers.len()],
+            key,
+            hash: 0,
+            rehash: 0,
         }
     }
 
@@ -224,6 +428,19 @@ impl Upstream {
     /// used only when no primary peer is usable.
     pub fn pick(self: &Arc<Self>, tried: &mut Tried) -> Option<Picked> {
         let now = Instant::now();
+        let special = match &self.balance {
+            Balance::RoundRobin => None,
+            Balance::Hash { .. } if self.single || tried.key.is_empty() => None,
+            Balance::Hash { .. } => self.primary.pick_hash(tried, now),
+            Balance::LeastConn => self
+                .primary
+                .pick_least(&mut tried.primary, self.single, now),
+            Balance::Random { .. } if self.single => None,
+            Balance::Random { two } => self.primary.pick_random(&mut tried.primary, *two, now),
+        };
+        if let Some(i) = special {
+            return Some(Picked::new(self.clone(), false, i, &self.primary.peers[i]));
+        }
         if let Some(i) = self.primary.pick(&mut tried.primary, self.single, now) {
             return Some(Picked::new(self.clone(), false, i, &self.primary.peers[i]));
         }
@@ -247,11 +464,15 @@ impl Upstream {
     }
 }
 
-/// Which peers of an upstream a session has already tried.
+/// Which peers of an upstream a session has already tried (and where a
+/// `hash` walk is).
 #[derive(Debug)]
 pub struct Tried {
     primary: Vec<bool>,
     backup: Vec<bool>,
+    key: Vec<u8>,
+    hash: u32,
+    rehash: u32,
 }
 
 /// A peer chosen for one connection attempt; counts toward its
@@ -335,9 +556,10 @@ mod tests {
             "u".into(),
             vec![peer(1, 5), peer(2, 1), peer(3, 1)],
             vec![],
+            Balance::RoundRobin,
         ));
         let seq: Vec<u16> = (0..7)
-            .map(|_| port(&u.pick(&mut u.tried()).expect("a peer")))
+            .map(|_| port(&u.pick(&mut u.tried(Vec::new())).expect("a peer")))
             .collect();
         // nginx's smooth round-robin spreads the heavy peer out.
         assert_eq!(seq, vec![1, 1, 2, 1, 3, 1, 1]);
@@ -349,8 +571,9 @@ mod tests {
             "u".into(),
             vec![peer(1, 1), peer(2, 1)],
             vec![peer(9, 1)],
+            Balance::RoundRobin,
         ));
-        let mut t = u.tried();
+        let mut t = u.tried(Vec::new());
         let a = u.pick(&mut t).expect("first");
         assert_eq!(port(&a), 1);
         a.failed();
@@ -362,7 +585,7 @@ mod tests {
         c.failed();
         assert!(u.pick(&mut t).is_none());
         // Everything failed: all are live again for the next session.
-        let mut t = u.tried();
+        let mut t = u.tried(Vec::new());
         assert_ne!(port(&u.pick(&mut t).expect("primary again")), 9);
     }
 
@@ -372,12 +595,13 @@ mod tests {
             "u".into(),
             vec![peer(1, 1), peer(2, 1)],
             vec![],
+            Balance::RoundRobin,
         ));
-        let a = u.pick(&mut u.tried()).expect("first");
+        let a = u.pick(&mut u.tried(Vec::new())).expect("first");
         assert_eq!(port(&a), 1);
         a.failed();
         for _ in 0..3 {
-            let p = u.pick(&mut u.tried()).expect("live peer");
+            let p = u.pick(&mut u.tried(Vec::new())).expect("live peer");
             assert_eq!(port(&p), 2, "failed peer within fail_timeout");
             p.connected();
         }
@@ -385,9 +609,16 @@ mod tests {
 
     #[test]
     fn single_peer_never_marked_down() {
-        let u = Arc::new(Upstream::new("u".into(), vec![peer(1, 1)], vec![]));
+        let u = Arc::new(Upstream::new(
+            "u".into(),
+            vec![peer(1, 1)],
+            vec![],
+            Balance::RoundRobin,
+        ));
         for _ in 0..3 {
-            let p = u.pick(&mut u.tried()).expect("single peer always tried");
+            let p = u
+                .pick(&mut u.tried(Vec::new()))
+                .expect("single peer always tried");
             p.failed();
         }
     }
@@ -398,11 +629,19 @@ mod tests {
         d.down = true;
         let mut m = peer(2, 1);
         m.max_conns = 1;
-        let u = Arc::new(Upstream::new("u".into(), vec![d, m], vec![]));
-        let held = u.pick(&mut u.tried()).expect("peer 2");
+        let u = Arc::new(Upstream::new(
+            "u".into(),
+            vec![d, m],
+            vec![],
+            Balance::RoundRobin,
+        ));
+        let held = u.pick(&mut u.tried(Vec::new())).expect("peer 2");
         assert_eq!(port(&held), 2);
-        assert!(u.pick(&mut u.tried()).is_none(), "max_conns reached");
+        assert!(
+            u.pick(&mut u.tried(Vec::new())).is_none(),
+            "max_conns reached"
+        );
         drop(held);
-        assert!(u.pick(&mut u.tried()).is_some());
+        assert!(u.pick(&mut u.tried(Vec::new())).is_some());
     }
 }

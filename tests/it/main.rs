@@ -53,6 +53,7 @@ mod smoke;
 mod static_headers;
 mod status;
 mod stream;
+mod stream_modules;
 mod sub_filter;
 mod subrequest;
 mod tls;

@@ -282,6 +282,12 @@ fn set_log_format(
     d: &Directive,
     cx: &mut Compiler,
 ) -> ConfResult<()> {
+    compile_log_format(d, cx)
+}
+
+/// Compiles a `log_format` into the compiler's variable table (http's and
+/// stream's: each block has its own table, so their names do not meet).
+pub(crate) fn compile_log_format(d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let name = arg(d, 0);
     let dkey = fmt_defined_key(name);
     if name == "combined" || cx.vars.lookup(&dkey).is_some() {
@@ -318,8 +324,8 @@ fn set_log_format(
     Ok(())
 }
 
-fn find_format(cx: &Compiler, name: &str) -> Option<Arc<dyn UserVar>> {
-    if name.eq_ignore_ascii_case("combined") {
+fn find_format(cx: &Compiler, name: &str, combined_known: bool) -> Option<Arc<dyn UserVar>> {
+    if combined_known && name.eq_ignore_ascii_case("combined") {
         return Some(combined());
     }
     match cx.vars.lookup(&fmt_key(name)) {
@@ -395,16 +401,38 @@ impl AccessLogLoc {
 pub struct AccessLogMain {}
 
 fn set_access_log(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    match parse_access_log(d, cx, true)? {
+        None => l.modules.access_log.off = true,
+        Some(spec) => l
+            .modules
+            .access_log
+            .logs
+            .get_or_insert_with(Vec::new)
+            .push(spec),
+    }
+    Ok(())
+}
+
+/// Compiles one `access_log` directive (http's and stream's); None for
+/// `access_log off`. Without a format name, http logs `combined`; stream
+/// has no default format (`default_combined` false).
+pub(crate) fn parse_access_log(
+    d: &Directive,
+    cx: &mut Compiler,
+    default_combined: bool,
+) -> ConfResult<Option<Arc<LogSpec>>> {
     let first = arg(d, 0);
     if first == "off" {
-        l.modules.access_log.off = true;
         if d.args.len() == 1 {
-            return Ok(());
+            return Ok(None);
         }
         return Err(ConfError::at(
             format!("invalid parameter \"{}\"", arg(d, 1)),
             d,
         ));
+    }
+    if !default_combined && d.args.len() < 2 {
+        return Err(crate::config::registry::invalid_args(d));
     }
     if first.starts_with("syslog:") {
         return Err(ConfError::at(
@@ -418,7 +446,7 @@ fn set_access_log(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResu
         "combined"
     };
     let path_t = cx.template(first, d)?;
-    let format = find_format(cx, name)
+    let format = find_format(cx, name, default_combined)
         .ok_or_else(|| ConfError::at(format!("unknown log format \"{}\"", name), d))?;
     let mut size = 0usize;
     let mut flush = 0u64;
@@ -492,12 +520,7 @@ fn set_access_log(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResu
             Dest::File(file)
         }
     };
-    l.modules
-        .access_log
-        .logs
-        .get_or_insert_with(Vec::new)
-        .push(Arc::new(LogSpec { dest, format, cond }));
-    Ok(())
+    Ok(Some(Arc::new(LogSpec { dest, format, cond })))
 }
 
 /// The buffer set of a path: the same for every `access_log` of this path
@@ -643,33 +666,53 @@ pub fn log(cx: &Ctx<'_>) {
         return;
     };
     for l in logs {
-        if let Some(c) = &l.cond {
-            let v = c.render_vec(cx);
-            if v.is_empty() || v == b"0" {
-                continue;
-            }
+        write_one(l, cx, &|| ScriptCtx {
+            root: cx.root(),
+            cache: conf.cache.clone().flatten(),
+            err: err_ctx(cx),
+        });
+    }
+}
+
+/// What a log with variables in its path needs besides the line: the
+/// root that must exist (empty: none), the descriptor cache, and how to
+/// report a failure.
+pub(crate) struct ScriptCtx {
+    pub root: Vec<u8>,
+    pub cache: Option<Arc<CacheConf>>,
+    pub err: ErrCtx,
+}
+
+/// Writes one line to one `access_log` (unless its `if=` says no): the
+/// log phase of http and of stream.
+pub(crate) fn write_one(l: &LogSpec, cx: &dyn VarCtx, script: &dyn Fn() -> ScriptCtx) {
+    writer();
+    if let Some(c) = &l.cond {
+        let v = c.render_vec(cx);
+        if v.is_empty() || v == b"0" {
+            return;
         }
-        let mut line = Vec::with_capacity(256);
-        l.format.eval(cx, &mut line);
-        line.push(b'\n');
-        match &l.dest {
-            Dest::File(f) => submit(Job::Write {
-                target: Target::File(f.clone()),
+    }
+    let mut line = Vec::with_capacity(256);
+    l.format.eval(cx, &mut line);
+    line.push(b'\n');
+    match &l.dest {
+        Dest::File(f) => submit(Job::Write {
+            target: Target::File(f.clone()),
+            data: line,
+            gzip: 0,
+        }),
+        Dest::Buffered(set) => write_buffered(set, line),
+        Dest::Script(t) => {
+            let path = t.render_vec(cx);
+            let sc = script();
+            submit(Job::Script(Box::new(ScriptJob {
+                path,
+                root: sc.root,
                 data: line,
-                gzip: 0,
-            }),
-            Dest::Buffered(set) => write_buffered(set, line),
-            Dest::Script(t) => {
-                let path = t.render_vec(cx);
-                let cache = conf.cache.clone().flatten();
-                submit(Job::Script(Box::new(ScriptJob {
-                    path,
-                    root: cx.root(),
-                    data: line,
-                    cache,
-                    err: err_ctx(cx),
-                })));
-            }
+                cache: sc.cache,
+                err: sc.err,
+            })));
         }
     }
 }
@@ -683,10 +726,10 @@ fn default_path(cx: &Ctx<'_>) -> PathBuf {
 }
 
 /// What the writer needs to report a failure as the request would.
-struct ErrCtx {
-    logger: Arc<Logger>,
-    conn: u64,
-    suffix: String,
+pub(crate) struct ErrCtx {
+    pub logger: Arc<Logger>,
+    pub conn: u64,
+    pub suffix: String,
 }
 
 fn err_ctx(cx: &Ctx<'_>) -> ErrCtx {

@@ -528,6 +528,12 @@ impl Builder {
 }
 
 fn set_geo(_hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    compile_geo(d, cx)
+}
+
+/// Compiles a `geo` block (http's and stream's; stream has no
+/// X-Forwarded-For, so its `proxy` entries find no header to follow).
+pub(crate) fn compile_geo(d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let (source, name) = if d.args.len() == 2 {
         let s = var_name(d, arg(d, 0))?;
         (Some(cx.vars.resolve(s)), var_name(d, arg(d, 1))?)

@@ -245,6 +245,12 @@ fn host_key(k: &str) -> Option<HostKey<'_>> {
 }
 
 fn set_map(_hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    compile_map(d, cx)
+}
+
+/// Compiles a `map` block into the compiler's variable table; the stream
+/// module's `map` is this too (against its own table).
+pub(crate) fn compile_map(d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let name = var_name(d, arg(d, 1))?;
     let mut m = MapVar {
         source: cx.template(arg(d, 0), d)?,
@@ -424,6 +430,11 @@ fn percent(s: &str) -> Option<i64> {
 }
 
 fn set_split_clients(_hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    compile_split_clients(d, cx)
+}
+
+/// Compiles a `split_clients` block (http's and stream's).
+pub(crate) fn compile_split_clients(d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let source = cx.template(arg(d, 0), d)?;
     let name = var_name(d, arg(d, 1))?;
     let mut parts = Vec::new();

@@ -1,0 +1,665 @@
+//! One stream session through nginx's stream phases, in this order (the
+//! one place it is written):
+//!
+//! ```text
+//!  accepted
+//!   │ post-accept: PROXY protocol header (listen ... proxy_protocol),
+//!   │              then realip (set_real_ip_from) ─── broken header ──▶ 400
+//!   │ preaccess:   set (in order), limit_conn ──────── over the limit ─▶ 503
+//!   │ access:      allow / deny (first match) ─────── denied ─────────▶ 403
+//!   │ content:     return VALUE ─── written ────────────────────────────▶ 200
+//!   │              proxy_pass ───── no peer / connect failed ──────────▶ 502
+//!   │                               bad variable target ──────────────▶ 500
+//!   │                               relayed until one side ends ──────▶ 200
+//!   ▼ log:         every access_log of the server (with $status)
+//!  closed
+//! ```
+//!
+//! [`Session`] holds what the variables read (addresses, counters,
+//! upstream timings, `set` values) and is the [`VarCtx`] every template of
+//! the server renders against. A `limit_conn` slot is held by the session
+//! until it ends, after the log phase.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::core::log::{Level, Logger};
+use crate::core::worker::{Slot, WorkerShared};
+use crate::http::conf::ListenAddr;
+use crate::http::modules::access::matches_addr;
+use crate::http::modules::access_log::{write_one, ErrCtx, ScriptCtx};
+use crate::http::modules::limit_conn::{ConnState, Take, ZoneState};
+use crate::http::response::push_num;
+use crate::http::vars::{Var, VarCtx};
+use crate::stream::conf::{Content, StreamServer};
+use crate::stream::proxy::{self, Sock};
+use crate::stream::proxy_protocol::{self as pp, Parsed};
+use crate::stream::ssl_preread::{self, Hello, Preread};
+use crate::stream::vars::SVar;
+use crate::tls::TlsInfo;
+
+/// One upstream peer tried by a session, for `$upstream_*` (each of
+/// those variables lists the attempts, comma-separated, as nginx does).
+#[derive(Debug, Default)]
+pub struct UpTry {
+    /// The peer, or the upstream's name when no peer was left.
+    pub addr: String,
+    /// None: the connection failed.
+    pub connect: Option<Duration>,
+    pub first_byte: Option<Duration>,
+    pub session: Option<Duration>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// What the upstream side of a session did.
+#[derive(Debug, Default)]
+pub struct UpInfo {
+    pub tries: Vec<UpTry>,
+}
+
+impl UpInfo {
+    /// Appends one value per attempt, comma-separated; false when the
+    /// session reached no upstream.
+    fn list(&self, out: &mut Vec<u8>, f: impl Fn(&UpTry, &mut Vec<u8>)) -> bool {
+        if self.tries.is_empty() {
+            return false;
+        }
+        for (i, t) in self.tries.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(b", ");
+            }
+            f(t, out);
+        }
+        true
+    }
+}
+
+/// One session's state.
+pub struct Session {
+    pub id: u64,
+    pub start: Instant,
+    /// The client's address after realip (None: a unix socket).
+    pub remote: Option<SocketAddr>,
+    /// The connection's own peer address.
+    pub conn_remote: Option<SocketAddr>,
+    pub local: Option<SocketAddr>,
+    pub listen: ListenAddr,
+    pub srv: Arc<StreamServer>,
+    pub status: u16,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub up: UpInfo,
+    pub pp: Option<pp::Header>,
+    /// Values `set` gave, by user-variable index.
+    pub set_vals: Vec<Option<Vec<u8>>>,
+    pub limit_status: Option<&'static str>,
+    pub logger: Arc<Logger>,
+    /// What `ssl_preread` found in the ClientHello.
+    pub hello: Option<Hello>,
+    /// The TLS session of an `ssl` listener.
+    pub tls: Option<TlsInfo>,
+    /// The protocol ALPN settled on (`$ssl_alpn_protocol`).
+    pub alpn: Option<Vec<u8>>,
+}
+
+impl Session {
+    pub fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
+        self.logger.log(level, Some(self.id), msg);
+    }
+
+    /// nginx's error-log context of a stream session.
+    pub fn client_ctx(&self) -> String {
+        format!(
+            "client: {}, server: {}",
+            self.conn_remote
+                .map(|a| a.ip().to_string())
+                .unwrap_or_else(|| "unix:".into()),
+            self.listen
+        )
+    }
+}
+
+fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
+    match a {
+        Some(a) if port => push_num(out, u64::from(a.port())),
+        Some(a) => out.extend_from_slice(a.ip().to_string().as_bytes()),
+        None if port => {}
+        None => out.extend_from_slice(b"unix:"),
+    }
+}
+
+/// Seconds with milliseconds, as nginx prints times ("0.012").
+fn push_secs(out: &mut Vec<u8>, d: Duration) {
+    out.extend_from_slice(format!("{}.{:03}", d.as_secs(), d.subsec_millis()).as_bytes());
+}
+
+fn opt_secs(out: &mut Vec<u8>, d: Option<Duration>) {
+    match d {
+        Some(d) => push_secs(out, d),
+        None => out.push(b'-'),
+    }
+}
+
+impl VarCtx for Session {
+    fn var(&self, v: &Var, out: &mut Vec<u8>) -> bool {
+        match v {
+            Var::RemoteAddr => push_addr(out, self.remote, false),
+            Var::RemotePort => push_addr(out, self.remote, true),
+            Var::RealIpRemoteAddr => push_addr(out, self.conn_remote, false),
+            Var::RealIpRemotePort => push_addr(out, self.conn_remote, true),
+            Var::BinaryRemoteAddr => match self.remote {
+                Some(SocketAddr::V4(a)) => out.extend_from_slice(&a.ip().octets()),
+                Some(SocketAddr::V6(a)) => out.extend_from_slice(&a.ip().octets()),
+                None => {}
+            },
+            Var::ServerAddr => push_addr(out, self.local, false),
+            Var::ServerPort => push_addr(out, self.local, true),
+            Var::BytesSent => push_num(out, self.bytes_sent),
+            Var::Status => push_num(out, u64::from(self.status)),
+            Var::Connection => push_num(out, self.id),
+            Var::Hostname => out.extend_from_slice(crate::core::hostname().as_bytes()),
+            Var::Pid => push_num(out, u64::from(std::process::id())),
+            Var::NginxVersion => {
+                out.extend_from_slice(crate::http::response::NGINX_VERSION.as_bytes())
+            }
+            Var::TernVersion => out.extend_from_slice(crate::http::response::VERSION.as_bytes()),
+            Var::TimeLocal => out.extend_from_slice(&crate::http::date::time_local()),
+            Var::TimeIso8601 => out.extend_from_slice(&crate::http::date::time_iso8601()),
+            Var::Msec => push_secs(
+                out,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default(),
+            ),
+            Var::Stream(s) => return self.stream_var(*s, out),
+            Var::SslProtocol | Var::SslCipher | Var::SslServerName | Var::SslSessionReused => {
+                let Some(t) = &self.tls else { return false };
+                match v {
+                    Var::SslProtocol => out.extend_from_slice(t.protocol.as_bytes()),
+                    Var::SslCipher => out.extend_from_slice(t.cipher.as_bytes()),
+                    Var::SslServerName => match &t.server_name {
+                        Some(n) => out.extend_from_slice(n.as_bytes()),
+                        None => return false,
+                    },
+                    _ => out.extend_from_slice(if t.reused { b"r" } else { b"." }),
+                }
+            }
+            Var::User(i) => {
+                if let Some(Some(v)) = self.set_vals.get(*i) {
+                    out.extend_from_slice(v);
+                    return true;
+                }
+                return match self.srv.vars.def(*i) {
+                    Some(d) => d.eval(self, out),
+                    // Declared by `set` only, not set (yet): empty.
+                    None => true,
+                };
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+impl Session {
+    fn stream_var(&self, v: SVar, out: &mut Vec<u8>) -> bool {
+        let pp_part = |src: bool, port: bool, out: &mut Vec<u8>| {
+            let Some(h) = &self.pp else { return false };
+            let Some((ip, p)) = (if src { h.src } else { h.dst }) else {
+                return false;
+            };
+            if port {
+                push_num(out, u64::from(p));
+            } else {
+                out.extend_from_slice(ip.to_string().as_bytes());
+            }
+            true
+        };
+        match v {
+            SVar::BytesReceived => push_num(out, self.bytes_received),
+            SVar::SessionTime => push_secs(out, self.start.elapsed()),
+            SVar::Protocol => out.extend_from_slice(b"TCP"),
+            SVar::UpstreamAddr => {
+                return self
+                    .up
+                    .list(out, |t, o| o.extend_from_slice(t.addr.as_bytes()))
+            }
+            SVar::UpstreamBytesSent => return self.up.list(out, |t, o| push_num(o, t.bytes_sent)),
+            SVar::UpstreamBytesReceived => {
+                return self.up.list(out, |t, o| push_num(o, t.bytes_received))
+            }
+            SVar::UpstreamConnectTime => return self.up.list(out, |t, o| opt_secs(o, t.connect)),
+            SVar::UpstreamFirstByteTime => {
+                return self.up.list(out, |t, o| opt_secs(o, t.first_byte))
+            }
+            SVar::UpstreamSessionTime => return self.up.list(out, |t, o| opt_secs(o, t.session)),
+            SVar::ProxyProtocolAddr => return pp_part(true, false, out),
+            SVar::ProxyProtocolPort => return pp_part(true, true, out),
+            SVar::ProxyProtocolServerAddr => return pp_part(false, false, out),
+            SVar::ProxyProtocolServerPort => return pp_part(false, true, out),
+            SVar::SslPrereadServerName => match &self.hello {
+                Some(h) => out.extend_from_slice(&h.server_name),
+                None => return false,
+            },
+            SVar::SslPrereadAlpnProtocols => match &self.hello {
+                Some(h) => out.extend_from_slice(&h.alpn),
+                None => return false,
+            },
+            SVar::SslPrereadProtocol => match &self.hello {
+                Some(h) => out.extend_from_slice(h.protocol.as_bytes()),
+                None => return false,
+            },
+            SVar::SslAlpnProtocol => match (&self.tls, &self.alpn) {
+                (Some(_), Some(a)) => out.extend_from_slice(a),
+                (Some(_), None) => {}
+                (None, _) => return false,
+            },
+            SVar::LimitConnStatus => match self.limit_status {
+                Some(s) => out.extend_from_slice(s.as_bytes()),
+                None => return false,
+            },
+        }
+        true
+    }
+}
+
+/// A `limit_conn` slot held for the session's life.
+struct Held {
+    state: Arc<ConnState>,
+    key: Vec<u8>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.state.release(&self.key);
+    }
+}
+
+/// Serves one accepted stream connection with the server it arrived on.
+/// `slot` is the `worker_connections` slot for the upstream side (None:
+/// none was free).
+pub async fn serve(
+    mut client: Sock,
+    remote: Option<SocketAddr>,
+    listen: ListenAddr,
+    srv: Arc<StreamServer>,
+    slot: Option<Slot>,
+    shared: Arc<WorkerShared>,
+    id: u64,
+) {
+    let local = match (&listen, &client) {
+        // A listener on a specific address is its connections' local address.
+        (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
+        (_, Sock::Tcp(t)) => t.local_addr().ok(),
+        _ => None,
+    };
+    let nvars = srv.vars.len();
+    let mut s = Session {
+        id,
+        start: Instant::now(),
+        remote,
+        conn_remote: remote,
+        local,
+        listen: listen.clone(),
+        logger: srv
+            .logger
+            .clone()
+            .unwrap_or_else(crate::core::log::main_logger),
+        srv,
+        status: 200,
+        bytes_received: 0,
+        bytes_sent: 0,
+        up: UpInfo::default(),
+        pp: None,
+        set_vals: vec![None; nvars],
+        limit_status: None,
+        hello: None,
+        tls: None,
+        alpn: None,
+    };
+    s.log(
+        Level::Info,
+        format_args!(
+            "client {} connected to {}",
+            remote
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "unix:".into()),
+            listen
+        ),
+    );
+    let mut held: Vec<Held> = Vec::new();
+    if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
+        if let Some((client, pre)) = tls_and_preread(&mut s, client, pre).await {
+            content(&mut s, client, pre, slot, &shared).await;
+        }
+    }
+    log_phase(&s);
+    drop(held);
+}
+
+/// post-accept, preaccess and access: Some(bytes already read from the
+/// client) to go on to the content phase, None when the session ended.
+async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Option<Vec<u8>> {
+    let srv = s.srv.clone();
+    let mut pre = Vec::new();
+    if srv.pp_listens.contains(&s.listen) {
+        match read_pp(client, srv.proxy_protocol_timeout).await {
+            Ok((h, rest)) => {
+                s.bytes_received += rest.len() as u64;
+                pre = rest;
+                s.pp = Some(h);
+            }
+            Err(msg) => {
+                s.log(Level::Error, format_args!("{}, {}", msg, s.client_ctx()));
+                s.status = 400;
+                return None;
+            }
+        }
+        // realip: a trusted sender's PROXY header names the client.
+        let trusted = srv
+            .realip_from
+            .iter()
+            .any(|a| matches_addr(a, s.conn_remote.map(|r| r.ip())));
+        if trusted {
+            if let Some(Some((ip, port))) = s.pp.as_ref().map(|h| h.src) {
+                s.remote = Some(SocketAddr::new(ip, port));
+            }
+        }
+    }
+    for (i, t) in &srv.sets {
+        let v = t.render_vec(&*s);
+        if let Some(slot) = s.set_vals.get_mut(*i) {
+            *slot = Some(v);
+        }
+    }
+    for l in &srv.limits {
+        let key = l.zone.key.render_vec(&*s);
+        if key.is_empty() {
+            continue;
+        }
+        if key.len() > 255 {
+            s.log(
+                Level::Error,
+                format_args!(
+                    "the value of the \"{}\" key is more than 255 bytes: \"{}\", {}",
+                    l.zone.state.key_src(),
+                    String::from_utf8_lossy(&key),
+                    s.client_ctx()
+                ),
+            );
+            continue;
+        }
+        match l.zone.state.take(&key, l.n) {
+            Take::Ok => held.push(Held {
+                state: l.zone.state.clone(),
+                key,
+            }),
+            Take::Limited | Take::NoMemory => {
+                let dry = if srv.limit_dry_run { ", dry run," } else { "" };
+                s.log(
+                    srv.limit_log_level,
+                    format_args!(
+                        "limiting connections{} by zone \"{}\", {}",
+                        dry,
+                        l.zone.name,
+                        s.client_ctx()
+                    ),
+                );
+                if srv.limit_dry_run {
+                    s.limit_status = Some("REJECTED_DRY_RUN");
+                    continue;
+                }
+                s.limit_status = Some("REJECTED");
+                held.clear();
+                s.status = 503;
+                return None;
+            }
+        }
+    }
+    if !srv.limits.is_empty() && s.limit_status.is_none() {
+        s.limit_status = Some("PASSED");
+    }
+    let peer: Option<IpAddr> = s.remote.map(|a| a.ip());
+    if let Some(r) = srv.access.iter().find(|r| matches_addr(&r.addr, peer)) {
+        if !r.allow {
+            s.log(
+                Level::Error,
+                format_args!("access forbidden by rule, {}", s.client_ctx()),
+            );
+            s.status = 403;
+            return None;
+        }
+    }
+    Some(pre)
+}
+
+/// The ssl phase (handshake on an `ssl` listener) and the preread phase
+/// (`ssl_preread`); None when the session ended there.
+async fn tls_and_preread(
+    s: &mut Session,
+    client: Sock,
+    mut pre: Vec<u8>,
+) -> Option<(Sock, Vec<u8>)> {
+    let srv = s.srv.clone();
+    let mut client = client;
+    if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
+        // Bytes read ahead of the handshake (after a PROXY header) belong
+        // to it: the handshake reads them first.
+        let inner = if pre.is_empty() {
+            client
+        } else {
+            Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
+        };
+        let hs = async { acceptor.accept(inner).await.ok() };
+        match tokio::time::timeout(srv.ssl_handshake_timeout, hs).await {
+            Ok(Some(t)) => {
+                let (_, c) = t.get_ref();
+                s.tls = Some(tls_info(c));
+                s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
+                client = Sock::Tls(Box::new(t));
+            }
+            Ok(None) => {
+                s.log(
+                    Level::Info,
+                    format_args!(
+                        "SSL handshake failed while SSL handshaking, {}",
+                        s.client_ctx()
+                    ),
+                );
+                s.status = 500;
+                return None;
+            }
+            Err(_) => {
+                s.log(
+                    Level::Info,
+                    format_args!(
+                        "client timed out (110: Connection timed out) while SSL handshaking, {}",
+                        s.client_ctx()
+                    ),
+                );
+                s.status = 500;
+                return None;
+            }
+        }
+    }
+    if !srv.ssl_preread {
+        return Some((client, pre));
+    }
+    let read = async {
+        loop {
+            match ssl_preread::parse(&pre) {
+                Preread::Done(h) => return Ok(Some(h)),
+                Preread::NotTls => return Ok(None),
+                Preread::Partial => {}
+            }
+            if pre.len() >= srv.preread_buffer_size {
+                return Err(());
+            }
+            let mut chunk = vec![0u8; srv.preread_buffer_size - pre.len()];
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return Ok(None),
+                Ok(n) => {
+                    s.bytes_received += n as u64;
+                    pre.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(srv.preread_timeout, read).await {
+        Ok(Ok(h)) => {
+            s.hello = h;
+            Some((client, pre))
+        }
+        Ok(Err(())) => {
+            s.log(
+                Level::Error,
+                format_args!("preread buffer full, {}", s.client_ctx()),
+            );
+            s.status = 400;
+            None
+        }
+        // nginx ends the session when the preread times out, with 200.
+        Err(_) => None,
+    }
+}
+
+/// The `$ssl_*` values of a handshake (as http's TLS info).
+fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
+    TlsInfo {
+        protocol: match c.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            _ => "unknown",
+        },
+        cipher: c
+            .negotiated_cipher_suite()
+            .and_then(|s| {
+                crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
+            })
+            .unwrap_or("unknown"),
+        server_name: c.server_name().map(str::to_string),
+        reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        // What http's handshake records beyond this (session id, groups,
+        // client certificates) the stream module does not offer yet.
+        session_id: [0; 32],
+        curve: None,
+        client_ciphers: Box::new([]),
+        client_groups: Box::new([]),
+        client_chain: None,
+        verify: Ok(()),
+    }
+}
+
+/// Reads a PROXY protocol header; Ok((header, bytes after it)).
+async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Vec<u8>), String> {
+    let mut buf = Vec::with_capacity(pp::MAX_V1);
+    let read = async {
+        let mut chunk = [0u8; 512];
+        loop {
+            match pp::parse(&buf) {
+                Parsed::Done(h, n) => return Ok((h, buf[n..].to_vec())),
+                Parsed::Broken => {
+                    let end = buf.len().min(pp::MAX_V1);
+                    return Err(format!(
+                        "broken header: \"{}\"",
+                        String::from_utf8_lossy(&buf[..end])
+                    ));
+                }
+                Parsed::Partial => {}
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    return Err(
+                        "client closed connection while reading PROXY protocol header".to_string(),
+                    )
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(
+            "client timed out (110: Connection timed out) while reading PROXY protocol header"
+                .to_string(),
+        ),
+    }
+}
+
+async fn content(
+    s: &mut Session,
+    mut client: Sock,
+    pre: Vec<u8>,
+    slot: Option<Slot>,
+    shared: &Arc<WorkerShared>,
+) {
+    let srv = s.srv.clone();
+    let upstream = match &srv.content {
+        Content::Return(t) => {
+            let v = t.render_vec(&*s);
+            if client.write_all(&v).await.is_ok() {
+                s.bytes_sent += v.len() as u64;
+            }
+            let _ = client.shutdown().await;
+            return;
+        }
+        Content::Proxy(u) => u.clone(),
+        Content::ProxyVar(t, ups) => {
+            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
+            match ups
+                .get(&target)
+                .cloned()
+                .or_else(|| crate::stream::conf::runtime_peer(&target))
+            {
+                Some(u) => u,
+                None => {
+                    let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
+                    s.log(
+                        Level::Error,
+                        format_args!(
+                            "no resolver defined to resolve {}, {}",
+                            host,
+                            s.client_ctx()
+                        ),
+                    );
+                    s.status = 500;
+                    return;
+                }
+            }
+        }
+    };
+    // The upstream connection is a connection of this worker too: nginx's
+    // worker_connections counts both sides of a proxied session.
+    let Some(_slot) = slot else {
+        s.log(
+            Level::Alert,
+            format_args!(
+                "{} worker_connections are not enough while connecting to upstream, {}",
+                shared.config.load().main.connections(),
+                s.client_ctx()
+            ),
+        );
+        s.status = 502;
+        return;
+    };
+    proxy::run(s, client, pre, upstream).await;
+}
+
+fn log_phase(s: &Session) {
+    for l in &s.srv.logs {
+        write_one(l, s, &|| ScriptCtx {
+            root: Vec::new(),
+            cache: None,
+            err: ErrCtx {
+                logger: s.logger.clone(),
+                conn: s.id,
+                suffix: format!(" while logging session, {}", s.client_ctx()),
+            },
+        });
+    }
+}
