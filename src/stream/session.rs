@@ -547,6 +547,8 @@ fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
         // What http's handshake records beyond this (session id, groups,
         // client certificates) the stream module does not offer yet.
         session_id: [0; 32],
+        // Stream sessions carry no HTTP: ALPN's h2 means nothing here.
+        h2: false,
         curve: None,
         client_ciphers: Box::new([]),
         client_groups: Box::new([]),
