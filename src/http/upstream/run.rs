@@ -9,15 +9,37 @@ use super::cache::{
     self, any_true, cache_answer, entry_response, lookup, refresh_entry, validators, CacheReq,
     Lookup, Stale,
 };
+use super::conf::UpstreamConf;
 use super::conf::{ft, CacheSel, Limits, M_GET, M_HEAD, M_POST};
 use super::fetch::{bind_addr, fetch, Outgoing};
-use super::peers::Upstream;
+use super::peers::{self, PassAddr, Upstream};
 use super::{Caching, Protocol};
 use crate::cache::{self as store, md5};
 use crate::core::log::Level;
 use crate::http::phases::Ctx;
 use crate::http::request::Method;
 use crate::http::response::Response;
+
+/// The content handler of a `*_pass` to an address (fastcgi, scgi,
+/// uwsgi): the request body read, the upstream found, then [`run`] with
+/// the protocol `proto` makes of the pass.
+pub async fn pass_addr(
+    cx: &mut Ctx<'_>,
+    pass: Option<Arc<PassAddr>>,
+    conf: &UpstreamConf,
+    proto: impl FnOnce(Arc<PassAddr>) -> Arc<dyn Protocol>,
+) -> Response {
+    let Some(pass) = pass else {
+        return Response::status(500);
+    };
+    if let Err(r) = crate::http::body::read(cx, &pass.body_temp_default).await {
+        return *r;
+    }
+    let Some(up) = peers::upstream_of(cx, &pass.to).await else {
+        return Response::status(502);
+    };
+    run(cx, proto(pass), up, Limits::of(conf)).await
+}
 
 /// Serves the request from `up` with `proto` (the request body has been
 /// read), through the cache when the location has one.

@@ -34,7 +34,7 @@ use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::modules::cgi::{self, Param};
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
-use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
+use crate::http::upstream::conf::{Slot, UpstreamConf};
 use crate::http::upstream::peers::{self, PassAddr};
 use crate::http::upstream::{Caching, HeadReader, OutBody, Protocol, Request};
 
@@ -132,21 +132,14 @@ pub fn content<'a>(
 
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
-    let Some(pass) = loc.modules.scgi.pass.clone() else {
-        return Response::status(500);
-    };
-    if let Err(r) = body::read(cx, &pass.body_temp_default).await {
-        return *r;
-    }
-    let Some(up) = peers::upstream_of(cx, &pass.to).await else {
-        return Response::status(502);
-    };
-    let lim = Limits::of(&loc.modules.scgi.up);
-    let proto = Arc::new(Scgi {
-        loc: loc.clone(),
-        pass,
-    });
-    crate::http::upstream::run(cx, proto, up, lim).await
+    let pass = loc.modules.scgi.pass.clone();
+    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.scgi.up, |pass| {
+        Arc::new(Scgi {
+            loc: loc.clone(),
+            pass,
+        })
+    })
+    .await
 }
 
 /// The netstring of the request's headers (with CONTENT_LENGTH first).

@@ -35,7 +35,7 @@ use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::modules::cgi::{self, Param};
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
-use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
+use crate::http::upstream::conf::{Slot, UpstreamConf};
 use crate::http::upstream::peers::{self, PassAddr};
 use crate::http::upstream::{Caching, HeadReader, OutBody, Protocol, Request};
 
@@ -190,21 +190,14 @@ pub fn content<'a>(
 
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
-    let Some(pass) = loc.modules.uwsgi.pass.clone() else {
-        return Response::status(500);
-    };
-    if let Err(r) = body::read(cx, &pass.body_temp_default).await {
-        return *r;
-    }
-    let Some(up) = peers::upstream_of(cx, &pass.to).await else {
-        return Response::status(502);
-    };
-    let lim = Limits::of(&loc.modules.uwsgi.up);
-    let proto = Arc::new(Uwsgi {
-        loc: loc.clone(),
-        pass,
-    });
-    crate::http::upstream::run(cx, proto, up, lim).await
+    let pass = loc.modules.uwsgi.pass.clone();
+    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.uwsgi.up, |pass| {
+        Arc::new(Uwsgi {
+            loc: loc.clone(),
+            pass,
+        })
+    })
+    .await
 }
 
 /// One var: u16 LE length and name, u16 LE length and value (longer ones
