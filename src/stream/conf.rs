@@ -106,6 +106,8 @@ pub struct StreamServer {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Listening addresses of this server with `ssl`.
     pub ssl_listens: Vec<ListenAddr>,
+    /// `ssl_verify_client` and its certificates (None: off).
+    pub client_auth: Option<Arc<crate::tls::client_auth::ClientAuth>>,
     pub ssl_handshake_timeout: Duration,
     /// `proxy_ssl on`: the TLS client configuration toward the upstream.
     pub proxy_ssl: Option<Arc<rustls::ClientConfig>>,
@@ -170,6 +172,10 @@ pub struct ProxyConf {
     pub proxy_ssl_protocols: Option<(bool, bool)>,
     pub proxy_ssl_ciphers: Option<String>,
     pub proxy_ssl_verify_depth: Option<u64>,
+    /// `proxy_ssl_certificate`, `_key`, `proxy_ssl_password_file` (paths).
+    pub proxy_ssl_certificate: Option<String>,
+    pub proxy_ssl_certificate_key: Option<String>,
+    pub proxy_ssl_password_file: Option<String>,
 }
 
 impl ProxyConf {
@@ -212,7 +218,10 @@ impl ProxyConf {
             proxy_ssl_trusted,
             proxy_ssl_protocols,
             proxy_ssl_ciphers,
-            proxy_ssl_verify_depth
+            proxy_ssl_verify_depth,
+            proxy_ssl_certificate,
+            proxy_ssl_certificate_key,
+            proxy_ssl_password_file
         );
         self.ssl.merge(&p.ssl);
     }
@@ -601,21 +610,21 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!(
         "proxy_ssl_certificate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_certificate)
     ),
     row!(
         "proxy_ssl_certificate_key",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_certificate_key)
     ),
     row!("proxy_ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
     row!(
         "proxy_ssl_password_file",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_password_file)
     ),
     row!(
         "proxy_ssl_conf_command",
@@ -658,32 +667,22 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::AtLeast(1),
         StreamSetter::Proxy(set_ssl_alpn)
     ),
-    row!(
-        "ssl_verify_client",
-        SS,
-        Args::Any,
-        StreamSetter::Unsupported
-    ),
+    row!("ssl_verify_client", SS, Args::take(1), StreamSetter::Ssl),
     row!(
         "ssl_client_certificate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
     row!(
         "ssl_trusted_certificate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
-    row!("ssl_verify_depth", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
-    row!(
-        "ssl_password_file",
-        SS,
-        Args::Any,
-        StreamSetter::Unsupported
-    ),
+    row!("ssl_verify_depth", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_crl", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_password_file", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
     row!(
         "ssl_session_ticket_key",
@@ -905,9 +904,11 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             })?)),
             None => None,
         };
+        let mut client_auth = None;
         let tls = if sb.listen.iter().any(|l| l.ssl) {
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
+            client_auth = ssl.client_auth.clone();
             let Some(cfg) = ssl.tls else {
                 let l = sb
                     .listen_dirs
@@ -947,10 +948,9 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                     &sd,
                 ));
             }
-            Some(
-                crate::tls::client::client_config(&up)
-                    .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?,
-            )
+            let cfg = crate::tls::client::client_config(&up)
+                .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?;
+            Some(with_client_cert(cfg, p, &sd)?)
         } else {
             None
         };
@@ -998,6 +998,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 .filter(|l| l.ssl)
                 .map(|l| l.addr.clone())
                 .collect(),
+            client_auth,
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             proxy_ssl,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
@@ -1294,6 +1295,100 @@ fn set_proxy_ssl_protocols(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -
 fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     crate::tls::client::check_ciphers(arg(d, 0))?;
     set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_proxy_ssl_certificate(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let f = ssl_file(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate, f, d)
+}
+
+fn set_proxy_ssl_certificate_key(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let f = ssl_file(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate_key, f, d)
+}
+
+fn set_proxy_ssl_password_file(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let f = ssl_file(d, cx)?;
+    set_once(&mut p.proxy_ssl_password_file, f, d)
+}
+
+/// A file argument of a `proxy_ssl_*` directive, relative to the
+/// directory of nginx.conf. nginx 1.21+ also takes variables in
+/// `proxy_ssl_certificate` (a certificate loaded per connection); tern
+/// takes files only.
+fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
+    let a = arg(d, 0);
+    if a.contains('$') || a.starts_with("data:") {
+        return Err(ConfError::at(
+            format!(
+                "\"{}\" with variables or \"data:\" is not supported by tern yet",
+                d.name
+            ),
+            d,
+        ));
+    }
+    Ok(if a.starts_with('/') {
+        a.to_string()
+    } else {
+        cx.conf_prefix.join(a).to_string_lossy().into_owned()
+    })
+}
+
+/// `proxy_ssl_certificate`: the client certificate offered to upstreams
+/// (whatever CA names the upstream hints, as OpenSSL does for nginx).
+fn with_client_cert(
+    cfg: Arc<rustls::ClientConfig>,
+    p: &ProxyConf,
+    sd: &Directive,
+) -> ConfResult<Arc<rustls::ClientConfig>> {
+    let Some(cert) = &p.proxy_ssl_certificate else {
+        return Ok(cfg);
+    };
+    let Some(key) = &p.proxy_ssl_certificate_key else {
+        return Err(ConfError::at(
+            format!(
+                "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
+                cert
+            ),
+            sd,
+        ));
+    };
+    let passwords = match &p.proxy_ssl_password_file {
+        Some(f) => crate::tls::keys::read_passwords(f)?,
+        None => Vec::new(),
+    };
+    let pair = crate::tls::config::load_pair(cert, key, &passwords)?;
+    let mut c = (*cfg).clone();
+    c.client_auth_cert_resolver = Arc::new(ClientCert(pair));
+    Ok(Arc::new(c))
+}
+
+#[derive(Debug)]
+struct ClientCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 fn set_proxy_ssl_verify_depth(

@@ -188,6 +188,7 @@ impl VarCtx for Session {
                     _ => out.extend_from_slice(if t.reused { b"r" } else { b"." }),
                 }
             }
+            Var::Ssl(v) => return crate::tls::vars::eval(self.tls.as_ref(), *v, out),
             Var::User(i) => {
                 if let Some(Some(v)) = self.set_vals.get(*i) {
                     out.extend_from_slice(v);
@@ -447,7 +448,6 @@ async fn tls_and_preread(
     let srv = s.srv.clone();
     let mut client = client;
     if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
-        let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
         // Bytes read ahead of the handshake (after a PROXY header) belong
         // to it: the handshake reads them first.
         let inner = if pre.is_empty() {
@@ -455,13 +455,37 @@ async fn tls_and_preread(
         } else {
             Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
         };
-        let hs = async { acceptor.accept(inner).await.ok() };
+        let hs = async {
+            let start =
+                tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
+                    .await
+                    .ok()?;
+            let ch = start.client_hello();
+            let hello = Offered {
+                server_name: ch.server_name().map(str::to_string),
+                ciphers: ch.cipher_suites().into(),
+                groups: ch.named_groups().unwrap_or_default().into(),
+            };
+            let mut id = [0u8; 32];
+            let t = start
+                .into_stream_with(cfg.clone(), |c| id = crate::tls::session_id(c))
+                .await
+                .ok()?;
+            Some((t, hello, id))
+        };
         match tokio::time::timeout(srv.ssl_handshake_timeout, hs).await {
-            Ok(Some(t)) => {
+            Ok(Some((t, hello, id))) => {
                 let (_, c) = t.get_ref();
-                s.tls = Some(tls_info(c));
+                let info = tls_info(c, hello, id, srv.client_auth.as_deref());
                 s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
                 client = Sock::Tls(Box::new(t));
+                let refused = client_cert_refused(srv.client_auth.as_deref(), &info);
+                s.tls = Some(info);
+                if let Some(why) = refused {
+                    s.log(Level::Info, format_args!("{}, {}", why, s.client_ctx()));
+                    s.status = 500;
+                    return None;
+                }
             }
             Ok(None) => {
                 s.log(
@@ -528,8 +552,27 @@ async fn tls_and_preread(
     }
 }
 
-/// The `$ssl_*` values of a handshake (as http's TLS info).
-fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
+/// What a ClientHello offered (for `$ssl_server_name`, `$ssl_ciphers`,
+/// `$ssl_curves`).
+struct Offered {
+    server_name: Option<String>,
+    ciphers: Box<[rustls::CipherSuite]>,
+    groups: Box<[rustls::NamedGroup]>,
+}
+
+/// The `$ssl_*` values of a handshake (as http's TLS info), with the
+/// verdict on the client's certificate when `ssl_verify_client` asks for one.
+fn tls_info(
+    c: &rustls::ServerConnection,
+    hello: Offered,
+    session_id: [u8; 32],
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+) -> TlsInfo {
+    let client_chain = c.peer_certificates().map(<[_]>::to_vec);
+    let verify = match (&client_chain, auth) {
+        (Some(ch), Some(a)) => a.verify(ch),
+        _ => Ok(()),
+    };
     TlsInfo {
         protocol: match c.protocol_version() {
             Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
@@ -542,19 +585,41 @@ fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
                 crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
             })
             .unwrap_or("unknown"),
-        server_name: c.server_name().map(str::to_string),
+        server_name: hello.server_name,
         reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-        // What http's handshake records beyond this (session id, groups,
-        // client certificates) the stream module does not offer yet.
-        session_id: [0; 32],
+        session_id,
         // Stream sessions carry no HTTP: ALPN's h2 means nothing here.
         h2: false,
-        curve: None,
-        client_ciphers: Box::new([]),
-        client_groups: Box::new([]),
-        client_chain: None,
-        verify: Ok(()),
+        curve: c.negotiated_key_exchange_group().map(|g| g.name()),
+        client_ciphers: hello.ciphers,
+        client_groups: hello.groups,
+        client_chain,
+        verify,
     }
+}
+
+/// nginx's check after a stream handshake (`ngx_stream_ssl_handler`): a
+/// certificate that failed verification ends the session (unless
+/// `optional_no_ca` lets an unknown issuer through), and so does a missing
+/// one with `ssl_verify_client on`. The error-log text when refused.
+fn client_cert_refused(
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+    info: &TlsInfo,
+) -> Option<String> {
+    use crate::tls::client_auth::VerifyMode;
+    let a = auth?;
+    if let Err(e) = info.verify {
+        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
+            return Some(format!(
+                "client SSL certificate verify error: ({}:{})",
+                e.0, e.1
+            ));
+        }
+    }
+    if a.mode == VerifyMode::On && info.client_chain.is_none() {
+        return Some("client sent no required SSL certificate".to_string());
+    }
+    None
 }
 
 /// Reads a PROXY protocol header; Ok((header, bytes after it)).
@@ -649,7 +714,7 @@ async fn content(
         s.status = 502;
         return;
     };
-    proxy::run(s, client, pre, upstream).await;
+    proxy::run(s, client, pre, upstream, shared).await;
 }
 
 fn log_phase(s: &Session) {
