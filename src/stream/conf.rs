@@ -123,6 +123,10 @@ pub struct StreamServer {
     /// None = no limit.
     pub next_upstream_timeout: Option<Duration>,
     pub half_close: bool,
+    /// UDP: `proxy_requests` (0: the client stays bound to its session)
+    /// and `proxy_responses` (None: not limited).
+    pub requests: u64,
+    pub responses: Option<u64>,
     pub socket_keepalive: bool,
     pub tcp_nodelay: bool,
     /// `error_log` of this server (or inherited from `stream`); None = main log.
@@ -176,6 +180,8 @@ pub struct ProxyConf {
     pub proxy_ssl_certificate: Option<String>,
     pub proxy_ssl_certificate_key: Option<String>,
     pub proxy_ssl_password_file: Option<String>,
+    pub requests: Option<u64>,
+    pub responses: Option<u64>,
 }
 
 impl ProxyConf {
@@ -221,7 +227,9 @@ impl ProxyConf {
             proxy_ssl_verify_depth,
             proxy_ssl_certificate,
             proxy_ssl_certificate_key,
-            proxy_ssl_password_file
+            proxy_ssl_password_file,
+            requests,
+            responses
         );
         self.ssl.merge(&p.ssl);
     }
@@ -550,8 +558,18 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(1),
         StreamSetter::Proxy(set_upload_rate)
     ),
-    row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_responses",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_responses)
+    ),
+    row!(
+        "proxy_requests",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_requests)
+    ),
     row!(
         "proxy_ssl",
         SS,
@@ -1009,6 +1027,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             next_upstream_tries: p.next_upstream_tries.unwrap_or(0),
             next_upstream_timeout: p.next_upstream_timeout.filter(|t| !t.is_zero()),
             half_close: p.half_close.unwrap_or(false),
+            requests: p.requests.unwrap_or(0),
+            responses: p.responses,
             socket_keepalive: p.socket_keepalive.unwrap_or(false),
             tcp_nodelay: p.tcp_nodelay.unwrap_or(true),
             logger,
@@ -1192,7 +1212,23 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
         .args
         .retain(|a| a.value != "proxy_protocol" && a.value != "udp");
     let mut l = crate::http::conf::parse_listen(&plain)?;
-    if d.args.iter().skip(1).any(|a| a.value == "udp") {
+    let udp = d.args.iter().skip(1).any(|a| a.value == "udp");
+    if udp {
+        // nginx's checks, in its order.
+        let has = |p: &str| d.args.iter().skip(1).any(|a| a.value.starts_with(p));
+        for (on, what) in [
+            (l.backlog.is_some(), "backlog"),
+            (l.ssl, "ssl"),
+            (l.so_keepalive.is_some(), "so_keepalive"),
+            (has("proxy_protocol"), "proxy_protocol"),
+        ] {
+            if on {
+                return Err(ConfError::at(
+                    format!("\"{}\" parameter is incompatible with \"udp\"", what),
+                    d,
+                ));
+            }
+        }
         match l.addr {
             ListenAddr::Inet(a) => l.addr = ListenAddr::Udp(a),
             // nginx binds unix datagram sockets; tern does not yet.
@@ -1298,6 +1334,16 @@ fn set_proxy_ssl_protocols(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -
 fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     crate::tls::client::check_ciphers(arg(d, 0))?;
     set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_proxy_requests(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::num_arg(d, 0)?;
+    set_once(&mut p.requests, v, d)
+}
+
+fn set_proxy_responses(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::num_arg(d, 0)?;
+    set_once(&mut p.responses, v, d)
 }
 
 fn set_proxy_ssl_certificate(

@@ -107,6 +107,39 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session that starts now, with nothing read yet.
+    pub fn new(
+        id: u64,
+        remote: Option<SocketAddr>,
+        local: Option<SocketAddr>,
+        listen: ListenAddr,
+        srv: Arc<StreamServer>,
+    ) -> Session {
+        Session {
+            id,
+            start: Instant::now(),
+            remote,
+            conn_remote: remote,
+            local,
+            listen,
+            logger: srv
+                .logger
+                .clone()
+                .unwrap_or_else(crate::core::log::main_logger),
+            set_vals: vec![None; srv.vars.len()],
+            srv,
+            status: 200,
+            bytes_received: 0,
+            bytes_sent: 0,
+            up: UpInfo::default(),
+            pp: None,
+            limit_status: None,
+            hello: None,
+            tls: None,
+            alpn: None,
+        }
+    }
+
     pub fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
         self.logger.log(level, Some(self.id), msg);
     }
@@ -114,7 +147,12 @@ impl Session {
     /// nginx's error-log context of a stream session.
     pub fn client_ctx(&self) -> String {
         format!(
-            "client: {}, server: {}",
+            "{}client: {}, server: {}",
+            if matches!(self.listen, ListenAddr::Udp(_)) {
+                "udp "
+            } else {
+                ""
+            },
             self.conn_remote
                 .map(|a| a.ip().to_string())
                 .unwrap_or_else(|| "unix:".into()),
@@ -223,7 +261,10 @@ impl Session {
         match v {
             SVar::BytesReceived => push_num(out, self.bytes_received),
             SVar::SessionTime => push_secs(out, self.start.elapsed()),
-            SVar::Protocol => out.extend_from_slice(b"TCP"),
+            SVar::Protocol => out.extend_from_slice(match self.listen {
+                ListenAddr::Udp(_) => b"UDP",
+                _ => b"TCP",
+            }),
             SVar::UpstreamAddr => {
                 return self
                     .up
@@ -269,7 +310,7 @@ impl Session {
 }
 
 /// A `limit_conn` slot held for the session's life.
-struct Held {
+pub struct Held {
     state: Arc<ConnState>,
     key: Vec<u8>,
 }
@@ -298,30 +339,7 @@ pub async fn serve(
         (_, Sock::Tcp(t)) => t.local_addr().ok(),
         _ => None,
     };
-    let nvars = srv.vars.len();
-    let mut s = Session {
-        id,
-        start: Instant::now(),
-        remote,
-        conn_remote: remote,
-        local,
-        listen: listen.clone(),
-        logger: srv
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger),
-        srv,
-        status: 200,
-        bytes_received: 0,
-        bytes_sent: 0,
-        up: UpInfo::default(),
-        pp: None,
-        set_vals: vec![None; nvars],
-        limit_status: None,
-        hello: None,
-        tls: None,
-        alpn: None,
-    };
+    let mut s = Session::new(id, remote, local, listen.clone(), srv);
     s.log(
         Level::Info,
         format_args!(
@@ -371,6 +389,13 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
             }
         }
     }
+    checks(s, held).then_some(pre)
+}
+
+/// The preaccess and access phases (`set`, `limit_conn`, `allow`/`deny`):
+/// false when the session ended there (its status set).
+pub fn checks(s: &mut Session, held: &mut Vec<Held>) -> bool {
+    let srv = s.srv.clone();
     for (i, t) in &srv.sets {
         let v = t.render_vec(&*s);
         if let Some(slot) = s.set_vals.get_mut(*i) {
@@ -417,7 +442,7 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
                 s.limit_status = Some("REJECTED");
                 held.clear();
                 s.status = 503;
-                return None;
+                return false;
             }
         }
     }
@@ -432,10 +457,10 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
                 format_args!("access forbidden by rule, {}", s.client_ctx()),
             );
             s.status = 403;
-            return None;
+            return false;
         }
     }
-    Some(pre)
+    true
 }
 
 /// The ssl phase (handshake on an `ssl` listener) and the preread phase
@@ -675,30 +700,10 @@ async fn content(
             let _ = client.shutdown().await;
             return;
         }
-        Content::Proxy(u) => u.clone(),
-        Content::ProxyVar(t, ups) => {
-            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
-            match ups
-                .get(&target)
-                .cloned()
-                .or_else(|| crate::stream::conf::runtime_peer(&target))
-            {
-                Some(u) => u,
-                None => {
-                    let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
-                    s.log(
-                        Level::Error,
-                        format_args!(
-                            "no resolver defined to resolve {}, {}",
-                            host,
-                            s.client_ctx()
-                        ),
-                    );
-                    s.status = 500;
-                    return;
-                }
-            }
-        }
+        Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s) {
+            Some(u) => u,
+            None => return,
+        },
     };
     // The upstream connection is a connection of this worker too: nginx's
     // worker_connections counts both sides of a proxied session.
@@ -717,7 +722,39 @@ async fn content(
     proxy::run(s, client, pre, upstream, shared).await;
 }
 
-fn log_phase(s: &Session) {
+/// The upstream of `proxy_pass` for this session (a variable target is
+/// rendered now); None (status 500, logged) when it names nothing tern
+/// can reach, or when the server has no `proxy_pass`.
+pub fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
+    let srv = s.srv.clone();
+    match &srv.content {
+        Content::Return(_) => None,
+        Content::Proxy(u) => Some(u.clone()),
+        Content::ProxyVar(t, ups) => {
+            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
+            let u = ups
+                .get(&target)
+                .cloned()
+                .or_else(|| crate::stream::conf::runtime_peer(&target));
+            if u.is_none() {
+                let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
+                s.log(
+                    Level::Error,
+                    format_args!(
+                        "no resolver defined to resolve {}, {}",
+                        host,
+                        s.client_ctx()
+                    ),
+                );
+                s.status = 500;
+            }
+            u
+        }
+    }
+}
+
+/// The log phase: every `access_log` of the server.
+pub fn log_phase(s: &Session) {
     for l in &s.srv.logs {
         write_one(l, s, &|| ScriptCtx {
             root: Vec::new(),
