@@ -844,6 +844,7 @@ fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
         .into_iter()
         .map(|addr| Peer {
             name: addr.to_string(),
+            server: target.to_string(),
             addr,
             weight: 1,
             max_fails: 1,
@@ -1822,6 +1823,7 @@ fn set_ups_server(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfRes
     for addr in resolve(target, d, "upstream")? {
         let peer = Peer {
             name: addr.to_string(),
+            server: target.to_string(),
             addr,
             weight,
             max_fails,

@@ -214,6 +214,7 @@ pub async fn serve(
         let ctx = Ctx {
             sock: sock.clone(),
             peer,
+            first_len: n,
             inbox,
             sessions: sessions.clone(),
         };
@@ -225,6 +226,9 @@ pub async fn serve(
 struct Ctx {
     sock: Rc<UdpSocket>,
     peer: SocketAddr,
+    /// The size of the datagram that started the session (counted in
+    /// `$bytes_received` at once, as nginx does, whatever the content).
+    first_len: usize,
     inbox: Rc<Inbox>,
     sessions: Sessions,
 }
@@ -258,6 +262,7 @@ async fn run(
         _ => ctx.sock.local_addr().ok(),
     };
     let mut s = Session::new(id, Some(ctx.peer), local, listen.clone(), srv.clone());
+    s.bytes_received = ctx.first_len as u64;
     s.log(
         Level::Info,
         format_args!("udp client {} connected to {}", ctx.peer, listen),
@@ -515,8 +520,11 @@ async fn relay(
             let n = d.len();
             drop(q);
             ctx.inbox.queue.borrow_mut().pop();
+            // The first one was counted when the session started.
+            if requests > 0 {
+                s.bytes_received += n as u64;
+            }
             requests += 1;
-            s.bytes_received += n as u64;
             r.to_upstream += n as u64;
             upload.moved(n);
             active = true;
