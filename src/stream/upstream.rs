@@ -330,7 +330,14 @@ impl PeerSet {
         };
         let mut p = draw();
         if two && cands.len() > 1 {
-            let q = draw();
+            // Two different peers, as nginx draws them (up to 20 draws).
+            let mut q = draw();
+            for _ in 0..20 {
+                if q != p {
+                    break;
+                }
+                q = draw();
+            }
             let load = |i: usize| (st[i].conns as u64, u64::from(self.peers[i].weight));
             let ((pc, pw), (qc, qw)) = (load(p), load(q));
             if qc * pw < pc * qw {
