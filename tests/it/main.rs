@@ -31,6 +31,7 @@ mod memcached;
 mod next_upstream;
 mod open_file_cache;
 mod origin;
+mod panic;
 mod pcre;
 mod proxy;
 mod proxy_body;
