@@ -176,6 +176,12 @@ pub async fn run(
     s.bytes_received += bytes.from_client;
     s.bytes_sent += bytes.to_client;
     let from_client = bytes.from_client + pre_len;
+    // The closing lines are all info: most configurations do not log
+    // them, so nothing is built for them then.
+    if !s.logger.enabled(Level::Info) {
+        drop(peer);
+        return;
+    }
     let tail = format!(
         "{}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
         s.client_ctx(),

@@ -340,16 +340,18 @@ pub async fn serve(
         _ => None,
     };
     let mut s = Session::new(id, remote, local, listen.clone(), srv);
-    s.log(
-        Level::Info,
-        format_args!(
-            "client {} connected to {}",
-            remote
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "unix:".into()),
-            listen
-        ),
-    );
+    if s.logger.enabled(Level::Info) {
+        s.log(
+            Level::Info,
+            format_args!(
+                "client {} connected to {}",
+                remote
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "unix:".into()),
+                listen
+            ),
+        );
+    }
     let mut held: Vec<Held> = Vec::new();
     if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
         if let Some((client, pre)) = tls_and_preread(&mut s, client, pre).await {
