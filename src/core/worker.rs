@@ -145,6 +145,12 @@ pub enum Ctrl {
 
 static CONN_ID: AtomicU64 = AtomicU64::new(0);
 
+/// A new connection number (`$connection`, the error log's `*N`), for
+/// connections not accepted here (QUIC's, in `http::v3`).
+pub fn next_conn_id() -> u64 {
+    CONN_ID.fetch_add(1, Ordering::Relaxed) + 1
+}
+
 /// Runs a worker until it is told to quit (or its channel closes).
 pub fn run(
     worker: usize,

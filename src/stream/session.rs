@@ -549,6 +549,7 @@ fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
         session_id: [0; 32],
         // Stream sessions carry no HTTP: ALPN's h2 means nothing here.
         h2: false,
+        early_data: false,
         curve: None,
         client_ciphers: Box::new([]),
         client_groups: Box::new([]),
