@@ -141,6 +141,7 @@ fn to_worker_sock(s: &socket2::Socket, addr: &ListenAddr) -> std::io::Result<Lis
     Ok(match addr {
         ListenAddr::Inet(_) => ListenSock::Tcp(dup.into()),
         ListenAddr::Unix(_) => ListenSock::Unix(dup.into()),
+        ListenAddr::Udp(_) => ListenSock::Udp(dup.into()),
     })
 }
 
@@ -599,7 +600,11 @@ fn change_binary(cfg: &Config, bound: &HashMap<ListenAddr, Bound>) -> Option<std
         );
         return None;
     }
-    let socks: Vec<&socket2::Socket> = bound.values().flat_map(|b| b.socks.iter()).collect();
+    let socks: Vec<&socket2::Socket> = bound
+        .values()
+        .filter(|b| !matches!(b.listen.addr, ListenAddr::Udp(_)))
+        .flat_map(|b| b.socks.iter())
+        .collect();
     match upgrade::exec_new_binary(&socks) {
         Ok(child) => {
             crate::elog!(Notice, "start new binary process {}", child.id());

@@ -58,6 +58,7 @@ mod sub_filter;
 mod subrequest;
 mod tls;
 mod tls_client_cert;
+mod udp_listen;
 mod upgrade;
 mod upstream_balance;
 mod userid;

@@ -89,13 +89,11 @@ pub const DIRECTIVES: &[Spec] = &[
         set_once(&mut s.http3.gso, flag(d)?, d)
     }),
     srv("quic_host_key", Args::take(1), set_host_key),
-    srv("quic_active_connection_id_limit", Args::take(1), |s, d, _| {
-        set_once(
-            &mut s.http3.active_connection_id_limit,
-            num_arg(d, 0)?,
-            d,
-        )
-    }),
+    srv(
+        "quic_active_connection_id_limit",
+        Args::take(1),
+        |s, d, _| set_once(&mut s.http3.active_connection_id_limit, num_arg(d, 0)?, d),
+    ),
     Spec {
         name: "quic_bpf",
         ctx: ctx::MAIN,
@@ -134,10 +132,7 @@ fn set_host_key(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult
         )
     })?;
     if bytes.is_empty() {
-        return Err(ConfError::at(
-            format!("\"{}\" is empty", path.display()),
-            d,
-        ));
+        return Err(ConfError::at(format!("\"{}\" is empty", path.display()), d));
     }
     set_once(&mut s.http3.host_key, Arc::new(bytes), d)
 }

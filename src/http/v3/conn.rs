@@ -35,7 +35,12 @@ fn addr_conf(shared: &WorkerShared, listen: &ListenAddr) -> Option<Arc<AddrConf>
 /// Runs the endpoint of one UDP socket: accepts connections until QUIT,
 /// then waits for them to finish (each sends GOAWAY and lets its
 /// requests complete).
-pub async fn endpoint(sock: std::net::UdpSocket, listen: ListenAddr, shared: Arc<WorkerShared>) {
+pub async fn endpoint(
+    sock: std::net::UdpSocket,
+    listen: ListenAddr,
+    shared: Arc<WorkerShared>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let Some(addr) = addr_conf(&shared, &listen) else {
         return;
     };
@@ -61,14 +66,16 @@ pub async fn endpoint(sock: std::net::UdpSocket, listen: ListenAddr, shared: Arc
     };
     let mut seen = Arc::as_ptr(&shared.config.load_full());
     let conns = Rc::new(Count::default());
-    let mut quit = shared.quit.clone();
     loop {
+        if *stop.borrow() {
+            break;
+        }
         tokio::select! {
             inc = ep.accept() => match inc {
                 Some(inc) => incoming(inc, &listen, &shared, &conns),
                 None => break,
             },
-            _ = quit.changed() => break,
+            r = stop.changed() => if r.is_err() { break },
             // A reload swaps the configuration under the worker: new
             // handshakes get the new certificates and settings; the
             // connections keep going.
@@ -121,7 +128,12 @@ impl Drop for Counted {
 /// A new connection attempt: refused past `worker_connections`, sent a
 /// Retry under `quic_retry on` until its address is validated, else
 /// served on its own task.
-fn incoming(inc: quinn::Incoming, listen: &ListenAddr, shared: &Arc<WorkerShared>, conns: &Rc<Count>) {
+fn incoming(
+    inc: quinn::Incoming,
+    listen: &ListenAddr,
+    shared: &Arc<WorkerShared>,
+    conns: &Rc<Count>,
+) {
     let limit = shared.config.load().main.connections();
     if shared.active.load(std::sync::atomic::Ordering::Acquire) >= limit {
         inc.refuse();
@@ -135,8 +147,14 @@ fn incoming(inc: quinn::Incoming, listen: &ListenAddr, shared: &Arc<WorkerShared
         let _ = inc.retry();
         return;
     }
-    shared.stats.accepts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    shared.stats.handled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared
+        .stats
+        .accepts
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared
+        .stats
+        .handled
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let slot = crate::core::worker::ConnSlot::take(shared.clone());
     let counted = Counted::new(conns);
     let listen = listen.clone();
@@ -244,7 +262,13 @@ async fn connection(
     {
         Ok(Ok(c)) => c,
         _ => {
-            conn.close(Code::H3_INTERNAL_ERROR.value().try_into().unwrap_or(quinn::VarInt::from_u32(0x102)), b"");
+            conn.close(
+                Code::H3_INTERNAL_ERROR
+                    .value()
+                    .try_into()
+                    .unwrap_or(quinn::VarInt::from_u32(0x102)),
+                b"",
+            );
             return;
         }
     };
@@ -303,6 +327,11 @@ async fn connection(
         streams.ended.notified().await;
     }
     conn.close(quinn::VarInt::from_u32(0x100), b"");
+    // Let the endpoint driver send the CONNECTION_CLOSE before the slot
+    // is given back (a stopping worker ends when none are held).
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// The `$ssl_*` facts of a QUIC connection: TLS 1.3 always; quinn does
@@ -356,7 +385,9 @@ impl BodyState {
                 Poll::Ready(Ok(Some(b.copy_to_bytes(n))))
             }
             Poll::Ready(Ok(None)) => Poll::Ready(Ok(None)),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, e))),
+            Poll::Ready(Err(e)) => {
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, e)))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -563,7 +594,10 @@ async fn stream_task(
         cx.sent.status = resp.status;
         crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
         crate::http::modules::log_phase(&cx);
-        body.st.borrow_mut().rx.stop_stream(Code::H3_REQUEST_CANCELLED);
+        body.st
+            .borrow_mut()
+            .rx
+            .stop_stream(Code::H3_REQUEST_CANCELLED);
         return;
     }
     if resp.close_silently {
@@ -574,7 +608,10 @@ async fn stream_task(
         let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
         if drain(&body, to).await.is_err() {
             cx.sent.status = resp.status;
-            body.st.borrow_mut().rx.stop_stream(Code::H3_REQUEST_INCOMPLETE);
+            body.st
+                .borrow_mut()
+                .rx
+                .stop_stream(Code::H3_REQUEST_INCOMPLETE);
             return;
         }
     }
@@ -695,8 +732,13 @@ async fn send(
                     }
                 }
                 Body::File { file, offset, len } => {
-                    out.pieces(&[Piece::File { file, offset, len }], &mut filters, piece, &policy)
-                        .await
+                    out.pieces(
+                        &[Piece::File { file, offset, len }],
+                        &mut filters,
+                        piece,
+                        &policy,
+                    )
+                    .await
                 }
                 Body::Multi(p) => out.pieces(&p, &mut filters, piece, &policy).await,
             }

@@ -38,11 +38,19 @@ pub mod conn;
 
 use std::sync::Arc;
 
+use tokio::sync::watch;
+
 use crate::core::worker::WorkerShared;
 use crate::http::conf::ListenAddr;
 
-/// Serves a worker's UDP socket of a `listen ... quic` address until the
-/// worker stops (graceful: until its connections are done).
-pub async fn serve(sock: std::net::UdpSocket, listen: ListenAddr, shared: Arc<WorkerShared>) {
-    conn::endpoint(sock, listen, shared).await
+/// Serves one `listen ... quic` socket of this worker: new connections
+/// until `stop` turns true (graceful stop, or a reload that removed the
+/// address), then the open ones until they are done.
+pub async fn serve(
+    addr: ListenAddr,
+    sock: std::net::UdpSocket,
+    shared: Arc<WorkerShared>,
+    stop: watch::Receiver<bool>,
+) {
+    conn::endpoint(sock, addr, shared, stop).await
 }
