@@ -2,14 +2,18 @@
 """A small HTTP/3 client on aioquic for the integration tests (tests/it/h3.rs).
 
 usage: h3_client.py HOST PORT OUTDIR PATH [PATH...] [--method M] [--data FILE]
-       [--header 'name: value']... [--sni NAME] [--early]
+       [--header 'name: value']... [--sni NAME] [--early] [--pause S] [--hold S]
 
 Requests every PATH on one QUIC connection (certificates are not verified:
 the tests use self-signed ones). For the i-th path it writes OUTDIR/i.head
 (`:status` and the fields, one `name: value` a line) and OUTDIR/i.body.
 Prints `ok N` when all answers came. Exit 2 when the connection failed.
 With --early it connects twice: the second connection resumes the first's
-session and sends its requests as 0-RTT.
+session and sends its requests as 0-RTT. --pause S: after the first
+request, writes OUTDIR/paused and waits S seconds before the others (a
+test reloads meanwhile). --hold S: after the requests, prints `holding`
+and waits up to S seconds for the server to close the connection, then
+prints `closed CODE` (the CONNECTION_CLOSE's error code) or `open`.
 """
 
 import argparse
@@ -23,7 +27,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import QuicEvent
+from aioquic.quic.events import ConnectionTerminated, QuicEvent
 
 
 class Client(QuicConnectionProtocol):
@@ -31,8 +35,11 @@ class Client(QuicConnectionProtocol):
         super().__init__(*args, **kwargs)
         self.h3 = H3Connection(self._quic)
         self.waiting = {}
+        self.terminated = None
 
     def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, ConnectionTerminated):
+            self.terminated = event
         for ev in self.h3.handle_event(event):
             if isinstance(ev, (HeadersReceived, DataReceived)):
                 slot = self.waiting.get(ev.stream_id)
@@ -106,7 +113,20 @@ async def run(a):
                 with open(os.path.join(a.out, "%d.body" % i), "wb") as f:
                     f.write(slot["body"])
                 n += 1
-            print("ok", n)
+                if i == 0 and a.pause:
+                    open(os.path.join(a.out, "paused"), "w").close()
+                    await asyncio.sleep(a.pause)
+            print("ok", n, flush=True)
+            if a.hold:
+                print("holding", flush=True)
+                for _ in range(int(a.hold * 20)):
+                    if c.terminated is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                if c.terminated is not None:
+                    print("closed 0x%x" % c.terminated.error_code, flush=True)
+                else:
+                    print("open", flush=True)
     return 0
 
 
@@ -121,6 +141,8 @@ def main():
     p.add_argument("--header", action="append", default=[])
     p.add_argument("--sni")
     p.add_argument("--early", action="store_true")
+    p.add_argument("--pause", type=float, default=0)
+    p.add_argument("--hold", type=float, default=0)
     a = p.parse_args()
     try:
         rc = asyncio.run(run(a))
