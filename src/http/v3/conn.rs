@@ -256,6 +256,9 @@ async fn connection(
         header_to,
         h3::server::builder()
             .max_field_section_size(hsize.saturating_mul(hnum) as u64)
+            // nginx sends no GREASE frames or settings (and some clients,
+            // nginx-tests' among them, cannot read them).
+            .send_grease(false)
             .build::<_, Bytes>(h3_quinn::Connection::new(conn.clone())),
     )
     .await
