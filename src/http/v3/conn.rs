@@ -201,7 +201,7 @@ async fn connection(
         id,
         remote: Some(remote),
         local: match &listen {
-            ListenAddr::Inet(a) => Some(*a),
+            ListenAddr::Inet(a) | ListenAddr::Udp(a) => Some(*a),
             _ => None,
         },
         listen,
@@ -301,7 +301,7 @@ async fn connection(
                         stream_task(req, stream, info, shared).await;
                     });
                     if requests >= max_requests && !closing {
-                        let _ = h3c.shutdown(0).await;
+                        let _ = h3c.shutdown(1).await;
                         closing = true;
                     }
                 }
@@ -318,7 +318,7 @@ async fn connection(
             _ = ended => {}
             _ = quit.changed(), if !closing => {
                 // Graceful stop: GOAWAY, requests in flight finish.
-                let _ = h3c.shutdown(0).await;
+                let _ = h3c.shutdown(1).await;
                 closing = true;
             }
         }
@@ -374,7 +374,8 @@ struct H3Body {
 }
 
 struct BodyState {
-    rx: ReqStream,
+    /// Taken out when the answer is sent.
+    rx: Option<ReqStream>,
     pending: Bytes,
     chunked: bool,
     eof: bool,
@@ -382,7 +383,10 @@ struct BodyState {
 
 impl BodyState {
     fn poll_data(&mut self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
-        match self.rx.poll_recv_data(cx) {
+        let Some(rx) = self.rx.as_mut() else {
+            return Poll::Ready(Ok(None));
+        };
+        match rx.poll_recv_data(cx) {
             Poll::Ready(Ok(Some(mut b))) => {
                 let n = b.remaining();
                 Poll::Ready(Ok(Some(b.copy_to_bytes(n))))
@@ -530,7 +534,7 @@ async fn stream_task(
     let (parts, ()) = req.into_parts();
     let body = H3Body {
         st: RefCell::new(BodyState {
-            rx: stream,
+            rx: Some(stream),
             pending: Bytes::new(),
             chunked: false,
             eof: false,
@@ -562,8 +566,9 @@ async fn stream_task(
                 let mut resp = Response::status(rej.status);
                 response::special_response(&mut resp, &conf);
                 let mut sent = phases::Sent::default();
-                let mut rx = body.st.into_inner().rx;
-                let _ = send(&mut rx, &mut resp, &conf, false, &mut sent).await;
+                if let Some(mut rx) = body.st.into_inner().rx {
+                    let _ = send(&mut rx, &mut resp, &conf, false, &mut sent).await;
+                }
                 return;
             }
         };
@@ -597,38 +602,40 @@ async fn stream_task(
         cx.sent.status = resp.status;
         crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
         crate::http::modules::log_phase(&cx);
-        body.st
-            .borrow_mut()
-            .rx
-            .stop_stream(Code::H3_REQUEST_CANCELLED);
+        stop(&body, Code::H3_REQUEST_CANCELLED);
         return;
     }
     if resp.close_silently {
-        body.st.borrow_mut().rx.stop_stream(Code::H3_INTERNAL_ERROR);
+        stop(&body, Code::H3_INTERNAL_ERROR);
         return;
     }
     if has_body && body_end == crate::http::body::End::Unread {
         let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
         if drain(&body, to).await.is_err() {
             cx.sent.status = resp.status;
-            body.st
-                .borrow_mut()
-                .rx
-                .stop_stream(Code::H3_REQUEST_INCOMPLETE);
+            stop(&body, Code::H3_REQUEST_INCOMPLETE);
             return;
         }
     }
     let head_only = req.method == crate::http::request::Method::Head;
-    let r = {
-        let mut s = body.st.borrow_mut();
-        send(&mut s.rx, &mut resp, &loc, head_only, &mut cx.sent).await
+    // The handlers are done with the body: the stream is taken out for
+    // the answer.
+    let Some(mut rx) = body.st.borrow_mut().rx.take() else {
+        return;
     };
+    let r = send(&mut rx, &mut resp, &loc, head_only, &mut cx.sent).await;
     if r.is_err() {
-        body.st.borrow_mut().rx.stop_stream(Code::H3_INTERNAL_ERROR);
+        rx.stop_stream(Code::H3_INTERNAL_ERROR);
     }
     cx.sent.status = resp.status;
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
+}
+
+fn stop(body: &H3Body, code: Code) {
+    if let Some(rx) = body.st.borrow_mut().rx.as_mut() {
+        rx.stop_stream(code);
+    }
 }
 
 /// Connection-specific fields HTTP/3 forbids (RFC 9114 4.2).
