@@ -21,6 +21,7 @@ mod fastcgi;
 mod geo;
 mod gzip;
 mod h2;
+mod h3;
 mod idle;
 mod io;
 mod limit_rate_var;
