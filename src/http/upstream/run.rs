@@ -50,6 +50,9 @@ pub async fn run(
     lim: Limits,
 ) -> Response {
     let conf = proto.conf();
+    // $upstream_addr and the like: this use of an upstream starts here
+    // (after an earlier one, the variables join them with " : ").
+    super::state::States::begin_use(cx);
     let policy = match cx.io_policy() {
         Ok(p) => p,
         Err(r) => return *r,
