@@ -301,7 +301,7 @@ fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> Con
 /// ALPN h2 (a gRPC server speaks nothing else).
 fn ssl_client(
     conf: &GrpcLoc,
-    pass: &GrpcPass,
+    authority: &str,
 ) -> Option<(
     Arc<rustls::ClientConfig>,
     rustls::pki_types::ServerName<'static>,
@@ -323,9 +323,9 @@ fn ssl_client(
             Some(Arc::new(c))
         })
         .clone()?;
-    let host = match pass.authority.rsplit_once(':') {
+    let host = match authority.rsplit_once(':') {
         Some((h, p)) if p.bytes().all(|c| c.is_ascii_digit()) => h,
-        _ => &pass.authority,
+        _ => authority,
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let name = crate::tls::client::server_name(conf.ssl_name.as_deref().unwrap_or(host))?;
@@ -373,12 +373,38 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     if let Err(r) = body::read(cx, &pass.addr.body_temp_default).await {
         return *r;
     }
-    let Some(up) = peers::upstream_of(cx, &pass.addr.to).await else {
+    // With variables, the value may carry its own scheme (`grpc_pass
+    // $arg_b` with `grpcs://...`); the address is also the authority.
+    let (up, tls, authority) = match &pass.addr.to {
+        peers::PassTo::Var(t) => {
+            let v = t.render_vec(&*cx);
+            let v = String::from_utf8_lossy(&v).into_owned();
+            let lower = v.to_ascii_lowercase();
+            let (tls, rest) = if lower.starts_with("grpc://") {
+                (false, &v[7..])
+            } else if lower.starts_with("grpcs://") {
+                (true, &v[8..])
+            } else {
+                (pass.tls, &v[..])
+            };
+            (
+                peers::upstream_by_value(cx, rest).await,
+                tls,
+                rest.to_string(),
+            )
+        }
+        to => (
+            peers::upstream_of(cx, to).await,
+            pass.tls,
+            pass.authority.clone(),
+        ),
+    };
+    let Some(up) = up else {
         return Response::status(502);
     };
     let mut lim = Limits::of(&conf.up);
-    if pass.tls {
-        match ssl_client(conf, &pass) {
+    if tls {
+        match ssl_client(conf, &authority) {
             Some(t) => lim.tls = Some(t),
             None => {
                 cx.log(
@@ -389,10 +415,11 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
             }
         }
     }
-    let call = call_head(cx, conf, &pass);
+    let call = call_head(cx, conf, &authority);
     let proto = Arc::new(Grpc {
         loc: loc.clone(),
         pass,
+        tls,
         call,
     });
     crate::http::upstream::run(cx, proto, up, lim).await
@@ -407,7 +434,7 @@ struct CallHead {
     headers: Vec<(String, Vec<u8>)>,
 }
 
-fn call_head(cx: &Ctx<'_>, conf: &GrpcLoc, pass: &GrpcPass) -> CallHead {
+fn call_head(cx: &Ctx<'_>, conf: &GrpcLoc, authority: &str) -> CallHead {
     let method =
         http::Method::from_bytes(cx.req.method_raw().as_bytes()).unwrap_or(http::Method::POST);
     // The URI as the client sent it (nginx's r->unparsed_uri), or the
@@ -425,7 +452,7 @@ fn call_head(cx: &Ctx<'_>, conf: &GrpcLoc, pass: &GrpcPass) -> CallHead {
         out
     };
     let user: &[(String, Template)] = conf.headers.as_deref().map_or(&[], |v| v.as_slice());
-    let mut authority = Some(pass.authority.as_bytes().to_vec());
+    let mut authority = Some(authority.as_bytes().to_vec());
     let mut headers = Vec::new();
     for (n, t) in user {
         let v = t.render_vec(cx);
@@ -468,6 +495,8 @@ fn call_head(cx: &Ctx<'_>, conf: &GrpcLoc, pass: &GrpcPass) -> CallHead {
 struct Grpc {
     loc: Arc<LocConf>,
     pass: Arc<GrpcPass>,
+    /// grpcs:// (the pass's, or the scheme its value rendered with).
+    tls: bool,
     call: CallHead,
 }
 
@@ -477,7 +506,7 @@ impl Protocol for Grpc {
     }
 
     fn url(&self, peer: &str) -> String {
-        let scheme = if self.pass.tls { "grpcs" } else { "grpc" };
+        let scheme = if self.tls { "grpcs" } else { "grpc" };
         format!("{}://{}", scheme, peer)
     }
 
@@ -554,20 +583,26 @@ impl Session for Grpc {
     }
 }
 
-/// nginx's wording for an HTTP/2 failure on the upstream connection.
+/// nginx's wording for an HTTP/2 failure on the upstream connection: a
+/// broken connection is an `error`, a stream the peer reset or refused
+/// (or a protocol error) an `invalid_header` for grpc_next_upstream.
 fn h2_fail(e: &h2::Error, context: &str) -> Fail {
-    let msg = if e.is_io() {
-        format!("upstream connection failed ({}) {}", e, context)
-    } else if let Some(r) = e.reason() {
-        format!(
+    if e.is_io() {
+        return fail(
+            502,
+            format!("upstream connection failed ({}) {}", e, context),
+            true,
+        );
+    }
+    let msg = match e.reason() {
+        Some(r) => format!(
             "upstream rejected request with error {} {}",
             u32::from(r),
             context
-        )
-    } else {
-        format!("upstream sent invalid HTTP/2 data ({}) {}", e, context)
+        ),
+        None => format!("upstream sent invalid HTTP/2 data ({}) {}", e, context),
     };
-    fail(502, msg, true)
+    crate::http::upstream::fetch::invalid_header(&msg)
 }
 
 fn timed_out(context: &str) -> Fail {
@@ -607,7 +642,7 @@ async fn call(
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let scheme = if g.pass.tls { "https" } else { "http" };
+    let scheme = if g.tls { "https" } else { "http" };
     let authority = g.call.authority.as_deref().unwrap_or(b"localhost");
     let mut uri = Vec::with_capacity(authority.len() + g.call.path.len() + 8);
     uri.extend_from_slice(scheme.as_bytes());
