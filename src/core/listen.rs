@@ -33,6 +33,9 @@ pub fn sock_addr(l: &Listen) -> Option<SockAddr> {
     match &l.addr {
         ListenAddr::Inet(a) => Some(SockAddr::from(*a)),
         ListenAddr::Unix(p) => SockAddr::unix(p).ok(),
+        // Datagram sockets are not handed over on a binary upgrade: the new
+        // binary binds its own (with reuseport both coexist).
+        ListenAddr::Udp(_) => None,
     }
 }
 
@@ -56,6 +59,16 @@ pub fn bind(l: &Listen) -> Result<Socket, String> {
             }
             (s, SockAddr::from(*a))
         }
+        ListenAddr::Udp(a) => {
+            let s = Socket::new(Domain::for_address(*a), Type::DGRAM, None)
+                .map_err(|e| fail("socket", e))?;
+            s.set_reuse_address(true)
+                .map_err(|e| fail("setsockopt", e))?;
+            if a.is_ipv6() {
+                let _ = s.set_only_v6(l.ipv6only);
+            }
+            (s, SockAddr::from(*a))
+        }
         ListenAddr::Unix(p) => {
             let s = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(|e| fail("socket", e))?;
             (s, SockAddr::unix(p).map_err(|e| fail("bind", e))?)
@@ -71,7 +84,9 @@ pub fn bind(l: &Listen) -> Result<Socket, String> {
     if let Some(n) = l.sndbuf {
         let _ = sock.set_send_buffer_size(n);
     }
-    if let Some((on, idle, intvl, cnt)) = l.so_keepalive {
+    if let (Some((on, idle, intvl, cnt)), false) =
+        (l.so_keepalive, matches!(l.addr, ListenAddr::Udp(_)))
+    {
         let _ = sock.set_keepalive(on);
         if on {
             let mut ka = socket2::TcpKeepalive::new();
@@ -89,6 +104,11 @@ pub fn bind(l: &Listen) -> Result<Socket, String> {
     }
     sock.set_cloexec(true).map_err(|e| fail("fcntl", e))?;
     sock.bind(&addr).map_err(|e| fail("bind", e))?;
+    if let ListenAddr::Udp(_) = l.addr {
+        // No listen(): datagrams are read as they come.
+        sock.set_nonblocking(true).map_err(|e| fail("ioctl", e))?;
+        return Ok(sock);
+    }
     if l.deferred {
         // TCP_DEFER_ACCEPT: wake the worker only when data arrived.
         let v: libc::c_int = 1;

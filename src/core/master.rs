@@ -141,6 +141,7 @@ fn to_worker_sock(s: &socket2::Socket, addr: &ListenAddr) -> std::io::Result<Lis
     Ok(match addr {
         ListenAddr::Inet(_) => ListenSock::Tcp(dup.into()),
         ListenAddr::Unix(_) => ListenSock::Unix(dup.into()),
+        ListenAddr::Udp(_) => ListenSock::Udp(dup.into()),
     })
 }
 
@@ -196,7 +197,10 @@ fn pid_path(cfg: &Config) -> PathBuf {
 /// listening sockets an old binary handed over (USR2), if any.
 pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
     match main_logger_for(&cfg, &src) {
-        Ok(l) => log::set_main_logger(l),
+        Ok(l) => {
+            log::set_main_logger(l);
+            log::install_panic_hook();
+        }
         Err(e) => {
             eprintln!(
                 "tern: [emerg] open() error log failed {}",
@@ -599,7 +603,11 @@ fn change_binary(cfg: &Config, bound: &HashMap<ListenAddr, Bound>) -> Option<std
         );
         return None;
     }
-    let socks: Vec<&socket2::Socket> = bound.values().flat_map(|b| b.socks.iter()).collect();
+    let socks: Vec<&socket2::Socket> = bound
+        .values()
+        .filter(|b| !matches!(b.listen.addr, ListenAddr::Udp(_)))
+        .flat_map(|b| b.socks.iter())
+        .collect();
     match upgrade::exec_new_binary(&socks) {
         Ok(child) => {
             crate::elog!(Notice, "start new binary process {}", child.id());

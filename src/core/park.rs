@@ -70,6 +70,9 @@ struct Entry {
     slot: ConnSlot,
 }
 
+// Most places hold a parked connection; boxing the entry would cost an
+// allocation per park for the sake of the few free ones.
+#[allow(clippy::large_enum_variant)]
 enum Place {
     Used(Entry),
     /// Next free place, or `NONE`.

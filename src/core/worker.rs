@@ -134,6 +134,8 @@ pub enum Proto {
 pub enum ListenSock {
     Tcp(std::net::TcpListener),
     Unix(std::os::unix::net::UnixListener),
+    /// `listen ... quic` (http) or `listen ... udp` (stream).
+    Udp(std::net::UdpSocket),
 }
 
 pub enum Ctrl {
@@ -190,7 +192,33 @@ pub fn run(
                 Some(Ctrl::Listen(addr, sock, proto)) => {
                     let (tx, rx) = watch::channel(false);
                     stops.insert(addr.clone(), tx);
-                    tokio::task::spawn_local(accept_loop(addr, sock, proto, shared.clone(), rx));
+                    match (sock, proto) {
+                        (ListenSock::Udp(u), Proto::Http) => {
+                            tokio::task::spawn_local(crate::http::v3::serve(
+                                addr,
+                                u,
+                                shared.clone(),
+                                rx,
+                            ));
+                        }
+                        (ListenSock::Udp(u), Proto::Stream) => {
+                            tokio::task::spawn_local(crate::stream::udp::serve(
+                                addr,
+                                u,
+                                shared.clone(),
+                                rx,
+                            ));
+                        }
+                        (sock, proto) => {
+                            tokio::task::spawn_local(accept_loop(
+                                addr,
+                                sock,
+                                proto,
+                                shared.clone(),
+                                rx,
+                            ));
+                        }
+                    }
                 }
                 Some(Ctrl::Unlisten(addr)) => {
                     if let Some(tx) = stops.remove(&addr) {
@@ -256,6 +284,8 @@ async fn accept_loop(
             .map_err(|e| e.into())
         }),
         ListenSock::Unix(s) => tokio::net::UnixListener::from_std(s).map(L::Unix),
+        // Datagram listeners never reach an accept loop (see `run`).
+        ListenSock::Udp(_) => return,
     };
     let l = match l {
         Ok(l) => l,

@@ -35,12 +35,15 @@ pub struct HttpMain {
 pub enum ListenAddr {
     Inet(SocketAddr),
     Unix(PathBuf),
+    /// A datagram socket: `listen ... quic` in http, `listen ... udp` in
+    /// stream. Its own key, so TCP and UDP on one port are two listeners.
+    Udp(SocketAddr),
 }
 
 impl std::fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ListenAddr::Inet(a) => write!(f, "{}", a),
+            ListenAddr::Inet(a) | ListenAddr::Udp(a) => write!(f, "{}", a),
             ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
         }
     }
@@ -1113,7 +1116,11 @@ pub fn parse_listen(d: &Directive) -> ConfResult<Listen> {
             }
             "ssl" => l.ssl = true,
             "http2" => l.http2 = true,
-            "quic" | "proxy_protocol" => {
+            "quic" => match l.addr {
+                ListenAddr::Inet(a) => l.addr = ListenAddr::Udp(a),
+                _ => return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d)),
+            },
+            "proxy_protocol" => {
                 return Err(ConfError::at(
                     format!(
                         "the \"{}\" parameter of \"listen\" is not supported by tern yet",
@@ -1123,6 +1130,17 @@ pub fn parse_listen(d: &Directive) -> ConfResult<Listen> {
                 ))
             }
             _ => return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d)),
+        }
+    }
+    if matches!(l.addr, ListenAddr::Udp(_)) {
+        // nginx's checks, in its order.
+        for (on, what) in [(l.ssl, "ssl"), (l.http2, "http2")] {
+            if on {
+                return Err(ConfError::at(
+                    format!("\"{}\" parameter is incompatible with \"quic\"", what),
+                    d,
+                ));
+            }
         }
     }
     Ok(l)

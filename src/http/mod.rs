@@ -16,6 +16,7 @@ pub mod upstream;
 pub mod uri;
 pub mod v1;
 pub mod v2;
+pub mod v3;
 // Chunked coding is HTTP/1 framing, also read from upstreams (proxy).
 pub use v1::chunked;
 pub mod vars;

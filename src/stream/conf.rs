@@ -1162,16 +1162,7 @@ fn split_host_port(s: &str) -> Option<(&str, &str)> {
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         match p {
-            "proxy_protocol" | "ssl" => {}
-            "udp" => {
-                return Err(ConfError::at(
-                    format!(
-                        "the \"{}\" parameter of \"listen\" is not supported by tern yet",
-                        p
-                    ),
-                    d,
-                ))
-            }
+            "proxy_protocol" | "ssl" | "udp" => {}
             _ if p.starts_with("fastopen=") => {
                 return Err(ConfError::at(
                     "the \"fastopen\" parameter of \"listen\" is not supported by tern yet",
@@ -1196,8 +1187,20 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
     // The shared parser knows http's parameters; stream's own are taken
     // out first.
     let mut plain = d.clone();
-    plain.args.retain(|a| a.value != "proxy_protocol");
-    let l = crate::http::conf::parse_listen(&plain)?;
+    plain
+        .args
+        .retain(|a| a.value != "proxy_protocol" && a.value != "udp");
+    let mut l = crate::http::conf::parse_listen(&plain)?;
+    if d.args.iter().skip(1).any(|a| a.value == "udp") {
+        match l.addr {
+            ListenAddr::Inet(a) => l.addr = ListenAddr::Udp(a),
+            // nginx binds unix datagram sockets; tern does not yet.
+            _ => return Err(ConfError::at(
+                "the \"udp\" parameter of \"listen\" on a unix socket is not supported by tern yet",
+                d,
+            )),
+        }
+    }
     if sb.listen.iter().any(|x| x.addr == l.addr) {
         return Err(ConfError::at(
             format!("duplicate \"{}\" address and port pair", l.addr),

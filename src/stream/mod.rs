@@ -53,5 +53,6 @@ pub mod proxy;
 pub mod proxy_protocol;
 pub mod session;
 pub mod ssl_preread;
+pub mod udp;
 pub mod upstream;
 pub mod vars;
