@@ -366,7 +366,9 @@ async fn stream_task(
     // The connection task goes on with the frames that came with this
     // HEADERS (a WINDOW_UPDATE, a RST_STREAM) before the request runs.
     tokio::task::yield_now().await;
-    if guard.late(u32::from(respond.stream_id())) {
+    let stream_id = u32::from(respond.stream_id());
+    let block_len = guard.head_len(stream_id);
+    if guard.late(stream_id) {
         // Its headers took longer than client_header_timeout: nginx
         // resets the stream (and the connection goes on).
         log_conn(
@@ -411,6 +413,8 @@ async fn stream_task(
         }
     };
     req.set_protocol(b"HTTP/2.0");
+    // $request_length: the header block as it came (HPACK bytes).
+    req.head_len = block_len;
     if has_body && req.content_length.is_none() {
         req.chunked = true;
     }
@@ -423,6 +427,20 @@ async fn stream_task(
         }),
     };
     let server = addr.select(req.host()).clone();
+    if server.srv.http2.enable == Some(false) {
+        // The request names a server with `http2 off`: 421, as nginx.
+        log_conn(
+            &server.conf,
+            Level::Info,
+            &info,
+            "client attempted to request the server name with HTTP/2 disabled",
+        );
+        let mut resp = Response::status(421);
+        response::special_response(&mut resp, &server.conf);
+        let mut sent = phases::Sent::default();
+        let _ = send(&mut respond, &mut resp, &server.conf, false, &mut sent).await;
+        return;
+    }
     let mut cx = phases::Ctx::new(http, &req, &server, &info, &shared);
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body_io, Vec::new()));

@@ -77,6 +77,10 @@ pub struct Guard {
     header_to: Duration,
     /// Streams whose header block came too slowly (a few at most).
     late: RefCell<Vec<u32>>,
+    /// The size of each new stream's header block (HEADERS and
+    /// CONTINUATION payloads: nginx's `$request_length`), until its
+    /// stream task takes it; the oldest go first past a bound.
+    lens: RefCell<std::collections::VecDeque<(u32, usize)>>,
 }
 
 struct State {
@@ -100,6 +104,8 @@ struct State {
     /// A new stream's header block being received: its id and when its
     /// first frame began.
     block: Option<(u32, Instant)>,
+    /// Bytes of that header block so far.
+    block_len: usize,
 }
 
 impl Guard {
@@ -121,6 +127,7 @@ impl Guard {
                 max_stream: 0,
                 resets: 0,
                 block: None,
+                block_len: 0,
             }),
             trip: Cell::new(None),
             tripped: Notify::new(),
@@ -128,6 +135,16 @@ impl Guard {
             burst: (max_streams as u64).saturating_mul(2).max(2),
             header_to,
             late: RefCell::new(Vec::new()),
+            lens: RefCell::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// The size of `stream`'s header block, once (0 if unknown).
+    pub fn head_len(&self, stream: u32) -> usize {
+        let mut l = self.lens.borrow_mut();
+        match l.iter().position(|&(s, _)| s == stream) {
+            Some(i) => l.remove(i).map_or(0, |e| e.1),
+            None => 0,
         }
     }
 
@@ -215,9 +232,13 @@ impl Guard {
                     DATA => s.payload += len as u64,
                     HEADERS | CONTINUATION => {
                         s.payload += len as u64;
+                        if s.kind == CONTINUATION {
+                            s.block_len += len;
+                        }
                         if s.kind == HEADERS && s.stream > s.max_stream {
                             s.max_stream = s.stream;
                             s.block = Some((s.stream, now));
+                            s.block_len = len;
                             new_streams += 1;
                             if new_streams > self.burst {
                                 self.stop(
@@ -318,6 +339,11 @@ impl Guard {
         const END_HEADERS: u8 = 0x4;
         if matches!(s.kind, HEADERS | CONTINUATION) && s.flags & END_HEADERS != 0 {
             if let Some((id, began)) = s.block.take() {
+                let mut lens = self.lens.borrow_mut();
+                if lens.len() >= 256 {
+                    lens.pop_front();
+                }
+                lens.push_back((id, s.block_len));
                 if now.duration_since(began) > self.header_to {
                     let mut l = self.late.borrow_mut();
                     if l.len() < 16 {
