@@ -651,3 +651,56 @@ fn request_length_is_the_header_block_as_nginx_counts_it() {
     };
     assert_eq!(body.as_deref(), Some(&b"18"[..]));
 }
+
+/// Reads frames until stream `id`'s first DATA frame; its payload, and
+/// whether a GOAWAY came before it.
+fn data_of(s: &mut TcpStream, id: u32) -> (Option<Vec<u8>>, bool) {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        match s.read(&mut tmp) {
+            Ok(0) | Err(_) => return (None, false),
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+        let (mut i, mut goaway) = (0, false);
+        while i + 9 <= buf.len() {
+            let n = ((buf[i] as usize) << 16) | ((buf[i + 1] as usize) << 8) | buf[i + 2] as usize;
+            if i + 9 + n > buf.len() {
+                break;
+            }
+            let sid = u32::from_be_bytes([buf[i + 5], buf[i + 6], buf[i + 7], buf[i + 8]]);
+            goaway |= buf[i + 3] == 7;
+            if buf[i + 3] == 0 && sid == id {
+                return (Some(buf[i + 9..i + 9 + n].to_vec()), goaway);
+            }
+            i += 9 + n;
+        }
+    }
+}
+
+#[test]
+fn a_reload_keeps_h2_connections_and_the_next_stream_uses_the_new_config() {
+    // tern reloads in place: no GOAWAY; a stream opened after the reload
+    // runs on the new configuration, on the same connection.
+    let conf = |v: &str| {
+        format!(
+            "worker_processes 1;\nerror_log logs/error.log info;\nhttp {{ server {{ listen 127.0.0.1:@PORT@ http2; location /v {{ return 200 \"{v}\"; }} }} }}\n"
+        )
+    };
+    let server = Server::start_in(Prefix::new(), &conf("one"));
+    let mut s = h2c(server.port);
+    let get = |path: &str| {
+        let mut b = vec![0x82, 0x86, 0x04, path.len() as u8];
+        b.extend_from_slice(path.as_bytes());
+        b.extend_from_slice(&[0x01, 9]);
+        b.extend_from_slice(b"localhost");
+        b
+    };
+    s.write_all(&frame(1, 0x5, 1, &get("/v"))).expect("headers");
+    assert_eq!(data_of(&mut s, 1), (Some(b"one".to_vec()), false));
+    server.rewrite_conf(&conf("two"), server.port);
+    server.signal(libc::SIGHUP);
+    harness::wait_log(&server.prefix, "logs/error.log", "reconfigured");
+    s.write_all(&frame(1, 0x5, 3, &get("/v"))).expect("headers");
+    assert_eq!(data_of(&mut s, 3), (Some(b"two".to_vec()), false));
+}
