@@ -55,6 +55,8 @@ mod static_headers;
 mod status;
 mod stream;
 mod stream_modules;
+mod stream_tls;
+mod stream_udp;
 mod sub_filter;
 mod subrequest;
 mod tls;
