@@ -22,7 +22,7 @@
 //!
 //! The response then goes out as a `gzip_static` file would: the original's
 //! type and Last-Modified, `Content-Encoding`, `Content-Length` of the
-//! compressed form, byte ranges of it, and the ETag weakened as nginx's gzip
+//! compressed form, no byte ranges (as nginx 1.22.1's gzip_static), and the ETag weakened as nginx's gzip
 //! filter weakens it. `$gzip_ratio` is the entry's ratio.
 //!
 //! Memory: entries live in memory within `compress_cache_max_size`, least
@@ -268,13 +268,14 @@ enum Found {
 
 /// Swaps the body of `r` (a 200 for the whole of a regular file) for its
 /// cached compressed form when the gzip filter would compress it for this
-/// client and the cache is on. Leaves `r` as it was otherwise (including
-/// on any failure: the filter then compresses the file as it streams).
-pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) {
+/// client and the cache is on (true). Leaves `r` as it was otherwise
+/// (including on any failure: the filter then compresses the file as it
+/// streams).
+pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) -> bool {
     if !cx.loc.modules.compress_cache.enable.unwrap_or(true)
         || !matches!(cx.req.method, Method::Get | Method::Head)
     {
-        return;
+        return false;
     }
     let file = match &r.body {
         Body::File {
@@ -282,12 +283,12 @@ pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) {
             offset: 0,
             len,
         } if *len == file.meta.size && *len > 0 => file.clone(),
-        _ => return,
+        _ => return false,
     };
     let main = &cx.http.main.modules.compress_cache;
     let budget = main.max_size.unwrap_or(DEFAULT_MAX_SIZE);
     if budget == 0 || file.meta.size > budget / MAX_ENTRY_SHARE {
-        return;
+        return false;
     }
     // The filters' own decisions, in their order: brotli, zstd, gzip.
     // From a candidate on, the answer depends on Accept-Encoding, whoever
@@ -311,7 +312,7 @@ pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) {
     } {
         (Coding::Gzip, cx.loc.modules.gzip.comp_level.unwrap_or(1))
     } else {
-        return;
+        return false;
     };
     let key = Key::of(&file.meta, coding, level);
     let spill = main
@@ -319,7 +320,7 @@ pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) {
         .clone()
         .map(|p| (p, main.disk_max_size.unwrap_or(budget * 8)));
     let Some(found) = lookup(cx, key, file.clone(), budget, spill).await else {
-        return;
+        return false;
     };
     let size = file.meta.size;
     let (len, body) = match found {
@@ -335,7 +336,7 @@ pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) {
                         len,
                     },
                 ),
-                _ => return,
+                _ => return false,
             }
         }
     };
@@ -351,6 +352,9 @@ pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) {
     r.content_length = Some(len);
     r.body = body;
     super::gzip::weaken_etag(r);
+    // As gzip_static in nginx 1.22.1: no byte ranges of the compressed form.
+    r.ranges_off = true;
+    true
 }
 
 /// The compressed form for `key`: from the cache, or made now (once,

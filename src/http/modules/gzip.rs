@@ -897,7 +897,7 @@ pub fn gzip_whole(level: u32, data: &[u8], out: &mut Vec<u8>) -> std::io::Result
 impl Deflater {
     /// Leaves whole-body mode (the file grew past what was announced):
     /// what was gathered goes into a zlib-rs stream first.
-    fn to_stream(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
+    fn start_streaming(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
         let gathered = self.whole.take().unwrap_or_default();
         self.z = Some(take_compressor(self.key));
         self.stream(&gathered, false, out)
@@ -945,7 +945,7 @@ impl BodyFilter for Deflater {
         if let Some(buf) = self.whole.as_mut() {
             if !last {
                 if buf.len() + input.len() > WHOLE_MAX as usize {
-                    self.to_stream(out)?;
+                    self.start_streaming(out)?;
                     return self.stream(input, false, out);
                 }
                 buf.extend_from_slice(input);

@@ -59,8 +59,9 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         return Step::done(Response::status(405));
     }
     let mut r = file_response(cx, &path, file, policy);
-    super::compress_cache::apply(cx, &mut r).await;
-    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
+    if !super::compress_cache::apply(cx, &mut r).await {
+        r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
+    }
     Step::done(r)
 }
 
