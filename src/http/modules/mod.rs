@@ -11,8 +11,10 @@ pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
+pub mod brotli;
 pub mod cgi;
 pub mod charset;
+pub mod compress_cache;
 pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
@@ -46,6 +48,7 @@ pub mod sub_filter;
 pub mod try_files;
 pub mod userid;
 pub mod uwsgi;
+pub mod zstd;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -65,6 +68,9 @@ pub const TABLES: &[&[Spec]] = &[
     charset::DIRECTIVES,
     gzip::DIRECTIVES,
     gzip_static::DIRECTIVES,
+    compress_cache::DIRECTIVES,
+    brotli::DIRECTIVES,
+    zstd::DIRECTIVES,
     headers::DIRECTIVES,
     limit_conn::DIRECTIVES,
     limit_req::DIRECTIVES,
@@ -115,6 +121,8 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
     gzip_static::gunzip_header_filter,
     sub_filter::header_filter,
     charset::header_filter,
+    brotli::header_filter,
+    zstd::header_filter,
     gzip::header_filter,
     range::header_filter,
 ];
@@ -157,6 +165,8 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (limit_conn::VARS, limit_conn::var),
     (limit_req::VARS, limit_req::var),
     (gzip::VARS, gzip::var),
+    (brotli::VARS, brotli::var),
+    (zstd::VARS, zstd::var),
     (stub_status::VARS, stub_status::var),
     (crate::http::upstream::VARS, crate::http::upstream::var),
     (proxy::VARS, proxy::var),
@@ -196,6 +206,9 @@ pub struct ModLoc {
     pub charset: charset::CharsetLoc,
     pub gzip: gzip::GzipLoc,
     pub gzip_static: gzip_static::GzipStaticLoc,
+    pub compress_cache: compress_cache::CompressCacheLoc,
+    pub brotli: brotli::BrotliLoc,
+    pub zstd: zstd::ZstdLoc,
     pub headers: headers::HeadersLoc,
     pub limit_conn: limit_conn::LimitConnLoc,
     pub limit_req: limit_req::LimitReqLoc,
@@ -271,6 +284,9 @@ impl ModLoc {
         self.charset.merge(&p.charset);
         self.gzip.merge(&p.gzip);
         self.gzip_static.merge(&p.gzip_static);
+        self.compress_cache.merge(&p.compress_cache);
+        self.brotli.merge(&p.brotli);
+        self.zstd.merge(&p.zstd);
         self.headers.merge(&p.headers);
         self.limit_conn.merge(&p.limit_conn);
         self.limit_req.merge(&p.limit_req);
@@ -310,6 +326,7 @@ pub struct ModMain {
     pub limit_conn: limit_conn::LimitConnMain,
     pub limit_req: limit_req::LimitReqMain,
     pub upstream: crate::http::upstream::peers::UpstreamMain,
+    pub compress_cache: compress_cache::CompressCacheMain,
 }
 
 /// A block directive inside `server` that a module owns (`if`).
