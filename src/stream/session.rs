@@ -617,6 +617,7 @@ fn tls_info(
         session_id,
         // Stream sessions carry no HTTP: ALPN's h2 means nothing here.
         h2: false,
+        early_data: false,
         curve: c.negotiated_key_exchange_group().map(|g| g.name()),
         client_ciphers: hello.ciphers,
         client_groups: hello.groups,

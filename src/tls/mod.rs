@@ -94,6 +94,10 @@ pub struct TlsInfo {
     pub verify: Result<(), client_auth::VerifyError>,
     /// ALPN chose `h2`.
     pub h2: bool,
+    /// The request came in TLS 1.3 early data (0-RTT), before the
+    /// handshake completed (`$ssl_early_data`; QUIC only, see
+    /// `http::v3`).
+    pub early_data: bool,
 }
 
 /// `$ssl_session_id` of a connection whose ClientHello was just taken: a
