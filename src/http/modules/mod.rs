@@ -19,6 +19,7 @@ pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
 pub mod geo;
+pub mod grpc;
 pub mod gzip;
 pub mod gzip_static;
 pub mod hash_sizes;
@@ -83,6 +84,7 @@ pub const TABLES: &[&[Spec]] = &[
     proxy::DIRECTIVES,
     fastcgi::DIRECTIVES,
     scgi::DIRECTIVES,
+    grpc::DIRECTIVES,
     uwsgi::DIRECTIVES,
     memcached::DIRECTIVES,
     crate::http::upstream::peers::DIRECTIVES,
@@ -103,6 +105,7 @@ pub const TABLES: &[&[Spec]] = &[
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
     crate::http::v2::conf::DIRECTIVES,
+    crate::http::v3::conf::DIRECTIVES,
     UNSUPPORTED,
 ];
 
@@ -220,6 +223,7 @@ pub struct ModLoc {
     pub proxy: proxy::ProxyLoc,
     pub fastcgi: fastcgi::FastcgiLoc,
     pub scgi: scgi::ScgiLoc,
+    pub grpc: grpc::GrpcLoc,
     pub uwsgi: uwsgi::UwsgiLoc,
     pub memcached: memcached::MemcachedLoc,
     pub body: crate::http::body::BodyLoc,
@@ -245,6 +249,7 @@ impl ModLoc {
         self.proxy.pass = None;
         self.fastcgi.pass = None;
         self.scgi.pass = None;
+        self.grpc.pass = None;
         self.uwsgi.pass = None;
         self.memcached.pass = None;
     }
@@ -263,6 +268,7 @@ impl ModLoc {
     pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
         fastcgi::check_pass(own, hm, block)?;
         scgi::check_pass(own, hm, block)?;
+        grpc::check_pass(own, hm, block)?;
         uwsgi::check_pass(own, hm, block)?;
         memcached::check_pass(own, hm, block)
     }
@@ -296,6 +302,7 @@ impl ModLoc {
         self.proxy.merge(&p.proxy);
         self.fastcgi.merge(&p.fastcgi);
         self.scgi.merge(&p.scgi);
+        self.grpc.merge(&p.grpc);
         self.uwsgi.merge(&p.uwsgi);
         self.memcached.merge(&p.memcached);
         self.body.merge(&p.body);
