@@ -104,8 +104,10 @@ def rss_kb(pid):
     return total
 
 
-def read_response(f):
-    """Reads one HTTP/1.1 response with Content-Length; returns status or None."""
+def read_response(f, closing=None):
+    """Reads one HTTP/1.1 response with Content-Length; returns status or
+    None. `closing` (a list) gets True appended when the response says
+    `Connection: close`."""
     line = f.readline()
     if not line:
         return None
@@ -118,6 +120,9 @@ def read_response(f):
         k, _, v = h.partition(b":")
         if k.strip().lower() == b"content-length":
             length = int(v.strip())
+        if k.strip().lower() == b"connection" and v.strip().lower() == b"close" \
+                and closing is not None:
+            closing.append(True)
     if length:
         f.read(length)
     return status
@@ -130,6 +135,9 @@ def main():
     ap.add_argument("--rate", type=float, default=5.0)
     ap.add_argument("--download-mb", type=int, default=1024)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--upgrades", type=int, default=0,
+                    help="instead of reloads: this many binary upgrades "
+                         "(USR2, wait for the new master, QUIT the old one)")
     o = ap.parse_args()
 
     prefix = tempfile.mkdtemp(prefix="reload-storm-")
@@ -154,15 +162,21 @@ def main():
     threading.Thread(target=srv_up.serve_forever, daemon=True).start()
 
     base = [o.server, "-p", prefix + "/", "-c", conf]
-    server = subprocess.Popen(base + ["-g", "daemon off;"], stderr=subprocess.PIPE)
+    # A binary upgrade needs a daemon: with `daemon off` the master's
+    # parent is this script, and nginx (tern too) ignores USR2 while the
+    # parent that started it is still there.
+    daemon = [] if o.upgrades else ["-g", "daemon off;"]
+    server = subprocess.Popen(base + daemon, stderr=subprocess.PIPE)
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
             time.sleep(0.1)
-    pid = server.pid
     time.sleep(0.5)
+    pid = server.pid
+    if o.upgrades:
+        pid = int(open(os.path.join(prefix, "logs/nginx.pid")).read().strip())
     rss_before = rss_kb(pid)
     url = "http://127.0.0.1:%d" % port
     stop = threading.Event()
@@ -185,24 +199,32 @@ def main():
         results["conn-per-request"] = "%d ok, %d failed" % (ok, bad)
 
     def long_lived():
-        ok = bad = 0
+        # A well-behaved client: it reconnects when a response says
+        # `Connection: close`; a close without that notice is a failure.
+        ok = bad = reconnects = 0
         closed = False
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             f = s.makefile("rb")
             while not stop.is_set():
                 s.sendall(b"GET /1k HTTP/1.1\r\nHost: a\r\n\r\n")
-                st = read_response(f)
+                closing = []
+                st = read_response(f, closing)
                 if st is None:
                     closed = True
                     break
                 ok += st == 200
                 bad += st != 200
+                if closing:
+                    s.close()
+                    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                    f = s.makefile("rb")
+                    reconnects += 1
                 time.sleep(0.2)
         except OSError:
             closed = True
-        results["long-lived keep-alive"] = "%d ok, %d failed, %s" % (
-            ok, bad, "CLOSED by the server" if closed else "still open")
+        results["long-lived keep-alive"] = "%d ok, %d failed, %d reconnects after Connection: close, %s" % (
+            ok, bad, reconnects, "CLOSED by the server without notice" if closed else "still open")
 
     def download():
         t0 = time.time()
@@ -228,17 +250,50 @@ def main():
     threads = [threading.Thread(target=t) for t in (conn_per_request, long_lived, download, upload)]
     for t in threads:
         t.start()
-    duration = o.reloads / o.rate + 5
+    pidfile = os.path.join(prefix, "logs/nginx.pid")
+
+    def master_pid():
+        try:
+            return int(open(pidfile).read().strip())
+        except (OSError, ValueError):
+            return 0
+
+    duration = (o.upgrades * 4 + 45 if o.upgrades else o.reloads / o.rate) + 5
     wrk = subprocess.Popen(
         ["wrk", "-t1", "-c64", "-d%ds" % int(duration), url + "/1k"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(2)
     failed_reloads = 0
-    for i in range(1, o.reloads + 1):
-        write_conf(i)
-        r = subprocess.run(base + ["-s", "reload"], capture_output=True)
-        failed_reloads += r.returncode != 0
-        time.sleep(1.0 / o.rate)
+    if o.upgrades:
+        for i in range(o.upgrades):
+            old = master_pid()
+            if old <= 0:
+                print("no pid in %s" % pidfile)
+                failed_reloads += 1
+                break
+            os.kill(old, signal.SIGUSR2)
+            t0 = time.time()
+            while (master_pid() in (0, old)) and time.time() - t0 < 10:
+                time.sleep(0.05)
+            new = master_pid()
+            if new in (0, old):
+                failed_reloads += 1
+                break
+            time.sleep(1)
+            os.kill(old, signal.SIGQUIT)
+            # The next USR2 is ignored while the old master lives (it
+            # finishes its transfers first), as in nginx.
+            t0 = time.time()
+            while os.path.exists("/proc/%d" % old) and time.time() - t0 < 90:
+                time.sleep(0.1)
+            time.sleep(1)
+        pid = master_pid()
+    else:
+        for i in range(1, o.reloads + 1):
+            write_conf(i)
+            r = subprocess.run(base + ["-s", "reload"], capture_output=True)
+            failed_reloads += r.returncode != 0
+            time.sleep(1.0 / o.rate)
     wout, _ = wrk.communicate()
     stop.set()
     for t in threads:
@@ -252,16 +307,23 @@ def main():
         m.group(1) if m else "?", errs.group(1) if errs else "none",
         non2xx.group(1) if non2xx else "0")
     print("server: %s" % o.server)
-    print("reloads: %d at %.1f/s, %d refused" % (o.reloads, o.rate, failed_reloads))
+    if o.upgrades:
+        print("binary upgrades: %d, %d failed" % (o.upgrades, failed_reloads))
+    else:
+        print("reloads: %d at %.1f/s, %d refused" % (o.reloads, o.rate, failed_reloads))
     for k in ("wrk -c64 keep-alive", "conn-per-request", "long-lived keep-alive",
               "slow download", "slow upload"):
         print("%-22s %s" % (k + ":", results.get(k, "?")))
     print("master+workers RSS: %d kB before, %d kB after" % (rss_before, rss_after))
-    server.send_signal(signal.SIGQUIT)
+    if pid > 0:
+        os.kill(pid, signal.SIGQUIT)
     try:
         server.wait(30)
     except subprocess.TimeoutExpired:
         server.kill()
+    t0 = time.time()
+    while pid and os.path.exists("/proc/%d" % pid) and time.time() - t0 < 30:
+        time.sleep(0.1)
     srv_up.shutdown()
     if not o.keep:
         shutil.rmtree(prefix, ignore_errors=True)

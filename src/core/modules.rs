@@ -8,6 +8,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_stub_status_module", false, true),
     ("http_ssl_module", false, true),
     ("http_v2_module", false, true),
+    ("http_v3_module", false, true),
     ("http_gzip_static_module", false, true),
     ("http_gunzip_module", false, true),
     ("http_realip_module", false, true),

@@ -147,6 +147,13 @@ pub enum Ctrl {
 
 static CONN_ID: AtomicU64 = AtomicU64::new(0);
 
+/// The next connection number (`$connection`, the `*N` of log lines);
+/// also taken by each UDP session of a stream listener and each QUIC
+/// connection (`http::v3`).
+pub fn next_conn_id() -> u64 {
+    CONN_ID.fetch_add(1, Ordering::Relaxed) + 1
+}
+
 /// Runs a worker until it is told to quit (or its channel closes).
 pub fn run(
     worker: usize,

@@ -123,6 +123,8 @@ pub struct SrvConf {
     pub ssl: crate::http::modules::ssl_settings::SslConf,
     /// The `http2*` settings (`v2/conf.rs`).
     pub http2: crate::http::v2::conf::H2Srv,
+    /// The `http3*` and `quic*` settings (`v3/conf.rs`).
+    pub http3: crate::http::v3::conf::H3Srv,
 }
 
 impl SrvConf {
@@ -131,6 +133,7 @@ impl SrvConf {
             client_header_timeout, merge_slashes, ignore_invalid_headers, underscores_in_headers);
         self.ssl.merge(&p.ssl);
         self.http2.merge(&p.http2);
+        self.http3.merge(&p.http3);
     }
     pub fn header_buffer(&self) -> usize {
         self.client_header_buffer_size.unwrap_or(1024)

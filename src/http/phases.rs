@@ -929,6 +929,11 @@ impl VarCtx for Ctx<'_> {
                     out.extend_from_slice(if tls { b"h2" } else { b"h2c" });
                 }
             }
+            Var::Http3 => {
+                if self.req.proto() == b"HTTP/3.0" {
+                    out.extend_from_slice(b"h3");
+                }
+            }
             Var::SslProtocol => match self.conn.tls.info() {
                 Some(t) => out.extend_from_slice(t.protocol.as_bytes()),
                 None => return false,

@@ -45,6 +45,7 @@ pub enum Var {
     Https,
     /// `$http2`: h2, h2c or empty.
     Http2,
+    Http3,
     SslProtocol,
     SslCipher,
     SslServerName,
@@ -116,6 +117,7 @@ fn builtin(name: &str) -> Option<Var> {
         "scheme" => Var::Scheme,
         "https" => Var::Https,
         "http2" => Var::Http2,
+        "http3" => Var::Http3,
         "ssl_protocol" => Var::SslProtocol,
         "ssl_cipher" => Var::SslCipher,
         "ssl_server_name" => Var::SslServerName,

@@ -148,6 +148,7 @@ impl<S: Stream> TlsStream<S> {
             client_chain,
             verify,
             h2: c.alpn_protocol() == Some(b"h2"),
+            early_data: false,
         }
     }
 }

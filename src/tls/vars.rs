@@ -109,8 +109,13 @@ pub fn eval(info: Option<&TlsInfo>, v: SslVar, out: &mut Vec<u8>) -> bool {
             (Ok(()), Some(_)) => out.extend_from_slice(b"SUCCESS"),
             (Ok(()), None) => out.extend_from_slice(b"NONE"),
         },
-        // rustls accepts no early data (see DIFFERENCES.md).
-        SslVar::EarlyData => {}
+        // Over TCP rustls accepts no early data (see DIFFERENCES.md);
+        // over QUIC, "1" for a request that came in 0-RTT.
+        SslVar::EarlyData => {
+            if t.early_data {
+                out.push(b'1');
+            }
+        }
         _ => {
             let Some(der) = t.client_chain.as_ref().and_then(|c| c.first()) else {
                 return true;

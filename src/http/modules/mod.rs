@@ -99,6 +99,7 @@ pub const TABLES: &[&[Spec]] = &[
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
     crate::http::v2::conf::DIRECTIVES,
+    crate::http::v3::conf::DIRECTIVES,
     UNSUPPORTED,
 ];
 

@@ -1,0 +1,334 @@
+//! HTTP/3 over QUIC with a real client: Python's aioquic (tests/it/
+//! h3_client.py; .ci/run installs it, and these tests say so and return
+//! where it is missing). Static files, a proxied page and a 10 MiB file
+//! arrive with the same bytes as over HTTP/1.1; the access log shows
+//! `HTTP/3.0` and `$http3`; request bodies reach the upstream; Retry
+//! (`quic_retry on`); a reload keeps the connection and the next request
+//! uses the new configuration; a graceful stop closes connections with
+//! H3_NO_ERROR; the directives load and a bad `quic_host_key` is refused
+//! with file:line.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::{self, free_port, Prefix, Server};
+use crate::origin::Origin;
+
+const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/h3_client.py");
+
+fn have_aioquic() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import aioquic"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: python3 with aioquic is not installed (.ci/run installs it)");
+    }
+    ok
+}
+
+fn cert(p: &Prefix) {
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    p.write("conf/h3.crt", c.cert.pem());
+    p.write("conf/h3.key", c.key_pair.serialize_pem());
+}
+
+/// Runs the client; returns its stdout (panics with its stderr when it
+/// fails).
+fn fetch(port: u16, out: &Path, paths: &[&str], extra: &[&str]) -> String {
+    std::fs::create_dir_all(out).expect("out dir");
+    let o = Command::new("python3")
+        .arg(CLIENT)
+        .arg("127.0.0.1")
+        .arg(port.to_string())
+        .arg(out)
+        .args(paths)
+        .args(extra)
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "h3 client failed: {}{}",
+        stdout,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+fn read(out: &Path, name: &str) -> Vec<u8> {
+    std::fs::read(out.join(name)).unwrap_or_default()
+}
+
+fn head(out: &Path, i: usize) -> String {
+    String::from_utf8_lossy(&read(out, &format!("{i}.head"))).to_string()
+}
+
+struct H3 {
+    server: Server,
+    quic: u16,
+    _origin: Origin,
+}
+
+/// tern with HTTP/1.1 on @PORT@, and TLS + QUIC on another port, as the
+/// guides write it (`listen N quic reuseport; listen N ssl; http3 on;`
+/// and the Alt-Svc header), plus an upstream that answers with the
+/// method, body length and request line it got.
+fn start(extra: &str) -> H3 {
+    let origin = Origin::serve(|mut c| {
+        while let Some(req) = c.next(true) {
+            let end = harness::find(&req, b"\r\n\r\n").map_or(req.len(), |p| p + 4);
+            let line_end = harness::find(&req, b"\r\n").unwrap_or(0);
+            let text = format!(
+                "{} body={}",
+                String::from_utf8_lossy(&req[..line_end]),
+                req.len() - end
+            );
+            if c.stream.write_all(&Origin::ok(&text, "")).is_err() {
+                return;
+            }
+        }
+    });
+    let p = Prefix::new();
+    cert(&p);
+    p.write("html/index.html", "hello h3\n");
+    // 10 MiB that does not compress, in a type gzip leaves alone.
+    let mut big = Vec::with_capacity(10 << 20);
+    let mut x: u32 = 0x1234_5678;
+    while big.len() < 10 << 20 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        big.extend_from_slice(&x.to_le_bytes());
+    }
+    p.write("html/big.bin", &big);
+    let quic = free_port();
+    let up = origin.port;
+    let conf = format!(
+        r#"
+worker_processes 2;
+error_log logs/error.log info;
+http {{
+    types {{ text/html html; application/octet-stream bin; }}
+    log_format p '$request|$server_protocol|$http3|$status|$body_bytes_sent|$ssl_protocol';
+    access_log logs/access.log p;
+    server {{
+        listen 127.0.0.1:@PORT@;
+        listen 127.0.0.1:{quic} quic reuseport;
+        listen 127.0.0.1:{quic} ssl;
+        http3 on;
+        ssl_certificate h3.crt;
+        ssl_certificate_key h3.key;
+        add_header Alt-Svc 'h3=":{quic}"; ma=86400';
+        root html;
+        gzip on;
+        gzip_min_length 1;
+        {extra}
+        location /up/ {{ proxy_pass http://127.0.0.1:{up}; }}
+        location /ver {{ return 200 "one\n"; }}
+    }}
+}}
+"#
+    );
+    let server = Server::start_in(p, &conf);
+    H3 {
+        server,
+        quic,
+        _origin: origin,
+    }
+}
+
+#[test]
+fn static_proxied_and_10mib_same_bytes_as_http1() {
+    if !have_aioquic() {
+        return;
+    }
+    let h = start("");
+    let out = h.server.prefix.path("h3out");
+    let said = fetch(h.quic, &out, &["/", "/up/page?a=1", "/big.bin"], &[]);
+    assert_eq!(said.trim(), "ok 3");
+    for (i, path) in ["/", "/up/page?a=1", "/big.bin"].iter().enumerate() {
+        let h1 = h.server.get(path);
+        assert_eq!(h1.status, 200, "{path} over HTTP/1.1");
+        let body = read(&out, &format!("{i}.body"));
+        assert_eq!(
+            body.len(),
+            h1.body.len(),
+            "{path}: length over h3 vs HTTP/1.1"
+        );
+        assert!(
+            body == h1.body,
+            "{path}: bytes over h3 differ from HTTP/1.1"
+        );
+        assert!(
+            head(&out, i).contains(":status: 200\n"),
+            "{path}: {}",
+            head(&out, i)
+        );
+    }
+    assert_eq!(read(&out, "0.body"), b"hello h3\n");
+    assert_eq!(read(&out, "2.body").len(), 10 << 20);
+    assert!(String::from_utf8_lossy(&read(&out, "1.body")).starts_with("GET /up/page?a=1 HTTP/1.0"));
+    let h0 = head(&out, 0);
+    assert!(
+        h0.contains(&format!("alt-svc: h3=\":{}\"; ma=86400\n", h.quic)),
+        "{h0}"
+    );
+    assert!(!h0.contains("connection:"), "{h0}");
+    let log = h.server.prefix.read("logs/access.log");
+    assert!(
+        log.contains("GET / HTTP/3.0|HTTP/3.0|h3|200|9|TLSv1.3\n"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "GET /big.bin HTTP/3.0|HTTP/3.0|h3|200|{}|TLSv1.3\n",
+            10 << 20
+        )),
+        "{log}"
+    );
+    // HTTP/1.1 requests are not HTTP/3 ones.
+    assert!(log.contains("GET / HTTP/1.1|HTTP/1.1||200|9|-\n"), "{log}");
+}
+
+#[test]
+fn gzip_post_body_and_retry() {
+    if !have_aioquic() {
+        return;
+    }
+    let h = start("quic_retry on; gzip_types text/plain;");
+    let out = h.server.prefix.path("h3out");
+    // gzip applies over HTTP/3 as over HTTP/1.1.
+    fetch(h.quic, &out, &["/"], &["--header", "accept-encoding: gzip"]);
+    let h0 = head(&out, 0);
+    assert!(h0.contains("content-encoding: gzip\n"), "{h0}");
+    assert_eq!(&read(&out, "0.body")[..2], &[0x1f, 0x8b]);
+    // A body reaches the upstream whole (with and without a length).
+    let data = h.server.prefix.write("post.bin", vec![b'p'; 100_000]);
+    let d = data.to_str().unwrap_or_default();
+    fetch(
+        h.quic,
+        &out,
+        &["/up/post"],
+        &["--method", "POST", "--data", d],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&read(&out, "0.body")),
+        "POST /up/post HTTP/1.0 body=100000"
+    );
+    fetch(
+        h.quic,
+        &out,
+        &["/up/post"],
+        &[
+            "--method",
+            "POST",
+            "--data",
+            d,
+            "--header",
+            "content-length: 100000",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&read(&out, "0.body")),
+        "POST /up/post HTTP/1.0 body=100000"
+    );
+}
+
+#[test]
+fn reload_keeps_the_connection_and_quit_closes_it() {
+    if !have_aioquic() {
+        return;
+    }
+    let mut h = start("");
+    let out = h.server.prefix.path("h3out");
+    let mut child = Command::new("python3")
+        .arg(CLIENT)
+        .args(["127.0.0.1", &h.quic.to_string()])
+        .arg(&out)
+        .args(["/ver", "/ver", "--pause", "3", "--hold", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3");
+    std::fs::create_dir_all(&out).expect("out dir");
+    harness::eventually(20, "the first answer", || out.join("paused").exists());
+    // Reload during the pause: the same connection's next request sees
+    // the new configuration.
+    let conf = std::fs::read_to_string(&h.server.conf).expect("conf");
+    std::fs::write(&h.server.conf, conf.replace("\"one\\n\"", "\"two\\n\"")).expect("conf");
+    h.server.signal(libc::SIGHUP);
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    assert_eq!(next(), "ok 2");
+    assert_eq!(read(&out, "0.body"), b"one\n");
+    assert_eq!(read(&out, "1.body"), b"two\n", "after the reload");
+    assert_eq!(next(), "holding");
+    // Graceful stop: GOAWAY, then the connection closes with
+    // H3_NO_ERROR and tern exits.
+    h.server.signal(libc::SIGQUIT);
+    assert_eq!(next(), "closed 0x100");
+    let _ = child.wait();
+    assert_eq!(h.server.wait_exit(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn directives_load_and_errors() {
+    let p = Prefix::new();
+    cert(&p);
+    p.write("conf/quic.key", [7u8; 32]);
+    let conf = r#"
+quic_bpf on;
+http {
+    http3 on;
+    http3_hq off;
+    http3_max_concurrent_streams 64;
+    http3_stream_buffer_size 128k;
+    quic_retry on;
+    quic_gso on;
+    quic_host_key quic.key;
+    quic_active_connection_id_limit 4;
+    ssl_early_data on;
+    server {
+        listen 127.0.0.1:@PORT@ quic reuseport;
+        listen 127.0.0.1:@PORT@ ssl;
+        ssl_certificate h3.crt;
+        ssl_certificate_key h3.key;
+    }
+}
+"#;
+    let port = free_port();
+    p.write("conf/nginx.conf", harness::conf_text(conf, port));
+    let o = p.run(&["-t"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    p.write(
+        "conf/nginx.conf",
+        harness::conf_text(
+            &conf.replace("quic_host_key quic.key", "quic_host_key nope.key"),
+            port,
+        ),
+    );
+    let o = p.run(&["-t"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("nope.key\" failed (2: No such file or directory) in ")
+            && err.contains("nginx.conf:11"),
+        "{err}"
+    );
+    p.write(
+        "conf/nginx.conf",
+        harness::conf_text(&conf.replace("http3 on;", "http3 maybe;"), port),
+    );
+    let o = p.run(&["-t"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "invalid value \"maybe\" in \"http3\" directive, it must be \"on\" or \"off\""
+        ),
+        "{err}"
+    );
+}
