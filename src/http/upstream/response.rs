@@ -383,6 +383,19 @@ pub(super) async fn respond(
         store: store_out,
         slot: resp.slot.take(),
     };
+    if cx.method == crate::http::request::Method::Head
+        && producer.cache.is_some()
+        && out.content_length.is_some()
+        && !resp.no_body
+    {
+        // A HEAD answered with a GET being cached (PREFIX_cache_convert_head):
+        // the client takes no body, and a request that follows must find
+        // the entry, as it does with nginx, which has stored it by the time
+        // it is done with the HEAD. So the entry is written first.
+        producer.run(first).await;
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    }
     tokio::spawn(producer.run(first));
     if resp.no_body {
         // Stored all the same (an empty entry); the client needs nothing.
