@@ -282,7 +282,8 @@ fn test_dump_quiet_version_help() {
     assert!(
         e.contains("\nconfigure arguments: ")
             && e.contains("--with-threads")
-            && e.contains("--without-http_grpc_module")
+            && !e.contains("--without-http_grpc_module")
+            && e.contains("--with-http_v3_module")
             && !e.contains("--without-http_fastcgi_module")
             && !e.contains("--without-http_proxy_module"),
         "{e}"
