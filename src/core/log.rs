@@ -525,6 +525,49 @@ fn flush_run(file: &mut Option<Arc<LogFile>>, run: &mut Vec<u8>) {
     run.clear();
 }
 
+/// Makes a panic an `[alert]` in the error log instead of a line on a
+/// stderr nobody reads. A panic while serving is contained by the task
+/// that runs the connection (or HTTP/2 stream): unwinding drops its socket
+/// and its `worker_connections` slot, and the worker goes on with every
+/// other connection. nginx's counterpart is a worker that dies on a signal
+/// and is respawned, taking all of its connections with it.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = info.payload().downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "(no message)".to_string()
+        };
+        let at = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("a thread");
+        crate::elog!(
+            Alert,
+            "panic in {} at {}: {}; the task that ran it ended, closing what it served",
+            name,
+            at,
+            msg
+        );
+    }));
+}
+
+/// The request URI that panics on purpose (`TERN_FAULT_PANIC_URI`, read
+/// once at start), so tests can prove a panic is contained. Only whoever
+/// starts tern can set it; unset, the check is one load of a static.
+pub fn fault_panic_uri() -> Option<&'static [u8]> {
+    static URI: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    URI.get_or_init(|| {
+        std::env::var_os("TERN_FAULT_PANIC_URI")
+            .map(|v| std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec())
+    })
+    .as_deref()
+}
+
 /// Log to the main error log.
 #[macro_export]
 macro_rules! elog {

@@ -197,7 +197,10 @@ fn pid_path(cfg: &Config) -> PathBuf {
 /// listening sockets an old binary handed over (USR2), if any.
 pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
     match main_logger_for(&cfg, &src) {
-        Ok(l) => log::set_main_logger(l),
+        Ok(l) => {
+            log::set_main_logger(l);
+            log::install_panic_hook();
+        }
         Err(e) => {
             eprintln!(
                 "tern: [emerg] open() error log failed {}",

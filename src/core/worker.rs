@@ -147,8 +147,9 @@ pub enum Ctrl {
 
 static CONN_ID: AtomicU64 = AtomicU64::new(0);
 
-/// A new connection number (`$connection`, the error log's `*N`), for
-/// connections not accepted here (QUIC's, in `http::v3`).
+/// The next connection number (`$connection`, the `*N` of log lines);
+/// also taken by each UDP session of a stream listener and each QUIC
+/// connection (`http::v3`).
 pub fn next_conn_id() -> u64 {
     CONN_ID.fetch_add(1, Ordering::Relaxed) + 1
 }

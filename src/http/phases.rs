@@ -229,6 +229,9 @@ pub async fn run(cx: &mut Ctx<'_>) -> Response {
     } else if let Some(status) = ssl_check(cx) {
         Response::status(status)
     } else {
+        if crate::core::log::fault_panic_uri().is_some_and(|u| u == &cx.uri[..]) {
+            panic!("TERN_FAULT_PANIC_URI requested");
+        }
         run_phases(cx, Entry::Start).await
     };
     conclude(cx, resp).await

@@ -143,9 +143,19 @@ impl IoLoc {
         m(&mut self.output_buffers, &parent.output_buffers);
     }
 
-    /// `aio` after defaults (`off`).
+    /// `aio` after defaults. nginx's default is `off`: a read of a file
+    /// not in the page cache blocks the worker and every connection on it.
+    /// tern's is `threads` on the default pool, because its offload costs
+    /// nothing for cached data (those reads stay inline, see `io::ops`):
+    /// only reads that would block leave the event loop. An explicit
+    /// `aio off` reads inline as asked (DIFFERENCES.md).
     pub fn aio(&self) -> &AioConf {
-        self.aio.as_ref().unwrap_or(&AioConf::Off)
+        static DEFAULT: AioConf = AioConf::Threads {
+            pool: None,
+            file: None,
+            line: 0,
+        };
+        self.aio.as_ref().unwrap_or(&DEFAULT)
     }
     pub fn aio_write(&self) -> bool {
         self.aio_write.unwrap_or(false)

@@ -106,6 +106,8 @@ pub struct StreamServer {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Listening addresses of this server with `ssl`.
     pub ssl_listens: Vec<ListenAddr>,
+    /// `ssl_verify_client` and its certificates (None: off).
+    pub client_auth: Option<Arc<crate::tls::client_auth::ClientAuth>>,
     pub ssl_handshake_timeout: Duration,
     /// `proxy_ssl on`: the TLS client configuration toward the upstream.
     pub proxy_ssl: Option<Arc<rustls::ClientConfig>>,
@@ -121,6 +123,10 @@ pub struct StreamServer {
     /// None = no limit.
     pub next_upstream_timeout: Option<Duration>,
     pub half_close: bool,
+    /// UDP: `proxy_requests` (0: the client stays bound to its session)
+    /// and `proxy_responses` (None: not limited).
+    pub requests: u64,
+    pub responses: Option<u64>,
     pub socket_keepalive: bool,
     pub tcp_nodelay: bool,
     /// `error_log` of this server (or inherited from `stream`); None = main log.
@@ -170,6 +176,12 @@ pub struct ProxyConf {
     pub proxy_ssl_protocols: Option<(bool, bool)>,
     pub proxy_ssl_ciphers: Option<String>,
     pub proxy_ssl_verify_depth: Option<u64>,
+    /// `proxy_ssl_certificate`, `_key`, `proxy_ssl_password_file` (paths).
+    pub proxy_ssl_certificate: Option<String>,
+    pub proxy_ssl_certificate_key: Option<String>,
+    pub proxy_ssl_password_file: Option<String>,
+    pub requests: Option<u64>,
+    pub responses: Option<u64>,
 }
 
 impl ProxyConf {
@@ -212,7 +224,12 @@ impl ProxyConf {
             proxy_ssl_trusted,
             proxy_ssl_protocols,
             proxy_ssl_ciphers,
-            proxy_ssl_verify_depth
+            proxy_ssl_verify_depth,
+            proxy_ssl_certificate,
+            proxy_ssl_certificate_key,
+            proxy_ssl_password_file,
+            requests,
+            responses
         );
         self.ssl.merge(&p.ssl);
     }
@@ -541,8 +558,18 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(1),
         StreamSetter::Proxy(set_upload_rate)
     ),
-    row!("proxy_responses", SS, Args::Any, StreamSetter::Unsupported),
-    row!("proxy_requests", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_responses",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_responses)
+    ),
+    row!(
+        "proxy_requests",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_requests)
+    ),
     row!(
         "proxy_ssl",
         SS,
@@ -601,21 +628,21 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!(
         "proxy_ssl_certificate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_certificate)
     ),
     row!(
         "proxy_ssl_certificate_key",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_certificate_key)
     ),
     row!("proxy_ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
     row!(
         "proxy_ssl_password_file",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_password_file)
     ),
     row!(
         "proxy_ssl_conf_command",
@@ -658,32 +685,22 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::AtLeast(1),
         StreamSetter::Proxy(set_ssl_alpn)
     ),
-    row!(
-        "ssl_verify_client",
-        SS,
-        Args::Any,
-        StreamSetter::Unsupported
-    ),
+    row!("ssl_verify_client", SS, Args::take(1), StreamSetter::Ssl),
     row!(
         "ssl_client_certificate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
     row!(
         "ssl_trusted_certificate",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
-    row!("ssl_verify_depth", SS, Args::Any, StreamSetter::Unsupported),
-    row!("ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
-    row!(
-        "ssl_password_file",
-        SS,
-        Args::Any,
-        StreamSetter::Unsupported
-    ),
+    row!("ssl_verify_depth", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_crl", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_password_file", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
     row!(
         "ssl_session_ticket_key",
@@ -827,6 +844,7 @@ fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
         .into_iter()
         .map(|addr| Peer {
             name: addr.to_string(),
+            server: target.to_string(),
             addr,
             weight: 1,
             max_fails: 1,
@@ -905,9 +923,11 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             })?)),
             None => None,
         };
+        let mut client_auth = None;
         let tls = if sb.listen.iter().any(|l| l.ssl) {
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
+            client_auth = ssl.client_auth.clone();
             let Some(cfg) = ssl.tls else {
                 let l = sb
                     .listen_dirs
@@ -947,10 +967,9 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                     &sd,
                 ));
             }
-            Some(
-                crate::tls::client::client_config(&up)
-                    .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?,
-            )
+            let cfg = crate::tls::client::client_config(&up)
+                .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?;
+            Some(with_client_cert(cfg, p, &sd)?)
         } else {
             None
         };
@@ -998,6 +1017,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 .filter(|l| l.ssl)
                 .map(|l| l.addr.clone())
                 .collect(),
+            client_auth,
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             proxy_ssl,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
@@ -1008,6 +1028,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             next_upstream_tries: p.next_upstream_tries.unwrap_or(0),
             next_upstream_timeout: p.next_upstream_timeout.filter(|t| !t.is_zero()),
             half_close: p.half_close.unwrap_or(false),
+            requests: p.requests.unwrap_or(0),
+            responses: p.responses,
             socket_keepalive: p.socket_keepalive.unwrap_or(false),
             tcp_nodelay: p.tcp_nodelay.unwrap_or(true),
             logger,
@@ -1191,7 +1213,23 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
         .args
         .retain(|a| a.value != "proxy_protocol" && a.value != "udp");
     let mut l = crate::http::conf::parse_listen(&plain)?;
-    if d.args.iter().skip(1).any(|a| a.value == "udp") {
+    let udp = d.args.iter().skip(1).any(|a| a.value == "udp");
+    if udp {
+        // nginx's checks, in its order.
+        let has = |p: &str| d.args.iter().skip(1).any(|a| a.value.starts_with(p));
+        for (on, what) in [
+            (l.backlog.is_some(), "backlog"),
+            (l.ssl, "ssl"),
+            (l.so_keepalive.is_some(), "so_keepalive"),
+            (has("proxy_protocol"), "proxy_protocol"),
+        ] {
+            if on {
+                return Err(ConfError::at(
+                    format!("\"{}\" parameter is incompatible with \"udp\"", what),
+                    d,
+                ));
+            }
+        }
         match l.addr {
             ListenAddr::Inet(a) => l.addr = ListenAddr::Udp(a),
             // nginx binds unix datagram sockets; tern does not yet.
@@ -1297,6 +1335,110 @@ fn set_proxy_ssl_protocols(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -
 fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     crate::tls::client::check_ciphers(arg(d, 0))?;
     set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_proxy_requests(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::num_arg(d, 0)?;
+    set_once(&mut p.requests, v, d)
+}
+
+fn set_proxy_responses(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::num_arg(d, 0)?;
+    set_once(&mut p.responses, v, d)
+}
+
+fn set_proxy_ssl_certificate(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let f = ssl_file(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate, f, d)
+}
+
+fn set_proxy_ssl_certificate_key(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let f = ssl_file(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate_key, f, d)
+}
+
+fn set_proxy_ssl_password_file(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let f = ssl_file(d, cx)?;
+    set_once(&mut p.proxy_ssl_password_file, f, d)
+}
+
+/// A file argument of a `proxy_ssl_*` directive, relative to the
+/// directory of nginx.conf. nginx 1.21+ also takes variables in
+/// `proxy_ssl_certificate` (a certificate loaded per connection); tern
+/// takes files only.
+fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
+    let a = arg(d, 0);
+    if a.contains('$') || a.starts_with("data:") {
+        return Err(ConfError::at(
+            format!(
+                "\"{}\" with variables or \"data:\" is not supported by tern yet",
+                d.name
+            ),
+            d,
+        ));
+    }
+    Ok(if a.starts_with('/') {
+        a.to_string()
+    } else {
+        cx.conf_prefix.join(a).to_string_lossy().into_owned()
+    })
+}
+
+/// `proxy_ssl_certificate`: the client certificate offered to upstreams
+/// (whatever CA names the upstream hints, as OpenSSL does for nginx).
+fn with_client_cert(
+    cfg: Arc<rustls::ClientConfig>,
+    p: &ProxyConf,
+    sd: &Directive,
+) -> ConfResult<Arc<rustls::ClientConfig>> {
+    let Some(cert) = &p.proxy_ssl_certificate else {
+        return Ok(cfg);
+    };
+    let Some(key) = &p.proxy_ssl_certificate_key else {
+        return Err(ConfError::at(
+            format!(
+                "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
+                cert
+            ),
+            sd,
+        ));
+    };
+    let passwords = match &p.proxy_ssl_password_file {
+        Some(f) => crate::tls::keys::read_passwords(f)?,
+        None => Vec::new(),
+    };
+    let pair = crate::tls::config::load_pair(cert, key, &passwords)?;
+    let mut c = (*cfg).clone();
+    c.client_auth_cert_resolver = Arc::new(ClientCert(pair));
+    Ok(Arc::new(c))
+}
+
+#[derive(Debug)]
+struct ClientCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 fn set_proxy_ssl_verify_depth(
@@ -1681,6 +1823,7 @@ fn set_ups_server(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfRes
     for addr in resolve(target, d, "upstream")? {
         let peer = Peer {
             name: addr.to_string(),
+            server: target.to_string(),
             addr,
             weight,
             max_fails,

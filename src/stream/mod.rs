@@ -1,4 +1,4 @@
-//! The `stream` module: a TCP (and unix-socket) proxy configured by
+//! The `stream` module: a TCP, UDP and unix-socket proxy configured by
 //! nginx's `stream {}` block, with its modules (`return`, `set`, `map`,
 //! `geo`, `split_clients`, `access`, `limit_conn`, `realip`, `access_log`,
 //! `ssl`, `ssl_preread`, upstream balancing).
@@ -15,6 +15,9 @@
 //!   `proxy_bind`, `proxy_ssl`, a PROXY header), then copy both ways.
 //! - [`proxy_protocol`], [`ssl_preread`]: the two parsers of what a client
 //!   sends before its data.
+//! - [`udp`]: `listen ... udp`: datagrams grouped into sessions by the
+//!   client's address, each through the same phases, relayed over a
+//!   connected UDP socket (`proxy_requests`, `proxy_responses`).
 //!
 //! Listening sockets of stream servers go through the same machinery as
 //! http ones: the master binds them (one `SO_REUSEPORT` socket per worker

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::core::log::Level;
+use crate::core::worker::WorkerShared;
 use crate::stream::conf::StreamServer;
 use crate::stream::session::{Session, UpTry};
 use crate::stream::upstream::{Balance, PeerAddr, Picked, Upstream};
@@ -97,7 +98,13 @@ impl AsyncWrite for Sock {
 /// Connects to a peer of `upstream` (trying the next on failure, within
 /// `proxy_next_upstream*`), relays until the session ends, and records
 /// what happened in the session (status, counters, `$upstream_*`).
-pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upstream>) {
+pub async fn run(
+    s: &mut Session,
+    client: Sock,
+    pre: Vec<u8>,
+    upstream: Arc<Upstream>,
+    shared: &Arc<WorkerShared>,
+) {
     let srv = s.srv.clone();
     let key = match &upstream.balance {
         Balance::Hash { key, .. } => key.render_vec(&*s),
@@ -145,8 +152,20 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
     let connected_at = Instant::now();
     // A graceful stop (QUIT) does not cut sessions: like nginx, a worker
     // waits for them (bounded by worker_shutdown_timeout); only idle http
-    // keepalives are closed early.
-    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates).await;
+    // keepalives are closed early. A reload cuts nothing either, unless
+    // worker_shutdown_timeout is set: then, as nginx's old workers do, a
+    // session of the replaced configuration ends that long after it.
+    let drain = shared
+        .config
+        .load()
+        .main
+        .worker_shutdown_timeout_ms
+        .map(|ms| Drain {
+            shared: shared.clone(),
+            listen: s.listen.clone(),
+            after: Duration::from_millis(ms),
+        });
+    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates, drain).await;
     if let Some(t) = s.up.tries.last_mut() {
         let connect = t.connect.unwrap_or_default();
         t.session = Some(connected_at.elapsed() + connect);
@@ -157,6 +176,12 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
     s.bytes_received += bytes.from_client;
     s.bytes_sent += bytes.to_client;
     let from_client = bytes.from_client + pre_len;
+    // The closing lines are all info: most configurations do not log
+    // them, so nothing is built for them then.
+    if !s.logger.enabled(Level::Info) {
+        drop(peer);
+        return;
+    }
     let tail = format!(
         "{}, upstream: \"{}\", bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
         s.client_ctx(),
@@ -178,6 +203,10 @@ pub async fn run(s: &mut Session, client: Sock, pre: Vec<u8>, upstream: Arc<Upst
                 bytes.to_upstream,
                 tail
             ),
+        ),
+        End::Shutdown => s.log(
+            Level::Info,
+            format_args!("*{} shutdown timeout, {}", s.id, tail),
         ),
         End::TimedOut => s.log(
             Level::Info,
@@ -336,7 +365,34 @@ enum End {
     /// A side closed ("client" or "upstream"), all its data delivered.
     Closed(&'static str),
     TimedOut,
+    /// worker_shutdown_timeout ran out after a reload.
+    Shutdown,
     Error(Failed, io::Error),
+}
+
+/// How a session notices that a reload replaced its configuration: its
+/// listening address is served by another server object now (or none).
+/// Checked once a second, only when worker_shutdown_timeout is set.
+struct Drain {
+    shared: Arc<WorkerShared>,
+    listen: crate::http::conf::ListenAddr,
+    after: Duration,
+}
+
+impl Drain {
+    const CHECK: Duration = Duration::from_secs(1);
+
+    fn replaced(&self, srv: &StreamServer) -> bool {
+        let cfg = self.shared.config.load();
+        match cfg
+            .stream
+            .as_ref()
+            .and_then(|c| c.by_addr.get(&self.listen))
+        {
+            Some(now) => !std::ptr::eq(Arc::as_ptr(now), srv),
+            None => true,
+        }
+    }
 }
 
 /// One direction of the copy.
@@ -487,7 +543,14 @@ async fn pump(
     srv: &StreamServer,
     first: Vec<u8>,
     (upload_rate, download_rate): (u64, u64),
+    drain: Option<Drain>,
 ) -> (End, Bytes, Option<Instant>) {
+    // The reload check: None without worker_shutdown_timeout; once the
+    // configuration was replaced, the timer runs to the session's end.
+    let mut check = drain
+        .as_ref()
+        .map(|_| Box::pin(tokio::time::sleep(Drain::CHECK)));
+    let mut draining = false;
     let mut down = Dir::new(srv.buffer_size, download_rate, Vec::new()); // upstream -> client
     let mut up = Dir::new(srv.buffer_size, upload_rate, first); // client -> upstream
     let (mut up_done, mut down_done) = (false, false);
@@ -528,6 +591,20 @@ async fn pump(
         if active {
             idle.as_mut()
                 .reset(tokio::time::Instant::now() + srv.timeout);
+        }
+        if let (Some(t), Some(d)) = (&mut check, &drain) {
+            while t.as_mut().poll(cx).is_ready() {
+                if draining {
+                    return Poll::Ready(End::Shutdown);
+                }
+                let next = if d.replaced(srv) {
+                    draining = true;
+                    d.after
+                } else {
+                    Drain::CHECK
+                };
+                t.as_mut().reset(tokio::time::Instant::now() + next);
+            }
         }
         match idle.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(End::TimedOut),

@@ -107,6 +107,39 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session that starts now, with nothing read yet.
+    pub fn new(
+        id: u64,
+        remote: Option<SocketAddr>,
+        local: Option<SocketAddr>,
+        listen: ListenAddr,
+        srv: Arc<StreamServer>,
+    ) -> Session {
+        Session {
+            id,
+            start: Instant::now(),
+            remote,
+            conn_remote: remote,
+            local,
+            listen,
+            logger: srv
+                .logger
+                .clone()
+                .unwrap_or_else(crate::core::log::main_logger),
+            set_vals: vec![None; srv.vars.len()],
+            srv,
+            status: 200,
+            bytes_received: 0,
+            bytes_sent: 0,
+            up: UpInfo::default(),
+            pp: None,
+            limit_status: None,
+            hello: None,
+            tls: None,
+            alpn: None,
+        }
+    }
+
     pub fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
         self.logger.log(level, Some(self.id), msg);
     }
@@ -114,7 +147,12 @@ impl Session {
     /// nginx's error-log context of a stream session.
     pub fn client_ctx(&self) -> String {
         format!(
-            "client: {}, server: {}",
+            "{}client: {}, server: {}",
+            if matches!(self.listen, ListenAddr::Udp(_)) {
+                "udp "
+            } else {
+                ""
+            },
             self.conn_remote
                 .map(|a| a.ip().to_string())
                 .unwrap_or_else(|| "unix:".into()),
@@ -188,6 +226,7 @@ impl VarCtx for Session {
                     _ => out.extend_from_slice(if t.reused { b"r" } else { b"." }),
                 }
             }
+            Var::Ssl(v) => return crate::tls::vars::eval(self.tls.as_ref(), *v, out),
             Var::User(i) => {
                 if let Some(Some(v)) = self.set_vals.get(*i) {
                     out.extend_from_slice(v);
@@ -222,7 +261,10 @@ impl Session {
         match v {
             SVar::BytesReceived => push_num(out, self.bytes_received),
             SVar::SessionTime => push_secs(out, self.start.elapsed()),
-            SVar::Protocol => out.extend_from_slice(b"TCP"),
+            SVar::Protocol => out.extend_from_slice(match self.listen {
+                ListenAddr::Udp(_) => b"UDP",
+                _ => b"TCP",
+            }),
             SVar::UpstreamAddr => {
                 return self
                     .up
@@ -268,7 +310,7 @@ impl Session {
 }
 
 /// A `limit_conn` slot held for the session's life.
-struct Held {
+pub struct Held {
     state: Arc<ConnState>,
     key: Vec<u8>,
 }
@@ -297,40 +339,19 @@ pub async fn serve(
         (_, Sock::Tcp(t)) => t.local_addr().ok(),
         _ => None,
     };
-    let nvars = srv.vars.len();
-    let mut s = Session {
-        id,
-        start: Instant::now(),
-        remote,
-        conn_remote: remote,
-        local,
-        listen: listen.clone(),
-        logger: srv
-            .logger
-            .clone()
-            .unwrap_or_else(crate::core::log::main_logger),
-        srv,
-        status: 200,
-        bytes_received: 0,
-        bytes_sent: 0,
-        up: UpInfo::default(),
-        pp: None,
-        set_vals: vec![None; nvars],
-        limit_status: None,
-        hello: None,
-        tls: None,
-        alpn: None,
-    };
-    s.log(
-        Level::Info,
-        format_args!(
-            "client {} connected to {}",
-            remote
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "unix:".into()),
-            listen
-        ),
-    );
+    let mut s = Session::new(id, remote, local, listen.clone(), srv);
+    if s.logger.enabled(Level::Info) {
+        s.log(
+            Level::Info,
+            format_args!(
+                "client {} connected to {}",
+                remote
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "unix:".into()),
+                listen
+            ),
+        );
+    }
     let mut held: Vec<Held> = Vec::new();
     if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
         if let Some((client, pre)) = tls_and_preread(&mut s, client, pre).await {
@@ -370,6 +391,13 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
             }
         }
     }
+    checks(s, held).then_some(pre)
+}
+
+/// The preaccess and access phases (`set`, `limit_conn`, `allow`/`deny`):
+/// false when the session ended there (its status set).
+pub fn checks(s: &mut Session, held: &mut Vec<Held>) -> bool {
+    let srv = s.srv.clone();
     for (i, t) in &srv.sets {
         let v = t.render_vec(&*s);
         if let Some(slot) = s.set_vals.get_mut(*i) {
@@ -416,7 +444,7 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
                 s.limit_status = Some("REJECTED");
                 held.clear();
                 s.status = 503;
-                return None;
+                return false;
             }
         }
     }
@@ -431,10 +459,10 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
                 format_args!("access forbidden by rule, {}", s.client_ctx()),
             );
             s.status = 403;
-            return None;
+            return false;
         }
     }
-    Some(pre)
+    true
 }
 
 /// The ssl phase (handshake on an `ssl` listener) and the preread phase
@@ -447,7 +475,6 @@ async fn tls_and_preread(
     let srv = s.srv.clone();
     let mut client = client;
     if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
-        let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
         // Bytes read ahead of the handshake (after a PROXY header) belong
         // to it: the handshake reads them first.
         let inner = if pre.is_empty() {
@@ -455,13 +482,37 @@ async fn tls_and_preread(
         } else {
             Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
         };
-        let hs = async { acceptor.accept(inner).await.ok() };
+        let hs = async {
+            let start =
+                tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
+                    .await
+                    .ok()?;
+            let ch = start.client_hello();
+            let hello = Offered {
+                server_name: ch.server_name().map(str::to_string),
+                ciphers: ch.cipher_suites().into(),
+                groups: ch.named_groups().unwrap_or_default().into(),
+            };
+            let mut id = [0u8; 32];
+            let t = start
+                .into_stream_with(cfg.clone(), |c| id = crate::tls::session_id(c))
+                .await
+                .ok()?;
+            Some((t, hello, id))
+        };
         match tokio::time::timeout(srv.ssl_handshake_timeout, hs).await {
-            Ok(Some(t)) => {
+            Ok(Some((t, hello, id))) => {
                 let (_, c) = t.get_ref();
-                s.tls = Some(tls_info(c));
+                let info = tls_info(c, hello, id, srv.client_auth.as_deref());
                 s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
                 client = Sock::Tls(Box::new(t));
+                let refused = client_cert_refused(srv.client_auth.as_deref(), &info);
+                s.tls = Some(info);
+                if let Some(why) = refused {
+                    s.log(Level::Info, format_args!("{}, {}", why, s.client_ctx()));
+                    s.status = 500;
+                    return None;
+                }
             }
             Ok(None) => {
                 s.log(
@@ -528,8 +579,27 @@ async fn tls_and_preread(
     }
 }
 
-/// The `$ssl_*` values of a handshake (as http's TLS info).
-fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
+/// What a ClientHello offered (for `$ssl_server_name`, `$ssl_ciphers`,
+/// `$ssl_curves`).
+struct Offered {
+    server_name: Option<String>,
+    ciphers: Box<[rustls::CipherSuite]>,
+    groups: Box<[rustls::NamedGroup]>,
+}
+
+/// The `$ssl_*` values of a handshake (as http's TLS info), with the
+/// verdict on the client's certificate when `ssl_verify_client` asks for one.
+fn tls_info(
+    c: &rustls::ServerConnection,
+    hello: Offered,
+    session_id: [u8; 32],
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+) -> TlsInfo {
+    let client_chain = c.peer_certificates().map(<[_]>::to_vec);
+    let verify = match (&client_chain, auth) {
+        (Some(ch), Some(a)) => a.verify(ch),
+        _ => Ok(()),
+    };
     TlsInfo {
         protocol: match c.protocol_version() {
             Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
@@ -542,20 +612,42 @@ fn tls_info(c: &rustls::ServerConnection) -> TlsInfo {
                 crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
             })
             .unwrap_or("unknown"),
-        server_name: c.server_name().map(str::to_string),
+        server_name: hello.server_name,
         reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-        // What http's handshake records beyond this (session id, groups,
-        // client certificates) the stream module does not offer yet.
-        session_id: [0; 32],
+        session_id,
         // Stream sessions carry no HTTP: ALPN's h2 means nothing here.
         h2: false,
         early_data: false,
-        curve: None,
-        client_ciphers: Box::new([]),
-        client_groups: Box::new([]),
-        client_chain: None,
-        verify: Ok(()),
+        curve: c.negotiated_key_exchange_group().map(|g| g.name()),
+        client_ciphers: hello.ciphers,
+        client_groups: hello.groups,
+        client_chain,
+        verify,
     }
+}
+
+/// nginx's check after a stream handshake (`ngx_stream_ssl_handler`): a
+/// certificate that failed verification ends the session (unless
+/// `optional_no_ca` lets an unknown issuer through), and so does a missing
+/// one with `ssl_verify_client on`. The error-log text when refused.
+fn client_cert_refused(
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+    info: &TlsInfo,
+) -> Option<String> {
+    use crate::tls::client_auth::VerifyMode;
+    let a = auth?;
+    if let Err(e) = info.verify {
+        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
+            return Some(format!(
+                "client SSL certificate verify error: ({}:{})",
+                e.0, e.1
+            ));
+        }
+    }
+    if a.mode == VerifyMode::On && info.client_chain.is_none() {
+        return Some("client sent no required SSL certificate".to_string());
+    }
+    None
 }
 
 /// Reads a PROXY protocol header; Ok((header, bytes after it)).
@@ -611,30 +703,10 @@ async fn content(
             let _ = client.shutdown().await;
             return;
         }
-        Content::Proxy(u) => u.clone(),
-        Content::ProxyVar(t, ups) => {
-            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
-            match ups
-                .get(&target)
-                .cloned()
-                .or_else(|| crate::stream::conf::runtime_peer(&target))
-            {
-                Some(u) => u,
-                None => {
-                    let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
-                    s.log(
-                        Level::Error,
-                        format_args!(
-                            "no resolver defined to resolve {}, {}",
-                            host,
-                            s.client_ctx()
-                        ),
-                    );
-                    s.status = 500;
-                    return;
-                }
-            }
-        }
+        Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s) {
+            Some(u) => u,
+            None => return,
+        },
     };
     // The upstream connection is a connection of this worker too: nginx's
     // worker_connections counts both sides of a proxied session.
@@ -650,10 +722,42 @@ async fn content(
         s.status = 502;
         return;
     };
-    proxy::run(s, client, pre, upstream).await;
+    proxy::run(s, client, pre, upstream, shared).await;
 }
 
-fn log_phase(s: &Session) {
+/// The upstream of `proxy_pass` for this session (a variable target is
+/// rendered now); None (status 500, logged) when it names nothing tern
+/// can reach, or when the server has no `proxy_pass`.
+pub fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
+    let srv = s.srv.clone();
+    match &srv.content {
+        Content::Return(_) => None,
+        Content::Proxy(u) => Some(u.clone()),
+        Content::ProxyVar(t, ups) => {
+            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
+            let u = ups
+                .get(&target)
+                .cloned()
+                .or_else(|| crate::stream::conf::runtime_peer(&target));
+            if u.is_none() {
+                let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
+                s.log(
+                    Level::Error,
+                    format_args!(
+                        "no resolver defined to resolve {}, {}",
+                        host,
+                        s.client_ctx()
+                    ),
+                );
+                s.status = 500;
+            }
+            u
+        }
+    }
+}
+
+/// The log phase: every `access_log` of the server.
+pub fn log_phase(s: &Session) {
     for l in &s.srv.logs {
         write_one(l, s, &|| ScriptCtx {
             root: Vec::new(),

@@ -52,6 +52,9 @@ impl fmt::Display for PeerAddr {
 #[derive(Debug, Clone)]
 pub struct Peer {
     pub name: String,
+    /// The `server` address as written (one name may give several
+    /// peers): what `hash ... consistent` places on its ring.
+    pub server: String,
     pub addr: PeerAddr,
     pub weight: u32,
     /// 0 disables the accounting.
@@ -218,6 +221,48 @@ impl PeerSet {
         None
     }
 
+    /// nginx's consistent-hash walk: from the key's point on, the first
+    /// point whose server has a usable peer (several peers of one server
+    /// by smooth weighted round robin); None after 20 points (round robin
+    /// then). `t.hash` is the point index, kept for the next try.
+    fn pick_chash(&self, ring: &Ring, t: &mut Tried, now: Instant) -> Option<usize> {
+        let n = ring.points.len();
+        if n == 0 {
+            return None;
+        }
+        if t.rehash == 0 {
+            t.hash = ring.find(crc32fast::hash(&t.key)) as u32;
+        }
+        let mut st = self.lock();
+        while t.rehash <= 20 {
+            let server = &self.peers[ring.points[t.hash as usize % n].1].server;
+            let mut best: Option<usize> = None;
+            let mut total = 0i64;
+            for i in 0..self.peers.len() {
+                if self.peers[i].server != *server || !self.usable(&st, &t.primary, i, false, now) {
+                    continue;
+                }
+                let s = &mut st[i];
+                s.current += s.effective;
+                total += s.effective;
+                if s.effective < i64::from(self.peers[i].weight) {
+                    s.effective += 1;
+                }
+                if best.is_none_or(|b| st[i].current > st[b].current) {
+                    best = Some(i);
+                }
+            }
+            if let Some(b) = best {
+                st[b].current -= total;
+                self.take(&mut st, &mut t.primary, b, now);
+                return Some(b);
+            }
+            t.hash = t.hash.wrapping_add(1);
+            t.rehash += 1;
+        }
+        None
+    }
+
     /// Fewest active sessions per weight; ties go to the first such peer
     /// after smooth round robin among them.
     fn pick_least(&self, tried: &mut [bool], single: bool, now: Instant) -> Option<usize> {
@@ -285,7 +330,14 @@ impl PeerSet {
         };
         let mut p = draw();
         if two && cands.len() > 1 {
-            let q = draw();
+            // Two different peers, as nginx draws them (up to 20 draws).
+            let mut q = draw();
+            for _ in 0..20 {
+                if q != p {
+                    break;
+                }
+                q = draw();
+            }
             let load = |i: usize| (st[i].conns as u64, u64::from(self.peers[i].weight));
             let ((pc, pw), (qc, qw)) = (load(p), load(q));
             if qc * pw < pc * qw {
@@ -369,8 +421,8 @@ enum Outcome {
 pub enum Balance {
     RoundRobin,
     /// `hash KEY [consistent]`: nginx's walk of `(crc32(N KEY) >> 16) &
-    /// 0x7fff` summed over the tries, modulo the total weight. With
-    /// `consistent` tern walks the same way (see DIFFERENCES.md).
+    /// 0x7fff` summed over the tries, modulo the total weight; with
+    /// `consistent`, nginx's ketama ring (see [`Ring`]).
     Hash {
         key: crate::http::vars::Template,
         consistent: bool,
@@ -391,17 +443,78 @@ pub struct Upstream {
     backup: PeerSet,
     single: bool,
     pub balance: Balance,
+    /// `hash ... consistent`: the points of the primary peers.
+    ring: Ring,
+}
+
+/// nginx's ketama ring for `hash ... consistent`, point for point: each
+/// `server` (as written) gets `weight * 160` points, the first
+/// `crc32(HOST "\0" PORT prev)` with `prev` the previous point (4 bytes,
+/// little-endian; 0 at first), as Cache::Memcached::Fast places them;
+/// points sorted, duplicates dropped. A key goes to the first point at or
+/// after `crc32(key)`, and on to the next points while its server has no
+/// usable peer.
+#[derive(Debug, Default)]
+struct Ring {
+    /// (hash, a peer of the point's server).
+    points: Vec<(u32, usize)>,
+}
+
+impl Ring {
+    fn new(peers: &[Peer]) -> Ring {
+        let mut points = Vec::new();
+        for (i, p) in peers.iter().enumerate() {
+            let s = p.server.as_bytes();
+            let (host, port): (&[u8], &[u8]) =
+                if s.len() >= 5 && s[..5].eq_ignore_ascii_case(b"unix:") {
+                    (&s[5..], b"")
+                } else {
+                    let digits = s.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+                    match s.len().checked_sub(digits + 1) {
+                        Some(colon) if s[colon] == b':' => (&s[..colon], &s[colon + 1..]),
+                        _ => (s, b""),
+                    }
+                };
+            let mut base = crc32fast::Hasher::new();
+            base.update(host);
+            base.update(&[0]);
+            base.update(port);
+            let mut prev = 0u32;
+            for _ in 0..u64::from(p.weight) * 160 {
+                let mut h = base.clone();
+                h.update(&prev.to_le_bytes());
+                prev = h.finalize();
+                points.push((prev, i));
+            }
+        }
+        points.sort_by_key(|&(h, _)| h);
+        points.dedup_by_key(|&mut (h, _)| h);
+        Ring { points }
+    }
+
+    /// The index of the first point at or after `hash` (may be the end:
+    /// the walk takes it modulo the number of points).
+    fn find(&self, hash: u32) -> usize {
+        self.points.partition_point(|&(h, _)| h < hash)
+    }
 }
 
 impl Upstream {
     pub fn new(name: String, primary: Vec<Peer>, backup: Vec<Peer>, balance: Balance) -> Upstream {
         let single = primary.len() == 1 && backup.is_empty();
+        let ring = match balance {
+            Balance::Hash {
+                consistent: true, ..
+            } => Ring::new(&primary),
+            _ => Ring::default(),
+        };
         Upstream {
             name,
             primary: PeerSet::new(primary),
             backup: PeerSet::new(backup),
             single,
             balance,
+            ring,
         }
     }
 
@@ -431,6 +544,9 @@ impl Upstream {
         let special = match &self.balance {
             Balance::RoundRobin => None,
             Balance::Hash { .. } if self.single || tried.key.is_empty() => None,
+            Balance::Hash {
+                consistent: true, ..
+            } => self.primary.pick_chash(&self.ring, tried, now),
             Balance::Hash { .. } => self.primary.pick_hash(tried, now),
             Balance::LeastConn => self
                 .primary
@@ -534,6 +650,7 @@ mod tests {
         let addr = PeerAddr::Inet(SocketAddr::from(([127, 0, 0, 1], port)));
         Peer {
             name: addr.to_string(),
+            server: addr.to_string(),
             addr,
             weight,
             max_fails: 1,

@@ -76,7 +76,7 @@ pub fn builtin(name: &str) -> Option<Var> {
         "ssl_cipher" => Var::SslCipher,
         "ssl_server_name" => Var::SslServerName,
         "ssl_session_reused" => Var::SslSessionReused,
-        _ => return None,
+        _ => return crate::tls::vars::by_name(name).map(Var::Ssl),
     })
 }
 

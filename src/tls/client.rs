@@ -110,7 +110,12 @@ pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
 }
 
 /// `proxy_ssl_verify off`: any certificate is taken; the handshake's
-/// signatures are still checked against it.
+/// signatures are still checked against its public key.
+///
+/// The key is read from the certificate here rather than by webpki, which
+/// takes only X.509 v3 certificates: OpenSSL (so nginx) also takes v1
+/// ones, which `openssl req -x509` writes when the configuration has no
+/// extensions section, and upstreams in the wild serve them.
 #[derive(Debug)]
 struct NoVerify(Arc<CryptoProvider>);
 
@@ -131,11 +136,12 @@ impl ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
+        verify_with_cert_key(
             message,
             cert,
             dss,
             &self.0.signature_verification_algorithms,
+            false,
         )
     }
     fn verify_tls13_signature(
@@ -144,16 +150,103 @@ impl ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
+        verify_with_cert_key(
             message,
             cert,
             dss,
             &self.0.signature_verification_algorithms,
+            true,
         )
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
+}
+
+/// One DER element at the start of `b`: (tag, contents, what follows).
+fn der_next(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = b.split_first()?;
+    let (&l0, rest) = rest.split_first()?;
+    let (len, rest) = if l0 < 0x80 {
+        (usize::from(l0), rest)
+    } else {
+        let n = usize::from(l0 & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |a, &x| (a << 8) | usize::from(x));
+        (len, &rest[n..])
+    };
+    if rest.len() < len {
+        return None;
+    }
+    Some((tag, &rest[..len], &rest[len..]))
+}
+
+/// A certificate's SubjectPublicKeyInfo (DER), whatever its version.
+fn cert_spki(cert: &[u8]) -> Option<Vec<u8>> {
+    let (_, c) = x509_parser::parse_x509_certificate(cert).ok()?;
+    Some(c.tbs_certificate.subject_pki.raw.to_vec())
+}
+
+/// A SubjectPublicKeyInfo's parts: (the AlgorithmIdentifier's contents,
+/// the key bits).
+fn spki_parts(spki: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (tag, spki, _) = der_next(spki)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (t_alg, alg, rest) = der_next(spki)?;
+    let (t_key, bits, _) = der_next(rest)?;
+    // A BIT STRING of whole bytes: its first byte (unused bits) is 0.
+    let (&0, key) = bits.split_first()? else {
+        return None;
+    };
+    (t_alg == 0x30 && t_key == 0x03).then_some((alg, key))
+}
+
+/// Checks a handshake signature with the key of `cert`, as rustls's
+/// webpki functions do (TLS 1.3: rustls's raw-key check; TLS 1.2: any
+/// algorithm of the scheme that fits the key).
+fn verify_with_cert_key(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+    algs: &rustls::crypto::WebPkiSupportedAlgorithms,
+    tls13: bool,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    use rustls::{CertificateError, PeerMisbehaved};
+    let bad = || rustls::Error::InvalidCertificate(CertificateError::BadEncoding);
+    let spki = cert_spki(cert).ok_or_else(bad)?;
+    if tls13 {
+        return rustls::crypto::verify_tls13_signature_with_raw_key(
+            message,
+            &rustls::pki_types::SubjectPublicKeyInfoDer::from(spki.as_slice()),
+            dss,
+            algs,
+        );
+    }
+    let candidates = algs
+        .mapping
+        .iter()
+        .find(|(s, _)| *s == dss.scheme)
+        .map(|(_, a)| *a)
+        .ok_or(PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme)?;
+    let (alg_id, key) = spki_parts(&spki).ok_or_else(bad)?;
+    for alg in candidates {
+        if alg.public_key_alg_id().as_ref() != alg_id {
+            continue;
+        }
+        return alg
+            .verify_signature(key, message, dss.signature())
+            .map(|()| HandshakeSignatureValid::assertion())
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadSignature));
+    }
+    Err(rustls::Error::InvalidCertificate(
+        CertificateError::BadSignature,
+    ))
 }
 
 /// The name to verify the upstream's certificate against (and to send as

@@ -222,7 +222,9 @@ pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfRe
     Ok(())
 }
 
-fn load_pair(cert: &str, key: &str, passwords: &[Vec<u8>]) -> ConfResult<Arc<CertifiedKey>> {
+/// Reads a certificate chain and its key (decrypted with `passwords`);
+/// also the client certificate of `proxy_ssl_certificate`.
+pub fn load_pair(cert: &str, key: &str, passwords: &[Vec<u8>]) -> ConfResult<Arc<CertifiedKey>> {
     let bad_cert =
         |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", cert, why));
     let bad_key =

@@ -100,6 +100,22 @@ pub struct TlsInfo {
     pub early_data: bool,
 }
 
+/// `$ssl_session_id` of a connection whose ClientHello was just taken: a
+/// resumed session brings its id back (rustls's resumption data); a new
+/// one gets a fresh random id (clients see it, nothing trusts it), stored
+/// in the session for its resumptions.
+pub fn session_id(conn: &mut rustls::ServerConnection) -> [u8; 32] {
+    let mut id = [0u8; 32];
+    match conn.received_resumption_data() {
+        Some(d) if d.len() == 32 => id.copy_from_slice(d),
+        _ => {
+            let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id);
+            conn.set_resumption_data(&id);
+        }
+    }
+    id
+}
+
 /// OpenSSL's name of a key-exchange group (`$ssl_curve`, `$ssl_curves`);
 /// None for one OpenSSL would print as a number.
 pub fn group_name(g: rustls::NamedGroup) -> Option<&'static str> {

@@ -150,6 +150,11 @@ impl Server {
     }
 
     pub fn start_in(prefix: Prefix, conf: &str) -> Server {
+        Self::start_with_env(prefix, conf, &[])
+    }
+
+    /// As `start_in`, with extra environment variables for tern.
+    pub fn start_with_env(prefix: Prefix, conf: &str, env: &[(&str, &str)]) -> Server {
         let mut attempt = 0;
         loop {
             let port = free_port();
@@ -162,6 +167,7 @@ impl Server {
                 .arg(&conf_path)
                 .arg("-g")
                 .arg("daemon off;")
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())

@@ -209,3 +209,30 @@ fn deadlines_survive_many_short_connections() {
         "keep-alive wait timed out"
     );
 }
+
+#[test]
+fn quit_answers_a_request_sent_just_after_it_with_connection_close() {
+    // A keep-alive connection between two requests when QUIT arrives (not
+    // parked yet): its next request, already on its way, is answered with
+    // `Connection: close` instead of the connection being closed under it
+    // (nginx closes it; DIFFERENCES.md).
+    let p = Prefix::new();
+    p.write("html/a", "A");
+    let mut s = Server::start_in(
+        p,
+        "error_log logs/error.log notice;
+         http { server { listen 127.0.0.1:@PORT@; root html; } }",
+    );
+    let mut c = s.connect();
+    assert_eq!(get(&mut c, "/a").body, b"A");
+    s.signal(SIGQUIT);
+    s.wait_error_log("signal 3 (SIGQUIT) received");
+    // Time for the worker to see the stop (well inside the 1 s grace).
+    std::thread::sleep(Duration::from_millis(200));
+    c.write_all(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+        .expect("write");
+    let r = Resp::parse(&read_to_close(&mut c)).expect("an answer after QUIT");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"A"[..]));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
+}

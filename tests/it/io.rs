@@ -351,3 +351,40 @@ fn sendfile_of_a_hot_file_is_inline_where_cachestat_is_refused() {
         assert!(kb.is_some_and(|kb| kb > 0), "{kb:?}");
     }
 }
+
+#[test]
+fn without_an_aio_directive_cold_reads_leave_the_worker_and_aio_off_stays_inline() {
+    // tern's default is `aio threads` (DIFFERENCES.md): a cold file in a
+    // location that says nothing goes to the default pool; `aio off`
+    // reads it inline, as nginx does.
+    let p = Prefix::new();
+    let data = content(200_000, 5);
+    let quiet = p.write("html/quiet/f", &data);
+    let off = p.write("html/off/f", &data);
+    let s = Server::start_in(
+        p,
+        "error_log logs/error.log debug;
+         http { server { listen 127.0.0.1:@PORT@; root html;
+           location /quiet/ { }
+           location /off/ { aio off; } } }",
+    );
+    evict(&quiet);
+    let r = s.get("/quiet/f");
+    assert!(r.status == 200 && r.body == data, "status {}", r.status);
+    s.wait_error_log("tern io: offload pool \"default\"");
+    evict(&off);
+    let r = s.get("/off/f");
+    assert!(r.status == 200 && r.body == data, "status {}", r.status);
+    // A 404's line marks the end of what the /off/ request logged.
+    let log = s.error_log_after("GET /nope HTTP/1.0\r\n\r\n", "/nope\" failed");
+    let io: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_once("tern io: ").map(|(_, d)| d))
+        .collect();
+    // /quiet/f offloaded, /off/f inline (the 404's cold stat may follow).
+    assert_eq!(
+        io.get(..2),
+        Some(&["offload pool \"default\"", "inline"][..]),
+        "{log}"
+    );
+}

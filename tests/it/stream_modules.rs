@@ -353,3 +353,50 @@ fn differential_return_and_access_log() {
     assert_eq!(ta, na, "answers differ from nginx");
     assert_eq!(tl, nl, "access log differs from nginx");
 }
+
+/// `hash KEY consistent` places keys on nginx's ketama ring: the same
+/// keys reach the same backends as in nginx (same upstream text, so the
+/// same points), weights included.
+#[test]
+fn consistent_hash_picks_as_nginx() {
+    if !nginx_stream() {
+        return;
+    }
+    let (a, _ra) = recording_backend("a");
+    let (b, _rb) = recording_backend("b");
+    let (c, _rc) = recording_backend("c");
+    const KEYS: usize = 24;
+    let mut body = format!(
+        "stream {{\n upstream u {{ hash $k consistent; server 127.0.0.1:{a}; \
+         server 127.0.0.1:{b} weight=2; server 127.0.0.1:{c}; }}\n"
+    );
+    for i in 0..KEYS {
+        body.push_str(&format!(
+            " server {{ listen 127.0.0.1:@S{}@; set $k key{i}; proxy_pass u; }}\n",
+            i + 1
+        ));
+    }
+    body.push_str("}\n");
+    let run = |nginx: bool| -> String {
+        let ports: Vec<u16> = (0..KEYS).map(|_| free_port()).collect();
+        let text = fill(&body, &ports);
+        let p = Prefix::new();
+        let (_nginx, _tern);
+        if nginx {
+            let conf = format!("load_module {STREAM_SO};\nevents {{}}\n{HTTP}{text}");
+            _nginx = Some(start_nginx(&p, &conf, free_port()).expect("nginx started"));
+            _tern = None;
+        } else {
+            _tern = Some(Server::start_in(p, &format!("{HTTP}{text}")));
+            _nginx = None;
+        }
+        ports
+            .iter()
+            .map(|p| String::from_utf8_lossy(&read_all(*p, b"END")).into_owned())
+            .collect()
+    };
+    let n = run(true);
+    let t = run(false);
+    assert_eq!(n.len(), KEYS);
+    assert_eq!(t, n, "keys land on other backends than nginx's");
+}

@@ -5,7 +5,7 @@
 //!            +-------------------------------------------+
 //!            v                                           |
 //!  [Idle: wait first byte] --bytes--> [ReadingHead] --complete--> [Handling]
-//!   | keepalive_timeout / QUIT            | client_header_timeout      |
+//!   | keepalive_timeout / QUIT + 1 s      | client_header_timeout      |
 //!   v                                     v (close, 408 logged)        v
 //!  close                                 close                 [Writing] --send_timeout--> close
 //!                                                                      |
@@ -88,6 +88,12 @@ pub(crate) async fn serve<S: Stream>(
     }
 }
 
+/// How long an idle keep-alive connection stays open after a graceful
+/// stop (QUIT, a binary upgrade) for a request that may already be on its
+/// way. nginx closes such connections at once, and a client that had just
+/// sent its next request sees the connection reset.
+const QUIT_GRACE: Duration = Duration::from_millis(1000);
+
 /// [`serve`]'s loop: None when the connection is done, else the idle wait
 /// to park it with.
 async fn serve_on<S: Stream>(
@@ -102,18 +108,26 @@ async fn serve_on<S: Stream>(
         let first = info.requests == 0;
         // Wait for the first byte: keepalive_timeout between requests.
         if buf.is_empty() {
-            if *quit.borrow() && !first {
-                return None;
-            }
             let (wait_ms, reset, size) = idle_params(&shared, info, first)?;
             let now = tokio::time::Instant::now();
             // A resumed wait keeps the deadline it was parked with.
-            let wait = resume.take().unwrap_or(IdleWait {
+            let mut wait = resume.take().unwrap_or(IdleWait {
                 deadline: now + Duration::from_millis(wait_ms),
                 first,
                 reset,
             });
-            let park_at = wait.deadline.min(now + PARK_AFTER);
+            // Graceful stop: a keep-alive connection gets QUIT_GRACE for a
+            // request already on its way (it is answered with
+            // `Connection: close`) instead of being closed under it.
+            let mut quitting = *quit.borrow() && !first;
+            if quitting {
+                wait.deadline = wait.deadline.min(now + QUIT_GRACE);
+            }
+            let mut park_at = if quitting {
+                wait.deadline
+            } else {
+                wait.deadline.min(now + PARK_AFTER)
+            };
             // A socket not yet registered with the event loop (just
             // accepted, or back from the parking lot) has had no chance to
             // report readiness: its request is most likely there already,
@@ -142,7 +156,13 @@ async fn serve_on<S: Stream>(
                                 return None;
                             }
                         },
-                        _ = quit.changed(), if !first => return None,
+                        _ = quit.changed(), if !first && !quitting => {
+                            quitting = true;
+                            let grace = tokio::time::Instant::now() + QUIT_GRACE;
+                            wait.deadline = wait.deadline.min(grace);
+                            park_at = wait.deadline;
+                            continue;
+                        }
                     }
                 }
                 match first_read(stream, size) {
