@@ -324,6 +324,12 @@ impl Zone {
         }
     }
 
+    /// The key hashes of every entry the zone knows (a wildcard purge
+    /// reads their files' keys).
+    pub fn hashes(&self) -> Vec<[u8; 16]> {
+        self.lock().nodes.keys().copied().collect()
+    }
+
     /// Total bytes of the entries the zone knows.
     pub fn disk_size(&self) -> u64 {
         self.lock().disk

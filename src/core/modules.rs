@@ -33,7 +33,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_fastcgi_module", true, true),
     ("http_uwsgi_module", true, true),
     ("http_scgi_module", true, true),
-    ("http_grpc_module", true, false),
+    ("http_grpc_module", true, true),
     ("http_memcached_module", true, true),
     ("http_limit_conn_module", true, true),
     ("http_limit_req_module", true, true),

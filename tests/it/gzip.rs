@@ -59,6 +59,13 @@ fn req_v(s: &Server, method: &str, path: &str, ver: &str, headers: &[&str]) -> R
 
 const AE: &str = "Accept-Encoding: gzip, deflate";
 
+/// Starts tern with the compressed-file cache off: these tests follow
+/// nginx's gzip filter (chunked, compressed per request); the cache has
+/// its own tests (compress_cache.rs).
+fn start_in(p: Prefix, conf: &str) -> Server {
+    Server::start_in(p, &conf.replacen("http {", "http { compress_cache off;", 1))
+}
+
 /// Asserts `r` is gzip-encoded with the framing nginx uses and decodes to `want`.
 fn assert_gzipped(r: &Resp, want: &[u8]) {
     assert_eq!(r.status, 200, "{}", r.head);
@@ -85,7 +92,7 @@ fn compresses_html_for_gzip_clients_only() {
     let p = Prefix::new();
     let body = html();
     p.write("html/a.html", &body);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { include /etc/nginx/mime.types; server { listen 127.0.0.1:@PORT@; root html; gzip on; } }",
     );
@@ -133,7 +140,7 @@ fn http10_with_gzip_http_version_closes_instead_of_chunking() {
     let p = Prefix::new();
     let body = html();
     p.write("html/a.html", &body);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { server { listen 127.0.0.1:@PORT@; root html; gzip on; gzip_http_version 1.0; } }",
     );
@@ -159,7 +166,7 @@ fn gzip_types_and_min_length() {
     p.write("html/small.html", "0123456789012345678"); // 19 bytes < 20
     p.write("html/twenty.html", "01234567890123456789"); // 20 bytes
     p.write("html/x.html", &text);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { include /etc/nginx/mime.types; gzip on;
           server { listen 127.0.0.1:@PORT@; root html;
@@ -200,7 +207,7 @@ fn gzip_types_and_min_length() {
 fn empty_file_with_min_length_zero_is_a_valid_gzip_stream() {
     let p = Prefix::new();
     p.write("html/e.html", "");
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { server { listen 127.0.0.1:@PORT@; root html; gzip on; gzip_min_length 0; } }",
     );
@@ -233,7 +240,7 @@ fn gzip_proxied_each_value_with_and_without_via() {
             "location = /ret-{v} {{ gzip_proxied {v}; gzip_types text/plain; return 200 \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"; }}\n"
         ));
     }
-    let s = Server::start_in(
+    let s = start_in(
         p,
         &format!("http {{ gzip on; server {{ listen 127.0.0.1:@PORT@; root html;\n{locs} }} }}"),
     );
@@ -272,7 +279,7 @@ fn gzip_disable_msie6_and_regexes() {
     let p = Prefix::new();
     let body = html();
     p.write("html/a.html", &body);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { gzip on; gzip_disable msie6;
           server { listen 127.0.0.1:@PORT@; root html;
@@ -309,7 +316,7 @@ fn head_206_304_and_other_statuses_are_not_compressed() {
     let body = html();
     p.write("html/a.html", &body);
     let text = "x".repeat(100);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         &format!(
             "http {{ gzip on; gzip_types text/plain; gzip_vary on;
@@ -368,7 +375,7 @@ fn gzip_vary_and_comp_level() {
     let body = html();
     p.write("html/a.html", &body);
     p.write("html/t.txt", &body);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { gzip on; gzip_vary on;
           server { listen 127.0.0.1:@PORT@; root html;
@@ -457,7 +464,7 @@ fn gzip_static_serves_gz_when_accepted_and_present() {
     let gz = gzip(&body);
     p.write("html/s.html.gz", &gz);
     p.write("html/plain.html", &body);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { include /etc/nginx/mime.types;
           server { listen 127.0.0.1:@PORT@; root html; gzip_static on; gzip_vary on; } }",
@@ -509,7 +516,7 @@ fn gzip_static_always_with_gunzip() {
     let p = Prefix::new();
     let text = b"only the compressed copy exists on disk\n".repeat(500);
     p.write("html/only.txt.gz", gzip(&text));
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { include /etc/nginx/mime.types;
           server { listen 127.0.0.1:@PORT@; root html; gzip_static always;
@@ -561,7 +568,7 @@ fn hundred_mib_body_compresses_in_bounded_memory() {
     let f = std::fs::File::create(p.path("html/big.html")).expect("create");
     f.set_len(SIZE).expect("set_len");
     drop(f);
-    let s = Server::start_in(
+    let s = start_in(
         p,
         "http { server { listen 127.0.0.1:@PORT@; root html; gzip on; } }",
     );

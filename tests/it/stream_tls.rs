@@ -56,7 +56,7 @@ fn stream_tls_v1_certificates_and_client_certificates() {
     }
     let (s1, s2, s3) = (free_port(), free_port(), free_port());
     let conf = format!(
-        "{HTTP}stream {{
+        "error_log logs/error.log info;\n{HTTP}stream {{
         log_format s $status;
         server {{
             listen 127.0.0.1:{s1} ssl;

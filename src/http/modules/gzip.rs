@@ -73,7 +73,7 @@ pub enum Types {
 }
 
 impl Types {
-    fn matches(&self, content_type: Option<&str>) -> bool {
+    pub fn matches(&self, content_type: Option<&str>) -> bool {
         match self {
             Types::Any => true,
             Types::List(l) => match content_type {
@@ -686,7 +686,7 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
 
 /// Whether the response is a candidate for compression (before asking
 /// about the client).
-fn candidate(cx: &Ctx<'_>, resp: &Response) -> bool {
+pub fn candidate(cx: &Ctx<'_>, resp: &Response) -> bool {
     let g = &cx.loc.modules.gzip;
     g.enable.unwrap_or(false)
         && matches!(resp.status, 200 | 403 | 404)
@@ -724,9 +724,18 @@ fn compress_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
     }
     let ratio = Arc::new(Ratio::default());
     cx.guards.push(Box::new(ratio.clone()));
+    // A body whose whole length is known and small enough goes through
+    // libdeflate in one call (see `WHOLE_MAX`); anything else streams.
+    let whole = match &resp.body {
+        Body::Bytes(_) => true,
+        Body::File { len, .. } => *len <= WHOLE_MAX,
+        _ => false,
+    };
     let key = (zlib_level(level), wbits);
     resp.filters.push(Box::new(Deflater {
-        z: Some(take_compressor(key)),
+        z: None,
+        whole: whole.then(Vec::new),
+        level,
         key,
         ratio,
         done: false,
@@ -788,10 +797,34 @@ pub struct Ratio {
     zout: AtomicU64,
 }
 
-/// The deflate body filter: one zlib stream in gzip framing.
+impl Ratio {
+    /// For a body compressed elsewhere (the compressed-file cache).
+    pub fn set(&self, zin: u64, zout: u64) {
+        self.zin.store(zin, Ordering::Relaxed);
+        self.zout.store(zout, Ordering::Relaxed);
+    }
+
+    /// Bytes in and out.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.zin.load(Ordering::Relaxed),
+            self.zout.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The deflate body filter: one gzip stream, made by libdeflate in one
+/// call when the whole body is at hand ([`gzip_whole`]), else by zlib-rs
+/// slice by slice.
 struct Deflater {
-    /// Always Some until dropped (then given back for reuse).
+    /// The zlib-rs stream, once streaming (given back for reuse on drop).
     z: Option<Compress>,
+    /// Whole-body mode: the body gathered until its last slice (empty
+    /// while the body arrives in one call, as bodies in memory and files
+    /// up to 64 KiB do, which are then compressed without a copy).
+    whole: Option<Vec<u8>>,
+    /// nginx's `gzip_comp_level`.
+    level: u32,
     key: (u32, u8),
     ratio: Arc<Ratio>,
     done: bool,
@@ -808,11 +841,69 @@ impl Drop for Deflater {
 /// Room made in the output before each zlib call.
 const OUT_STEP: usize = 16 * 1024;
 
-impl BodyFilter for Deflater {
-    fn filter(&mut self, input: &[u8], last: bool, out: &mut Vec<u8>) -> std::io::Result<()> {
-        if self.done {
-            return Ok(());
+/// Whole-body compression applies to files up to this size (bodies in
+/// memory always qualify): the gathered body and its compressed form are
+/// held at once, so this bounds that memory per response. Measured
+/// (BENCHMARKS.md, "gzip through libdeflate"): at 256 KiB libdeflate in
+/// one call still beats zlib-rs streaming per byte by a wide margin.
+pub const WHOLE_MAX: u64 = 1024 * 1024;
+
+/// libdeflate's level for each nginx `gzip_comp_level` 1-9: the fastest
+/// one whose total output on the corpus (bench/gzip_levels.py and
+/// bench/gzip_levels_libdeflate.rs) is no larger than zlib 1.2.13's at that level, at
+/// each of the 1 KiB, 16 KiB and whole-file cuts (DIFFERENCES.md).
+pub const LIBDEFLATE_LEVEL: [i32; 9] = [1, 1, 1, 4, 6, 7, 8, 8, 8];
+
+thread_local! {
+    /// libdeflate compressors by level, kept by the worker thread: one is
+    /// a few hundred KiB to allocate, and it carries no state between calls.
+    static WHOLE_COMPRESSORS: std::cell::RefCell<Vec<Option<libdeflater::Compressor>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The gzip stream of `data` at nginx level `level`, appended to `out`:
+/// zlib's own 10-byte header (so the bytes before the deflate data are
+/// those nginx sends: XFL 4 at level 1, 2 at level 9, OS 3), libdeflate's
+/// raw deflate, then CRC-32 and length.
+pub fn gzip_whole(level: u32, data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+    let i = (level.clamp(1, 9) - 1) as usize;
+    let lvl = LIBDEFLATE_LEVEL[i];
+    let xfl = match level {
+        0 | 1 => 4,
+        9 => 2,
+        _ => 0,
+    };
+    out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, xfl, 3]);
+    let start = out.len();
+    let n = WHOLE_COMPRESSORS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() <= i {
+            c.resize_with(i + 1, || None);
         }
+        let comp = c[i].get_or_insert_with(|| {
+            libdeflater::Compressor::new(libdeflater::CompressionLvl::new(lvl).unwrap_or_default())
+        });
+        let bound = comp.deflate_compress_bound(data.len());
+        out.resize(start + bound, 0);
+        comp.deflate_compress(data, &mut out[start..])
+    });
+    let n = n.map_err(|e| std::io::Error::other(format!("deflate() failed: {:?}", e)))?;
+    out.truncate(start + n);
+    out.extend_from_slice(&libdeflater::crc32(data).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    Ok(())
+}
+
+impl Deflater {
+    /// Leaves whole-body mode (the file grew past what was announced):
+    /// what was gathered goes into a zlib-rs stream first.
+    fn start_streaming(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let gathered = self.whole.take().unwrap_or_default();
+        self.z = Some(take_compressor(self.key));
+        self.stream(&gathered, false, out)
+    }
+
+    fn stream(&mut self, input: &[u8], last: bool, out: &mut Vec<u8>) -> std::io::Result<()> {
         let Some(z) = self.z.as_mut() else {
             return Ok(());
         };
@@ -843,6 +934,44 @@ impl BodyFilter for Deflater {
                 return Ok(());
             }
         }
+    }
+}
+
+impl BodyFilter for Deflater {
+    fn filter(&mut self, input: &[u8], last: bool, out: &mut Vec<u8>) -> std::io::Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        if let Some(buf) = self.whole.as_mut() {
+            if !last {
+                if buf.len() + input.len() > WHOLE_MAX as usize {
+                    self.start_streaming(out)?;
+                    return self.stream(input, false, out);
+                }
+                buf.extend_from_slice(input);
+                return Ok(());
+            }
+            let before = out.len();
+            let zin = if buf.is_empty() {
+                gzip_whole(self.level, input, out)?;
+                input.len()
+            } else {
+                buf.extend_from_slice(input);
+                let data = std::mem::take(buf);
+                gzip_whole(self.level, &data, out)?;
+                data.len()
+            };
+            self.done = true;
+            self.ratio.zin.store(zin as u64, Ordering::Relaxed);
+            self.ratio
+                .zout
+                .store((out.len() - before) as u64, Ordering::Relaxed);
+            return Ok(());
+        }
+        if self.z.is_none() {
+            self.z = Some(take_compressor(self.key));
+        }
+        self.stream(input, last, out)
     }
 }
 
@@ -1023,7 +1152,9 @@ mod tests {
     fn deflater_streams_and_ends() {
         let ratio = Arc::new(Ratio::default());
         let mut f = Deflater {
-            z: Some(take_compressor((1, 15))),
+            z: None,
+            whole: None,
+            level: 1,
             key: (1, 15),
             ratio: ratio.clone(),
             done: false,

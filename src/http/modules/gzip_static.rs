@@ -109,8 +109,21 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
         Mode::On => gzip::gzip_ok(cx, &Response::default()),
         Mode::Always => true,
     };
-    // Even a client that will not get the .gz must learn (through Vary)
-    // that others might, so the file is looked for when gzip_vary is on.
+    serve_precompressed(cx, path, mode, ok, "gzip").await
+}
+
+/// The `*_static` lookup shared by gzip_static, brotli_static and
+/// zstd_static: `path.EXT` (EXT: `gz`, `br`, `zst`) served with
+/// `Content-Encoding: TOKEN` when `ok` (the client takes it, or `always`).
+/// Even a client that will not get it must learn (through Vary, with
+/// gzip_vary on) that others might, so the file is looked for then too.
+pub async fn serve_precompressed(
+    cx: &mut Ctx<'_>,
+    path: &[u8],
+    mode: Mode,
+    ok: bool,
+    token: &'static str,
+) -> Option<Response> {
     if !ok && !cx.loc.modules.gzip.vary.unwrap_or(false) {
         return None;
     }
@@ -118,8 +131,13 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
         Ok(p) => p,
         Err(r) => return Some(*r),
     };
+    let ext: &[u8] = match token {
+        "gzip" => b".gz",
+        "br" => b".br",
+        _ => b".zst",
+    };
     let mut gz = path.to_vec();
-    gz.extend_from_slice(b".gz");
+    gz.extend_from_slice(ext);
     let file = match super::static_file::open_checked(cx, &gz, &policy).await {
         Ok(f) => f,
         // As nginx: a .gz that cannot be opened (refused by
@@ -145,7 +163,9 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
             return None;
         }
     };
-    gzip::mark_vary(cx);
+    if mode == Mode::On {
+        gzip::mark_vary(cx);
+    }
     if !ok || file.meta.is_dir {
         return None;
     }
@@ -159,7 +179,7 @@ pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
     // The type is the original name's, not ".gz"'s.
     let mut r = super::static_file::file_response(cx, path, file, policy);
     r.headers
-        .push(("Content-Encoding".into(), b"gzip".to_vec()));
+        .push(("Content-Encoding".into(), token.as_bytes().to_vec()));
     Some(r)
 }
 

@@ -9,6 +9,7 @@
 //!   engine bumps once per response with [`record_response`];
 //! - the file-I/O layer: [`crate::io::STATS`] and each pool's stats;
 //! - open_file_cache: `open_file_cache::STATS`;
+//! - the compressed-file cache: `compress_cache::STATS`;
 //! - limit_conn / limit_req: the per-zone counters of this configuration.
 //!
 //! [`Stats`]: crate::core::worker::Stats
@@ -280,6 +281,60 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
         "open_file_cache entries dropped at max.",
         ofc.evictions,
     );
+
+    let cc = &crate::http::modules::compress_cache::STATS;
+    for (name, kind, help, v) in [
+        (
+            "tern_compress_cache_hits_total",
+            "counter",
+            "Compressed static files served from the compressed-file cache (or after waiting for another request's compression).",
+            &cc.hits,
+        ),
+        (
+            "tern_compress_cache_misses_total",
+            "counter",
+            "Compressed-file cache misses (each one compression on a pool thread).",
+            &cc.misses,
+        ),
+        (
+            "tern_compress_cache_evictions_total",
+            "counter",
+            "Compressed-file cache entries evicted over budget (memory or disk).",
+            &cc.evictions,
+        ),
+        (
+            "tern_compress_cache_saved_bytes_total",
+            "counter",
+            "Bytes of files that cache hits did not compress again.",
+            &cc.saved_bytes,
+        ),
+        (
+            "tern_compress_cache_saved_sent_bytes_total",
+            "counter",
+            "Bytes cache hits did not send (original minus compressed size).",
+            &cc.saved_sent_bytes,
+        ),
+        (
+            "tern_compress_cache_spilled_total",
+            "counter",
+            "Entries written to compress_cache_path after eviction from memory.",
+            &cc.spilled,
+        ),
+        (
+            "tern_compress_cache_memory_bytes",
+            "gauge",
+            "Bytes of compressed files held in memory.",
+            &cc.memory_bytes,
+        ),
+        (
+            "tern_compress_cache_disk_bytes",
+            "gauge",
+            "Bytes of compressed files spilled to compress_cache_path.",
+            &cc.disk_bytes,
+        ),
+    ] {
+        o.one(name, kind, help, v.load(Ordering::Relaxed));
+    }
 
     let mods = &cx.http.main.modules;
     let mut conn_zones: Vec<_> = mods.limit_conn.zones.values().collect();

@@ -11,12 +11,15 @@ pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
+pub mod brotli;
 pub mod cgi;
 pub mod charset;
+pub mod compress_cache;
 pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
 pub mod geo;
+pub mod grpc;
 pub mod gzip;
 pub mod gzip_static;
 pub mod hash_sizes;
@@ -45,6 +48,7 @@ pub mod sub_filter;
 pub mod try_files;
 pub mod userid;
 pub mod uwsgi;
+pub mod zstd;
 
 use crate::config::registry::{ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
@@ -64,6 +68,9 @@ pub const TABLES: &[&[Spec]] = &[
     charset::DIRECTIVES,
     gzip::DIRECTIVES,
     gzip_static::DIRECTIVES,
+    compress_cache::DIRECTIVES,
+    brotli::DIRECTIVES,
+    zstd::DIRECTIVES,
     headers::DIRECTIVES,
     limit_conn::DIRECTIVES,
     limit_req::DIRECTIVES,
@@ -77,6 +84,7 @@ pub const TABLES: &[&[Spec]] = &[
     proxy::DIRECTIVES,
     fastcgi::DIRECTIVES,
     scgi::DIRECTIVES,
+    grpc::DIRECTIVES,
     uwsgi::DIRECTIVES,
     memcached::DIRECTIVES,
     crate::http::upstream::peers::DIRECTIVES,
@@ -113,6 +121,8 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
     gzip_static::gunzip_header_filter,
     sub_filter::header_filter,
     charset::header_filter,
+    brotli::header_filter,
+    zstd::header_filter,
     gzip::header_filter,
     range::header_filter,
 ];
@@ -155,6 +165,8 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (limit_conn::VARS, limit_conn::var),
     (limit_req::VARS, limit_req::var),
     (gzip::VARS, gzip::var),
+    (brotli::VARS, brotli::var),
+    (zstd::VARS, zstd::var),
     (stub_status::VARS, stub_status::var),
     (crate::http::upstream::VARS, crate::http::upstream::var),
     (proxy::VARS, proxy::var),
@@ -194,6 +206,9 @@ pub struct ModLoc {
     pub charset: charset::CharsetLoc,
     pub gzip: gzip::GzipLoc,
     pub gzip_static: gzip_static::GzipStaticLoc,
+    pub compress_cache: compress_cache::CompressCacheLoc,
+    pub brotli: brotli::BrotliLoc,
+    pub zstd: zstd::ZstdLoc,
     pub headers: headers::HeadersLoc,
     pub limit_conn: limit_conn::LimitConnLoc,
     pub limit_req: limit_req::LimitReqLoc,
@@ -208,6 +223,7 @@ pub struct ModLoc {
     pub proxy: proxy::ProxyLoc,
     pub fastcgi: fastcgi::FastcgiLoc,
     pub scgi: scgi::ScgiLoc,
+    pub grpc: grpc::GrpcLoc,
     pub uwsgi: uwsgi::UwsgiLoc,
     pub memcached: memcached::MemcachedLoc,
     pub body: crate::http::body::BodyLoc,
@@ -233,6 +249,7 @@ impl ModLoc {
         self.proxy.pass = None;
         self.fastcgi.pass = None;
         self.scgi.pass = None;
+        self.grpc.pass = None;
         self.uwsgi.pass = None;
         self.memcached.pass = None;
     }
@@ -251,6 +268,7 @@ impl ModLoc {
     pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
         fastcgi::check_pass(own, hm, block)?;
         scgi::check_pass(own, hm, block)?;
+        grpc::check_pass(own, hm, block)?;
         uwsgi::check_pass(own, hm, block)?;
         memcached::check_pass(own, hm, block)
     }
@@ -266,6 +284,9 @@ impl ModLoc {
         self.charset.merge(&p.charset);
         self.gzip.merge(&p.gzip);
         self.gzip_static.merge(&p.gzip_static);
+        self.compress_cache.merge(&p.compress_cache);
+        self.brotli.merge(&p.brotli);
+        self.zstd.merge(&p.zstd);
         self.headers.merge(&p.headers);
         self.limit_conn.merge(&p.limit_conn);
         self.limit_req.merge(&p.limit_req);
@@ -281,6 +302,7 @@ impl ModLoc {
         self.proxy.merge(&p.proxy);
         self.fastcgi.merge(&p.fastcgi);
         self.scgi.merge(&p.scgi);
+        self.grpc.merge(&p.grpc);
         self.uwsgi.merge(&p.uwsgi);
         self.memcached.merge(&p.memcached);
         self.body.merge(&p.body);
@@ -304,6 +326,7 @@ pub struct ModMain {
     pub limit_conn: limit_conn::LimitConnMain,
     pub limit_req: limit_req::LimitReqMain,
     pub upstream: crate::http::upstream::peers::UpstreamMain,
+    pub compress_cache: compress_cache::CompressCacheMain,
 }
 
 /// A block directive inside `server` that a module owns (`if`).

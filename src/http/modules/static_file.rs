@@ -27,6 +27,12 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         return index(cx, &policy).await;
     }
     let path = cx.request_filename();
+    if let Some(r) = super::brotli::try_static(cx, &path).await {
+        return Step::done(r);
+    }
+    if let Some(r) = super::zstd::try_static(cx, &path).await {
+        return Step::done(r);
+    }
     if let Some(r) = super::gzip_static::try_serve(cx, &path).await {
         return Step::done(r);
     }
@@ -53,7 +59,9 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         return Step::done(Response::status(405));
     }
     let mut r = file_response(cx, &path, file, policy);
-    r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
+    if !super::compress_cache::apply(cx, &mut r).await {
+        r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
+    }
     Step::done(r)
 }
 

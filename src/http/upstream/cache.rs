@@ -302,6 +302,7 @@ impl Background {
             log,
             limit_rate: conf.limit_rate.unwrap_or(0),
             store: None,
+            slot: super::state::Slot::none(),
         };
         producer.run(first).await;
     }

@@ -63,6 +63,8 @@ pub enum BindAddr {
 /// The shared upstream settings of one location level.
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamConf {
+    /// `PREFIX_cache_purge ZONE KEY`: this location purges (not inherited).
+    pub purge: Option<std::sync::Arc<super::purge::Purge>>,
     pub connect_timeout: Option<u64>,
     pub read_timeout: Option<u64>,
     pub send_timeout: Option<u64>,
@@ -280,6 +282,7 @@ impl Limits {
 /// Where a protocol module keeps its [`UpstreamConf`] in a location.
 pub trait Slot {
     fn conf(l: &mut LocConf) -> &mut UpstreamConf;
+    fn get(l: &LocConf) -> &UpstreamConf;
 }
 
 /// The shared rows of a `*_pass` module's directive table, with the
@@ -367,6 +370,7 @@ macro_rules! upstream_directives {
             __up_row(concat!($p, "_cache_min_uses"), Args::take(1), c::set_cache_min_uses::<$slot>),
             __up_row(concat!($p, "_cache_bypass"), Args::AtLeast(1), c::set_predicates::<$slot>),
             __up_row(concat!($p, "_no_cache"), Args::AtLeast(1), c::set_predicates::<$slot>),
+            __up_row(concat!($p, "_cache_purge"), Args::AtLeast(1), $crate::http::upstream::purge::set_purge::<$slot>),
             Spec {
                 name: concat!($p, "_cache_path"),
                 ctx: ctx::HTTP,

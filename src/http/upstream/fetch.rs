@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 use super::conf::{ft, parse_bind, BindAddr, Limits, UpstreamConf};
 use super::peers::{self, PeerAddr, Upstream};
+use super::state::{Slot, States};
 use super::{BodyDecoder, Head, HeadReader, Protocol};
 use crate::core::log::Level;
 use crate::http::phases::Ctx;
@@ -161,15 +162,20 @@ pub struct UpResp {
     pub decoder: Box<dyn BodyDecoder>,
     /// Lines the protocol logged with the head (logged by [`fetch`]).
     pub logs: Vec<String>,
+    /// This attempt's record (`$upstream_response_time` ... set when the
+    /// body has been read).
+    pub slot: Slot,
+    /// Trailers that followed a body read whole by a protocol's session.
+    pub trailers: Vec<(String, Vec<u8>)>,
 }
 
 impl UpResp {
-    fn of(h: Head, s: UpStream, addr: &PeerAddr, logs: Vec<String>) -> UpResp {
+    fn of(h: Head, s: Option<UpStream>, addr: &PeerAddr, logs: Vec<String>) -> UpResp {
         UpResp {
             status: h.status,
             status_line: h.status_line,
             headers: h.headers,
-            stream: Some(s),
+            stream: s,
             early: h.early,
             body: h.body,
             peer: addr.clone(),
@@ -181,25 +187,26 @@ impl UpResp {
             lease: None,
             decoder: h.decoder,
             logs,
+            slot: Slot::none(),
+            trailers: Vec::new(),
         }
     }
 }
 
-/// Where [`fetch`] records `$upstream_addr`/`$upstream_status` and logs:
-/// the request, or (a background cache update) only the log.
+/// Where [`fetch`] records its attempts (`$upstream_addr` and the other
+/// [`super::state`] variables) and logs: the request, or (a background
+/// cache update) only the log.
 pub trait FetchEnv {
-    fn note(&mut self, key: &'static str, v: &[u8]);
+    /// A record for an attempt on `peer`.
+    fn attempt(&mut self, peer: &str) -> Slot;
     fn log_up(&self, level: Level, msg: &str, url: &str);
 }
 
 impl FetchEnv for Ctx<'_> {
-    fn note(&mut self, key: &'static str, v: &[u8]) {
-        match self.notes.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => {
-                slot.1.extend_from_slice(b", ");
-                slot.1.extend_from_slice(v);
-            }
-            None => self.notes.push((key, v.to_vec())),
+    fn attempt(&mut self, peer: &str) -> Slot {
+        match States::of(self) {
+            Some(s) => s.attempt(peer),
+            None => States::begin_use(self).attempt(peer),
         }
     }
 
@@ -209,7 +216,9 @@ impl FetchEnv for Ctx<'_> {
 }
 
 impl FetchEnv for UpLog {
-    fn note(&mut self, _: &'static str, _: &[u8]) {}
+    fn attempt(&mut self, _: &str) -> Slot {
+        Slot::none()
+    }
 
     fn log_up(&self, level: Level, msg: &str, url: &str) {
         self.logger.log(
@@ -258,16 +267,9 @@ pub async fn fetch<E: FetchEnv>(
         let pid = lease.id();
         let Some(peer) = up.peer(pid) else { break };
         tries_left = tries_left.saturating_sub(1);
-        cx.note("upstream_addr", peer.name.as_bytes());
+        let mut slot = cx.attempt(&peer.name);
         let url = proto.url(&peer.name);
-        let t0 = std::time::Instant::now();
-        let mut connected = None;
-        let got = exchange(up, &peer.addr, lim, proto, send, head_only, &mut connected).await;
-        // $upstream_connect_time, $upstream_header_time: this attempt's,
-        // "-" where it did not get that far.
-        cx.note("upstream_connect_time", &secs(connected));
-        let header_time = got.as_ref().ok().map(|_| t0.elapsed());
-        cx.note("upstream_header_time", &secs(header_time));
+        let got = exchange(up, &peer.addr, lim, proto, send, head_only, &slot).await;
         let logs = match &got {
             Ok(r) => &r.logs,
             Err(f) => &f.logs,
@@ -281,7 +283,7 @@ pub async fn fetch<E: FetchEnv>(
                 if may_retry(bit, true, tries_left) {
                     // The answer goes unread; 403 and 404 do not count
                     // against the peer, the others do.
-                    cx.note("upstream_status", r.status.to_string().as_bytes());
+                    slot.finish();
                     if bit & (ft::HTTP_403 | ft::HTTP_404) == 0 && up.failed(pid) {
                         cx.log_up(
                             Level::Warn,
@@ -291,10 +293,10 @@ pub async fn fetch<E: FetchEnv>(
                     }
                     continue;
                 }
-                cx.note("upstream_status", r.status.to_string().as_bytes());
                 up.succeeded(pid);
                 r.peer_name = peer.name.clone();
                 r.lease = Some(lease);
+                r.slot = slot;
                 return Ok(r);
             }
             Err(f) => {
@@ -307,7 +309,8 @@ pub async fn fetch<E: FetchEnv>(
                 if !f.msg.is_empty() {
                     cx.log_up(level, &f.msg, &url);
                 }
-                cx.note("upstream_status", f.status.to_string().as_bytes());
+                slot.status(f.status);
+                slot.finish();
                 if !local && up.failed(pid) {
                     cx.log_up(
                         Level::Warn,
@@ -332,10 +335,7 @@ pub async fn fetch<E: FetchEnv>(
         "no live upstreams while connecting to upstream",
         &url,
     );
-    cx.note("upstream_addr", up.name.as_bytes());
-    cx.note("upstream_status", b"502");
-    cx.note("upstream_connect_time", b"-");
-    cx.note("upstream_header_time", b"-");
+    cx.attempt(&up.name).status(502);
     // nginx's NOLIVE case, which `PREFIX_cache_use_stale error` includes.
     Err(FetchErr {
         status: 502,
@@ -351,21 +351,22 @@ async fn exchange(
     proto: &dyn Protocol,
     send: &Outgoing<'_>,
     head_only: bool,
-    connected: &mut Option<Duration>,
+    slot: &Slot,
 ) -> Result<UpResp, Fail> {
-    let t0 = std::time::Instant::now();
     // A cached connection may have been closed by the peer meanwhile; an
     // error on it is retried once on a fresh connection without blaming
     // the peer, as nginx does. A timeout is not a stale connection (the
     // peer may be working on the request): as nginx, it is the attempt's
     // result, and is not sent again here.
     // A kept connection of the other kind (plain vs TLS) is closed.
+    // (A protocol with its own session keeps no connections yet.)
     if let Some((s, served)) = up
         .take_idle(addr)
+        .filter(|_| proto.session().is_none())
         .filter(|(s, _)| s.is_tls() == lim.tls.is_some())
     {
-        *connected = Some(Duration::ZERO);
-        match send_and_read(s, addr, lim, proto, send, head_only).await {
+        slot.connected();
+        match send_and_read(s, addr, lim, proto, send, head_only, slot).await {
             Ok(r) => {
                 return Ok(UpResp {
                     requests: served + 1,
@@ -444,18 +445,20 @@ async fn exchange(
             ))
         }
     };
-    *connected = Some(t0.elapsed());
-    send_and_read(s, addr, lim, proto, send, head_only)
+    slot.connected();
+    if let Some(sess) = proto.session() {
+        let a = sess
+            .exchange(s, send, lim, slot)
+            .await
+            .map_err(|f| Fail { sent: true, ..f })?;
+        slot.head(a.head.status);
+        let mut r = UpResp::of(a.head, None, addr, Vec::new());
+        r.trailers = a.trailers;
+        return Ok(r);
+    }
+    send_and_read(s, addr, lim, proto, send, head_only, slot)
         .await
         .map_err(|f| Fail { sent: true, ..f })
-}
-
-/// A time as nginx's `$upstream_*_time`: seconds with milliseconds.
-fn secs(d: Option<Duration>) -> Vec<u8> {
-    match d {
-        Some(d) => format!("{}.{:03}", d.as_secs(), d.subsec_millis()).into_bytes(),
-        None => b"-".to_vec(),
-    }
 }
 
 /// A new connection to `addr`, from `PREFIX_bind`'s address, with
@@ -503,19 +506,20 @@ async fn send_request(
     lim: &Limits,
     proto: &dyn Protocol,
     send: &Outgoing<'_>,
+    slot: &Slot,
 ) -> Result<(), Fail> {
     match send.body {
         OutBody::Mem(b) if b.len() <= JOIN_BODY_MAX => {
             let mut all = Vec::with_capacity(send.head.len() + b.len());
             all.extend_from_slice(send.head);
             all.extend_from_slice(b);
-            return write_timed(s, &all, lim).await;
+            return write_timed(s, &all, lim, slot).await;
         }
-        _ => write_timed(s, send.head, lim).await?,
+        _ => write_timed(s, send.head, lim, slot).await?,
     }
     match send.body {
         OutBody::None => Ok(()),
-        OutBody::Mem(b) => write_timed(s, b, lim).await,
+        OutBody::Mem(b) => write_timed(s, b, lim, slot).await,
         OutBody::File(f, len) => {
             let mut off = 0u64;
             while off < *len {
@@ -539,15 +543,15 @@ async fn send_request(
                 }
                 let mut framed = Vec::new();
                 match proto.frame_body(&data, &mut framed) {
-                    true => write_timed(s, &framed, lim).await?,
-                    false => write_timed(s, &data, lim).await?,
+                    true => write_timed(s, &framed, lim, slot).await?,
+                    false => write_timed(s, &data, lim, slot).await?,
                 }
                 off += data.len() as u64;
             }
             let mut end = Vec::new();
             proto.end_body(&mut end);
             if !end.is_empty() {
-                write_timed(s, &end, lim).await?;
+                write_timed(s, &end, lim, slot).await?;
             }
             Ok(())
         }
@@ -556,7 +560,7 @@ async fn send_request(
 
 /// Writes all of `data` within PREFIX_send_timeout, with nginx's log
 /// wording on failure.
-async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits) -> Result<(), Fail> {
+async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits, slot: &Slot) -> Result<(), Fail> {
     // The flush pushes out what TLS still holds (a no-op for plain TCP).
     let write = async {
         s.write_all(data).await?;
@@ -576,7 +580,10 @@ async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits) -> Result<(), 
             ),
             true,
         )),
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(())) => {
+            slot.sent(data.len());
+            Ok(())
+        }
     }
 }
 
@@ -589,8 +596,9 @@ async fn send_and_read(
     proto: &dyn Protocol,
     send: &Outgoing<'_>,
     head_only: bool,
+    slot: &Slot,
 ) -> Result<UpResp, Fail> {
-    send_request(&mut s, lim, proto, send).await?;
+    send_request(&mut s, lim, proto, send, slot).await?;
     let mut reader = proto.head_reader(head_only, lim.head_max);
     let mut buf = vec![0u8; lim.head_max.max(8 * 1024)];
     loop {
@@ -609,11 +617,16 @@ async fn send_and_read(
         }
         match reader.feed(&buf[..n]) {
             Ok(Some(h)) => {
+                slot.received(n);
+                slot.head(h.status);
                 let logs = reader.logs();
-                return Ok(UpResp::of(h, s, addr, logs));
+                return Ok(UpResp::of(h, Some(s), addr, logs));
             }
-            Ok(None) => {}
-            Err(f) => return Err(with_logs(f, reader.as_mut())),
+            Ok(None) => slot.received(n),
+            Err(f) => {
+                slot.received(n);
+                return Err(with_logs(f, reader.as_mut()));
+            }
         }
     }
 }

@@ -40,8 +40,10 @@ pub mod conf;
 pub mod fetch;
 pub mod peers;
 pub mod pipe;
+pub mod purge;
 pub mod response;
 pub mod run;
+pub mod state;
 
 use std::path::Path;
 
@@ -144,6 +146,36 @@ pub trait Protocol: Send + Sync {
 
     /// Where temp files go without `PREFIX_temp_path`.
     fn temp_default(&self) -> &Path;
+
+    /// A protocol that runs its own session on the connection (gRPC's
+    /// HTTP/2 client) instead of the engine's byte-stream exchange
+    /// (`create_request`'s head, the body framed by `frame_body`, the
+    /// answer fed to `head_reader`).
+    fn session(&self) -> Option<&dyn Session> {
+        None
+    }
+}
+
+/// A whole answer from a [`Session`]: the head (its body complete, its
+/// decoder done) and the trailers that followed the body.
+pub struct SessionAnswer {
+    pub head: Head,
+    pub trailers: Vec<(String, Vec<u8>)>,
+}
+
+/// One exchange on a connection a protocol drives itself: the request
+/// (the head `create_request` made, which the session may ignore, and
+/// the body) sent, the answer read whole within the [`Limits`]' timeouts.
+/// An Err after the request went out is not retried for non-idempotent
+/// requests, as the engine's own exchange.
+pub trait Session: Send + Sync {
+    fn exchange<'a>(
+        &'a self,
+        s: crate::tls::client::UpStream,
+        send: &'a fetch::Outgoing<'a>,
+        lim: &'a Limits,
+        slot: &'a state::Slot,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<SessionAnswer, Fail>> + Send + 'a>>;
 }
 
 /// A response head, as the protocol read it.
@@ -221,11 +253,18 @@ pub const VARS: &[&str] = &[
     "upstream_status",
     "upstream_connect_time",
     "upstream_header_time",
+    "upstream_response_time",
+    "upstream_response_length",
+    "upstream_bytes_sent",
+    "upstream_bytes_received",
 ];
 
 pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
     let Some(name) = VARS.get(usize::from(i)) else {
         return false;
     };
-    cx.note_var(name, out)
+    match state::Var::of(name) {
+        Some(v) => state::States::of(cx).is_some_and(|s| s.render(v, out)),
+        None => cx.note_var(name, out),
+    }
 }

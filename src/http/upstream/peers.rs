@@ -282,21 +282,30 @@ pub async fn upstream_of(cx: &crate::http::phases::Ctx<'_>, to: &PassTo) -> Opti
         }
         PassTo::Var(t) => {
             let v = t.render_vec(cx);
-            let v = String::from_utf8_lossy(&v).into_owned();
-            if let Some(u) = cx.http.main.modules.upstream.upstreams.get(&v) {
-                return Some(u.clone());
-            }
-            match target(&v) {
-                Ok(Target::Fixed(u)) => Some(u),
-                Ok(Target::Named { .. }) => {
-                    cx.log(Level::Error, &format!("no port in upstream \"{}\"", v));
-                    None
-                }
-                Err(m) => {
-                    cx.log(Level::Error, &m);
-                    None
-                }
-            }
+            upstream_by_value(cx, &String::from_utf8_lossy(&v)).await
+        }
+    }
+}
+
+/// The upstream a `*_pass` with variables names once rendered: an
+/// `upstream` block of that name, or an address.
+pub async fn upstream_by_value(
+    cx: &crate::http::phases::Ctx<'_>,
+    v: &str,
+) -> Option<Arc<Upstream>> {
+    use crate::core::log::Level;
+    if let Some(u) = cx.http.main.modules.upstream.upstreams.get(v) {
+        return Some(u.clone());
+    }
+    match target(v) {
+        Ok(Target::Fixed(u)) => Some(u),
+        Ok(Target::Named { .. }) => {
+            cx.log(Level::Error, &format!("no port in upstream \"{}\"", v));
+            None
+        }
+        Err(m) => {
+            cx.log(Level::Error, &m);
+            None
         }
     }
 }

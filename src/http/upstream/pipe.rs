@@ -236,6 +236,10 @@ pub struct Producer {
     pub limit_rate: u64,
     /// `PREFIX_store`: the file the body is copied to.
     pub store: Option<StoreOut>,
+    /// The attempt's record: bytes read, and the response time, set once
+    /// the body is read (before the client sees its end, so that the log
+    /// line has it).
+    pub slot: super::state::Slot,
 }
 
 /// A `PREFIX_store` file being written: a named temp file, renamed to
@@ -349,6 +353,7 @@ impl Producer {
                 if let Some((up, addr, n)) = self.keep.take().filter(|_| !self.decoder.extra()) {
                     up.put_idle(addr, self.stream, n);
                 }
+                self.slot.finish();
                 self.pipe.finish(Ok(()));
             }
             Err(stop) => {
@@ -364,6 +369,7 @@ impl Producer {
                     let _ =
                         cache::blocking(&self.policy, move || std::fs::remove_file(&path)).await;
                 }
+                self.slot.finish();
                 if let Stop::Fail(f) = stop {
                     self.log.log(Level::Error, &f.msg, true);
                     self.pipe.finish(Err(f.msg));
@@ -417,6 +423,8 @@ impl Producer {
                 .into());
             }
             read_len += n as u64;
+            self.slot.received(n);
+            self.slot.body(n);
             let mut data = Vec::new();
             let extra = self.decoder.extra();
             self.decoder.feed(&rbuf[..n], &mut data)?;

@@ -131,6 +131,9 @@ pub(super) async fn respond(
     // with it (and not being cached) is answered from memory, anything
     // else streams to the client while it arrives (see `Producer`).
     let url = proto.url(&resp.peer_name);
+    // $upstream_response_length: what came with the head is the body's
+    // (counted once the answer is known to be relayed).
+    let with_head = resp.early.len() + resp.body.len();
     let mut first = std::mem::take(&mut resp.body);
     let buffering = buffering(conf, &resp.headers);
     // nginx reads what came with the head as part of the head without
@@ -166,6 +169,7 @@ pub(super) async fn respond(
         // PREFIX_intercept_errors: let error_page answer instead.
         return Response::status(resp.status);
     }
+    resp.slot.body(with_head);
     let (mem_max, temp_max) = if buffering {
         (lim.mem_max, lim.temp_max)
     } else {
@@ -339,6 +343,8 @@ pub(super) async fn respond(
                 out.body = complete_stream(first, policy);
             }
         }
+        // A session's trailers (gRPC's grpc-status) follow the body.
+        out.trailers.append(&mut resp.trailers);
         return out;
     }
     let Some(stream) = resp.stream.take() else {
@@ -375,6 +381,7 @@ pub(super) async fn respond(
         log: UpLog::of(cx, &url),
         limit_rate: conf.limit_rate.unwrap_or(0),
         store: store_out,
+        slot: resp.slot.take(),
     };
     tokio::spawn(producer.run(first));
     if resp.no_body {

@@ -50,6 +50,9 @@ pub async fn run(
     lim: Limits,
 ) -> Response {
     let conf = proto.conf();
+    // $upstream_addr and the like: this use of an upstream starts here
+    // (after an earlier one, the variables join them with " : ").
+    super::state::States::begin_use(cx);
     let policy = match cx.io_policy() {
         Ok(p) => p,
         Err(r) => return *r,
@@ -65,7 +68,9 @@ pub async fn run(
     let zone = match &conf.cache {
         None | Some(CacheSel::Off) => None,
         Some(CacheSel::Zone(n)) => Some(n.clone().into_bytes()),
-        Some(CacheSel::Var(t)) => Some(t.render_vec(&*cx)),
+        // A value that renders empty: no cache for this request (nginx's
+        // ngx_http_upstream_cache_get), not an unknown zone.
+        Some(CacheSel::Var(t)) => Some(t.render_vec(&*cx)).filter(|v| !v.is_empty()),
     };
     if let Some(zname) = zone {
         let Some(z) = std::str::from_utf8(&zname)

@@ -1175,18 +1175,23 @@ async fn write_filtered<S: Stream>(
             off += n;
             let last = last_piece && off >= piece_len;
             response::run_filters(&mut filters, data, last, &mut out)?;
-            emit(
-                stream,
-                loc,
-                head,
-                &mut first,
-                &mut out,
-                chunked,
-                last,
-                &resp.trailers,
-                sent,
-            )
-            .await?;
+            // A filter that gathers the whole body (gzip through
+            // libdeflate) gives nothing until the end: the head waits for
+            // the first output rather than going alone.
+            if !(first && out.is_empty() && !last) {
+                emit(
+                    stream,
+                    loc,
+                    head,
+                    &mut first,
+                    &mut out,
+                    chunked,
+                    last,
+                    &resp.trailers,
+                    sent,
+                )
+                .await?;
+            }
             // Compression can be slower than the client reads, so the
             // socket never blocks: let the loop's other connections run
             // between chunks.

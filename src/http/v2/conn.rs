@@ -25,6 +25,7 @@ use crate::http::phases;
 use crate::http::request::Request;
 use crate::http::response::{self, Body, Piece, Response};
 use crate::http::serve::{log_conn, ConnInfo};
+use crate::http::v2::guard::Guard;
 use crate::http::v2::io::Io;
 
 /// What the accept loop and its stream tasks share.
@@ -80,10 +81,13 @@ pub async fn serve<S: Stream>(
     let header_to = Duration::from_millis(srv.header_timeout_ms());
     let ka = core.keepalive.map_or(75_000, |k| k.timeout_ms);
     let max_requests = core.keepalive_requests.unwrap_or(1000);
+    let keepalive_time = core.keepalive_time.map(Duration::from_millis);
     let reset_timedout = core.reset_timedout_connection.unwrap_or(false);
     let default_conf = addr.default.conf.clone();
+    let max_streams = srv.http2.max_streams();
     drop((addr, http, config));
-    let io = Io::new(stream, pre);
+    let guard = Rc::new(Guard::new(max_streams, header_to));
+    let io = Io::new(stream, &guard, pre);
     let mut conn = match timeout(header_to, b.handshake::<_, Bytes>(io)).await {
         Ok(Ok(c)) => c,
         Ok(Err(_)) => return,
@@ -109,22 +113,32 @@ pub async fn serve<S: Stream>(
     let mut requests: u64 = 0;
     loop {
         let idle = streams.active.get() == 0 && !closing;
+        // keepalive_timeout (0: GOAWAY as soon as a stream ends; before
+        // the first one, client_header_timeout then).
+        let idle_wait = if requests == 0 && ka == 0 {
+            header_to
+        } else {
+            Duration::from_millis(ka)
+        };
         let ended = streams.ended.notified();
         tokio::select! {
             r = conn.accept() => match r {
                 Some(Ok((req, respond))) => {
                     requests += 1;
                     streams.active.set(streams.active.get() + 1);
+                    let aged = keepalive_time.is_some_and(|t| info.started.elapsed() >= t);
                     let mut info = info.clone();
                     info.requests = requests;
                     let shared = shared.clone();
                     let st = streams.clone();
+                    let g = guard.clone();
                     tokio::task::spawn_local(async move {
                         let _done = Ended(st);
-                        stream_task(req, respond, info, shared).await;
+                        stream_task(req, respond, info, shared, g).await;
                     });
-                    // keepalive_requests: the last stream, then GOAWAY.
-                    if requests >= max_requests && !closing {
+                    // keepalive_requests / keepalive_time: this stream is
+                    // the last, then GOAWAY.
+                    if (requests >= max_requests || aged) && !closing {
                         conn.graceful_shutdown();
                         closing = true;
                     }
@@ -138,7 +152,19 @@ pub async fn serve<S: Stream>(
                 None => break,
             },
             _ = ended => {}
-            _ = tokio::time::sleep(Duration::from_millis(ka)), if idle => {
+            _ = guard.tripped.notified() => {
+                if let Some(t) = guard.trip() {
+                    log_conn(&default_conf, Level::Info, info, t.log);
+                    conn.abrupt_shutdown(t.reason);
+                }
+                let _ = timeout(Duration::from_secs(1), poll_fn(|cx| conn.poll_closed(cx))).await;
+                break;
+            }
+            _ = tokio::time::sleep(idle_wait), if idle => {
+                if guard.busy() {
+                    // A frame is part-way in: not idle.
+                    continue;
+                }
                 // keepalive_timeout with no stream open: GOAWAY, and the
                 // connection closes once the peer has seen it.
                 conn.graceful_shutdown();
@@ -249,7 +275,8 @@ impl BodyIo for H2Body {
 }
 
 /// Reads the body to its end, dropping it; the reset reason when the
-/// peer broke the stream (or `CANCEL` when it went quiet too long).
+/// peer broke the stream (or `PROTOCOL_ERROR` when it went quiet too
+/// long, as nginx).
 async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
     loop {
         let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().rx.poll_data(cx))).await;
@@ -264,8 +291,18 @@ async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
             }
             Ok(Some(Err(e))) => return Err(e.reason().unwrap_or(h2::Reason::PROTOCOL_ERROR)),
             Ok(None) => return Ok(()),
-            Err(_) => return Err(h2::Reason::CANCEL),
+            // client_body_timeout: nginx resets with PROTOCOL_ERROR.
+            Err(_) => return Err(h2::Reason::PROTOCOL_ERROR),
         }
+    }
+}
+
+/// `:authority` and a Host field that name different hosts (nginx
+/// refuses the request with 400).
+fn authority_differs(parts: &http::request::Parts) -> bool {
+    match (parts.uri.authority(), parts.headers.get(http::header::HOST)) {
+        (Some(a), Some(h)) => !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()),
+        _ => false,
     }
 }
 
@@ -316,6 +353,7 @@ async fn stream_task(
     mut respond: SendResponse<Bytes>,
     info: ConnInfo,
     shared: Arc<WorkerShared>,
+    guard: Rc<Guard>,
 ) {
     let config = shared.config.load_full();
     let Some(http) = config.http.clone() else {
@@ -328,26 +366,55 @@ async fn stream_task(
     // The connection task goes on with the frames that came with this
     // HEADERS (a WINDOW_UPDATE, a RST_STREAM) before the request runs.
     tokio::task::yield_now().await;
+    let stream_id = u32::from(respond.stream_id());
+    let block_len = guard.head_len(stream_id);
+    if guard.late(stream_id) {
+        // Its headers took longer than client_header_timeout: nginx
+        // resets the stream (and the connection goes on).
+        log_conn(
+            &addr.default.conf,
+            Level::Info,
+            &info,
+            "client timed out (110: Connection timed out) while reading client request headers",
+        );
+        respond.send_reset(h2::Reason::PROTOCOL_ERROR);
+        return;
+    }
     shared.stats.request();
     let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
     let (parts, rx) = req.into_parts();
     let has_body = !rx.is_end_stream();
-    let mut req: Request =
-        match crate::http::v1::parse::parse_head(head_of(&parts), &addr.default.srv) {
-            Ok(r) => r,
-            Err(rej) => {
-                // What nginx would refuse in an HTTP/1 head: its status,
-                // and the stream ends.
-                let conf = addr.default.conf.clone();
-                log_conn(&conf, Level::Info, &info, rej.log);
-                let mut resp = Response::status(rej.status);
-                response::special_response(&mut resp, &conf);
-                let mut sent = phases::Sent::default();
-                let _ = send(&mut respond, &mut resp, &conf, false, &mut sent).await;
-                return;
-            }
-        };
+    let parsed = if authority_differs(&parts) {
+        Err(crate::http::v1::parse::Reject {
+            status: 400,
+            log: "client sent \":authority\" and \"Host\" headers with different values",
+            line: None,
+            in_headers: true,
+            host: None,
+            http09: false,
+            detail: None,
+            pipelined: false,
+        })
+    } else {
+        crate::http::v1::parse::parse_head(head_of(&parts), &addr.default.srv)
+    };
+    let mut req: Request = match parsed {
+        Ok(r) => r,
+        Err(rej) => {
+            // What nginx would refuse in an HTTP/1 head: its status,
+            // and the stream ends.
+            let conf = addr.default.conf.clone();
+            log_conn(&conf, Level::Info, &info, rej.log);
+            let mut resp = Response::status(rej.status);
+            response::special_response(&mut resp, &conf);
+            let mut sent = phases::Sent::default();
+            let _ = send(&mut respond, &mut resp, &conf, false, &mut sent).await;
+            return;
+        }
+    };
     req.set_protocol(b"HTTP/2.0");
+    // $request_length: the header block as it came (HPACK bytes).
+    req.head_len = block_len;
     if has_body && req.content_length.is_none() {
         req.chunked = true;
     }
@@ -360,6 +427,20 @@ async fn stream_task(
         }),
     };
     let server = addr.select(req.host()).clone();
+    if server.srv.http2.enable == Some(false) {
+        // The request names a server with `http2 off`: 421, as nginx.
+        log_conn(
+            &server.conf,
+            Level::Info,
+            &info,
+            "client attempted to request the server name with HTTP/2 disabled",
+        );
+        let mut resp = Response::status(421);
+        response::special_response(&mut resp, &server.conf);
+        let mut sent = phases::Sent::default();
+        let _ = send(&mut respond, &mut resp, &server.conf, false, &mut sent).await;
+        return;
+    }
     let mut cx = phases::Ctx::new(http, &req, &server, &info, &shared);
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body_io, Vec::new()));
@@ -372,7 +453,8 @@ async fn stream_task(
         cx.sent.status = resp.status;
         crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
         crate::http::modules::log_phase(&cx);
-        respond.send_reset(h2::Reason::CANCEL);
+        // As nginx: a body that timed out resets with PROTOCOL_ERROR.
+        respond.send_reset(h2::Reason::PROTOCOL_ERROR);
         return;
     }
     if resp.close_silently {
@@ -395,6 +477,8 @@ async fn stream_task(
     let r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent).await;
     if r.is_err() {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
+    } else {
+        guard.served();
     }
     cx.sent.status = resp.status;
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
@@ -485,6 +569,7 @@ async fn send(
         chunk: loc.core.http2_chunk_size.unwrap_or(8192),
         sent,
         trailers: !resp.trailers.is_empty(),
+        carry: Bytes::new(),
     };
     let mut filters = std::mem::take(&mut resp.filters);
     let body = std::mem::take(&mut resp.body);
@@ -551,15 +636,32 @@ struct Out<'o> {
     sent: &'o mut phases::Sent,
     /// Trailers follow: the last DATA does not end the stream.
     trailers: bool,
+    /// The tail of a file read that the window cut short: it goes out
+    /// with the next read, in one frame, as nginx's would.
+    carry: Bytes,
 }
 
 impl Out<'_> {
     /// Sends `data`, waiting (at most send_timeout each time) for the
     /// peer's flow-control window; `last` ends the stream.
-    async fn data(&mut self, mut data: Bytes, last: bool) -> io::Result<()> {
+    async fn data(&mut self, data: Bytes, last: bool) -> io::Result<()> {
+        self.send_data(data, last, false).await
+    }
+
+    /// [`Out::data`]; `hold`: more of a file follows at once, so a tail
+    /// shorter than a chunk that would wait for the window is kept for
+    /// the next read instead of going out as a frame of its own.
+    async fn send_data(&mut self, mut data: Bytes, last: bool, hold: bool) -> io::Result<()> {
         let end = last && !self.trailers;
         self.sent.body_bytes += data.len() as u64;
         self.sent.bytes += data.len() as u64;
+        if !self.carry.is_empty() {
+            let mut v = Vec::with_capacity(self.carry.len() + data.len());
+            v.extend_from_slice(&self.carry);
+            v.extend_from_slice(&data);
+            self.carry = Bytes::new();
+            data = Bytes::from(v);
+        }
         if data.is_empty() {
             if end {
                 self.tx.send_data(data, true).map_err(h2_io)?;
@@ -567,6 +669,10 @@ impl Out<'_> {
             return Ok(());
         }
         while !data.is_empty() {
+            if hold && data.len() < self.chunk && self.tx.capacity() < data.len() {
+                self.carry = data;
+                return Ok(());
+            }
             let want = data.len().min(self.chunk);
             self.tx.reserve_capacity(want);
             let cap = match timeout(self.to, poll_fn(|cx| self.tx.poll_capacity(cx))).await {
@@ -635,7 +741,7 @@ impl Out<'_> {
                         off += data.len() as u64;
                         let last = last_piece && off >= end;
                         if filters.is_empty() {
-                            self.data(data, last).await?;
+                            self.send_data(data, last, !last).await?;
                         } else {
                             self.filtered(filters, &data, last).await?;
                         }

@@ -11,11 +11,14 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::core::stream::Stream;
+use crate::http::v2::guard::Guard;
 
 type Wait<'a> = Pin<Box<dyn Future<Output = io::Result<()>> + 'a>>;
 
 pub struct Io<'a, S: Stream> {
     s: &'a S,
+    /// Sees every byte before h2 does (see [`Guard`]).
+    guard: &'a Guard,
     /// Bytes read before the connection was handed to h2.
     pre: Vec<u8>,
     pre_off: usize,
@@ -24,9 +27,10 @@ pub struct Io<'a, S: Stream> {
 }
 
 impl<'a, S: Stream> Io<'a, S> {
-    pub fn new(s: &'a S, pre: Vec<u8>) -> Io<'a, S> {
+    pub fn new(s: &'a S, guard: &'a Guard, pre: Vec<u8>) -> Io<'a, S> {
         Io {
             s,
+            guard,
             pre,
             pre_off: 0,
             rd: None,
@@ -65,8 +69,17 @@ impl<S: Stream> AsyncRead for Io<'_, S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
+        if me.guard.trip().is_some() {
+            // The connection is ending: h2 gets nothing more (the guard's
+            // notice wakes the connection loop, not this read).
+            return Poll::Pending;
+        }
         if me.pre_off < me.pre.len() {
             let n = (me.pre.len() - me.pre_off).min(buf.remaining());
+            let n = me.guard.feed(&me.pre[me.pre_off..me.pre_off + n]);
+            if n == 0 {
+                return Poll::Pending;
+            }
             buf.put_slice(&me.pre[me.pre_off..me.pre_off + n]);
             me.pre_off += n;
             if me.pre_off == me.pre.len() {
@@ -81,9 +94,15 @@ impl<S: Stream> AsyncRead for Io<'_, S> {
                 me.rd = None;
                 r?;
             }
-            match me.s.try_read(buf.initialize_unfilled()) {
+            let space = buf.initialize_unfilled();
+            match me.s.try_read(space) {
+                Ok(0) => return Poll::Ready(Ok(())),
                 Ok(n) => {
-                    buf.advance(n);
+                    let keep = me.guard.feed(&space[..n]);
+                    if keep == 0 {
+                        return Poll::Pending;
+                    }
+                    buf.advance(keep);
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

@@ -67,6 +67,10 @@ impl Slot for Up {
     fn conf(l: &mut LocConf) -> &mut UpstreamConf {
         &mut l.modules.fastcgi.up
     }
+
+    fn get(l: &LocConf) -> &UpstreamConf {
+        &l.modules.fastcgi.up
+    }
 }
 
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(

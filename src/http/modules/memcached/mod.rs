@@ -41,6 +41,10 @@ impl Slot for Up {
     fn conf(l: &mut LocConf) -> &mut UpstreamConf {
         &mut l.modules.memcached.up
     }
+
+    fn get(l: &LocConf) -> &UpstreamConf {
+        &l.modules.memcached.up
+    }
 }
 
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives_core!(

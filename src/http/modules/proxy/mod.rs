@@ -90,6 +90,10 @@ impl Slot for Up {
     fn conf(l: &mut LocConf) -> &mut UpstreamConf {
         &mut l.modules.proxy.up
     }
+
+    fn get(l: &LocConf) -> &UpstreamConf {
+        &l.modules.proxy.up
+    }
 }
 
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(

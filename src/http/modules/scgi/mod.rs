@@ -48,6 +48,10 @@ impl Slot for Up {
     fn conf(l: &mut LocConf) -> &mut UpstreamConf {
         &mut l.modules.scgi.up
     }
+
+    fn get(l: &LocConf) -> &UpstreamConf {
+        &l.modules.scgi.up
+    }
 }
 
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(

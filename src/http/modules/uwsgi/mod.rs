@@ -49,6 +49,10 @@ impl Slot for Up {
     fn conf(l: &mut LocConf) -> &mut UpstreamConf {
         &mut l.modules.uwsgi.up
     }
+
+    fn get(l: &LocConf) -> &UpstreamConf {
+        &l.modules.uwsgi.up
+    }
 }
 
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(

@@ -1,0 +1,840 @@
+//! `grpc_pass` and the `grpc_*` directives (nginx's ngx_http_grpc_module):
+//! gRPC services behind tern, over an HTTP/2 client to the backend (the
+//! `h2` crate), on the upstream engine ([`crate::http::upstream`]) as a
+//! protocol with its own [`Session`].
+//!
+//! # A call
+//!
+//! ```text
+//! content phase (the client speaks HTTP/2, or HTTP/1.1)
+//!   ├─ the request body (the client's messages), read whole
+//!   ├─ the engine: peers, grpc_next_upstream, timeouts, $upstream_* ─┐
+//!   │                                                                 │
+//!   │   Grpc::exchange on each connection the engine makes (+ TLS    ◀┘
+//!   │   with ALPN h2 for grpcs://):
+//!   │     h2 handshake ── HEADERS :method :scheme :path :authority,
+//!   │     grpc_set_header entries, the client's headers (hop-by-hop and
+//!   │     Host dropped; te: trailers) ── DATA (the body, flow-controlled)
+//!   │     ── response HEADERS (grpc_connect/_send/_read_timeout apply)
+//!   │     ── DATA read whole ── trailers (grpc-status, grpc-message)
+//!   └─ the engine's response: headers relayed (grpc_hide_header /
+//!       _pass_header), grpc_intercept_errors, the body, then the
+//!       trailers (HTTP/2 trailers to an HTTP/2 client, chunked trailers
+//!       to HTTP/1.1)
+//! ```
+//!
+//! Unary and streaming calls both ways work as far as whole messages
+//! go: the client's stream is read whole before it goes upstream, and the
+//! answer's stream is read whole (to its trailers) before it goes to the
+//! client, since a response's trailers must be known before its body is
+//! sent (`Response::trailers`). A call that streams forever therefore
+//! never answers (see DIFFERENCES.md). Connections to the backend are not
+//! kept alive (one per call).
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::{ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::core::log::Level;
+use crate::http::body;
+use crate::http::conf::{merge_opts, HttpMain, LocConf};
+use crate::http::phases::Ctx;
+use crate::http::response::Response;
+use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
+use crate::http::upstream::fetch::{fail, Outgoing, TIMED_OUT, WHILE_HEAD};
+use crate::http::upstream::peers::{self, PassAddr};
+use crate::http::upstream::state;
+use crate::http::upstream::{
+    BodyDecoder, Caching, Fail, Head, HeadReader, OutBody, Protocol, Request, Session,
+    SessionAnswer,
+};
+use crate::http::vars::Template;
+use crate::tls::client::UpStream;
+
+const LOC: u32 = ctx::LOC | ctx::LIF;
+const HSL: u32 = ctx::HSL;
+
+/// grpc's [`UpstreamConf`] in a location.
+pub struct Up;
+
+impl Slot for Up {
+    fn conf(l: &mut LocConf) -> &mut UpstreamConf {
+        &mut l.modules.grpc.up
+    }
+
+    fn get(l: &LocConf) -> &UpstreamConf {
+        &l.modules.grpc.up
+    }
+}
+
+pub const DIRECTIVES: &[Spec] = crate::upstream_directives_core!(
+    Up,
+    "grpc",
+    [
+        row("grpc_pass", LOC, Args::take(1), set_pass),
+        row("grpc_set_header", HSL, Args::take(2), set_header),
+        row(
+            "grpc_intercept_errors",
+            HSL,
+            Args::Flag,
+            crate::http::upstream::conf::set_flag::<Up>
+        ),
+        row(
+            "grpc_hide_header",
+            HSL,
+            Args::take(1),
+            crate::http::upstream::conf::set_hide_pass::<Up>
+        ),
+        row(
+            "grpc_pass_header",
+            HSL,
+            Args::take(1),
+            crate::http::upstream::conf::set_hide_pass::<Up>
+        ),
+        row(
+            "grpc_ignore_headers",
+            HSL,
+            Args::AtLeast(1),
+            crate::http::upstream::conf::set_ignore_headers::<Up>
+        ),
+        row("grpc_ssl_verify", HSL, Args::Flag, set_ssl_flag),
+        row("grpc_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
+        row("grpc_ssl_session_reuse", HSL, Args::Flag, set_ssl_flag),
+        row("grpc_ssl_name", HSL, Args::take(1), set_ssl_name),
+        row(
+            "grpc_ssl_protocols",
+            HSL,
+            Args::AtLeast(1),
+            set_ssl_protocols
+        ),
+        row("grpc_ssl_ciphers", HSL, Args::take(1), set_ssl_ciphers),
+        row(
+            "grpc_ssl_trusted_certificate",
+            HSL,
+            Args::take(1),
+            set_ssl_trusted
+        ),
+        row(
+            "grpc_ssl_verify_depth",
+            HSL,
+            Args::take(1),
+            set_ssl_verify_depth
+        ),
+        unsupported("grpc_ssl_certificate"),
+        unsupported("grpc_ssl_certificate_key"),
+        unsupported("grpc_ssl_password_file"),
+        unsupported("grpc_ssl_crl"),
+        unsupported("grpc_ssl_conf_command"),
+    ]
+);
+
+const fn row(
+    name: &'static str,
+    ctx: u32,
+    args: Args,
+    f: fn(&mut LocConf, &Directive, &mut Compiler) -> ConfResult<()>,
+) -> Spec {
+    Spec {
+        name,
+        ctx,
+        args,
+        set: Setter::Loc(f),
+    }
+}
+
+/// A directive of the module tern does not implement yet.
+const fn unsupported(name: &'static str) -> Spec {
+    Spec {
+        name,
+        ctx: HSL,
+        args: Args::Any,
+        set: Setter::Unsupported,
+    }
+}
+
+// ---- configuration ----------------------------------------------------------
+
+/// A compiled `grpc_pass [grpc://|grpcs://]ADDRESS`.
+#[derive(Debug)]
+pub struct GrpcPass {
+    pub addr: PassAddr,
+    /// `grpcs://`: TLS (with ALPN h2) to the backend.
+    pub tls: bool,
+    /// The address as written: `:authority` and the TLS name by default.
+    pub authority: String,
+}
+
+/// Location-level settings.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcLoc {
+    pub pass: Option<Arc<GrpcPass>>,
+    /// The shared upstream settings (the engine's `grpc_*` rows).
+    pub up: UpstreamConf,
+    /// `grpc_set_header` entries in order (a level with any replaces the
+    /// inherited list).
+    pub headers: Option<Arc<Vec<(String, Template)>>>,
+    pub ssl_verify: Option<bool>,
+    pub ssl_server_name: Option<bool>,
+    pub ssl_session_reuse: Option<bool>,
+    pub ssl_name: Option<String>,
+    pub ssl_protocols: Option<(bool, bool)>,
+    pub ssl_ciphers: Option<String>,
+    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    /// This level's TLS client configuration, made on its first
+    /// `grpcs://` call from the merged settings.
+    pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
+}
+
+impl GrpcLoc {
+    pub fn merge(&mut self, p: &GrpcLoc) {
+        merge_opts!(self, p; pass, headers, ssl_verify, ssl_server_name, ssl_session_reuse,
+            ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted);
+        self.up.merge(&p.up);
+    }
+}
+
+fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if l.modules.grpc.pass.is_some() {
+        return Err(crate::config::registry::duplicate(d));
+    }
+    let url = arg(d, 0);
+    let lower = url.to_ascii_lowercase();
+    let (tls, rest) = if lower.starts_with("grpc://") {
+        (false, &url[7..])
+    } else if lower.starts_with("grpcs://") {
+        (true, &url[8..])
+    } else if lower.contains("://") {
+        return Err(ConfError::at(
+            format!("invalid URL prefix in \"{}\"", url),
+            d,
+        ));
+    } else {
+        (false, url)
+    };
+    if rest.is_empty() {
+        return Err(ConfError::at(format!("no host in \"{}\"", url), d));
+    }
+    let addr = peers::pass_addr(d, cx, rest, "grpc_temp")?;
+    l.modules.grpc.pass = Some(Arc::new(GrpcPass {
+        addr,
+        tls,
+        authority: rest.to_string(),
+    }));
+    l.content = Some(content);
+    Ok(())
+}
+
+/// nginx's `no port in upstream "NAME"` (see [`peers::check_pass`]).
+pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
+    peers::check_pass(
+        own.modules.grpc.pass.as_deref().map(|p| &p.addr),
+        hm,
+        block,
+        "grpc_pass",
+    )
+}
+
+fn set_header(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = cx.template(arg(d, 1), d)?;
+    let list = l.modules.grpc.headers.get_or_insert_with(Default::default);
+    Arc::make_mut(list).push((arg(d, 0).to_string(), v));
+    Ok(())
+}
+
+fn set_ssl_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    let g = &mut l.modules.grpc;
+    let slot = match d.name.as_str() {
+        "grpc_ssl_verify" => &mut g.ssl_verify,
+        "grpc_ssl_server_name" => &mut g.ssl_server_name,
+        _ => &mut g.ssl_session_reuse,
+    };
+    set_once(slot, v, d)
+}
+
+fn set_ssl_name(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if arg(d, 0).contains('$') {
+        return Err(ConfError::at(
+            "grpc_ssl_name with variables is not supported by tern yet",
+            d,
+        ));
+    }
+    set_once(&mut l.modules.grpc.ssl_name, arg(d, 0).to_string(), d)
+}
+
+fn set_ssl_protocols(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = super::ssl_settings::parse_protocols(d)?;
+    set_once(&mut l.modules.grpc.ssl_protocols, v, d)
+}
+
+fn set_ssl_ciphers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::tls::client::check_ciphers(arg(d, 0))?;
+    set_once(&mut l.modules.grpc.ssl_ciphers, arg(d, 0).to_string(), d)
+}
+
+fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let p = arg(d, 0);
+    let path = if p.starts_with('/') {
+        p.to_string()
+    } else {
+        cx.conf_prefix.join(p).to_string_lossy().into_owned()
+    };
+    // Read here, on the master thread, never on a worker.
+    let roots = crate::tls::client::load_roots(&path)?;
+    set_once(&mut l.modules.grpc.ssl_trusted, roots, d)
+}
+
+fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::config::value::number(arg(d, 0))
+        .map(drop)
+        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
+}
+
+/// The TLS client of a `grpcs://` call: the location's settings, with
+/// ALPN h2 (a gRPC server speaks nothing else).
+fn ssl_client(
+    conf: &GrpcLoc,
+    authority: &str,
+) -> Option<(
+    Arc<rustls::ClientConfig>,
+    rustls::pki_types::ServerName<'static>,
+)> {
+    let cfg = conf
+        .ssl_client
+        .get_or_init(|| {
+            let s = crate::tls::client::UpSsl {
+                verify: conf.ssl_verify.unwrap_or(false),
+                server_name: conf.ssl_server_name.unwrap_or(false),
+                protocols: conf.ssl_protocols.unwrap_or((true, false)),
+                ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
+                roots: conf.ssl_trusted.clone(),
+                session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+            };
+            let base = crate::tls::client::client_config(&s).ok()?;
+            let mut c = (*base).clone();
+            c.alpn_protocols = vec![b"h2".to_vec()];
+            Some(Arc::new(c))
+        })
+        .clone()?;
+    let host = match authority.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|c| c.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = crate::tls::client::server_name(conf.ssl_name.as_deref().unwrap_or(host))?;
+    Some((cfg, name))
+}
+
+// ---- the content handler ----------------------------------------------------
+
+/// Headers nginx hides from the client by default for grpc.
+const HIDDEN: &[&str] = &[
+    "date",
+    "server",
+    "x-accel-expires",
+    "x-accel-redirect",
+    "x-accel-limit-rate",
+    "x-accel-buffering",
+    "x-accel-charset",
+];
+
+/// The client's headers that never go upstream (HTTP/2 forbids the
+/// connection-specific ones; Host becomes `:authority`).
+const NOT_SENT: &[&str] = &[
+    "host",
+    "connection",
+    "transfer-encoding",
+    "keep-alive",
+    "expect",
+    "upgrade",
+    "proxy-connection",
+    "te",
+    "content-length",
+];
+
+/// The content handler `grpc_pass` puts in its location's slot.
+pub fn content<'a>(cx: &'a mut Ctx<'_>) -> Pin<Box<dyn Future<Output = Response> + 'a>> {
+    Box::pin(handle(cx))
+}
+
+async fn handle(cx: &mut Ctx<'_>) -> Response {
+    let loc = cx.loc.clone();
+    let Some(pass) = loc.modules.grpc.pass.clone() else {
+        return Response::status(500);
+    };
+    let conf = &loc.modules.grpc;
+    if let Err(r) = body::read(cx, &pass.addr.body_temp_default).await {
+        return *r;
+    }
+    // With variables, the value may carry its own scheme (`grpc_pass
+    // $arg_b` with `grpcs://...`); the address is also the authority.
+    let (up, tls, authority) = match &pass.addr.to {
+        peers::PassTo::Var(t) => {
+            let v = t.render_vec(&*cx);
+            let v = String::from_utf8_lossy(&v).into_owned();
+            let lower = v.to_ascii_lowercase();
+            let (tls, rest) = if lower.starts_with("grpc://") {
+                (false, &v[7..])
+            } else if lower.starts_with("grpcs://") {
+                (true, &v[8..])
+            } else {
+                (pass.tls, &v[..])
+            };
+            (
+                peers::upstream_by_value(cx, rest).await,
+                tls,
+                rest.to_string(),
+            )
+        }
+        to => (
+            peers::upstream_of(cx, to).await,
+            pass.tls,
+            pass.authority.clone(),
+        ),
+    };
+    let Some(up) = up else {
+        return Response::status(502);
+    };
+    let mut lim = Limits::of(&conf.up);
+    if tls {
+        match ssl_client(conf, &authority) {
+            Some(t) => lim.tls = Some(t),
+            None => {
+                cx.log(
+                    Level::Error,
+                    "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
+                );
+                return Response::status(502);
+            }
+        }
+    }
+    let call = call_head(cx, conf, &authority);
+    let proto = Arc::new(Grpc {
+        loc: loc.clone(),
+        pass,
+        tls,
+        call,
+    });
+    crate::http::upstream::run(cx, proto, up, lim).await
+}
+
+/// What goes in the call's HEADERS frame.
+struct CallHead {
+    method: http::Method,
+    path: Vec<u8>,
+    /// None: `grpc_set_header Host` took its place (sent as `host`).
+    authority: Option<Vec<u8>>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+fn call_head(cx: &Ctx<'_>, conf: &GrpcLoc, authority: &str) -> CallHead {
+    let method =
+        http::Method::from_bytes(cx.req.method_raw().as_bytes()).unwrap_or(http::Method::POST);
+    // The URI as the client sent it (nginx's r->unparsed_uri), or the
+    // current one after a rewrite.
+    let unchanged = *cx.uri == *cx.req.uri() && cx.args.as_deref() == cx.req.args();
+    let path = if unchanged && cx.req.raw_uri().starts_with(b"/") {
+        cx.req.raw_uri().to_vec()
+    } else {
+        let mut out = Vec::new();
+        crate::http::uri::escape_uri(&cx.uri, &mut out);
+        if let Some(a) = &cx.args {
+            out.push(b'?');
+            out.extend_from_slice(a);
+        }
+        out
+    };
+    let user: &[(String, Template)] = conf.headers.as_deref().map_or(&[], |v| v.as_slice());
+    let mut authority = Some(authority.as_bytes().to_vec());
+    let mut headers = Vec::new();
+    for (n, t) in user {
+        let v = t.render_vec(cx);
+        if n.eq_ignore_ascii_case("host") {
+            authority = None;
+        }
+        if !v.is_empty() {
+            headers.push((n.to_ascii_lowercase(), v));
+        }
+    }
+    if conf.up.pass_request_headers.unwrap_or(true) {
+        for h in cx.req.headers() {
+            let lower = h.name.to_ascii_lowercase();
+            let lower = String::from_utf8_lossy(&lower).into_owned();
+            if NOT_SENT.contains(&lower.as_str())
+                || user.iter().any(|(n, _)| n.eq_ignore_ascii_case(&lower))
+            {
+                continue;
+            }
+            headers.push((lower, h.value.to_vec()));
+        }
+    }
+    // gRPC needs trailers; nginx sends `te: trailers` when the client did.
+    if cx
+        .req
+        .header("te")
+        .is_some_and(|v| crate::http::upstream::response::has_token(v, "trailers"))
+    {
+        headers.push(("te".into(), b"trailers".to_vec()));
+    }
+    CallHead {
+        method,
+        path,
+        authority,
+        headers,
+    }
+}
+
+/// gRPC to one request's upstream.
+struct Grpc {
+    loc: Arc<LocConf>,
+    pass: Arc<GrpcPass>,
+    /// grpcs:// (the pass's, or the scheme its value rendered with).
+    tls: bool,
+    call: CallHead,
+}
+
+impl Protocol for Grpc {
+    fn conf(&self) -> &UpstreamConf {
+        &self.loc.modules.grpc.up
+    }
+
+    fn url(&self, peer: &str) -> String {
+        let scheme = if self.tls { "grpcs" } else { "grpc" };
+        format!("{}://{}", scheme, peer)
+    }
+
+    fn create_request(
+        &self,
+        cx: &Ctx<'_>,
+        _: Option<Caching<'_>>,
+    ) -> Result<Request, Box<Response>> {
+        let body = match body::data(cx) {
+            Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(Bytes::clone(b)),
+            Some(body::Data::File { file, len, .. }) if *len > 0 => {
+                OutBody::File(file.clone(), *len)
+            }
+            _ => OutBody::None,
+        };
+        Ok(Request {
+            head: Vec::new(),
+            body,
+        })
+    }
+
+    fn head_reader(&self, _: bool, _: usize) -> Box<dyn HeadReader> {
+        // Never fed: the session reads the answer.
+        Box::new(NoHead)
+    }
+
+    fn hidden(&self) -> &'static [&'static str] {
+        HIDDEN
+    }
+
+    fn cache_key(&self, _: &Ctx<'_>) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn temp_default(&self) -> &Path {
+        &self.pass.addr.temp_default
+    }
+
+    fn session(&self) -> Option<&dyn Session> {
+        Some(self)
+    }
+}
+
+struct NoHead;
+
+impl HeadReader for NoHead {
+    fn feed(&mut self, _: &[u8]) -> Result<Option<Head>, Fail> {
+        Err(fail(502, "upstream sent no valid HTTP/2 answer", false))
+    }
+}
+
+/// The body of a session's answer: complete with the head.
+struct Whole;
+
+impl BodyDecoder for Whole {
+    fn feed(&mut self, _: &[u8], _: &mut Vec<u8>) -> Result<(), Fail> {
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        true
+    }
+}
+
+impl Session for Grpc {
+    fn exchange<'a>(
+        &'a self,
+        s: UpStream,
+        send: &'a Outgoing<'a>,
+        lim: &'a Limits,
+        slot: &'a state::Slot,
+    ) -> Pin<Box<dyn Future<Output = Result<SessionAnswer, Fail>> + Send + 'a>> {
+        Box::pin(call(self, s, send, lim, slot))
+    }
+}
+
+/// nginx's wording for an HTTP/2 failure on the upstream connection: a
+/// broken connection is an `error`, a stream the peer reset or refused
+/// (or a protocol error) an `invalid_header` for grpc_next_upstream.
+fn h2_fail(e: &h2::Error, context: &str) -> Fail {
+    if e.is_io() {
+        return fail(
+            502,
+            format!("upstream connection failed ({}) {}", e, context),
+            true,
+        );
+    }
+    let msg = match e.reason() {
+        Some(r) => format!(
+            "upstream rejected request with error {} {}",
+            u32::from(r),
+            context
+        ),
+        None => format!("upstream sent invalid HTTP/2 data ({}) {}", e, context),
+    };
+    crate::http::upstream::fetch::invalid_header(&msg)
+}
+
+fn timed_out(context: &str) -> Fail {
+    fail(504, format!("{} {}", TIMED_OUT, context), true)
+}
+
+async fn within<T>(
+    d: Duration,
+    context: &str,
+    f: impl Future<Output = Result<T, h2::Error>>,
+) -> Result<T, Fail> {
+    match tokio::time::timeout(d, f).await {
+        Err(_) => Err(timed_out(context)),
+        Ok(Err(e)) => Err(h2_fail(&e, context)),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+const WHILE_SEND: &str = "while sending request to upstream";
+const WHILE_READ: &str = "while reading upstream";
+
+/// One call on a fresh connection.
+async fn call(
+    g: &Grpc,
+    s: UpStream,
+    send: &Outgoing<'_>,
+    lim: &Limits,
+    slot: &state::Slot,
+) -> Result<SessionAnswer, Fail> {
+    let (client, conn) = within(
+        lim.connect,
+        "while connecting to upstream",
+        h2::client::Builder::new().handshake::<_, Bytes>(s),
+    )
+    .await?;
+    // The connection's driver; it ends when both ends are dropped.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let scheme = if g.tls { "https" } else { "http" };
+    let authority = g.call.authority.as_deref().unwrap_or(b"localhost");
+    let mut uri = Vec::with_capacity(authority.len() + g.call.path.len() + 8);
+    uri.extend_from_slice(scheme.as_bytes());
+    uri.extend_from_slice(b"://");
+    uri.extend_from_slice(authority);
+    uri.extend_from_slice(&g.call.path);
+    let uri = http::Uri::try_from(uri).map_err(|_| {
+        fail(
+            502,
+            format!("invalid request URI for upstream {}", WHILE_SEND),
+            false,
+        )
+    })?;
+    let mut req = http::Request::new(());
+    *req.method_mut() = g.call.method.clone();
+    *req.uri_mut() = uri;
+    {
+        let hm = req.headers_mut();
+        for (n, v) in &g.call.headers {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(n.as_bytes()),
+                http::HeaderValue::from_bytes(v),
+            ) {
+                hm.append(n, v);
+            }
+        }
+        if let Some(n) = body_len(send.body) {
+            hm.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
+        }
+    }
+    let mut client = within(lim.connect, WHILE_SEND, client.ready()).await?;
+    let empty = matches!(send.body, OutBody::None);
+    let (answer, mut tx) = client
+        .send_request(req, empty)
+        .map_err(|e| h2_fail(&e, WHILE_SEND))?;
+    // The body goes out as the peer's window allows.
+    if !empty {
+        let sending = send_body(&mut tx, send, lim, slot);
+        // A server may answer (an error, usually) before it took the
+        // whole body: then the rest is not sent.
+        tokio::pin!(sending);
+        tokio::pin!(answer);
+        let early = tokio::select! {
+            r = &mut sending => { r?; None }
+            r = &mut answer => Some(r),
+        };
+        let resp = match early {
+            Some(r) => r.map_err(|e| h2_fail(&e, WHILE_HEAD))?,
+            None => within(lim.read, WHILE_HEAD, answer).await?,
+        };
+        return read_answer(resp, lim, slot).await;
+    }
+    let resp = within(lim.read, WHILE_HEAD, answer).await?;
+    read_answer(resp, lim, slot).await
+}
+
+fn body_len(b: &OutBody) -> Option<u64> {
+    match b {
+        OutBody::None => None,
+        OutBody::Mem(b) => Some(b.len() as u64),
+        OutBody::File(_, n) => Some(*n),
+    }
+}
+
+/// Sends the request body (from memory or its temp file) with END_STREAM
+/// on the last piece, waiting for window within grpc_send_timeout.
+async fn send_body(
+    tx: &mut h2::SendStream<Bytes>,
+    send: &Outgoing<'_>,
+    lim: &Limits,
+    slot: &state::Slot,
+) -> Result<(), Fail> {
+    let total = body_len(send.body).unwrap_or(0);
+    let mut off = 0u64;
+    while off < total {
+        let mut piece = match send.body {
+            OutBody::Mem(b) => b.slice(off as usize..),
+            OutBody::File(f, len) => {
+                let n = (*len - off).min(64 * 1024) as usize;
+                let data = crate::io::read(f, off, n, send.policy).await.map_err(|e| {
+                    fail(
+                        500,
+                        format!(
+                            "client request body temp file read failed {}",
+                            crate::core::errno_text(&e)
+                        ),
+                        false,
+                    )
+                })?;
+                if data.is_empty() {
+                    return Err(fail(
+                        500,
+                        "client request body temp file was truncated",
+                        false,
+                    ));
+                }
+                data
+            }
+            OutBody::None => break,
+        };
+        while !piece.is_empty() {
+            tx.reserve_capacity(piece.len());
+            let cap = within(
+                lim.send,
+                WHILE_SEND,
+                std::future::poll_fn(|c| match tx.poll_capacity(c) {
+                    std::task::Poll::Ready(None) => std::task::Poll::Ready(Ok(0)),
+                    std::task::Poll::Ready(Some(r)) => std::task::Poll::Ready(r),
+                    std::task::Poll::Pending => std::task::Poll::Pending,
+                }),
+            )
+            .await?;
+            if cap == 0 {
+                return Err(fail(
+                    502,
+                    format!("upstream closed the stream {}", WHILE_SEND),
+                    true,
+                ));
+            }
+            let chunk = piece.split_to(cap.min(piece.len()));
+            off += chunk.len() as u64;
+            slot.sent(chunk.len());
+            let last = off >= total;
+            tx.send_data(chunk, last)
+                .map_err(|e| h2_fail(&e, WHILE_SEND))?;
+        }
+    }
+    Ok(())
+}
+
+/// The answer's head, its body read whole, then its trailers.
+async fn read_answer(
+    resp: http::Response<h2::RecvStream>,
+    lim: &Limits,
+    slot: &state::Slot,
+) -> Result<SessionAnswer, Fail> {
+    let (parts, mut rx) = resp.into_parts();
+    let status = parts.status.as_u16();
+    let mut headers = Vec::with_capacity(parts.headers.len());
+    for (n, v) in &parts.headers {
+        headers.push((n.as_str().to_string(), v.as_bytes().to_vec()));
+    }
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let no_body = rx.is_end_stream();
+    let mut body = Vec::new();
+    let mut trailers = Vec::new();
+    if !no_body {
+        loop {
+            let next = tokio::time::timeout(lim.read, rx.data()).await;
+            match next {
+                Err(_) => return Err(fail(504, format!("{} {}", TIMED_OUT, WHILE_READ), false)),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    return Err(Fail {
+                        ft: 0,
+                        ..h2_fail(&e, WHILE_READ)
+                    })
+                }
+                Ok(Some(Ok(d))) => {
+                    let _ = rx.flow_control().release_capacity(d.len());
+                    slot.received(d.len());
+                    slot.body(d.len());
+                    body.extend_from_slice(&d);
+                }
+            }
+        }
+        match within(lim.read, WHILE_READ, rx.trailers()).await {
+            Ok(Some(t)) => {
+                for (n, v) in &t {
+                    trailers.push((n.as_str().to_string(), v.as_bytes().to_vec()));
+                }
+            }
+            Ok(None) => {}
+            Err(f) => return Err(Fail { ft: 0, ..f }),
+        }
+    }
+    Ok(SessionAnswer {
+        head: Head {
+            status,
+            status_line: Vec::new(),
+            headers,
+            early: Vec::new(),
+            body,
+            declared_len: declared,
+            no_body,
+            keep: false,
+            decoder: Box::new(Whole),
+        },
+        trailers,
+    })
+}
