@@ -201,12 +201,25 @@ pub fn server_config(addr: &Arc<AddrConf>) -> Result<quinn::ServerConfig, String
     if let Some(t) = &def.ssl.tls {
         // Resumption as the server's TCP side has it (cache, tickets).
         tls.session_storage = t.session_storage.clone();
-        tls.ticketer = t.ticketer.clone();
+        if !def.ssl.early_data.unwrap_or(false) {
+            tls.ticketer = t.ticketer.clone();
+        }
         tls.send_tls13_tickets = t.send_tls13_tickets;
     }
     if def.ssl.early_data.unwrap_or(false) {
         // quinn takes 0-RTT only with the "unlimited" value QUIC requires.
         tls.max_early_data_size = u32::MAX;
+        // rustls accepts early data only on stateful resumption (its
+        // single-use session store is the replay defence): tickets are
+        // session IDs into a store all workers share (the server's
+        // ssl_session_cache, else one of the process's own); the
+        // builder's ticketer (kept above) makes no stateless tickets.
+        if !tls.session_storage.can_cache() {
+            static STORE: OnceLock<Arc<dyn rustls::server::StoresServerSessions>> = OnceLock::new();
+            tls.session_storage = STORE
+                .get_or_init(|| rustls::server::ServerSessionMemoryCache::new(4096))
+                .clone();
+        }
         if tls.send_tls13_tickets == 0 {
             tls.send_tls13_tickets = 1;
         }

@@ -329,6 +329,11 @@ async fn connection(
     while streams.active.get() > 0 {
         streams.ended.notified().await;
     }
+    // quinn's close drops what is not sent yet: the last answers must
+    // reach the client first. A client closes itself after GOAWAY once
+    // it has its answers; one that does not gets a moment, then
+    // CONNECTION_CLOSE.
+    let _ = timeout(Duration::from_secs(1), conn.closed()).await;
     conn.close(quinn::VarInt::from_u32(0x100), b"");
     // Let the endpoint driver send the CONNECTION_CLOSE before the slot
     // is given back (a stopping worker ends when none are held).
