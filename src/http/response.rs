@@ -379,6 +379,70 @@ pub fn fixed_fields(resp: &Response, loc: &LocConf, mut f: impl FnMut(&'static s
 /// `Server:` with `server_tokens on`.
 const SERVER_FULL: &str = concat!("tern/", env!("CARGO_PKG_VERSION"));
 
+/// Fields that belong to an HTTP/1 connection and that HTTP/2 and HTTP/3
+/// forbid in a field list.
+fn connection_specific(name: &str) -> bool {
+    [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+    ]
+    .iter()
+    .any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// The response head for a protocol that sends fields as a list (HTTP/2,
+/// HTTP/3): the status as it may go there (494-497 as 400, an interim
+/// status, which cannot end such a request, as 502), the fields without
+/// the connection-specific ones, and the same head as HTTP/1 lines under
+/// `version` (e.g. `HTTP/2.0`), which `$sent_http_*` and the byte counts
+/// read.
+pub fn field_list_head(
+    resp: &Response,
+    loc: &LocConf,
+    version: &[u8],
+) -> (::http::Response<()>, Vec<u8>) {
+    let code = match resp.status {
+        494..=497 => 400,
+        c if c < 200 => 502,
+        c => c,
+    };
+    let mut head = ::http::Response::new(());
+    *head.status_mut() =
+        ::http::StatusCode::from_u16(code).unwrap_or(::http::StatusCode::BAD_GATEWAY);
+    let mut text = Vec::with_capacity(256);
+    text.extend_from_slice(version);
+    text.push(b' ');
+    push_num(&mut text, code as u64);
+    text.extend_from_slice(b"\r\n");
+    {
+        let hm = head.headers_mut();
+        let mut add = |n: &str, v: &[u8]| {
+            if connection_specific(n) {
+                return;
+            }
+            if let (Ok(n), Ok(v)) = (
+                ::http::HeaderName::from_bytes(n.as_bytes()),
+                ::http::HeaderValue::from_bytes(v),
+            ) {
+                hm.append(n, v);
+            }
+            text.extend_from_slice(n.as_bytes());
+            text.extend_from_slice(b": ");
+            text.extend_from_slice(v);
+            text.extend_from_slice(b"\r\n");
+        };
+        fixed_fields(resp, loc, &mut add);
+        for (n, v) in &resp.headers {
+            add(n, v);
+        }
+    }
+    text.extend_from_slice(b"\r\n");
+    (head, text)
+}
+
 pub fn push_num(out: &mut Vec<u8>, n: u64) {
     let mut b = itoa::Buffer::new();
     out.extend_from_slice(b.format(n).as_bytes());

@@ -485,19 +485,6 @@ async fn stream_task(
     crate::http::modules::log_phase(&cx);
 }
 
-/// Connection-specific fields HTTP/2 forbids (RFC 9113 8.2.2).
-fn connection_specific(name: &str) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-    ]
-    .iter()
-    .any(|n| name.eq_ignore_ascii_case(n))
-}
-
 /// Sends the response: HEADERS, then the body as DATA (files read through
 /// the file-I/O layer, in `http2_chunk_size` pieces, through the body
 /// filters), then trailers if any.
@@ -508,42 +495,7 @@ async fn send(
     head_only: bool,
     sent: &mut phases::Sent,
 ) -> io::Result<()> {
-    let code = match resp.status {
-        494..=497 => 400,
-        // No interim answer can end an HTTP/2 request.
-        c if c < 200 => 502,
-        c => c,
-    };
-    let mut head = http::Response::new(());
-    *head.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    // `$sent_http_*` read the fields as HTTP/1 lines.
-    let mut text = Vec::with_capacity(256);
-    text.extend_from_slice(b"HTTP/2.0 ");
-    response::push_num(&mut text, code as u64);
-    text.extend_from_slice(b"\r\n");
-    {
-        let hm = head.headers_mut();
-        let mut add = |n: &str, v: &[u8]| {
-            if connection_specific(n) {
-                return;
-            }
-            if let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(n.as_bytes()),
-                http::HeaderValue::from_bytes(v),
-            ) {
-                hm.append(n, v);
-            }
-            text.extend_from_slice(n.as_bytes());
-            text.extend_from_slice(b": ");
-            text.extend_from_slice(v);
-            text.extend_from_slice(b"\r\n");
-        };
-        response::fixed_fields(resp, loc, &mut add);
-        for (n, v) in &resp.headers {
-            add(n, v);
-        }
-    }
-    text.extend_from_slice(b"\r\n");
+    let (head, text) = response::field_list_head(resp, loc, b"HTTP/2.0");
     sent.bytes = text.len() as u64;
     sent.head = text;
     let no_body = head_only

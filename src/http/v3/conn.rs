@@ -643,19 +643,6 @@ fn stop(body: &H3Body, code: Code) {
     }
 }
 
-/// Connection-specific fields HTTP/3 forbids (RFC 9114 4.2).
-fn connection_specific(name: &str) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-    ]
-    .iter()
-    .any(|n| name.eq_ignore_ascii_case(n))
-}
-
 fn h3_io(e: h3::error::StreamError) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, e)
 }
@@ -669,40 +656,7 @@ async fn send(
     head_only: bool,
     sent: &mut phases::Sent,
 ) -> io::Result<()> {
-    let code = match resp.status {
-        494..=497 => 400,
-        c if c < 200 => 502,
-        c => c,
-    };
-    let mut head = http::Response::new(());
-    *head.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    let mut text = Vec::with_capacity(256);
-    text.extend_from_slice(b"HTTP/3.0 ");
-    response::push_num(&mut text, code as u64);
-    text.extend_from_slice(b"\r\n");
-    {
-        let hm = head.headers_mut();
-        let mut add = |n: &str, v: &[u8]| {
-            if connection_specific(n) {
-                return;
-            }
-            if let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(n.as_bytes()),
-                http::HeaderValue::from_bytes(v),
-            ) {
-                hm.append(n, v);
-            }
-            text.extend_from_slice(n.as_bytes());
-            text.extend_from_slice(b": ");
-            text.extend_from_slice(v);
-            text.extend_from_slice(b"\r\n");
-        };
-        response::fixed_fields(resp, loc, &mut add);
-        for (n, v) in &resp.headers {
-            add(n, v);
-        }
-    }
-    text.extend_from_slice(b"\r\n");
+    let (head, text) = response::field_list_head(resp, loc, b"HTTP/3.0");
     sent.bytes = text.len() as u64;
     sent.head = text;
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
