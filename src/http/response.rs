@@ -382,15 +382,36 @@ const SERVER_FULL: &str = concat!("tern/", env!("CARGO_PKG_VERSION"));
 /// Fields that belong to an HTTP/1 connection and that HTTP/2 and HTTP/3
 /// forbid in a field list.
 fn connection_specific(name: &str) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-    ]
-    .iter()
-    .any(|n| name.eq_ignore_ascii_case(n))
+    // By length first: most names are none of these.
+    match name.len() {
+        7 => name.eq_ignore_ascii_case("upgrade"),
+        10 => name.eq_ignore_ascii_case("connection") || name.eq_ignore_ascii_case("keep-alive"),
+        16 => name.eq_ignore_ascii_case("proxy-connection"),
+        17 => name.eq_ignore_ascii_case("transfer-encoding"),
+        _ => false,
+    }
+}
+
+/// The field name as the `http` crate holds it: the names tern itself
+/// writes map to its constants (no parsing), others are parsed.
+fn field_name(n: &str) -> Option<::http::HeaderName> {
+    use ::http::header as h;
+    Some(match n {
+        "Server" => h::SERVER,
+        "Date" => h::DATE,
+        "Content-Type" => h::CONTENT_TYPE,
+        "Content-Length" => h::CONTENT_LENGTH,
+        "Last-Modified" => h::LAST_MODIFIED,
+        "Location" => h::LOCATION,
+        "ETag" => h::ETAG,
+        "Accept-Ranges" => h::ACCEPT_RANGES,
+        "Content-Range" => h::CONTENT_RANGE,
+        "Content-Encoding" => h::CONTENT_ENCODING,
+        "Cache-Control" => h::CACHE_CONTROL,
+        "Expires" => h::EXPIRES,
+        "Vary" => h::VARY,
+        _ => return ::http::HeaderName::from_bytes(n.as_bytes()).ok(),
+    })
 }
 
 /// The response head for a protocol that sends fields as a list (HTTP/2,
@@ -417,21 +438,23 @@ pub fn field_list_head(
     text.push(b' ');
     push_num(&mut text, code as u64);
     text.extend_from_slice(b"\r\n");
+    // The HTTP/1 lines are written first; the field list's values are
+    // then slices of one shared copy of them (one allocation for all the
+    // values rather than one each).
+    let mut fields: Vec<(::http::HeaderName, usize, usize)> =
+        Vec::with_capacity(resp.headers.len() + 6);
     {
-        let hm = head.headers_mut();
         let mut add = |n: &str, v: &[u8]| {
             if connection_specific(n) {
                 return;
             }
-            if let (Ok(n), Ok(v)) = (
-                ::http::HeaderName::from_bytes(n.as_bytes()),
-                ::http::HeaderValue::from_bytes(v),
-            ) {
-                hm.append(n, v);
-            }
             text.extend_from_slice(n.as_bytes());
             text.extend_from_slice(b": ");
+            let at = text.len();
             text.extend_from_slice(v);
+            if let Some(name) = field_name(n) {
+                fields.push((name, at, text.len()));
+            }
             text.extend_from_slice(b"\r\n");
         };
         fixed_fields(resp, loc, &mut add);
@@ -440,6 +463,14 @@ pub fn field_list_head(
         }
     }
     text.extend_from_slice(b"\r\n");
+    let shared = bytes::Bytes::copy_from_slice(&text);
+    let hm = head.headers_mut();
+    hm.reserve(fields.len());
+    for (name, a, b) in fields {
+        if let Ok(v) = ::http::HeaderValue::from_maybe_shared(shared.slice(a..b)) {
+            hm.append(name, v);
+        }
+    }
     (head, text)
 }
 

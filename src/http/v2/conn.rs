@@ -26,7 +26,7 @@ use crate::http::request::Request;
 use crate::http::response::{self, Body, Piece, Response};
 use crate::http::serve::{log_conn, ConnInfo};
 use crate::http::v2::guard::Guard;
-use crate::http::v2::io::Io;
+use crate::http::v2::io::{Io, Outbox};
 
 /// What the accept loop and its stream tasks share.
 struct Streams {
@@ -87,8 +87,11 @@ pub async fn serve<S: Stream>(
     let max_streams = srv.http2.max_streams();
     drop((addr, http, config));
     let guard = Rc::new(Guard::new(max_streams, header_to));
-    let io = Io::new(stream, &guard, pre);
-    let mut conn = match timeout(header_to, b.handshake::<_, Bytes>(io)).await {
+    let out = Outbox::new(stream);
+    let io = Io::new(stream, &guard, &out, pre);
+    let mut hs = std::pin::pin!(b.handshake::<_, Bytes>(io));
+    let hs = poll_fn(|cx| flushed(hs.as_mut().poll(cx), &out, cx));
+    let mut conn = match timeout(header_to, hs).await {
         Ok(Ok(c)) => c,
         Ok(Err(_)) => return,
         Err(_) => {
@@ -122,7 +125,7 @@ pub async fn serve<S: Stream>(
         };
         let ended = streams.ended.notified();
         tokio::select! {
-            r = conn.accept() => match r {
+            r = poll_fn(|cx| flushed(conn.poll_accept(cx), &out, cx)) => match r {
                 Some(Ok((req, respond))) => {
                     requests += 1;
                     streams.active.set(streams.active.get() + 1);
@@ -132,10 +135,13 @@ pub async fn serve<S: Stream>(
                     let shared = shared.clone();
                     let st = streams.clone();
                     let g = guard.clone();
-                    tokio::task::spawn_local(async move {
+                    // Boxed: the stream's future is large (the whole
+                    // request path), and the task moves what it is
+                    // given more than once; a box moves as a pointer.
+                    tokio::task::spawn_local(Box::pin(async move {
                         let _done = Ended(st);
                         stream_task(req, respond, info, shared, g).await;
-                    });
+                    }));
                     // keepalive_requests / keepalive_time: this stream is
                     // the last, then GOAWAY.
                     if (requests >= max_requests || aged) && !closing {
@@ -157,7 +163,7 @@ pub async fn serve<S: Stream>(
                     log_conn(&default_conf, Level::Info, info, t.log);
                     conn.abrupt_shutdown(t.reason);
                 }
-                let _ = timeout(Duration::from_secs(1), poll_fn(|cx| conn.poll_closed(cx))).await;
+                let _ = timeout(Duration::from_secs(1), poll_fn(|cx| flushed(conn.poll_closed(cx), &out, cx))).await;
                 break;
             }
             _ = tokio::time::sleep(idle_wait), if idle => {
@@ -178,10 +184,26 @@ pub async fn serve<S: Stream>(
         }
         if closing && streams.active.get() == 0 {
             // Let the GOAWAY (and anything queued) go out, briefly.
-            let _ = timeout(Duration::from_secs(1), poll_fn(|cx| conn.poll_closed(cx))).await;
+            let _ = timeout(
+                Duration::from_secs(1),
+                poll_fn(|cx| flushed(conn.poll_closed(cx), &out, cx)),
+            )
+            .await;
             break;
         }
     }
+}
+
+/// `r`, a poll of the h2 connection, after sending what that poll wrote
+/// (h2's writes are gathered until then, see [`Outbox`]). A socket that
+/// fails here fails h2's next read or write as well.
+fn flushed<S: Stream, T>(
+    r: Poll<T>,
+    out: &Outbox<'_, S>,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<T> {
+    let _ = out.poll_flush(cx);
+    r
 }
 
 /// Counts a stream out when its task ends, however it ends.
