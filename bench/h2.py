@@ -4,7 +4,7 @@ has no h2 scenario and no way to add one, so it lives here).
 
     python3 bench/h2.py --tern target/release/tern [--nginx /usr/sbin/nginx]
         [--sizes 1k,16k] [--repeats 3] [-c 32] [-m 10] [-n 200000]
-        [--idle 1000] [--port 18098]
+        [--idle 1000] [--port 18098] [--callgrind]
 
 For each size and repeat (server order alternating per repeat): a fresh
 prefix, `worker_processes 1`, the server pinned to CPU 1 (`taskset -c 1`,
@@ -15,6 +15,16 @@ the h2load run, divided by the requests done: "µs/req". Then (once per
 server) --idle TLS h2 connections are opened, each does one GET and
 stays open: RSS of the server's processes before and after, per
 connection. Prints a table with medians and spreads ((max-min)/median).
+
+--callgrind: instead, user-space instructions per request, which hold up
+on a loaded machine (this VM has no hardware counters for `perf stat -e
+instructions:u`): each server runs under `valgrind --tool=callgrind`
+(`master_process off`), h2load warms it up, then runs -n/3 and -n
+requests with a callgrind dump after each; instructions per request =
+(Ir of the second run - Ir of the first) / (its extra requests), so the
+TLS handshakes and start-up cancel out. Large memcpy/memset count about
+one instruction per byte under valgrind (rep movsb), so sizes past a few
+KiB overstate copies.
 """
 import argparse
 import os
@@ -95,24 +105,30 @@ def rss_kb(pids):
     return t
 
 
+def make_prefix(port, wc):
+    """A fresh prefix: the files, an ECDSA certificate, nginx.conf."""
+    d = tempfile.mkdtemp(prefix="h2bench-", dir="/var/tmp")
+    # Workers run as nobody (started as root).
+    os.chmod(d, 0o755)
+    os.makedirs(d + "/logs")
+    os.makedirs(d + "/html")
+    for name, n in (("1k", 1024), ("16k", 16384)):
+        with open("%s/html/%s.bin" % (d, name), "wb") as f:
+            f.write(b"x" * n)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+         d + "/key.pem", "-out", d + "/cert.pem", "-days", "2",
+         "-subj", "/CN=localhost"], check=True, capture_output=True)
+    with open(d + "/nginx.conf", "w") as f:
+        f.write(CONF.format(port=port, wc=wc))
+    return d
+
+
 class Server:
     def __init__(self, label, binary, port, wc):
         self.label, self.binary, self.port = label, binary, port
-        self.dir = tempfile.mkdtemp(prefix="h2bench-", dir="/var/tmp")
-        # Workers run as nobody (started as root).
-        os.chmod(self.dir, 0o755)
-        os.makedirs(self.dir + "/logs")
-        os.makedirs(self.dir + "/html")
-        for name, n in (("1k", 1024), ("16k", 16384)):
-            with open("%s/html/%s.bin" % (self.dir, name), "wb") as f:
-                f.write(b"x" * n)
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-             self.dir + "/key.pem", "-out", self.dir + "/cert.pem", "-days", "2",
-             "-subj", "/CN=localhost"], check=True, capture_output=True)
-        with open(self.dir + "/nginx.conf", "w") as f:
-            f.write(CONF.format(port=port, wc=wc))
+        self.dir = make_prefix(port, wc)
         self.proc = subprocess.Popen(
             ["taskset", "-c", "1", binary, "-p", self.dir + "/", "-c",
              self.dir + "/nginx.conf", "-e", self.dir + "/logs/error.log",
@@ -206,6 +222,43 @@ def idle_rss(srv, count):
     return (after - before) * 1024 / count, before, after
 
 
+def callgrind(label, binary, port, size, c, m, n):
+    """Instructions per request of `binary` serving `size` (see --callgrind)."""
+    d = make_prefix(port, 1024)
+    out = d + "/cg.out"
+    proc = subprocess.Popen(
+        ["taskset", "-c", "1", "valgrind", "--tool=callgrind",
+         "--callgrind-out-file=" + out, binary, "-p", d + "/", "-c",
+         d + "/nginx.conf", "-e", d + "/logs/error.log", "-g",
+         "daemon off; master_process off;"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        h2load(port, size, c, m, 2000)
+        runs = []
+        for reqs in (n // 3, n):
+            subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True)
+            time.sleep(1)
+            r = h2load(port, size, c, m, reqs)
+            runs.append(r["succeeded"])
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True)
+        time.sleep(1)
+    finally:
+        proc.terminate()
+        proc.wait()
+    ir = []
+    for part in (2, 3):
+        with open("%s.%d" % (out, part)) as f:
+            ir.append(next(int(l.split()[1]) for l in f if l.startswith("summary:")))
+    shutil.rmtree(d, ignore_errors=True)
+    return (ir[1] - ir[0]) / (runs[1] - runs[0])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tern", required=True)
@@ -217,8 +270,18 @@ def main():
     ap.add_argument("-n", type=int, default=200000)
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--port", type=int, default=18098)
+    ap.add_argument("--callgrind", action="store_true")
     o = ap.parse_args()
     servers = [("nginx", o.nginx), ("tern", o.tern)]
+    if o.callgrind:
+        print("| size | nginx instr/req | tern instr/req | tern/nginx |")
+        print("|---|---|---|---|")
+        for size in o.sizes.split(","):
+            v = {label: callgrind(label, b, o.port, size, o.c, o.m, o.n)
+                 for label, b in servers}
+            print("| %s | %.0f | %.0f | %.2fx |" % (
+                size, v["nginx"], v["tern"], v["tern"] / v["nginx"]), flush=True)
+        return 0
     res = {}
     for size in o.sizes.split(","):
         for rep in range(o.repeats):

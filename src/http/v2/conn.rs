@@ -90,7 +90,7 @@ pub async fn serve<S: Stream>(
     let out = Outbox::new(stream);
     let io = Io::new(stream, &guard, &out, pre);
     let mut hs = std::pin::pin!(b.handshake::<_, Bytes>(io));
-    let hs = poll_fn(|cx| flushed(hs.as_mut().poll(cx), &out, cx));
+    let hs = poll_fn(|cx| flushed(hs.as_mut().poll(cx), &out, &guard, cx));
     let mut conn = match timeout(header_to, hs).await {
         Ok(Ok(c)) => c,
         Ok(Err(_)) => return,
@@ -125,7 +125,7 @@ pub async fn serve<S: Stream>(
         };
         let ended = streams.ended.notified();
         tokio::select! {
-            r = poll_fn(|cx| flushed(conn.poll_accept(cx), &out, cx)) => match r {
+            r = poll_fn(|cx| flushed(conn.poll_accept(cx), &out, &guard, cx)) => match r {
                 Some(Ok((req, respond))) => {
                     requests += 1;
                     streams.active.set(streams.active.get() + 1);
@@ -163,7 +163,7 @@ pub async fn serve<S: Stream>(
                     log_conn(&default_conf, Level::Info, info, t.log);
                     conn.abrupt_shutdown(t.reason);
                 }
-                let _ = timeout(Duration::from_secs(1), poll_fn(|cx| flushed(conn.poll_closed(cx), &out, cx))).await;
+                let _ = timeout(Duration::from_secs(1), poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx))).await;
                 break;
             }
             _ = tokio::time::sleep(idle_wait), if idle => {
@@ -186,7 +186,7 @@ pub async fn serve<S: Stream>(
             // Let the GOAWAY (and anything queued) go out, briefly.
             let _ = timeout(
                 Duration::from_secs(1),
-                poll_fn(|cx| flushed(conn.poll_closed(cx), &out, cx)),
+                poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
             )
             .await;
             break;
@@ -200,9 +200,15 @@ pub async fn serve<S: Stream>(
 fn flushed<S: Stream, T>(
     r: Poll<T>,
     out: &Outbox<'_, S>,
+    guard: &Guard,
     cx: &mut std::task::Context<'_>,
 ) -> Poll<T> {
     let _ = out.poll_flush(cx);
+    if out.pong_due() && guard.at_frame_boundary() {
+        // h2 reads its shutdown PING's answer on its next poll (in the
+        // middle of a client's frame it waits for the rest of it).
+        cx.waker().wake_by_ref();
+    }
     r
 }
 

@@ -155,6 +155,13 @@ impl Guard {
         s.head_len > 0 || s.left > 0 || s.peek_want > 0 || s.block.is_some()
     }
 
+    /// Whether the bytes passed so far end with a whole frame (after the
+    /// preface): a frame of tern's own may be handed to h2 here.
+    pub fn at_frame_boundary(&self) -> bool {
+        let s = self.st.borrow();
+        s.preface == 0 && s.head_len == 0 && s.left == 0 && s.peek_want == 0
+    }
+
     /// Whether the header block of `stream` took longer than
     /// client_header_timeout (once: the answer is forgotten).
     pub fn late(&self, stream: u32) -> bool {

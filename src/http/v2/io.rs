@@ -12,7 +12,7 @@
 //! connection): the responses of streams that finished together leave
 //! as one record and one system call, as nginx's output queue does.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -25,9 +25,11 @@ use crate::http::v2::guard::Guard;
 
 type Wait<'a> = Pin<Box<dyn Future<Output = io::Result<()>> + 'a>>;
 
-/// Gathered bytes past this go out at once (h2 may be writing a large
-/// body; the buffer never grows much beyond it).
+/// Gathered bytes past this go out before more are taken.
 const GATHER: usize = 64 * 1024;
+
+/// The payload of the PING the h2 crate sends in a graceful shutdown.
+const SHUTDOWN_PING: [u8; 8] = [0x0b, 0x7b, 0xa2, 0xf0, 0x8b, 0x9b, 0xfe, 0x54];
 
 thread_local! {
     /// A spare gathering buffer: a connection holds one only while it
@@ -36,10 +38,20 @@ thread_local! {
 }
 
 /// The connection's outgoing bytes on their way to the socket.
+///
+/// It also makes the h2 crate's graceful shutdown look as nginx's on the
+/// wire: h2 sends GOAWAY with the largest stream id (2^31-1) and a PING,
+/// and only when the PING's answer comes a second GOAWAY with the last
+/// stream it processed; nginx sends that second one at once, alone. So
+/// the first GOAWAY and the PING are left out, and the answer is handed
+/// to h2 as if the client had sent it ([`Outbox::pong_due`]); h2's
+/// GOAWAY with the last stream then goes out straight away.
 pub struct Outbox<'a, S: Stream> {
     s: &'a S,
     buf: RefCell<Vec<u8>>,
     wr: RefCell<Option<Wait<'a>>>,
+    /// h2's shutdown PING was left out: its answer is due to h2.
+    pong: Cell<bool>,
 }
 
 impl<'a, S: Stream> Outbox<'a, S> {
@@ -48,7 +60,13 @@ impl<'a, S: Stream> Outbox<'a, S> {
             s,
             buf: RefCell::new(Vec::new()),
             wr: RefCell::new(None),
+            pong: Cell::new(false),
         }
+    }
+
+    /// Whether h2 is owed the answer to its shutdown PING.
+    pub fn pong_due(&self) -> bool {
+        self.pong.get()
     }
 
     /// Waits (through `wr`) until the socket may take more bytes.
@@ -61,42 +79,71 @@ impl<'a, S: Stream> Outbox<'a, S> {
         Poll::Ready(r)
     }
 
-    /// Takes `bufs` (all of them, or as much as the socket took when the
-    /// gathered bytes had to go first).
+    /// Takes all of `bufs` (once what was gathered before has gone, when
+    /// there is too much of it). h2 writes whole frames each time, so
+    /// the bytes taken are whole frames: the two of its graceful
+    /// shutdown are dropped here (see [`Outbox`]).
     fn poll_write(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         loop {
             let mut b = self.buf.borrow_mut();
-            if b.len() + total <= GATHER {
+            if b.is_empty() || b.len() + total <= GATHER {
                 if b.capacity() == 0 {
                     *b = SPARE.take();
                 }
+                let from = b.len();
                 for s in bufs {
                     b.extend_from_slice(s);
                 }
+                self.drop_shutdown_frames(&mut b, from);
                 return Poll::Ready(Ok(total));
             }
-            // Too much to gather: what is gathered goes first, with
-            // these bytes in the same write.
-            let r = if b.is_empty() {
-                self.s.try_write_vectored(bufs)
-            } else if bufs.len() < 8 {
-                let mut iov = [IoSlice::new(&[]); 8];
-                iov[0] = IoSlice::new(&b);
-                iov[1..=bufs.len()].copy_from_slice(bufs);
-                self.s.try_write_vectored(&iov[..=bufs.len()])
-            } else {
-                self.s.try_write_vectored(&[IoSlice::new(&b)])
-            };
-            match r {
-                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(n) if n >= b.len() => {
-                    let theirs = n - b.len();
-                    b.clear();
-                    if theirs > 0 {
-                        return Poll::Ready(Ok(theirs));
-                    }
+            drop(b);
+            ready!(self.poll_send(cx))?;
+        }
+    }
+
+    /// Removes h2's first shutdown GOAWAY and its PING from the frames
+    /// in `b[from..]`.
+    fn drop_shutdown_frames(&self, b: &mut Vec<u8>, from: usize) {
+        let mut i = from;
+        while i + 9 <= b.len() {
+            let len = (b[i] as usize) << 16 | (b[i + 1] as usize) << 8 | b[i + 2] as usize;
+            let end = i + 9 + len;
+            if end > b.len() {
+                // Not a whole frame (h2 always writes whole ones): leave
+                // the rest alone.
+                return;
+            }
+            let (kind, flags, sid) = (b[i + 3], b[i + 4], &b[i + 5..i + 9]);
+            let payload = &b[i + 9..end];
+            let goaway_max = kind == 7
+                && len == 8
+                && sid == [0, 0, 0, 0]
+                && payload == [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+            let shutdown_ping =
+                kind == 6 && flags == 0 && sid == [0, 0, 0, 0] && payload == SHUTDOWN_PING;
+            if goaway_max || shutdown_ping {
+                if shutdown_ping {
+                    self.pong.set(true);
                 }
+                b.drain(i..end);
+                continue;
+            }
+            i = end;
+        }
+    }
+
+    /// Writes gathered bytes until none are left; `Pending` while the
+    /// socket is full.
+    fn poll_send(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let mut b = self.buf.borrow_mut();
+            if b.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            match self.s.try_write_vectored(&[IoSlice::new(&b)]) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                 Ok(n) => {
                     b.drain(..n);
                 }
@@ -112,26 +159,13 @@ impl<'a, S: Stream> Outbox<'a, S> {
     /// Sends everything gathered (and, over TLS, the records made of
     /// it); `Pending` while the socket is full.
     pub fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        loop {
+        ready!(self.poll_send(cx))?;
+        {
             let mut b = self.buf.borrow_mut();
-            if b.is_empty() {
-                if b.capacity() > 0 && b.capacity() <= 2 * GATHER {
-                    SPARE.set(std::mem::take(&mut *b));
-                } else {
-                    *b = Vec::new();
-                }
-                break;
-            }
-            match self.s.try_write_vectored(&[IoSlice::new(&b)]) {
-                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(n) => {
-                    b.drain(..n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    drop(b);
-                    ready!(self.poll_writable(cx))?;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
+            if b.capacity() > 0 && b.capacity() <= 2 * GATHER {
+                SPARE.set(std::mem::take(&mut *b));
+            } else {
+                *b = Vec::new();
             }
         }
         loop {
@@ -181,6 +215,16 @@ impl<S: Stream> AsyncRead for Io<'_, '_, S> {
             // The connection is ending: h2 gets nothing more (the guard's
             // notice wakes the connection loop, not this read).
             return Poll::Pending;
+        }
+        if me.out.pong.get() && me.pre_off == me.pre.len() && me.guard.at_frame_boundary() {
+            // The answer to h2's shutdown PING (see [`Outbox`]), between
+            // two of the client's frames.
+            if buf.remaining() >= 17 {
+                me.out.pong.set(false);
+                buf.put_slice(&[0, 0, 8, 6, 1, 0, 0, 0, 0]);
+                buf.put_slice(&SHUTDOWN_PING);
+                return Poll::Ready(Ok(()));
+            }
         }
         if me.pre_off < me.pre.len() {
             let n = (me.pre.len() - me.pre_off).min(buf.remaining());

@@ -1,0 +1,187 @@
+//! HTTP/2 GOAWAY as nginx sends it: when a connection ends because of
+//! `keepalive_requests` or a graceful stop (QUIT), one GOAWAY NO_ERROR
+//! whose last stream id is the last stream processed, at once, and no
+//! PING from the server (the h2 crate on its own sends a GOAWAY with
+//! 2^31-1 and a PING first; nginx-tests h2_keepalive.t reads the first
+//! GOAWAY). The frames are compared byte for byte, and with nginx's where
+//! it is installed.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::harness::{self, free_port, start_nginx, Prefix, Server};
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let n = payload.len();
+    let mut f = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// GET / for localhost (HPACK: static :method GET, :scheme http, :path
+/// /, :authority literal).
+fn get() -> Vec<u8> {
+    let mut b = vec![0x82, 0x86, 0x84, 0x01, 9];
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// POST /t.html whose body is still to come.
+fn post() -> Vec<u8> {
+    let mut b = vec![0x83, 0x86, 0x01, 9];
+    b.extend_from_slice(b"localhost");
+    b.extend_from_slice(&[0x04, 7]);
+    b.extend_from_slice(b"/t.html");
+    b
+}
+
+fn connect(port: u16) -> TcpStream {
+    let mut s = harness::connect(port);
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(frame(4, 0, 0, &[]));
+    s.write_all(&hello).expect("preface");
+    s
+}
+
+/// The frames read until the connection closes: (type, flags, stream,
+/// payload).
+fn frames(s: &mut TcpStream) -> Vec<(u8, u8, u32, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 16384];
+    loop {
+        match s.read(&mut tmp) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + 9 <= buf.len() {
+        let n = ((buf[i] as usize) << 16) | ((buf[i + 1] as usize) << 8) | buf[i + 2] as usize;
+        let end = (i + 9 + n).min(buf.len());
+        let sid = u32::from_be_bytes([buf[i + 5], buf[i + 6], buf[i + 7], buf[i + 8]]);
+        out.push((buf[i + 3], buf[i + 4], sid, buf[i + 9..end].to_vec()));
+        i += 9 + n;
+    }
+    out
+}
+
+/// The server's GOAWAY frames (payloads) and whether it sent a PING
+/// that is not an answer.
+fn goaways(f: &[(u8, u8, u32, Vec<u8>)]) -> (Vec<Vec<u8>>, bool) {
+    let g = f.iter().filter(|x| x.0 == 7).map(|x| x.3.clone()).collect();
+    let ping = f.iter().any(|x| x.0 == 6 && x.1 & 1 == 0);
+    (g, ping)
+}
+
+/// GOAWAY NO_ERROR with last stream `id`, as it goes on the wire.
+fn goaway_payload(id: u32) -> Vec<u8> {
+    let mut p = id.to_be_bytes().to_vec();
+    p.extend_from_slice(&[0, 0, 0, 0]);
+    p
+}
+
+const CONF: &str = r#"
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:@PORT@ http2;
+        root html;
+        keepalive_requests 2;
+    }
+}
+"#;
+
+/// Two streams on a connection with `keepalive_requests 2`: the second
+/// answer, then one GOAWAY naming stream 3, then the close.
+fn keepalive_requests_frames(port: u16) -> Vec<(u8, u8, u32, Vec<u8>)> {
+    let mut s = connect(port);
+    s.write_all(&frame(1, 0x5, 1, &get())).expect("stream 1");
+    std::thread::sleep(Duration::from_millis(200));
+    s.write_all(&frame(1, 0x5, 3, &get())).expect("stream 3");
+    frames(&mut s)
+}
+
+#[test]
+fn keepalive_requests_end_with_one_goaway_naming_the_last_stream() {
+    let p = Prefix::new();
+    p.write("html/index.html", "hello\n");
+    let server = Server::start_in(p, CONF);
+    let f = keepalive_requests_frames(server.port);
+    let (g, ping) = goaways(&f);
+    assert_eq!(g, vec![goaway_payload(3)], "{:?}", f);
+    assert!(!ping, "no PING from the server: {:?}", f);
+    // Both answers came, and the GOAWAY after the last one began.
+    assert!(f.iter().any(|x| x.0 == 1 && x.2 == 3), "{:?}", f);
+    if harness::nginx_installed() {
+        let p = Prefix::new();
+        p.write("html/index.html", "hello\n");
+        let port = free_port();
+        let Some(_n) = start_nginx(&p, CONF, port) else {
+            return;
+        };
+        let nf = keepalive_requests_frames(port);
+        assert_eq!(goaways(&nf), (g, ping), "nginx: {:?}", nf);
+    }
+}
+
+#[test]
+fn graceful_stop_sends_one_goaway_naming_the_stream_in_flight() {
+    let p = Prefix::new();
+    p.write("html/t.html", "hello\n");
+    let server = Server::start_in(p, CONF);
+    let mut s = connect(server.port);
+    s.write_all(&frame(1, 0x4, 1, &post())).expect("headers");
+    s.write_all(&frame(0, 0, 1, b"part1")).expect("data");
+    std::thread::sleep(Duration::from_millis(300));
+    server.signal(libc::SIGQUIT);
+    // The GOAWAY comes while the stream is still open (after the
+    // server's SETTINGS and the like), before any answer.
+    let mut got = Vec::new();
+    let mut tmp = [0u8; 4096];
+    let goaway = loop {
+        let mut i = 0;
+        let mut found = None;
+        while i + 9 <= got.len() {
+            let n = ((got[i] as usize) << 16) | ((got[i + 1] as usize) << 8) | got[i + 2] as usize;
+            if i + 9 + n > got.len() {
+                break;
+            }
+            assert!(got[i + 3] != 1, "no answer before the GOAWAY");
+            if got[i + 3] == 7 {
+                found = Some(got[i..i + 9 + n].to_vec());
+            }
+            i += 9 + n;
+        }
+        if let Some(g) = found {
+            break g;
+        }
+        let n = s.read(&mut tmp).expect("frames");
+        assert!(n > 0, "closed before a GOAWAY");
+        got.extend_from_slice(&tmp[..n]);
+    };
+    assert_eq!(
+        goaway,
+        frame(7, 0, 0, &goaway_payload(1)),
+        "GOAWAY NO_ERROR, last stream 1"
+    );
+    // The stream finishes; no other GOAWAY, no PING, no reset.
+    s.write_all(&frame(0, 0x1, 1, b"+part2"))
+        .expect("rest of body");
+    let f = frames(&mut s);
+    let (g, ping) = goaways(&f);
+    assert!(g.is_empty(), "{:?}", f);
+    assert!(!ping, "{:?}", f);
+    assert!(
+        f.iter().any(|x| x.0 == 1 && x.2 == 1),
+        "the answer: {:?}",
+        f
+    );
+    assert!(!f.iter().any(|x| x.0 == 3), "no reset: {:?}", f);
+}
