@@ -49,6 +49,7 @@ mod proxy_upstream_answers;
 mod proxy_websocket;
 mod random_index;
 mod referer;
+mod request_buffering;
 mod request_line;
 mod routing_nginx;
 mod runtime;

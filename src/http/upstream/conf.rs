@@ -89,8 +89,8 @@ pub struct UpstreamConf {
     pub pass_headers: Option<Arc<Vec<String>>>,
     pub ignore_headers: Option<u8>,
     pub pass_request_body: Option<bool>,
-    /// `PREFIX_request_buffering`: accepted; `off` behaves as `on` (the
-    /// body is read whole before the upstream is contacted).
+    /// `PREFIX_request_buffering`: `off` sends the body as it arrives
+    /// (`run::begin_body`); gRPC's body is always read whole.
     pub request_buffering: Option<bool>,
     /// `PREFIX_force_ranges`: byte ranges on responses that do not come
     /// from the cache.

@@ -701,7 +701,7 @@ async fn call(
 
 fn body_len(b: &OutBody) -> Option<u64> {
     match b {
-        OutBody::None => None,
+        OutBody::None | OutBody::Stream => None,
         OutBody::Mem(b) => Some(b.len() as u64),
         OutBody::File(_, n) => Some(*n),
     }
@@ -741,7 +741,7 @@ async fn send_body(
                 }
                 data
             }
-            OutBody::None => break,
+            OutBody::None | OutBody::Stream => break,
         };
         while !piece.is_empty() {
             tx.reserve_capacity(piece.len());
