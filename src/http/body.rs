@@ -577,6 +577,9 @@ pub struct Streaming<'a> {
     kept_max: u64,
     /// The last piece was read.
     done: bool,
+    /// HTTP/2 or /3: the body ends with the stream, also when it has a
+    /// length (which is then checked against it).
+    framed: bool,
     /// Something of the body was taken from the connection.
     touched: bool,
     /// Log lines are written with the request's context, taken at start.
@@ -631,6 +634,9 @@ pub async fn stream_begin<'c>(cx: &mut Ctx<'c>) -> Result<Option<Streaming<'c>>,
         kept: Some(Vec::new()),
         kept_max: core.client_body_buffer_size.unwrap_or(16 << 10),
         done: false,
+        framed: left.is_some()
+            && cx.req.proto().starts_with(b"HTTP/")
+            && !cx.req.proto().starts_with(b"HTTP/1"),
         touched: false,
         logger: cx.logger(),
         conn: cx.conn.id,
@@ -660,6 +666,11 @@ impl<'a> Streaming<'a> {
         !self.touched
     }
 
+    /// The last piece was given.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
     fn log(&self, level: Level, msg: &str) {
         self.logger.log(
             level,
@@ -676,55 +687,23 @@ impl<'a> Streaming<'a> {
     }
 
     /// The next piece of the body as it arrives (what is buffered first,
-    /// then each read); None at its end. Err: the status for the client
-    /// (its log line written), the connection marked as nginx would.
+    /// then each read, with what more is there at once); None at its end.
+    /// Err: the status for the client (its log line written), the
+    /// connection marked as nginx would.
     pub async fn next(&mut self) -> Result<Option<Bytes>, u16> {
-        if self.done {
-            return Ok(None);
-        }
         let mut out = Vec::new();
         loop {
-            let done = match (&mut self.dec, &mut self.left) {
-                (Some(d), _) => {
-                    let used = match d.decode(&self.rb.buf, &mut out) {
-                        Ok(n) => n,
-                        Err(_) => {
-                            self.log(Level::Error, "client sent invalid chunked body");
-                            self.broken(false);
-                            return Err(400);
-                        }
-                    };
-                    if used > 0 {
-                        self.touched = true;
-                    }
-                    self.rb.buf.drain(..used);
-                    let so_far = self.rb.received + out.len() as u64;
-                    if self.max != 0 && so_far.saturating_add(d.chunk_remaining()) > self.max {
-                        let m = format!(
-                            "client intended to send too large chunked body: {}+{} bytes",
-                            so_far,
-                            d.chunk_remaining()
-                        );
-                        self.log(Level::Error, &m);
-                        self.broken(false);
-                        return Err(413);
-                    }
-                    d.is_done()
-                }
-                (None, Some(l)) => {
-                    let take = (*l).min(self.rb.buf.len() as u64) as usize;
-                    out.extend_from_slice(&self.rb.buf[..take]);
-                    self.rb.buf.drain(..take);
-                    *l -= take as u64;
-                    *l == 0
-                }
-                (None, None) => true,
-            };
-            if done {
-                self.done = true;
+            if self.done {
+                return Ok(None);
             }
+            self.decode(&mut out)?;
             if !out.is_empty() {
-                self.touched = true;
+                // Whatever else arrived already goes in the same piece
+                // (HTTP/2 DATA frames that came together: one chunk, as
+                // nginx's buffer).
+                while !self.done && out.len() < READ_SIZE && self.read_now()? {
+                    self.decode(&mut out)?;
+                }
                 self.rb.received += out.len() as u64;
                 if let Some(k) = &mut self.kept {
                     if (k.len() + out.len()) as u64 <= self.kept_max {
@@ -735,45 +714,142 @@ impl<'a> Streaming<'a> {
                 }
                 return Ok(Some(Bytes::from(out)));
             }
-            if done {
+            if self.done {
                 return Ok(None);
             }
-            let want = self
-                .left
-                .map_or(READ_SIZE, |l| l.min(READ_SIZE as u64) as usize);
-            let start = self.rb.buf.len();
-            self.rb.buf.resize(start + want, 0);
-            match self.rb.io.try_read(&mut self.rb.buf[start..]) {
-                Ok(0) => {
-                    self.rb.buf.truncate(start);
-                    self.log(Level::Info, "client prematurely closed connection");
+            match tokio::time::timeout(self.wait, self.rb.io.readable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
                     self.broken(true);
                     return Err(400);
                 }
-                Ok(n) => {
-                    self.touched = true;
-                    self.rb.buf.truncate(start + n);
+                // As a buffered body: nothing logged, 408.
+                Err(_) => {
+                    self.broken(true);
+                    return Err(408);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.rb.buf.truncate(start);
-                    match tokio::time::timeout(self.wait, self.rb.io.readable()).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => {
-                            self.broken(true);
-                            return Err(400);
-                        }
-                        // As a buffered body: nothing logged, 408.
-                        Err(_) => {
-                            self.broken(true);
-                            return Err(408);
-                        }
+            }
+            self.read_now()?;
+        }
+    }
+
+    /// Decodes what the buffer holds into `out`; sets `done` at the end.
+    fn decode(&mut self, out: &mut Vec<u8>) -> Result<(), u16> {
+        let before = out.len();
+        match (&mut self.dec, &mut self.left) {
+            (Some(d), _) => {
+                let used = match d.decode(&self.rb.buf, out) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.log(Level::Error, "client sent invalid chunked body");
+                        self.broken(false);
+                        return Err(400);
+                    }
+                };
+                if used > 0 {
+                    self.touched = true;
+                }
+                self.rb.buf.drain(..used);
+                let so_far = self.rb.received + out.len() as u64;
+                if self.max != 0 && so_far.saturating_add(d.chunk_remaining()) > self.max {
+                    let m = format!(
+                        "client intended to send too large chunked body: {}+{} bytes",
+                        so_far,
+                        d.chunk_remaining()
+                    );
+                    self.log(Level::Error, &m);
+                    self.broken(false);
+                    return Err(413);
+                }
+                self.done = d.is_done();
+            }
+            (None, Some(l)) => {
+                if *l == 0 && self.framed && !self.rb.buf.is_empty() {
+                    self.log(
+                        Level::Info,
+                        "client intended to send body data larger than declared",
+                    );
+                    self.broken(false);
+                    return Err(400);
+                }
+                let take = (*l).min(self.rb.buf.len() as u64) as usize;
+                out.extend_from_slice(&self.rb.buf[..take]);
+                self.rb.buf.drain(..take);
+                *l -= take as u64;
+                // An HTTP/2 or /3 body ends with its stream, which may
+                // still bring more than declared.
+                self.done = *l == 0 && !self.framed;
+            }
+            (None, None) => self.done = true,
+        }
+        if out.len() > before {
+            self.touched = true;
+        }
+        Ok(())
+    }
+
+    /// One read of what the connection has now; false: nothing there.
+    fn read_now(&mut self) -> Result<bool, u16> {
+        // Polled once, not waited for: an HTTP/2 stream's data sits in
+        // the HTTP/2 layer until then (a socket answers from its readiness).
+        {
+            let mut f = std::pin::pin!(self.rb.io.readable());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if f.as_mut().poll(&mut cx).is_pending() {
+                return Ok(false);
+            }
+        }
+        let want = match self.left {
+            Some(l) if !self.framed => l.min(READ_SIZE as u64) as usize,
+            _ => READ_SIZE,
+        };
+        if want == 0 {
+            return Ok(false);
+        }
+        // Appended: a chunk-size line may be waiting for its end.
+        let start = self.rb.buf.len();
+        self.rb.buf.resize(start + want, 0);
+        match self.rb.io.try_read(&mut self.rb.buf[start..]) {
+            Ok(0) => {
+                self.rb.buf.truncate(start);
+                match self.left {
+                    Some(0) if self.framed => {
+                        self.done = true;
+                        Ok(false)
+                    }
+                    Some(l) if self.framed => {
+                        let total = l + self.rb.received;
+                        self.log(
+                            Level::Info,
+                            &format!(
+                                "client prematurely closed stream: only {} out of {} bytes of request body received",
+                                total - l,
+                                total
+                            ),
+                        );
+                        self.broken(false);
+                        Err(400)
+                    }
+                    _ => {
+                        self.log(Level::Info, "client prematurely closed connection");
+                        self.broken(true);
+                        Err(400)
                     }
                 }
-                Err(_) => {
-                    self.rb.buf.truncate(start);
-                    self.broken(true);
-                    return Err(400);
-                }
+            }
+            Ok(n) => {
+                self.touched = true;
+                self.rb.buf.truncate(start + n);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.rb.buf.truncate(start);
+                Ok(false)
+            }
+            Err(_) => {
+                self.rb.buf.truncate(start);
+                self.broken(true);
+                Err(400)
             }
         }
     }

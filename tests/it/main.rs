@@ -73,3 +73,4 @@ mod upstream_balance;
 mod upstream_vars;
 mod userid;
 mod uwsgi;
+mod x_accel;

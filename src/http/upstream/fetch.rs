@@ -52,6 +52,8 @@ pub trait BodyFeed {
     fn next(&mut self) -> impl std::future::Future<Output = Result<Option<Bytes>, u16>>;
     /// Nothing of the body was taken yet.
     fn untouched(&self) -> bool;
+    /// The last piece was given.
+    fn done(&self) -> bool;
 }
 
 impl BodyFeed for crate::http::body::Streaming<'_> {
@@ -60,6 +62,9 @@ impl BodyFeed for crate::http::body::Streaming<'_> {
     }
     fn untouched(&self) -> bool {
         crate::http::body::Streaming::untouched(self)
+    }
+    fn done(&self) -> bool {
+        crate::http::body::Streaming::done(self)
     }
 }
 
@@ -72,6 +77,9 @@ impl BodyFeed for NoFeed {
         std::future::ready(match *self {})
     }
     fn untouched(&self) -> bool {
+        match *self {}
+    }
+    fn done(&self) -> bool {
         match *self {}
     }
 }
@@ -659,7 +667,13 @@ async fn send_streamed<B: BodyFeed>(
     if feed.untouched() {
         if let Some(r) = ready_now(feed.next()) {
             match r {
-                Ok(Some(b)) => frame(proto, &b, &mut out),
+                Ok(Some(b)) => {
+                    frame(proto, &b, &mut out);
+                    if feed.done() {
+                        proto.end_body(&mut out);
+                        return write_timed(s, &out, lim, slot).await;
+                    }
+                }
                 Ok(None) => {
                     proto.end_body(&mut out);
                     return write_timed(s, &out, lim, slot).await;
@@ -672,7 +686,15 @@ async fn send_streamed<B: BodyFeed>(
     loop {
         out.clear();
         match feed.next().await {
-            Ok(Some(b)) => frame(proto, &b, &mut out),
+            // The last piece carries the body's end (FastCGI's empty
+            // stdin record, the last chunk) in the same write.
+            Ok(Some(b)) => {
+                frame(proto, &b, &mut out);
+                if feed.done() {
+                    proto.end_body(&mut out);
+                    return write_timed(s, &out, lim, slot).await;
+                }
+            }
             Ok(None) => {
                 proto.end_body(&mut out);
                 if !out.is_empty() {

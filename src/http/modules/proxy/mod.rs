@@ -15,7 +15,9 @@
 //! ```text
 //! content phase
 //!   ├─ the request body, read whole (crate::http::body): memory, or a temp
-//!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
+//!   │   file beyond client_body_buffer_size (proxy_request_buffering on);
+//!   │   off: left on the connection and sent as it arrives (chunked
+//!   │   without a length, HTTP/1.1 only), see upstream::run::begin_body
 //!   ├─ proxy_cache? ── (the engine's cache.rs) ── HIT ──▶ cache file as Body::File
 //!   │                                           └─ MISS / EXPIRED / BYPASS
 //!   ├─ pick a peer (round robin) ── connect (+ TLS for https://, see
