@@ -285,6 +285,7 @@ fn ssl_check(cx: &Ctx<'_>) -> Option<u16> {
 /// locations, redirects), then the header filters. Also how a head that
 /// was refused while being read gets its answer, as in nginx.
 pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
+    crate::http::upstream::response::accel_carried(cx, &mut resp);
     let mut hops = 0;
     while resp.status >= 300
         && matches!(resp.body, crate::http::response::Body::Empty)
@@ -952,6 +953,12 @@ impl VarCtx for Ctx<'_> {
             },
             Var::Ssl(v) => return crate::tls::vars::eval(self.conn.tls.info(), *v, out),
             Var::Request => out.extend_from_slice(r.line()),
+            // An internal redirect that turned the request into a GET
+            // (error_page, X-Accel-Redirect) renames it, as nginx's
+            // method_name.
+            Var::RequestMethod if self.method == Method::Get && r.method != Method::Get => {
+                out.extend_from_slice(b"GET")
+            }
             Var::RequestMethod => out.extend_from_slice(r.method_raw().as_bytes()),
             Var::RequestLength => response::push_num(out, r.head_len as u64),
             Var::DocumentRoot => out.extend_from_slice(&self.root()),

@@ -141,7 +141,12 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
     }
     // The location's content handler (its `*_pass`, nginx's clcf->handler).
     if let Some(handler) = cx.loc.content {
-        return Step::done(handler(cx).await);
+        let r = handler(cx).await;
+        // An upstream's X-Accel-Redirect: the internal redirect instead.
+        if let Some(step) = crate::http::upstream::response::accel_redirect(cx).await {
+            return step;
+        }
+        return Step::done(r);
     }
     if let Some(step) = stub_status::content(cx) {
         return step;

@@ -69,6 +69,9 @@ pub enum Op {
     /// `set $limit_rate VALUE`: the request's rate (a size), kept in the
     /// note [`LIMIT_RATE`].
     SetLimitRate(Template),
+    /// `set $args VALUE`: the request's arguments (nginx's one other
+    /// changeable built-in variable).
+    SetArgs(Template),
     /// `return CODE [TEXT]` / `return CODE URL` / `return URL`.
     Return {
         code: u16,
@@ -172,6 +175,10 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                         &format!("invalid $limit_rate \"{}\"", String::from_utf8_lossy(&v)),
                     ),
                 }
+            }
+            Op::SetArgs(value) => {
+                let v = value.render_vec(&*cx);
+                cx.args = (!v.is_empty()).then(|| v.into());
             }
             Op::Set { var, value } => {
                 let v = value.render_vec(&*cx);
@@ -475,6 +482,11 @@ fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
     if name == "limit_rate" {
         let value = cx.template(arg(d, 1), d)?;
         l.modules.rewrite.ops.push(Op::SetLimitRate(value));
+        return Ok(());
+    }
+    if name == "args" {
+        let value = cx.template(arg(d, 1), d)?;
+        l.modules.rewrite.ops.push(Op::SetArgs(value));
         return Ok(());
     }
     if crate::http::vars::VarTable::default()

@@ -15,7 +15,9 @@
 //! ```text
 //! content phase
 //!   ├─ the request body, read whole (crate::http::body): memory, or a temp
-//!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
+//!   │   file beyond client_body_buffer_size (proxy_request_buffering on);
+//!   │   off: left on the connection and sent as it arrives (chunked
+//!   │   without a length, HTTP/1.1 only), see upstream::run::begin_body
 //!   ├─ proxy_cache? ── (the engine's cache.rs) ── HIT ──▶ cache file as Body::File
 //!   │                                           └─ MISS / EXPIRED / BYPASS
 //!   ├─ pick a peer (round robin) ── connect (+ TLS for https://, see
@@ -77,6 +79,7 @@ use crate::http::request::Method;
 use crate::http::response::Response;
 use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
 use crate::http::upstream::peers::{self, Target, Upstream};
+use crate::http::upstream::run;
 use crate::http::upstream::{Caching, HeadReader, OutBody, Protocol, Request};
 use crate::http::vars::Template;
 
@@ -680,6 +683,9 @@ fn outgoing_body(cx: &Ctx<'_>, conf: &ProxyLoc) -> (OutBody, Option<u64>) {
     if !conf.up.pass_request_body.unwrap_or(true) {
         return (OutBody::None, len);
     }
+    if body::streaming(cx) {
+        return (OutBody::Stream, len);
+    }
     let out = match body::data(cx) {
         Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(b.clone()),
         Some(body::Data::File { file, len, .. }) if *len > 0 => OutBody::File(file.clone(), *len),
@@ -698,6 +704,7 @@ fn request_head(
     uri: &[u8],
     caching: Option<Caching<'_>>,
     body_len: Option<u64>,
+    chunked: bool,
 ) -> Vec<u8> {
     let convert_head = caching.is_some_and(|c| c.convert_head);
     let set_method = conf.method.as_ref().map(|t| t.render_vec(cx));
@@ -735,12 +742,16 @@ fn request_head(
         match *d {
             "host" => push_header(&mut h, b"Host", cx.note("proxy_host").unwrap_or(b"")),
             "connection" => push_header(&mut h, b"Connection", b"close"),
-            // The body is buffered whole, so its length is known even
-            // when the client sent it chunked: never Transfer-Encoding.
+            // A buffered body's length is known even when the client
+            // sent it chunked; a streamed one of unknown length goes
+            // chunked (HTTP/1.1 only, see `handle`).
             "content-length" => {
-                if let Some(n) = body_len {
+                if let Some(n) = body_len.filter(|_| !chunked) {
                     push_header(&mut h, b"Content-Length", n.to_string().as_bytes());
                 }
+            }
+            "transfer-encoding" if chunked => {
+                push_header(&mut h, b"Transfer-Encoding", b"chunked");
             }
             _ => {}
         }
@@ -801,12 +812,29 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     let conf = &loc.modules.proxy;
     cx.set_note("proxy_host", pass.host.clone());
     cx.set_note("proxy_port", pass.port.to_string().into_bytes());
-    // As nginx with proxy_request_buffering on: the whole body first
-    // (memory or a temp file), then the upstream.
-    if let Err(r) = body::read(cx, &pass.body_temp_default).await {
-        return *r;
-    }
+    // As nginx: with proxy_request_buffering on the whole body first
+    // (memory or a temp file), then the upstream; off, the body goes as
+    // it arrives, unless proxy_set_body replaces it or it has no length
+    // and HTTP/1.0 could not carry it chunked.
+    let conf_up = if conf.set_body.is_some() {
+        None
+    } else {
+        Some(&conf.up)
+    };
+    let http11 = conf.http_version == Some(1);
+    let stream = match conf_up {
+        Some(up) => run::begin_body(cx, up, &pass.body_temp_default, |_| http11).await,
+        None => body::read(cx, &pass.body_temp_default).await.map(|()| None),
+    };
+    let stream = match stream {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let chunked = stream.as_ref().is_some_and(|s| s.length().is_none());
     let Some(up) = peers::upstream_for(cx, &pass.target, &pass.host).await else {
+        if let Some(s) = stream {
+            s.finish(cx);
+        }
         return Response::status(502);
     };
     let mut lim = Limits::of(&conf.up);
@@ -827,8 +855,9 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         loc: loc.clone(),
         pass,
         uri,
+        chunked,
     });
-    crate::http::upstream::run(cx, proto, up, lim).await
+    run::run_with(cx, proto, up, lim, stream).await
 }
 
 /// HTTP to one request's upstream.
@@ -837,6 +866,8 @@ struct Http {
     pass: Arc<Pass>,
     /// The URI sent upstream.
     uri: Vec<u8>,
+    /// The body is streamed without a length: chunked upstream.
+    chunked: bool,
 }
 
 impl Protocol for Http {
@@ -862,8 +893,25 @@ impl Protocol for Http {
     ) -> Result<Request, Box<Response>> {
         let conf = &self.loc.modules.proxy;
         let (body, body_len) = outgoing_body(cx, conf);
-        let head = request_head(cx, conf, &self.uri, caching, body_len);
+        let head = request_head(cx, conf, &self.uri, caching, body_len, self.chunked);
         Ok(Request { head, body })
+    }
+
+    /// A streamed body of unknown length: one chunk per piece received.
+    fn frame_body(&self, data: &[u8], out: &mut Vec<u8>) -> bool {
+        if !self.chunked {
+            return false;
+        }
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+        true
+    }
+
+    fn end_body(&self, out: &mut Vec<u8>) {
+        if self.chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
     }
 
     fn head_reader(&self, head_only: bool, head_max: usize) -> Box<dyn HeadReader> {
