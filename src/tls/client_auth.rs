@@ -90,6 +90,9 @@ pub struct ClientAuth {
     depth: u32,
     /// `ssl_crl`, DER; Some turns revocation checks on.
     crls: Option<Vec<Vec<u8>>>,
+    /// The chain is an upstream's (`proxy_ssl_verify`): its leaf must be
+    /// fit for server authentication rather than client authentication.
+    upstream: bool,
 }
 
 fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
@@ -114,7 +117,7 @@ fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-fn read_crls(path: &str) -> ConfResult<Vec<Vec<u8>>> {
+pub(crate) fn read_crls(path: &str) -> ConfResult<Vec<Vec<u8>>> {
     let fail = |why: String| {
         ConfError::new(format!(
             "X509_LOOKUP_load_file(\"{}\") failed ({})",
@@ -166,7 +169,21 @@ impl ClientAuth {
             hints,
             depth,
             crls,
+            upstream: false,
         })
+    }
+
+    /// The judge of an upstream's chain (`proxy_ssl_verify on`): the
+    /// trusted certificates, `proxy_ssl_verify_depth`, `proxy_ssl_crl`.
+    pub fn for_upstream(store: Vec<Vec<u8>>, depth: u32, crls: Option<Vec<Vec<u8>>>) -> ClientAuth {
+        ClientAuth {
+            mode: VerifyMode::On,
+            store,
+            hints: Vec::new(),
+            depth,
+            crls,
+            upstream: true,
+        }
     }
 
     /// The rustls side: asks for a certificate (unless `off`) and checks
@@ -253,7 +270,12 @@ impl ClientAuth {
             }
         }
         if let Ok(Some(eku)) = leaf.extended_key_usage() {
-            if !eku.value.any && !eku.value.client_auth {
+            let fit = if self.upstream {
+                eku.value.server_auth
+            } else {
+                eku.value.client_auth
+            };
+            if !eku.value.any && !fit {
                 err = Some(INVALID_PURPOSE);
             }
         }
@@ -495,6 +517,7 @@ mod tests {
             hints: Vec::new(),
             depth,
             crls: None,
+            upstream: false,
         }
     }
 

@@ -422,8 +422,8 @@ async fn exchange(
                     return Err(fail(
                         502,
                         format!(
-                            "SSL_do_handshake() failed ({}) while SSL handshaking to upstream",
-                            e
+                            "{} while SSL handshaking to upstream",
+                            crate::tls::client::handshake_error_text(&e)
                         ),
                         true,
                     ))

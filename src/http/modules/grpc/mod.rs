@@ -186,7 +186,7 @@ pub struct GrpcLoc {
     pub ssl_name: Option<String>,
     pub ssl_protocols: Option<(bool, bool)>,
     pub ssl_ciphers: Option<String>,
-    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
     /// This level's TLS client configuration, made on its first
     /// `grpcs://` call from the merged settings.
     pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
@@ -316,6 +316,7 @@ fn ssl_client(
                 ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
                 roots: conf.ssl_trusted.clone(),
                 session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+                ..Default::default()
             };
             let base = crate::tls::client::client_config(&s).ok()?;
             let mut c = (*base).clone();
