@@ -69,6 +69,18 @@ const CERT_REVOKED: VerifyError = VerifyError(23, "certificate revoked");
 const INVALID_CA: VerifyError = VerifyError(24, "invalid CA certificate");
 const INVALID_PURPOSE: VerifyError = VerifyError(26, "unsupported certificate purpose");
 
+impl std::fmt::Display for VerifyError {
+    /// The error log's form: `(N:reason)`, or the bare reason of an OCSP
+    /// verdict (nginx's `ngx_ssl_ocsp_get_status` strings have no number).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == u32::MAX {
+            f.write_str(self.1)
+        } else {
+            write!(f, "({}:{})", self.0, self.1)
+        }
+    }
+}
+
 impl VerifyError {
     /// nginx's `ngx_ssl_verify_error_optional`: the errors that
     /// `optional_no_ca` lets through (the issuer is not known).
@@ -93,9 +105,11 @@ pub struct ClientAuth {
     /// The chain is an upstream's (`proxy_ssl_verify`): its leaf must be
     /// fit for server authentication rather than client authentication.
     upstream: bool,
+    /// `ssl_ocsp on|leaf`: asked after the chain is found good.
+    pub ocsp: Option<crate::tls::ocsp::OcspConf>,
 }
 
-fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
+pub(crate) fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
     let fail = |why: String| {
         ConfError::new(format!(
             "SSL_CTX_load_verify_locations(\"{}\") failed ({})",
@@ -170,7 +184,13 @@ impl ClientAuth {
             depth,
             crls,
             upstream: false,
+            ocsp: None,
         })
+    }
+
+    /// The trusted certificates (DER): where OCSP finds issuers.
+    pub fn store(&self) -> &[Vec<u8>] {
+        &self.store
     }
 
     /// The judge of an upstream's chain (`proxy_ssl_verify on`): the
@@ -183,6 +203,7 @@ impl ClientAuth {
             depth,
             crls,
             upstream: true,
+            ocsp: None,
         }
     }
 
@@ -518,6 +539,7 @@ mod tests {
             depth,
             crls: None,
             upstream: false,
+            ocsp: None,
         }
     }
 
