@@ -264,8 +264,8 @@ fn ssl_check(cx: &Ctx<'_>) -> Option<u16> {
             cx.log(
                 Level::Info,
                 &format!(
-                    "client SSL certificate verify error: ({}:{}) while reading client request headers",
-                    e.0, e.1
+                    "client SSL certificate verify error: {} while reading client request headers",
+                    e
                 ),
             );
             return Some(495);

@@ -67,6 +67,8 @@ mod sub_filter;
 mod subrequest;
 mod tls;
 mod tls_client_cert;
+mod tls_ocsp;
+mod tls_upstream;
 mod udp_listen;
 mod upgrade;
 mod upstream_balance;

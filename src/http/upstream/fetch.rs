@@ -502,8 +502,8 @@ async fn exchange<B: BodyFeed>(
                     return Err(fail(
                         502,
                         format!(
-                            "SSL_do_handshake() failed ({}) while SSL handshaking to upstream",
-                            e
+                            "{} while SSL handshaking to upstream",
+                            crate::tls::client::handshake_error_text(&e)
                         ),
                         true,
                     ))

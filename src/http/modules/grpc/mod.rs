@@ -201,7 +201,7 @@ pub struct GrpcLoc {
     pub ssl_name: Option<String>,
     pub ssl_protocols: Option<(bool, bool)>,
     pub ssl_ciphers: Option<String>,
-    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
     /// `grpc_ssl_certificate`, `_key`, `grpc_ssl_password_file` (paths
     /// and the passwords read), and the pair loaded from them on the
     /// master thread once the certificate and key are both known.
@@ -398,6 +398,7 @@ fn ssl_client(
                 ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
                 roots: conf.ssl_trusted.clone(),
                 session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+                ..Default::default()
             };
             let base = crate::tls::client::client_config(&s).ok()?;
             let mut c = (*base).clone();
