@@ -97,6 +97,8 @@ pub struct Sent {
     pub body_bytes: u64,
     /// The head as written (for `$sent_http_*`).
     pub head: Vec<u8>,
+    /// The trailers rendered so far (for `$sent_trailer_*`).
+    pub trailers: Vec<(String, Vec<u8>)>,
     /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
     pub io: &'static str,
     /// The rate the body is paced by instead of the location's
@@ -375,6 +377,8 @@ pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
             };
         }
     }
+    // nginx's SSI filter (it runs the included documents' own commands).
+    modules::ssi::apply(cx, &mut resp).await;
     // nginx's addition filter: the subrequests' output around the body.
     modules::addition::apply(cx, &mut resp).await;
     finish(cx, &mut resp);
@@ -837,6 +841,12 @@ fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
 impl Ctx<'_> {
     /// `$request_id`: drawn on first use, then the same for the request
     /// (nginx caches it in the request's variables).
+    /// Gives a subrequest the `$request_id` of `parent`.
+    pub(crate) fn share_request_id(&self, parent: &Ctx<'_>) {
+        let id = parent.request_id();
+        self.memo.borrow_mut().push(("request_id", Box::new(id)));
+    }
+
     fn request_id(&self) -> [u8; 32] {
         const KEY: &str = "request_id";
         let mut memo = self.memo.borrow_mut();
@@ -1042,8 +1052,30 @@ impl VarCtx for Ctx<'_> {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,
             },
+            // nginx 1.22 joins the values of these two (its multi-value
+            // headers_out fields) with ", "; other names give the first.
+            Var::SentHttp(name) if name == "cache-control" || name == "link" => {
+                let mut found = false;
+                for v in sent_headers(&self.sent.head, name.as_bytes()) {
+                    if found {
+                        out.extend_from_slice(b", ");
+                    }
+                    out.extend_from_slice(v);
+                    found = true;
+                }
+                return found;
+            }
             Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
                 Some(v) => out.extend_from_slice(v),
+                None => return false,
+            },
+            Var::SentTrailer(name) => match self
+                .sent
+                .trailers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                Some((_, v)) => out.extend_from_slice(v),
                 None => return false,
             },
             Var::User(i) => {
@@ -1053,10 +1085,23 @@ impl VarCtx for Ctx<'_> {
                 }
                 let vars = &self.http.main.vars;
                 if let Some(d) = vars.def(*i) {
-                    return d.eval(self, out);
+                    if !d.cacheable() {
+                        return d.eval(self, out);
+                    }
+                    let start = out.len();
+                    let found = d.eval(self, out);
+                    if found {
+                        if let Some(slot) = self.user_vars.borrow_mut().get_mut(*i) {
+                            *slot = Some(out[start..].to_vec());
+                        }
+                    }
+                    return found;
                 }
                 if !vars.set_only(*i) {
                     return false;
+                }
+                if let Some(v) = vars.fallback(*i) {
+                    return self.var(v, out);
                 }
                 if self.loc.modules.rewrite.uninitialized_variable_warn != Some(false) {
                     self.log(
@@ -1094,16 +1139,19 @@ fn cookie<'r>(r: &'r Request, name: &[u8]) -> Option<&'r [u8]> {
 }
 
 /// A header value from a written head (`$sent_http_NAME`).
-fn sent_header<'h>(head: &'h [u8], lname: &[u8]) -> Option<&'h [u8]> {
-    for line in head.split(|&c| c == b'\n').skip(1) {
+fn sent_header<'h>(head: &'h [u8], lname: &'h [u8]) -> Option<&'h [u8]> {
+    sent_headers(head, lname).next()
+}
+
+/// Every value of a header in a written head, in order.
+fn sent_headers<'h>(head: &'h [u8], lname: &'h [u8]) -> impl Iterator<Item = &'h [u8]> + 'h {
+    head.split(|&c| c == b'\n').skip(1).filter_map(move |line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(colon) = memchr::memchr(b':', line) {
-            if line[..colon].eq_ignore_ascii_case(lname) {
-                return Some(line[colon + 1..].trim_ascii());
-            }
-        }
-    }
-    None
+        let colon = memchr::memchr(b':', line)?;
+        line[..colon]
+            .eq_ignore_ascii_case(lname)
+            .then(|| line[colon + 1..].trim_ascii())
+    })
 }
 
 /// A size given with variables, as nginx evaluates one: a value that is

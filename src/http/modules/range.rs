@@ -92,7 +92,7 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
     let Some(len) = resp.content_length else {
         return;
     };
-    if !resp.filters.is_empty() {
+    if !resp.filters.iter().all(|f| f.keeps_positions()) {
         return;
     }
     let max = cx.loc.modules.range.max_ranges;

@@ -489,11 +489,22 @@ fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
         l.modules.rewrite.ops.push(Op::SetArgs(value));
         return Ok(());
     }
-    if crate::http::vars::VarTable::default()
-        .lookup(name)
-        .is_some()
-        && !name.starts_with("arg_")
-    {
+    // nginx refuses the builtins; a prefix variable (`$http_foo`,
+    // `$arg_x`, `$cookie_y`...) may be set, and answers as itself where
+    // `set` has not run.
+    let builtin = !matches!(
+        crate::http::vars::VarTable::default().lookup(name),
+        None | Some(
+            crate::http::vars::Var::Http(_)
+                | crate::http::vars::Var::SentHttp(_)
+                | crate::http::vars::Var::SentTrailer(_)
+                | crate::http::vars::Var::UpstreamHttp(_)
+                | crate::http::vars::Var::UpstreamCookie(_)
+                | crate::http::vars::Var::Arg(_)
+                | crate::http::vars::Var::Cookie(_)
+        )
+    );
+    if builtin {
         return Err(ConfError::at(
             format!("the duplicate \"{}\" variable", name),
             d,
