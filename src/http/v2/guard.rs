@@ -30,7 +30,11 @@
 //!   PROTOCOL_ERROR (as nginx), the connection goes on.
 //!
 //! Withholding the offending frame means h2's "last processed stream"
-//! in the GOAWAY is the one before it, as nginx reports.
+//! in the GOAWAY is the one before it, as nginx reports. When the bytes
+//! that decide (a priority field) come in a later read than the frame's
+//! header, the header and payload bytes of the earlier reads have gone to
+//! h2 already; h2 acts on whole frames only, so it never sees the frame
+//! (checked by `fuzzing::h2_guard`).
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
