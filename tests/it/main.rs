@@ -69,6 +69,7 @@ mod tls_client_cert;
 mod udp_listen;
 mod upgrade;
 mod upstream_balance;
+mod upstream_faults;
 mod upstream_vars;
 mod userid;
 mod uwsgi;
