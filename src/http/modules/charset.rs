@@ -291,6 +291,13 @@ impl Named {
 /// (`X-Accel-Charset`, else `charset`), then the source (the response's
 /// own charset, else `source_charset`), then what to do with the pair.
 pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
+    // Without `charset` and without X-Accel-Charset every path below ends
+    // with the header unchanged: skip the copies it makes first.
+    if resp.override_charset.is_none()
+        && matches!(cx.loc.modules.charset.charset, None | Some(Charset::Off))
+    {
+        return;
+    }
     let loc = cx.loc.clone();
     let conf = &loc.modules.charset;
     let Some(ct) = resp.content_type.clone().filter(|c| !c.is_empty()) else {
