@@ -74,6 +74,7 @@ mod tls_upstream;
 mod udp_listen;
 mod upgrade;
 mod upstream_balance;
+mod upstream_faults;
 mod upstream_vars;
 mod userid;
 mod uwsgi;

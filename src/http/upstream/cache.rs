@@ -294,6 +294,7 @@ impl Background {
             read_timeout: lim.read,
             mem_max: lim.mem_max,
             temp_max: 0,
+            buffered: true,
             temp_dir: PathBuf::new(),
             policy: policy.clone(),
             temp: None,

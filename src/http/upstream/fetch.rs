@@ -157,19 +157,28 @@ pub fn invalid_header(msg: &str) -> Fail {
 pub const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
 
 /// One read from the upstream within `limit`: 504 on timeout, 502 on an
-/// error, with nginx's log wording (`... while reading upstream`).
+/// error, with nginx's log wording (`recv() failed (104: ...) while
+/// reading upstream`); `call` is the system call nginx names there:
+/// `recv()`, or `readv()` for a body read into the buffers of its pipe
+/// (proxy_buffering on).
 pub async fn timed_read(
     s: &mut UpStream,
     buf: &mut [u8],
     limit: Duration,
     context: &str,
     next: bool,
+    call: &str,
 ) -> Result<usize, Fail> {
     match tokio::time::timeout(limit, s.read(buf)).await {
         Err(_) => Err(fail(504, format!("{} {}", TIMED_OUT, context), next)),
         Ok(Err(e)) => Err(fail(
             502,
-            format!("recv() failed {} {}", crate::core::errno_text(&e), context),
+            format!(
+                "{} failed {} {}",
+                call,
+                crate::core::errno_text(&e),
+                context
+            ),
             next,
         )),
         Ok(Ok(n)) => Ok(n),
@@ -775,7 +784,7 @@ async fn send_and_read<B: BodyFeed>(
     let mut reader = proto.head_reader(head_only, lim.head_max);
     let mut buf = vec![0u8; lim.head_max.max(8 * 1024)];
     loop {
-        let n = timed_read(&mut s, &mut buf, lim.read, WHILE_HEAD, true).await;
+        let n = timed_read(&mut s, &mut buf, lim.read, WHILE_HEAD, true, "recv()").await;
         let n = match n {
             Ok(n) => n,
             Err(f) => return Err(with_logs(f, reader.as_mut())),

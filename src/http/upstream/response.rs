@@ -391,6 +391,7 @@ pub(super) async fn respond(
         read_timeout: lim.read,
         mem_max,
         temp_max,
+        buffered: buffering,
         temp_dir: conf
             .temp_path
             .clone()
