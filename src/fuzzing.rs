@@ -327,7 +327,7 @@ pub fn h2_guard(data: &[u8]) {
     let expected = guard_model(&input);
     let whole = guard_run(u32::MAX / 4, &input, |n| n);
     let bytes = guard_run(u32::MAX / 4, &input, |_| 1);
-    let mut sp = Splits(u32::from(seed) * 2_654_435_761 | 1);
+    let mut sp = Splits(u32::from(seed).wrapping_mul(2_654_435_761) | 1);
     let random = guard_run(u32::MAX / 4, &input, |_| sp.next(23));
     for (run, how) in [(&bytes, "byte by byte"), (&random, "random cuts")] {
         assert_eq!(
@@ -729,7 +729,7 @@ pub fn cgi_head(data: &[u8]) {
         || Box::new(CgiHead::new(head_only, max)) as Box<dyn crate::http::upstream::HeadReader>;
     let whole = head_run(mk(), resp, |n| n);
     let bytes = head_run(mk(), resp, |_| 1);
-    let mut sp = Splits(u32::from(cfg) << 8 | 0x5a);
+    let mut sp = Splits((u32::from(cfg) << 8) | 0x5a);
     let random = head_run(mk(), resp, |_| sp.next(40));
     assert_eq!(whole, bytes, "cgi head depends on reads (byte by byte)");
     assert_eq!(whole, random, "cgi head depends on reads (random cuts)");
