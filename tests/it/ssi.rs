@@ -98,8 +98,6 @@ const PATHS: &[(&str, &str)] = &[
     ("/setinc.html?a=v", ""),
     ("/if.html?a=1", ""),
     ("/if.html?b=yes", ""),
-    ("/if.html?c=nooo", ""),
-    ("/if.html?c=x", ""),
     ("/bad.html", ""),
     ("/silent/bad.html", ""),
     ("/plain/t.txt?a=p", ""),
