@@ -669,10 +669,7 @@ fn var(cx: &Ctx<'_>, doc: &Doc, shared: &Shared, name: &[u8]) -> Option<Vec<u8>>
             if !set_here && vars.def(i).is_none() {
                 // Declared by `set` somewhere else: the prefix variable of
                 // that name (`$http_*`...) answers, as in nginx.
-                match prefix_var(name) {
-                    Some(v) => v,
-                    None => return None,
-                }
+                prefix_var(name)?
             } else {
                 Var::User(i)
             }
@@ -844,7 +841,7 @@ fn eval_cond(
     let left = evaluate(cx, doc, shared, &e[..left_end])?;
     let rest = e[left_end..].trim_ascii_start();
     if rest.is_empty() {
-        return Ok(!left.is_empty() != negate);
+        return Ok(left.is_empty() == negate);
     }
     let (noeq, right) = if let Some(r) = rest.strip_prefix(b"!=") {
         (true, r)
