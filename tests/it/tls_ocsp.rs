@@ -109,6 +109,7 @@ fn responder(dir: &Path, port: u16) -> Responder {
 }
 
 const CONF: &str = r#"
+error_log logs/error.log info;
 events {}
 http {
     access_log off;
