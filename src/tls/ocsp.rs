@@ -569,9 +569,11 @@ fn single_status(
 
 // ---- DER --------------------------------------------------------------------
 
-/// One DER element at the start of `b`: (tag, contents, the whole
-/// element, what follows).
-fn der(b: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
+/// One DER element: (tag, contents, the whole element, what follows).
+type Der<'a> = (u8, &'a [u8], &'a [u8], &'a [u8]);
+
+/// The DER element at the start of `b`.
+fn der(b: &[u8]) -> Option<Der<'_>> {
     let (&tag, rest) = b.split_first()?;
     let (&l0, rest) = rest.split_first()?;
     let (len, hdr, rest) = if l0 < 0x80 {

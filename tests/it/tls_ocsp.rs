@@ -65,12 +65,15 @@ fn make_pki(dir: &Path) -> bool {
 
 /// `openssl ocsp` answering for int's certificates on `port` (its stdout
 /// kept open: a write to a closed pipe would kill it).
-struct Responder(Child, Option<std::io::BufReader<std::process::ChildStdout>>);
+struct Responder {
+    child: Child,
+    _stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
+}
 
 impl Drop for Responder {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -105,10 +108,14 @@ fn responder(dir: &Path, port: u16) -> Responder {
         let _ = o.read_line(&mut line);
     }
     assert!(line.starts_with("ACCEPT"), "openssl ocsp: {:?}", line);
-    Responder(child, out)
+    Responder {
+        child,
+        _stdout: out,
+    }
 }
 
 const CONF: &str = r#"
+error_log logs/error.log info;
 events {}
 http {
     access_log off;
