@@ -30,6 +30,12 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("template", template),
     ("upstream_head", upstream_head),
     ("fastcgi_records", fastcgi_records),
+    ("h2_guard", h2_guard),
+    ("proxy_protocol", proxy_protocol),
+    ("ssl_preread", ssl_preread),
+    ("cgi_head", cgi_head),
+    ("range_multipart", range_multipart),
+    ("conditional", conditional),
 ];
 
 /// The request line and head checks: the bytes up to the first blank line
@@ -235,6 +241,658 @@ pub fn fastcgi_records(data: &[u8]) {
         assert_eq!(out_whole, out_split, "stdout depends on splitting");
         assert_eq!(whole.done, split.done);
     }
+}
+
+/// A tiny deterministic generator for read sizes and cut points (the
+/// fuzzer picks its seed), so a failing input replays the same way.
+struct Splits(u32);
+
+impl Splits {
+    fn next(&mut self, max: usize) -> usize {
+        // xorshift32; the seed is never 0.
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.0 = x;
+        1 + (x as usize) % max.max(1)
+    }
+}
+
+/// What feeding a guard some reads gave: bytes let through, the verdict,
+/// and whether a frame or header block was left part-way.
+#[derive(Debug, PartialEq, Eq)]
+struct GuardRun {
+    passed: usize,
+    trip: Option<crate::http::v2::guard::Trip>,
+    busy: bool,
+    /// Header-block sizes recorded for the first client streams.
+    lens: Vec<usize>,
+}
+
+fn guard_run(max_streams: u32, input: &[u8], mut reads: impl FnMut(usize) -> usize) -> GuardRun {
+    use crate::http::v2::guard::Guard;
+    let g = Guard::new(max_streams, std::time::Duration::from_secs(3600));
+    let mut at = 0;
+    let mut passed = 0;
+    while at < input.len() {
+        let n = reads(input.len() - at).min(input.len() - at);
+        let ok = g.feed(&input[at..at + n]);
+        assert!(ok <= n, "guard passed more than it was given");
+        passed += ok;
+        if ok < n {
+            assert!(g.trip().is_some(), "bytes withheld without a verdict");
+            break;
+        }
+        at += n;
+    }
+    if let Some(_t) = g.trip() {
+        assert_eq!(
+            g.feed(b"\0\0\0\x04\0\0\0\0\0"),
+            0,
+            "bytes passed after the verdict"
+        );
+    }
+    GuardRun {
+        passed,
+        trip: g.trip(),
+        busy: g.busy(),
+        lens: (0..8).map(|i| g.head_len(2 * i + 1)).collect(),
+    }
+}
+
+/// The HTTP/2 frame guard (`http::v2::guard`): the first byte seeds how
+/// the rest is cut into reads; the rest follows the client preface as
+/// the client's frames.
+///
+/// - With a stream limit so high that the per-read rules (too many new
+///   streams in one read, the flood ratio, which counts a read's bytes
+///   when it arrives, as nginx) cannot fire, the verdict is a property
+///   of the frames alone: whole input, byte by byte and random reads give
+///   the same bytes passed, verdict, part-way state and header-block
+///   sizes; and it is the one a separate walk over the frames predicts
+///   (PUSH_PROMISE, a short GOAWAY, a stream depending on itself).
+/// - With `http2_max_concurrent_streams 1`, reading byte by byte can only
+///   pass more than the whole input (never a new verdict), and the same
+///   when the whole input did not trip on "too many streams at once".
+/// - A verdict always falls on a frame's first byte.
+pub fn h2_guard(data: &[u8]) {
+    use crate::http::v2::PREFACE;
+    let Some((&seed, frames)) = data.split_first() else {
+        return;
+    };
+    let mut input = PREFACE.to_vec();
+    input.extend_from_slice(frames);
+
+    let expected = guard_model(&input);
+    let whole = guard_run(u32::MAX / 4, &input, |n| n);
+    let bytes = guard_run(u32::MAX / 4, &input, |_| 1);
+    let mut sp = Splits(u32::from(seed).wrapping_mul(2_654_435_761) | 1);
+    let random = guard_run(u32::MAX / 4, &input, |_| sp.next(23));
+    for (run, how) in [(&bytes, "byte by byte"), (&random, "random cuts")] {
+        assert_eq!(
+            (whole.trip, whole.busy, &whole.lens),
+            (run.trip, run.busy, &run.lens),
+            "guard verdict depends on reads ({how})"
+        );
+        same_frames(&input, &whole, run);
+    }
+    match expected {
+        Some((at, log)) => {
+            assert_eq!(whole.passed, at, "guard stopped at another frame");
+            assert_eq!(whole.trip.map(|t| t.log), Some(log));
+        }
+        None => {
+            assert_eq!(whole.passed, input.len(), "guard stopped a good stream");
+            assert!(whole.trip.is_none());
+        }
+    }
+
+    let tight_whole = guard_run(1, &input, |n| n);
+    let tight_bytes = guard_run(1, &input, |_| 1);
+    assert!(
+        tight_bytes.trip.map(|t| t.log) != Some("client sent too many streams at once"),
+        "one byte per read opened two streams"
+    );
+    assert!(tight_whole.passed <= tight_bytes.passed);
+    if tight_whole.trip.map(|t| t.log) != Some("client sent too many streams at once") {
+        assert_eq!(
+            (tight_whole.trip, tight_whole.busy, &tight_whole.lens),
+            (tight_bytes.trip, tight_bytes.busy, &tight_bytes.lens),
+            "guard verdict depends on reads (limit 1)"
+        );
+        same_frames(&input, &tight_whole, &tight_bytes);
+    }
+    for r in [&whole, &tight_whole] {
+        if r.trip.is_some() {
+            assert!(
+                frame_starts(&input).contains(&r.passed),
+                "verdict at {} is not a frame's start",
+                r.passed
+            );
+        }
+    }
+}
+
+/// A verdict reached in a later read than the frame's first bytes cannot
+/// take back what went to h2 before; h2 acts on whole frames only, so
+/// what counts is that `split` passed the same whole frames as `whole`
+/// and never the offending frame whole.
+fn same_frames(input: &[u8], whole: &GuardRun, split: &GuardRun) {
+    if whole.trip.is_none() {
+        assert_eq!(split.passed, whole.passed);
+        return;
+    }
+    let at = whole.passed;
+    let len =
+        usize::from(input[at]) << 16 | usize::from(input[at + 1]) << 8 | usize::from(input[at + 2]);
+    assert!(
+        split.passed >= at && split.passed < at + 9 + len,
+        "split reads passed {} bytes, the offending frame is {}..{}",
+        split.passed,
+        at,
+        at + 9 + len
+    );
+}
+
+/// Where each complete frame header starts, after the preface.
+fn frame_starts(input: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut at = crate::http::v2::PREFACE.len();
+    while at + 9 <= input.len() {
+        out.push(at);
+        let len = usize::from(input[at]) << 16
+            | usize::from(input[at + 1]) << 8
+            | usize::from(input[at + 2]);
+        at += 9 + len;
+    }
+    out
+}
+
+/// The frame rules that do not depend on reads or counts, applied by a
+/// walk of its own: where the guard must stop and what it must log.
+fn guard_model(input: &[u8]) -> Option<(usize, &'static str)> {
+    for at in frame_starts(input) {
+        let h = &input[at..at + 9];
+        let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+        let (kind, flags) = (h[3], h[4]);
+        let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+        let payload = &input[at + 9..(at + 9 + len).min(input.len())];
+        let self_dep = |off: usize, want: usize| {
+            let want = want.min(len);
+            payload.len() >= want
+                && want >= off + 4
+                && stream != 0
+                && u32::from_be_bytes([
+                    payload[off],
+                    payload[off + 1],
+                    payload[off + 2],
+                    payload[off + 3],
+                ]) & 0x7fff_ffff
+                    == stream
+        };
+        match kind {
+            5 => return Some((at, "client sent PUSH_PROMISE frame")),
+            7 if len < 8 => return Some((at, "client sent GOAWAY frame with incorrect length")),
+            2 if self_dep(0, 5) => {
+                return Some((at, "client sent PRIORITY frame with incorrect dependency"))
+            }
+            1 if flags & 0x20 != 0 => {
+                let off = usize::from(flags & 0x8 != 0);
+                if self_dep(off, off + 5) {
+                    return Some((at, "client sent HEADERS frame with incorrect dependency"));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The PROXY protocol reader (`stream::proxy_protocol`, versions 1 and
+/// 2), on arbitrary bytes and on headers built from the input's bytes:
+/// - a header is complete at one place: every shorter prefix is
+///   `Partial`, and what follows it (the client's data) changes nothing;
+/// - `Broken` stays broken whatever comes next, and `Partial` never
+///   asks for more than the protocol's limits;
+/// - the version 1 line tern sends upstream, and a version 2 header of
+///   the same addresses, read back to those addresses.
+pub fn proxy_protocol(data: &[u8]) {
+    use crate::stream::proxy_protocol::{parse, v1_line, Header, Parsed, MAX_V1, MAX_V2};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let limit = if data.first() == Some(&b'\r') {
+        16 + MAX_V2
+    } else {
+        MAX_V1
+    };
+    match parse(data) {
+        Parsed::Done(h, n) => {
+            assert!(n <= data.len() && n <= limit, "header of {n} bytes");
+            for cut in 0..n {
+                assert_eq!(
+                    parse(&data[..cut]),
+                    Parsed::Partial,
+                    "complete at {cut} and {n}"
+                );
+            }
+            assert_eq!(parse(&data[..n]), Parsed::Done(h, n));
+        }
+        Parsed::Broken => {
+            for more in [&b"\r\n"[..], &[0u8; 32][..], b"PROXY UNKNOWN\r\n"] {
+                let mut v = data.to_vec();
+                v.extend_from_slice(more);
+                assert_eq!(
+                    parse(&v),
+                    Parsed::Broken,
+                    "broken header repaired by more bytes"
+                );
+            }
+        }
+        Parsed::Partial => {
+            assert!(data.len() < limit, "{} bytes still partial", data.len());
+            for cut in [data.len() / 2, data.len().saturating_sub(1)] {
+                assert_eq!(parse(&data[..cut]), Parsed::Partial);
+            }
+        }
+    }
+
+    // Addresses from the input's bytes, written and read back.
+    let mut b = [0u8; 40];
+    let n = data.len().min(40);
+    b[..n].copy_from_slice(&data[..n]);
+    let port = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+    let v4 = |i: usize| IpAddr::V4(Ipv4Addr::new(b[i], b[i + 1], b[i + 2], b[i + 3]));
+    let v6 = |i: usize| {
+        let mut o = [0u8; 16];
+        o.copy_from_slice(&b[i..i + 16]);
+        IpAddr::V6(Ipv6Addr::from(o))
+    };
+    for (src, dst) in [(v4(0), v4(4)), (v6(0), v6(16))] {
+        let (s, d) = (
+            SocketAddr::new(src, port(32)),
+            SocketAddr::new(dst, port(34)),
+        );
+        let want = Header {
+            src: Some((src, s.port())),
+            dst: Some((dst, d.port())),
+        };
+        let line = v1_line(Some(s), Some(d));
+        assert!(line.len() <= MAX_V1, "v1 line of {} bytes", line.len());
+        assert_eq!(
+            parse(&line),
+            Parsed::Done(want.clone(), line.len()),
+            "{}",
+            String::from_utf8_lossy(&line)
+        );
+        // Version 2, PROXY command, TCP over the family, then TLVs (the
+        // input's tail), which are skipped.
+        let mut v2 = b"\r\n\r\n\0\r\nQUIT\n\x21".to_vec();
+        let mut body = Vec::new();
+        match (src, dst) {
+            (IpAddr::V4(a), IpAddr::V4(c)) => {
+                v2.push(0x11);
+                body.extend_from_slice(&a.octets());
+                body.extend_from_slice(&c.octets());
+            }
+            (IpAddr::V6(a), IpAddr::V6(c)) => {
+                v2.push(0x21);
+                body.extend_from_slice(&a.octets());
+                body.extend_from_slice(&c.octets());
+            }
+            _ => unreachable!(),
+        }
+        body.extend_from_slice(&s.port().to_be_bytes());
+        body.extend_from_slice(&d.port().to_be_bytes());
+        body.extend_from_slice(&data[n..data.len().min(n + 200)]);
+        v2.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        v2.extend_from_slice(&body);
+        let total = v2.len();
+        v2.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        assert_eq!(parse(&v2), Parsed::Done(want, total));
+    }
+}
+
+/// The stream `ssl_preread` ClientHello reader, on arbitrary bytes and on
+/// ClientHellos built from the input's bytes:
+/// - a verdict reached on a prefix (Done or not TLS) is the verdict on
+///   the whole: bytes read later never change what routed the session;
+/// - a ClientHello carrying a server name, ALPN protocols and supported
+///   versions, cut into records of any size, reads back to them.
+pub fn ssl_preread(data: &[u8]) {
+    use crate::stream::ssl_preread::{parse, Preread};
+    let whole = parse(data);
+    let step = (data.len() / 64).max(1);
+    for cut in (0..data.len()).step_by(step) {
+        match parse(&data[..cut]) {
+            Preread::Partial => {}
+            p => assert_eq!(p, whole, "verdict at {cut} bytes changed later"),
+        }
+    }
+
+    // A ClientHello from the input: [seed, sni_len, alpn count, names...].
+    let Some((&seed, rest)) = data.split_first() else {
+        return;
+    };
+    let mut it = rest.iter().copied();
+    let sni_len = usize::from(it.next().unwrap_or(0) % 64);
+    let sni: Vec<u8> = it.by_ref().take(sni_len).collect();
+    let alpn_n = usize::from(it.next().unwrap_or(0) % 5);
+    let mut alpn = Vec::new();
+    for _ in 0..alpn_n {
+        let l = 1 + usize::from(it.next().unwrap_or(0) % 16);
+        let mut p: Vec<u8> = it.by_ref().take(l).collect();
+        p.resize(l, b'x');
+        alpn.push(p);
+    }
+    let versions: Vec<u16> = (0..usize::from(seed % 4))
+        .map(|_| u16::from_be_bytes([it.next().unwrap_or(3), it.next().unwrap_or(3)]))
+        .collect();
+    let mut ext = Vec::new();
+    if !sni.is_empty() {
+        let mut list = vec![0u8];
+        list.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+        list.extend_from_slice(&sni);
+        ext.extend_from_slice(&[0, 0]);
+        ext.extend_from_slice(&((list.len() + 2) as u16).to_be_bytes());
+        ext.extend_from_slice(&(list.len() as u16).to_be_bytes());
+        ext.extend_from_slice(&list);
+    }
+    if !alpn.is_empty() {
+        let mut list = Vec::new();
+        for p in &alpn {
+            list.push(p.len() as u8);
+            list.extend_from_slice(p);
+        }
+        ext.extend_from_slice(&[0, 16]);
+        ext.extend_from_slice(&((list.len() + 2) as u16).to_be_bytes());
+        ext.extend_from_slice(&(list.len() as u16).to_be_bytes());
+        ext.extend_from_slice(&list);
+    }
+    if !versions.is_empty() {
+        ext.extend_from_slice(&[0, 43]);
+        ext.extend_from_slice(&((versions.len() * 2 + 1) as u16).to_be_bytes());
+        ext.push((versions.len() * 2) as u8);
+        for v in &versions {
+            ext.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7; 32]);
+    body.push(0); // session id
+    body.extend_from_slice(&[0, 2, 0x13, 0x01]); // cipher suites
+    body.extend_from_slice(&[1, 0]); // compression
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut hs = vec![1];
+    hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    hs.extend_from_slice(&body);
+    let mut sp = Splits(u32::from(seed) | 0x100);
+    let mut wire = Vec::new();
+    for piece in hs.chunks(sp.next(300)) {
+        wire.extend_from_slice(&[0x16, 3, 1]);
+        wire.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+        wire.extend_from_slice(piece);
+    }
+    let best = versions
+        .iter()
+        .copied()
+        .filter(|&v| (0x0300..=0x0304).contains(&v) || v >> 8 == 0x7f)
+        .max_by_key(|&v| if v >> 8 == 0x7f { 0x0304 } else { v });
+    let protocol = match best.map(|v| if v >> 8 == 0x7f { 0x0304 } else { v }) {
+        None | Some(0x0303) => "TLSv1.2",
+        Some(0x0300) => "SSLv3",
+        Some(0x0301) => "TLSv1",
+        Some(0x0302) => "TLSv1.1",
+        Some(_) => "TLSv1.3",
+    };
+    let want = crate::stream::ssl_preread::Hello {
+        server_name: sni,
+        alpn: alpn.join(&b","[..]),
+        protocol,
+    };
+    for cut in 0..wire.len() {
+        assert_eq!(parse(&wire[..cut]), Preread::Partial, "hello done at {cut}");
+    }
+    wire.extend_from_slice(&[0x17, 3, 3, 0, 1, 0]);
+    assert_eq!(parse(&wire), Preread::Done(want));
+}
+
+/// What a head reader said, comparable across ways of feeding it: the
+/// head's fields and all bytes after it (what came with the head and
+/// what was not fed yet).
+#[derive(Debug, PartialEq, Eq)]
+enum HeadRun {
+    Waiting,
+    Failed(u16, String, u16),
+    Head {
+        status: u16,
+        line: Vec<u8>,
+        headers: Vec<(String, Vec<u8>)>,
+        after: Vec<u8>,
+        declared: Option<u64>,
+        no_body: bool,
+        body: Vec<u8>,
+    },
+}
+
+fn head_run(
+    mut reader: Box<dyn crate::http::upstream::HeadReader>,
+    data: &[u8],
+    mut reads: impl FnMut(usize) -> usize,
+) -> HeadRun {
+    let mut at = 0;
+    while at < data.len() {
+        let n = reads(data.len() - at).min(data.len() - at);
+        match reader.feed(&data[at..at + n]) {
+            Ok(None) => at += n,
+            Ok(Some(mut h)) => {
+                let mut after = std::mem::take(&mut h.early);
+                after.extend_from_slice(&data[at + n..]);
+                let mut body = std::mem::take(&mut h.body);
+                let _ = h.decoder.feed(&after, &mut body);
+                if let Some(l) = h.declared_len {
+                    assert!(body.len() as u64 <= l, "body past its Content-Length");
+                }
+                if h.no_body {
+                    assert!(body.is_empty(), "a body where none may be");
+                }
+                return HeadRun::Head {
+                    status: h.status,
+                    line: h.status_line,
+                    headers: h.headers,
+                    after,
+                    declared: h.declared_len,
+                    no_body: h.no_body,
+                    body,
+                };
+            }
+            Err(f) => return HeadRun::Failed(f.status, f.msg, f.ft),
+        }
+    }
+    HeadRun::Waiting
+}
+
+/// The SCGI and uwsgi response head reader (`cgi::CgiHead`: an HTTP
+/// status line or CGI header lines), the first byte choosing HEAD or not
+/// and the size limit (`*_buffer_size`): the whole response, byte by
+/// byte and random reads give the same head, error, or wait; the body
+/// decoded after it never passes its Content-Length, and none follows a
+/// HEAD, 204 or 304.
+pub fn cgi_head(data: &[u8]) {
+    use crate::http::modules::cgi::CgiHead;
+    let Some((&cfg, resp)) = data.split_first() else {
+        return;
+    };
+    let head_only = cfg & 1 != 0;
+    let max = [16, 64, 512, 4096][usize::from(cfg >> 1) % 4];
+    let mk =
+        || Box::new(CgiHead::new(head_only, max)) as Box<dyn crate::http::upstream::HeadReader>;
+    let whole = head_run(mk(), resp, |n| n);
+    let bytes = head_run(mk(), resp, |_| 1);
+    let mut sp = Splits((u32::from(cfg) << 8) | 0x5a);
+    let random = head_run(mk(), resp, |_| sp.next(40));
+    assert_eq!(whole, bytes, "cgi head depends on reads (byte by byte)");
+    assert_eq!(whole, random, "cgi head depends on reads (random cuts)");
+}
+
+/// The range filter's body writers (`range::single`/`multi`): a `Range`
+/// value that parses to ranges of an entity (at most 255 bytes, the
+/// first byte is its length, the second cuts it into pieces) gives a body
+/// that is exactly the part (one range) or the multipart/byteranges
+/// message nginx writes, byte for byte, whether the entity is one buffer
+/// or pieces (a cached or composed body); Content-Length is its size.
+pub fn range_multipart(data: &[u8]) {
+    use crate::http::modules::range::{multi, parse, single, Parsed};
+    use crate::http::response::{Body, Piece, Response};
+    let [len, seed, rest @ ..] = data else {
+        return;
+    };
+    let len = usize::from(*len).min(rest.len());
+    let (entity, value) = rest.split_at(len);
+    let Parsed::Ranges(r) = parse(value, len as u64, u64::MAX) else {
+        return;
+    };
+    let mut sp = Splits(u32::from(*seed) | 0x1000);
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    while at < entity.len() {
+        let n = sp.next(17).min(entity.len() - at);
+        pieces.push(Piece::Bytes(entity[at..at + n].to_vec()));
+        at += n;
+    }
+    for body in [Body::Bytes(entity.to_vec()), Body::Multi(pieces)] {
+        let mut resp = Response::status(200);
+        resp.content_type = Some("text/plain".into());
+        resp.content_length = Some(len as u64);
+        resp.body = body;
+        let expected = if let [(s, e)] = r[..] {
+            single(&mut resp, s, e, len as u64);
+            let cr = resp.header("content-range").map(<[u8]>::to_vec);
+            assert_eq!(
+                cr,
+                Some(format!("bytes {}-{}/{}", s, e - 1, len).into_bytes())
+            );
+            entity[s as usize..e as usize].to_vec()
+        } else {
+            multi(&mut resp, &r, len as u64);
+            let ct = resp.content_type.clone().unwrap_or_default();
+            let b = ct
+                .strip_prefix("multipart/byteranges; boundary=")
+                .unwrap_or_else(|| panic!("content type {ct}"))
+                .to_string();
+            assert!(b.len() == 20 && b.bytes().all(|c| c.is_ascii_digit()));
+            let mut x = Vec::new();
+            for &(s, e) in &r {
+                x.extend_from_slice(
+                    format!(
+                        "\r\n--{b}\r\nContent-Type: text/plain\r\nContent-Range: bytes {}-{}/{}\r\n\r\n",
+                        s,
+                        e - 1,
+                        len
+                    )
+                    .as_bytes(),
+                );
+                x.extend_from_slice(&entity[s as usize..e as usize]);
+            }
+            x.extend_from_slice(format!("\r\n--{b}--\r\n").as_bytes());
+            x
+        };
+        let got = match &resp.body {
+            Body::Bytes(b) => b.clone(),
+            Body::Multi(p) => p
+                .iter()
+                .flat_map(|p| match p {
+                    Piece::Bytes(b) => b.clone(),
+                    Piece::File { .. } => unreachable!("no files here"),
+                })
+                .collect(),
+            Body::Empty => Vec::new(),
+            _ => unreachable!("a stream from bytes"),
+        };
+        assert_eq!(got, expected, "range body differs");
+        assert_eq!(resp.content_length, Some(expected.len() as u64));
+    }
+}
+
+/// Conditional requests: HTTP dates (`If-Modified-Since`,
+/// `If-Unmodified-Since`, `If-Range`), entity-tag lists (`If-Match`,
+/// `If-None-Match`) and `If-Range`:
+/// - a date that parses is the date tern writes for that second, and the
+///   date tern writes for any second (from the input) parses back;
+/// - a strong ETag match is also a weak one; an ETag matches a list of
+///   itself and a list where it follows another element; `*` matches;
+/// - `if_modified_since before` answers 304 whenever `exact` does;
+/// - `If-Range` with the response's own ETag or Last-Modified date keeps
+///   the range, a quoted value never matches by date.
+pub fn conditional(data: &[u8]) {
+    use crate::http::date::{http_date_at, parse_http_date};
+    use crate::http::modules::not_modified::{etag_matches, modified_since, Ims};
+    use crate::http::modules::range::if_range_matches;
+    const MIN: i64 = -62_167_219_200;
+    const MAX: i64 = 253_402_300_799;
+    if let Some(t) = parse_http_date(data) {
+        if (MIN..=MAX).contains(&t) {
+            assert_eq!(
+                parse_http_date(&http_date_at(t)),
+                Some(t),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+        }
+    }
+    let mut b = [0u8; 8];
+    let n = data.len().min(8);
+    b[..n].copy_from_slice(&data[..n]);
+    let t = MIN + (i64::from_le_bytes(b).rem_euclid(MAX - MIN + 1));
+    let written = http_date_at(t);
+    assert_eq!(
+        parse_http_date(&written),
+        Some(t),
+        "{}",
+        String::from_utf8_lossy(&written)
+    );
+
+    let (etag, list) = match data.iter().position(|&c| c == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &b""[..]),
+    };
+    if etag_matches(list, Some(etag), false) {
+        assert!(
+            etag_matches(list, Some(etag), true),
+            "strong match but no weak match"
+        );
+    }
+    assert!(etag_matches(b"*", Some(etag), false) && etag_matches(b"*", None, true));
+    if !etag.is_empty() {
+        assert!(
+            etag_matches(etag, Some(etag), false),
+            "an ETag does not match itself"
+        );
+        if !matches!(etag[0], b' ' | b'\t' | b',') {
+            let mut l = b"\"other\", ".to_vec();
+            l.extend_from_slice(etag);
+            assert!(
+                etag_matches(&l, Some(etag), false),
+                "second element not matched"
+            );
+        }
+    }
+    for lm in [None, Some(t), Some(t.wrapping_add(1)), Some(t - 1)] {
+        if !modified_since(list, lm, Ims::Exact) {
+            assert!(
+                !modified_since(list, lm, Ims::Before),
+                "exact says 304, before does not"
+            );
+        }
+        assert!(modified_since(list, lm, Ims::Off));
+        assert!(!modified_since(&written, Some(t), Ims::Exact));
+    }
+    assert!(if_range_matches(&written, None, Some(t)));
+    if etag.len() >= 2 && etag.ends_with(b"\"") {
+        assert!(if_range_matches(etag, Some(etag), None));
+        assert!(!if_range_matches(etag, None, parse_http_date(etag)));
+    }
+    let _ = if_range_matches(list, Some(etag), parse_http_date(etag));
 }
 
 #[cfg(test)]

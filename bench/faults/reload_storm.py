@@ -8,8 +8,10 @@ upload location, then keeps it busy with:
   - a client making one TCP connection per request (Connection: close),
   - a slow download of a large file (rate-limited by the client),
   - a slow upload through proxy_pass to a local upstream that counts bytes,
-  - a WebSocket-like long-lived connection: a keep-alive connection that
-    sends one request every 200 ms and must never be closed by the server,
+  - a long-lived keep-alive connection that sends one request every
+    200 ms and must never be closed by the server without notice,
+  - a WebSocket through proxy_pass (Upgrade) to a local echo server,
+    one message every 200 ms, each echoed back; it must stay open,
 while it sends RELOADS `-s reload` at RATE per second, each with a changed
 configuration (a header value). Prints one result line per load and the
 master's RSS before and after.
@@ -43,6 +45,7 @@ http {{
     keepalive_requests 1000000;
     keepalive_timeout 300s;
     upstream up {{ server 127.0.0.1:{up}; }}
+    upstream ws {{ server 127.0.0.1:{ws}; }}
     server {{
         listen 127.0.0.1:{port};
         root html;
@@ -51,6 +54,13 @@ http {{
             client_max_body_size 0;
             proxy_request_buffering off;
             proxy_pass http://up;
+        }}
+        location /ws {{
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_read_timeout 300s;
+            proxy_pass http://ws;
         }}
     }}
 }}
@@ -76,6 +86,85 @@ class Upstream(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+
+WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
+
+
+def ws_accept(key):
+    import base64
+    import hashlib
+    return base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
+
+
+def ws_read_frame(f):
+    """One WebSocket frame: (opcode, payload) or None at EOF."""
+    h = f.read(2)
+    if len(h) < 2:
+        return None
+    n = h[1] & 0x7F
+    if n == 126:
+        n = int.from_bytes(f.read(2), "big")
+    elif n == 127:
+        n = int.from_bytes(f.read(8), "big")
+    mask = f.read(4) if h[1] & 0x80 else b""
+    data = f.read(n)
+    if len(data) < n:
+        return None
+    if mask:
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+    return h[0] & 0x0F, data
+
+
+def ws_frame(payload, masked):
+    out = bytearray([0x81])
+    n = len(payload)
+    if n < 126:
+        out.append((0x80 if masked else 0) | n)
+    else:
+        out.append((0x80 if masked else 0) | 126)
+        out += n.to_bytes(2, "big")
+    if masked:
+        key = os.urandom(4)
+        out += key
+        payload = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return bytes(out) + payload
+
+
+def ws_echo_server(port, stop):
+    """A WebSocket echo server: the handshake, then every text frame back."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(16)
+    ls.settimeout(0.5)
+
+    def serve(c):
+        f = c.makefile("rb")
+        key = b""
+        while True:
+            line = f.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"sec-websocket-key":
+                key = v.strip()
+        c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                  b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + ws_accept(key) + b"\r\n\r\n")
+        while True:
+            fr = ws_read_frame(f)
+            if fr is None or fr[0] == 8:
+                break
+            c.sendall(ws_frame(fr[1], False))
+        c.close()
+
+    while not stop.is_set():
+        try:
+            c, _ = ls.accept()
+        except OSError:
+            continue
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+    ls.close()
 
 
 def free_port():
@@ -150,12 +239,12 @@ def main():
     big = os.path.join(prefix, "html/big")
     with open(big, "wb") as f:
         f.truncate(o.download_mb << 20)
-    port, up = free_port(), free_port()
+    port, up, wsport = free_port(), free_port(), free_port()
     conf = os.path.join(prefix, "conf/nginx.conf")
 
     def write_conf(gen):
         with open(conf, "w") as f:
-            f.write(CONF.format(port=port, up=up, gen=gen))
+            f.write(CONF.format(port=port, up=up, ws=wsport, gen=gen))
 
     write_conf(0)
     srv_up = http.server.ThreadingHTTPServer(("127.0.0.1", up), Upstream)
@@ -181,6 +270,41 @@ def main():
     url = "http://127.0.0.1:%d" % port
     stop = threading.Event()
     results = {}
+    threading.Thread(target=ws_echo_server, args=(wsport, stop), daemon=True).start()
+
+    def websocket():
+        ok = bad = 0
+        state = "still open"
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n"
+                      b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                      b"Sec-WebSocket-Version: 13\r\n\r\n")
+            f = s.makefile("rb")
+            status = f.readline()
+            while f.readline() not in (b"\r\n", b""):
+                pass
+            if b" 101 " not in status:
+                state = "handshake answered %r" % status
+            else:
+                i = 0
+                while not stop.is_set():
+                    msg = b"message %d" % i
+                    s.sendall(ws_frame(msg, True))
+                    fr = ws_read_frame(f)
+                    if fr is None:
+                        state = "CLOSED by the server"
+                        break
+                    if fr[1] == msg:
+                        ok += 1
+                    else:
+                        bad += 1
+                    i += 1
+                    time.sleep(0.2)
+            s.close()
+        except OSError as e:
+            state = "failed: %s" % e
+        results["websocket"] = "%d echoed, %d wrong, %s" % (ok, bad, state)
 
     def conn_per_request():
         ok = bad = 0
@@ -247,7 +371,7 @@ def main():
         results["slow upload"] = "upstream counted %s of %d bytes, status %s, curl exit %d" % (
             out[0] if out else "?", size, out[1] if len(out) > 1 else "?", p.returncode)
 
-    threads = [threading.Thread(target=t) for t in (conn_per_request, long_lived, download, upload)]
+    threads = [threading.Thread(target=t) for t in (conn_per_request, long_lived, websocket, download, upload)]
     for t in threads:
         t.start()
     pidfile = os.path.join(prefix, "logs/nginx.pid")
@@ -312,7 +436,7 @@ def main():
     else:
         print("reloads: %d at %.1f/s, %d refused" % (o.reloads, o.rate, failed_reloads))
     for k in ("wrk -c64 keep-alive", "conn-per-request", "long-lived keep-alive",
-              "slow download", "slow upload"):
+              "websocket", "slow download", "slow upload"):
         print("%-22s %s" % (k + ":", results.get(k, "?")))
     print("master+workers RSS: %d kB before, %d kB after" % (rss_before, rss_after))
     if pid > 0:

@@ -272,6 +272,9 @@ pub struct ReqBody<'a> {
     data: Option<Data>,
     /// Body bytes received (decoded).
     received: u64,
+    /// A stand-in while the real body is being streamed upstream
+    /// ([`stream_begin`]).
+    streaming: bool,
 }
 
 impl<'a> ReqBody<'a> {
@@ -282,6 +285,7 @@ impl<'a> ReqBody<'a> {
             end: End::Unread,
             data: None,
             received: 0,
+            streaming: false,
         }
     }
 }
@@ -337,6 +341,7 @@ impl ReqBody<'_> {
             end: End::Read,
             data,
             received: self.received,
+            streaming: false,
         })
     }
 }
@@ -549,6 +554,323 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
             broken(rb, false);
             Err(500)
         }
+    }
+}
+
+// ---- a body sent on as it arrives ------------------------------------------
+
+/// A request body read piece by piece while it goes upstream
+/// (`PREFIX_request_buffering off`, nginx's `request_body_no_buffering`).
+/// It holds the connection's [`ReqBody`] while the exchange runs (the
+/// request's `Ctx::body` holds a stand-in that says so, see
+/// [`streaming`]) and gives it back with [`Streaming::finish`].
+///
+/// What it read is also kept while it fits `client_body_buffer_size`, so
+/// that `$request_body` works after it as with a buffered body.
+pub struct Streaming<'a> {
+    rb: ReqBody<'a>,
+    dec: Option<ChunkedDecoder>,
+    left: Option<u64>,
+    max: u64,
+    wait: Duration,
+    kept: Option<Vec<u8>>,
+    kept_max: u64,
+    /// The last piece was read.
+    done: bool,
+    /// HTTP/2 or /3: the body ends with the stream, also when it has a
+    /// length (which is then checked against it).
+    framed: bool,
+    /// Something of the body was taken from the connection.
+    touched: bool,
+    /// Log lines are written with the request's context, taken at start.
+    logger: Arc<crate::core::log::Logger>,
+    conn: u64,
+    ctx_tail: String,
+}
+
+/// The body is being streamed upstream (it is neither read nor unread).
+pub fn streaming(cx: &Ctx<'_>) -> bool {
+    cx.body.as_ref().is_some_and(|b| b.streaming)
+}
+
+/// Starts streaming the request's body: None when there is none, or it
+/// was read already (a subrequest, an earlier handler), or
+/// `client_body_in_file_only` asks for a file (nginx turns unbuffered
+/// reading off then). `Expect: 100-continue` is answered here.
+pub async fn stream_begin<'c>(cx: &mut Ctx<'c>) -> Result<Option<Streaming<'c>>, Box<Response>> {
+    let loc = cx.loc.clone();
+    if loc.modules.body.in_file_only.unwrap_or(FileOnly::Off) != FileOnly::Off {
+        return Ok(None);
+    }
+    match cx.body.as_ref() {
+        Some(b) if b.end == End::Unread && !b.streaming => {}
+        _ => return Ok(None),
+    }
+    let Some(mut rb) = cx.body.take() else {
+        return Ok(None);
+    };
+    let core = &loc.core;
+    if cx.req.expect_continue {
+        let send = Duration::from_millis(core.send_timeout.unwrap_or(60_000));
+        if write_all(rb.io, b"HTTP/1.1 100 Continue\r\n\r\n", send)
+            .await
+            .is_err()
+        {
+            rb.end = End::Broken {
+                silent: true,
+                linger: false,
+            };
+            cx.body = Some(rb);
+            return Err(Box::new(Response::status(400)));
+        }
+    }
+    let left = cx.req.content_length;
+    let host = cx.log_host_ctx();
+    let s = Streaming {
+        dec: left.is_none().then(ChunkedDecoder::new),
+        left,
+        max: core.client_max_body_size.unwrap_or(1 << 20),
+        wait: Duration::from_millis(core.client_body_timeout.unwrap_or(60_000)),
+        kept: Some(Vec::new()),
+        kept_max: core.client_body_buffer_size.unwrap_or(16 << 10),
+        done: false,
+        framed: left.is_some()
+            && cx.req.proto().starts_with(b"HTTP/")
+            && !cx.req.proto().starts_with(b"HTTP/1"),
+        touched: false,
+        logger: cx.logger(),
+        conn: cx.conn.id,
+        ctx_tail: format!("{}{}", cx.log_request_ctx(), host),
+        rb,
+    };
+    cx.body = Some(ReqBody {
+        io: &NO_IO,
+        buf: Vec::new(),
+        end: End::Unread,
+        data: None,
+        received: 0,
+        streaming: true,
+    });
+    Ok(Some(s))
+}
+
+impl<'a> Streaming<'a> {
+    /// The body's length when the client declared it.
+    pub fn length(&self) -> Option<u64> {
+        self.left.map(|l| l + self.rb.received)
+    }
+
+    /// Nothing of the body was taken yet: it could still go to another
+    /// peer.
+    pub fn untouched(&self) -> bool {
+        !self.touched
+    }
+
+    /// The last piece was given.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    fn log(&self, level: Level, msg: &str) {
+        self.logger.log(
+            level,
+            Some(self.conn),
+            format_args!("{}{}", msg, self.ctx_tail),
+        );
+    }
+
+    fn broken(&mut self, silent: bool) {
+        self.rb.end = End::Broken {
+            silent,
+            linger: !silent,
+        };
+    }
+
+    /// The next piece of the body as it arrives (what is buffered first,
+    /// then each read, with what more is there at once); None at its end.
+    /// Err: the status for the client (its log line written), the
+    /// connection marked as nginx would.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, u16> {
+        let mut out = Vec::new();
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            self.decode(&mut out)?;
+            if !out.is_empty() {
+                // Whatever else arrived already goes in the same piece
+                // (HTTP/2 DATA frames that came together: one chunk, as
+                // nginx's buffer).
+                while !self.done && out.len() < READ_SIZE && self.read_now()? {
+                    self.decode(&mut out)?;
+                }
+                self.rb.received += out.len() as u64;
+                if let Some(k) = &mut self.kept {
+                    if (k.len() + out.len()) as u64 <= self.kept_max {
+                        k.extend_from_slice(&out);
+                    } else {
+                        self.kept = None;
+                    }
+                }
+                return Ok(Some(Bytes::from(out)));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            match tokio::time::timeout(self.wait, self.rb.io.readable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    self.broken(true);
+                    return Err(400);
+                }
+                // As a buffered body: nothing logged, 408.
+                Err(_) => {
+                    self.broken(true);
+                    return Err(408);
+                }
+            }
+            self.read_now()?;
+        }
+    }
+
+    /// Decodes what the buffer holds into `out`; sets `done` at the end.
+    fn decode(&mut self, out: &mut Vec<u8>) -> Result<(), u16> {
+        let before = out.len();
+        match (&mut self.dec, &mut self.left) {
+            (Some(d), _) => {
+                let used = match d.decode(&self.rb.buf, out) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.log(Level::Error, "client sent invalid chunked body");
+                        self.broken(false);
+                        return Err(400);
+                    }
+                };
+                if used > 0 {
+                    self.touched = true;
+                }
+                self.rb.buf.drain(..used);
+                let so_far = self.rb.received + out.len() as u64;
+                if self.max != 0 && so_far.saturating_add(d.chunk_remaining()) > self.max {
+                    let m = format!(
+                        "client intended to send too large chunked body: {}+{} bytes",
+                        so_far,
+                        d.chunk_remaining()
+                    );
+                    self.log(Level::Error, &m);
+                    self.broken(false);
+                    return Err(413);
+                }
+                self.done = d.is_done();
+            }
+            (None, Some(l)) => {
+                if *l == 0 && self.framed && !self.rb.buf.is_empty() {
+                    self.log(
+                        Level::Info,
+                        "client intended to send body data larger than declared",
+                    );
+                    self.broken(false);
+                    return Err(400);
+                }
+                let take = (*l).min(self.rb.buf.len() as u64) as usize;
+                out.extend_from_slice(&self.rb.buf[..take]);
+                self.rb.buf.drain(..take);
+                *l -= take as u64;
+                // An HTTP/2 or /3 body ends with its stream, which may
+                // still bring more than declared.
+                self.done = *l == 0 && !self.framed;
+            }
+            (None, None) => self.done = true,
+        }
+        if out.len() > before {
+            self.touched = true;
+        }
+        Ok(())
+    }
+
+    /// One read of what the connection has now; false: nothing there.
+    fn read_now(&mut self) -> Result<bool, u16> {
+        // Polled once, not waited for: an HTTP/2 stream's data sits in
+        // the HTTP/2 layer until then (a socket answers from its readiness).
+        {
+            let mut f = std::pin::pin!(self.rb.io.readable());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if f.as_mut().poll(&mut cx).is_pending() {
+                return Ok(false);
+            }
+        }
+        let want = match self.left {
+            Some(l) if !self.framed => l.min(READ_SIZE as u64) as usize,
+            _ => READ_SIZE,
+        };
+        if want == 0 {
+            return Ok(false);
+        }
+        // Appended: a chunk-size line may be waiting for its end.
+        let start = self.rb.buf.len();
+        self.rb.buf.resize(start + want, 0);
+        match self.rb.io.try_read(&mut self.rb.buf[start..]) {
+            Ok(0) => {
+                self.rb.buf.truncate(start);
+                match self.left {
+                    Some(0) if self.framed => {
+                        self.done = true;
+                        Ok(false)
+                    }
+                    Some(l) if self.framed => {
+                        let total = l + self.rb.received;
+                        self.log(
+                            Level::Info,
+                            &format!(
+                                "client prematurely closed stream: only {} out of {} bytes of request body received",
+                                total - l,
+                                total
+                            ),
+                        );
+                        self.broken(false);
+                        Err(400)
+                    }
+                    _ => {
+                        self.log(Level::Info, "client prematurely closed connection");
+                        self.broken(true);
+                        Err(400)
+                    }
+                }
+            }
+            Ok(n) => {
+                self.touched = true;
+                self.rb.buf.truncate(start + n);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.rb.buf.truncate(start);
+                Ok(false)
+            }
+            Err(_) => {
+                self.rb.buf.truncate(start);
+                self.broken(true);
+                Err(400)
+            }
+        }
+    }
+
+    /// Gives the connection's body back to the request: read whole (what
+    /// was kept becomes `$request_body`), untouched (the engine discards
+    /// it as an unread one), or left half-read (the connection closes
+    /// after the response).
+    pub fn finish(mut self, cx: &mut Ctx<'a>) {
+        if self.rb.end == End::Unread {
+            if self.done {
+                self.rb.end = End::Read;
+                self.rb.data = self.kept.take().map(|k| Data::Mem(Bytes::from(k)));
+            } else if self.touched {
+                self.rb.end = End::Broken {
+                    silent: false,
+                    linger: true,
+                };
+            }
+        }
+        cx.body = Some(self.rb);
     }
 }
 

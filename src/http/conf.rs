@@ -204,6 +204,8 @@ pub struct CoreLoc {
     pub postpone_output: Option<u64>,
     /// `log_subrequest`: subrequests write access-log lines too.
     pub log_subrequest: Option<bool>,
+    /// `keepalive_disable`: (msie6, safari); nginx's default is msie6.
+    pub keepalive_disable: Option<(bool, bool)>,
     pub error_log: Option<Vec<ErrorLogSpec>>,
     /// Compiled from `error_log` after merging.
     pub logger: Option<Arc<Logger>>,
@@ -218,7 +220,7 @@ impl CoreLoc {
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
             lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, log_subrequest, error_log, logger,
-            chunked_transfer_encoding, msie_padding, msie_refresh, http2_chunk_size);
+            chunked_transfer_encoding, msie_padding, msie_refresh, http2_chunk_size, keepalive_disable);
     }
 
     /// Applied once at http level so every descendant inherits a value.
@@ -913,7 +915,7 @@ fn compile_location(
     }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;
-    crate::http::modules::proxy::check_ssl(&loc)?;
+    crate::http::modules::proxy::check_ssl(&mut loc)?;
     crate::http::modules::ModLoc::check_merged(&loc)?;
     // The location's own error log first: its `if` blocks log there too.
     if own_error_log {
@@ -1180,12 +1182,61 @@ pub fn parse_inet(a: &str) -> Option<SocketAddr> {
 }
 
 fn set_listen(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let l = parse_listen(d)?;
-    if s.listen.iter().any(|x| x.addr == l.addr) {
-        return Err(ConfError::at(format!("duplicate listen {}", l.addr), d));
+    let mut ls = Vec::new();
+    match port_range(arg(d, 0)) {
+        // `listen ADDR:FIRST-LAST`: one listen per port, as nginx expands it.
+        Some(Ok((host, first, last))) => {
+            for port in first..=last {
+                let mut one = d.clone();
+                if let Some(a) = one.args.first_mut() {
+                    a.value = format!("{}{}", host, port);
+                }
+                ls.push(parse_listen(&one)?);
+            }
+        }
+        Some(Err(())) => {
+            return Err(ConfError::at(
+                format!(
+                    "invalid port in \"{}\" of the \"listen\" directive",
+                    arg(d, 0)
+                ),
+                d,
+            ))
+        }
+        None => ls.push(parse_listen(d)?),
     }
-    s.listen.push(l);
+    for l in ls {
+        if s.listen.iter().any(|x| x.addr == l.addr) {
+            return Err(ConfError::at(format!("duplicate listen {}", l.addr), d));
+        }
+        s.listen.push(l);
+    }
     Ok(())
+}
+
+/// `[HOST:]FIRST-LAST` (nginx's listen port range): what goes before
+/// each port (`HOST:` or nothing) and the ports, `Err` for a range nginx
+/// refuses (a port out of 1-65535, or the last below the first); `None`
+/// when the address is not a range.
+pub fn port_range(a: &str) -> Option<Result<(&str, u16, u16), ()>> {
+    if a.starts_with("unix:") {
+        return None;
+    }
+    let (host, ports) = match a.rfind(':') {
+        Some(i) if !a[i + 1..].ends_with(']') => (&a[..=i], &a[i + 1..]),
+        Some(_) => return None,
+        None => ("", a),
+    };
+    let (f, l) = ports.split_once('-')?;
+    let digits = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit());
+    if !digits(f) || !digits(l) {
+        return None;
+    }
+    let num = |x: &str| x.parse::<u32>().ok().filter(|&n| (1..=65535).contains(&n));
+    Some(match (num(f), num(l)) {
+        (Some(f), Some(l)) if f <= l => Ok((host, f as u16, l as u16)),
+        _ => Err(()),
+    })
 }
 
 fn set_server_name(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -1415,6 +1466,19 @@ fn check_core_no_effect(_: &mut LocConf, d: &Directive, cx: &mut Compiler) -> Co
         }
     }
     Ok(())
+}
+
+fn set_keepalive_disable(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    check_core_no_effect(l, d, cx)?;
+    let mut v = (false, false);
+    for a in &d.args {
+        match a.value.as_str() {
+            "msie6" => v.0 = true,
+            "safari" => v.1 = true,
+            _ => {}
+        }
+    }
+    set_once(&mut l.core.keepalive_disable, v, d)
 }
 
 fn set_keepalive_requests(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1671,7 +1735,7 @@ pub const DIRECTIVES: &[Spec] = &[
         name: "keepalive_disable",
         ctx: ctx::HSL,
         args: Args::AtLeast(1),
-        set: Setter::Loc(check_core_no_effect),
+        set: Setter::Loc(set_keepalive_disable),
     },
     Spec {
         name: "keepalive_requests",

@@ -97,6 +97,8 @@ pub struct Sent {
     pub body_bytes: u64,
     /// The head as written (for `$sent_http_*`).
     pub head: Vec<u8>,
+    /// The trailers rendered so far (for `$sent_trailer_*`).
+    pub trailers: Vec<(String, Vec<u8>)>,
     /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
     pub io: &'static str,
     /// The rate the body is paced by instead of the location's
@@ -264,8 +266,8 @@ fn ssl_check(cx: &Ctx<'_>) -> Option<u16> {
             cx.log(
                 Level::Info,
                 &format!(
-                    "client SSL certificate verify error: ({}:{}) while reading client request headers",
-                    e.0, e.1
+                    "client SSL certificate verify error: {} while reading client request headers",
+                    e
                 ),
             );
             return Some(495);
@@ -285,6 +287,7 @@ fn ssl_check(cx: &Ctx<'_>) -> Option<u16> {
 /// locations, redirects), then the header filters. Also how a head that
 /// was refused while being read gets its answer, as in nginx.
 pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
+    crate::http::upstream::response::accel_carried(cx, &mut resp);
     let mut hops = 0;
     while resp.status >= 300
         && matches!(resp.body, crate::http::response::Body::Empty)
@@ -374,6 +377,8 @@ pub async fn conclude(cx: &mut Ctx<'_>, mut resp: Response) -> Response {
             };
         }
     }
+    // nginx's SSI filter (it runs the included documents' own commands).
+    modules::ssi::apply(cx, &mut resp).await;
     // nginx's addition filter: the subrequests' output around the body.
     modules::addition::apply(cx, &mut resp).await;
     finish(cx, &mut resp);
@@ -836,6 +841,12 @@ fn push_addr(out: &mut Vec<u8>, a: Option<SocketAddr>, port: bool) {
 impl Ctx<'_> {
     /// `$request_id`: drawn on first use, then the same for the request
     /// (nginx caches it in the request's variables).
+    /// Gives a subrequest the `$request_id` of `parent`.
+    pub(crate) fn share_request_id(&self, parent: &Ctx<'_>) {
+        let id = parent.request_id();
+        self.memo.borrow_mut().push(("request_id", Box::new(id)));
+    }
+
     fn request_id(&self) -> [u8; 32] {
         const KEY: &str = "request_id";
         let mut memo = self.memo.borrow_mut();
@@ -952,6 +963,12 @@ impl VarCtx for Ctx<'_> {
             },
             Var::Ssl(v) => return crate::tls::vars::eval(self.conn.tls.info(), *v, out),
             Var::Request => out.extend_from_slice(r.line()),
+            // An internal redirect that turned the request into a GET
+            // (error_page, X-Accel-Redirect) renames it, as nginx's
+            // method_name.
+            Var::RequestMethod if self.method == Method::Get && r.method != Method::Get => {
+                out.extend_from_slice(b"GET")
+            }
             Var::RequestMethod => out.extend_from_slice(r.method_raw().as_bytes()),
             Var::RequestLength => response::push_num(out, r.head_len as u64),
             Var::DocumentRoot => out.extend_from_slice(&self.root()),
@@ -1035,8 +1052,30 @@ impl VarCtx for Ctx<'_> {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,
             },
+            // nginx 1.22 joins the values of these two (its multi-value
+            // headers_out fields) with ", "; other names give the first.
+            Var::SentHttp(name) if name == "cache-control" || name == "link" => {
+                let mut found = false;
+                for v in sent_headers(&self.sent.head, name.as_bytes()) {
+                    if found {
+                        out.extend_from_slice(b", ");
+                    }
+                    out.extend_from_slice(v);
+                    found = true;
+                }
+                return found;
+            }
             Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
                 Some(v) => out.extend_from_slice(v),
+                None => return false,
+            },
+            Var::SentTrailer(name) => match self
+                .sent
+                .trailers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                Some((_, v)) => out.extend_from_slice(v),
                 None => return false,
             },
             Var::User(i) => {
@@ -1046,10 +1085,23 @@ impl VarCtx for Ctx<'_> {
                 }
                 let vars = &self.http.main.vars;
                 if let Some(d) = vars.def(*i) {
-                    return d.eval(self, out);
+                    if !d.cacheable() {
+                        return d.eval(self, out);
+                    }
+                    let start = out.len();
+                    let found = d.eval(self, out);
+                    if found {
+                        if let Some(slot) = self.user_vars.borrow_mut().get_mut(*i) {
+                            *slot = Some(out[start..].to_vec());
+                        }
+                    }
+                    return found;
                 }
                 if !vars.set_only(*i) {
                     return false;
+                }
+                if let Some(v) = vars.fallback(*i) {
+                    return self.var(v, out);
                 }
                 if self.loc.modules.rewrite.uninitialized_variable_warn != Some(false) {
                     self.log(
@@ -1087,16 +1139,19 @@ fn cookie<'r>(r: &'r Request, name: &[u8]) -> Option<&'r [u8]> {
 }
 
 /// A header value from a written head (`$sent_http_NAME`).
-fn sent_header<'h>(head: &'h [u8], lname: &[u8]) -> Option<&'h [u8]> {
-    for line in head.split(|&c| c == b'\n').skip(1) {
+fn sent_header<'h>(head: &'h [u8], lname: &'h [u8]) -> Option<&'h [u8]> {
+    sent_headers(head, lname).next()
+}
+
+/// Every value of a header in a written head, in order.
+fn sent_headers<'h>(head: &'h [u8], lname: &'h [u8]) -> impl Iterator<Item = &'h [u8]> + 'h {
+    head.split(|&c| c == b'\n').skip(1).filter_map(move |line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(colon) = memchr::memchr(b':', line) {
-            if line[..colon].eq_ignore_ascii_case(lname) {
-                return Some(line[colon + 1..].trim_ascii());
-            }
-        }
-    }
-    None
+        let colon = memchr::memchr(b':', line)?;
+        line[..colon]
+            .eq_ignore_ascii_case(lname)
+            .then(|| line[colon + 1..].trim_ascii())
+    })
 }
 
 /// A size given with variables, as nginx evaluates one: a value that is

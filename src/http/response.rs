@@ -83,6 +83,13 @@ pub trait BodyFilter: Send {
     /// Transforms one piece of the body; `last` is set on the final call
     /// (which may carry an empty `input`). Output is appended to `out`.
     fn filter(&mut self, input: &[u8], last: bool, out: &mut Vec<u8>) -> std::io::Result<()>;
+
+    /// Each output byte is the input byte at the same position (a
+    /// single-byte charset recoding): the range filter can still cut the
+    /// body, before or after this filter alike.
+    fn keeps_positions(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Default)]
@@ -293,6 +300,10 @@ pub struct Browser {
     pub msie: bool,
     /// "Chrome/", when neither MSIE, Opera nor "Gecko/" matched.
     pub chrome: bool,
+    /// MSIE 4, 5, or 6 before SP2 (`keepalive_disable msie6`).
+    pub msie6: bool,
+    /// Safari on macOS (`keepalive_disable safari`).
+    pub safari: bool,
 }
 
 pub fn browser(req: &crate::http::request::Request) -> Browser {
@@ -311,7 +322,31 @@ pub fn browser_of(ua: &[u8]) -> Browser {
         msie = false;
     }
     let chrome = !msie && !opera && find(b"Gecko/").is_none() && find(b"Chrome/").is_some();
-    Browser { msie, chrome }
+    // nginx: "MSIE 4.", "MSIE 5.", and "MSIE 6." without "SV1" after it.
+    let msie6 = msie
+        && find(b"MSIE ").is_some_and(|i| {
+            ua.get(i + 6) == Some(&b'.')
+                && match ua.get(i + 5) {
+                    Some(b'4') | Some(b'5') => true,
+                    Some(b'6') => {
+                        memchr::memmem::find(ua.get(i + 8..).unwrap_or_default(), b"SV1").is_none()
+                    }
+                    _ => false,
+                }
+        });
+    // nginx: "Safari/" and "Mac OS X", not Chrome.
+    let safari = !msie
+        && !opera
+        && find(b"Gecko/").is_none()
+        && find(b"Chrome/").is_none()
+        && find(b"Safari/").is_some()
+        && find(b"Mac OS X").is_some();
+    Browser {
+        msie,
+        chrome,
+        msie6,
+        safari,
+    }
 }
 
 /// nginx's `msie_refresh`: a 301 or 302 to MSIE becomes a 200 page whose

@@ -64,6 +64,9 @@ impl<'a> Ctx<'a> {
         let vars = self.user_vars.take();
         let from = (self.sub_depth + 1, self.remote);
         prepare(&mut sub, from, uri, args, method, vars, body);
+        // One `$request_id` for the client's request and its subrequests
+        // (nginx's subrequests share the main request's variables).
+        sub.share_request_id(self);
         Some(sub)
     }
 }

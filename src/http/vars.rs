@@ -23,6 +23,8 @@ pub enum Var {
     /// `$http_NAME`: header name lowercase with `_` turned into `-`.
     Http(String),
     SentHttp(String),
+    /// `$sent_trailer_NAME`: a trailer added before this one (`add_trailer`).
+    SentTrailer(String),
     /// `$upstream_http_NAME`: a header of the upstream's response.
     UpstreamHttp(String),
     /// `$upstream_cookie_NAME`: a cookie the upstream's `Set-Cookie` sets.
@@ -94,6 +96,12 @@ pub enum Var {
 pub trait UserVar: std::fmt::Debug + Send + Sync {
     /// Appends the value; false when the variable has no value.
     fn eval(&self, cx: &dyn VarCtx, out: &mut Vec<u8>) -> bool;
+
+    /// A value found once holds for the rest of the request (nginx's
+    /// cached variables: a `map` without `volatile`).
+    fn cacheable(&self) -> bool {
+        false
+    }
 }
 
 /// Builtins by name (those without a prefix).
@@ -159,6 +167,10 @@ pub struct VarTable {
     /// Declared by `set`: without a value in a request such a variable is
     /// "uninitialized" (empty, with nginx's warning).
     by_set: Vec<bool>,
+    /// A prefix variable (`$http_foo`...) that `set` also gives values
+    /// to: where `set` has not run in a request, the prefix variable
+    /// answers, as in nginx.
+    fallback: HashMap<usize, Var>,
     /// Where a variable was first mentioned (file, line), for the
     /// `unknown "NAME" variable` error.
     first_use: Vec<Option<(std::sync::Arc<std::path::PathBuf>, usize)>>,
@@ -214,9 +226,25 @@ impl VarTable {
 
     /// Declares a variable `set` gives a value to.
     pub fn define_set(&mut self, name: &str) -> usize {
+        let mut probe = VarTable {
+            stream: self.stream,
+            ..Default::default()
+        };
+        let prefixed = match probe.resolve(name) {
+            Var::User(_) => None,
+            v => Some(v),
+        };
         let i = self.define(name);
         self.by_set[i] = true;
+        if let Some(v) = prefixed {
+            self.fallback.insert(i, v);
+        }
         i
+    }
+
+    /// The prefix variable a `set` variable falls back to (see `fallback`).
+    pub fn fallback(&self, i: usize) -> Option<&Var> {
+        self.fallback.get(&i)
     }
 
     /// Whether user variable `i` is declared by `set` and computed by
@@ -301,6 +329,12 @@ impl VarTable {
         if let Some(v) = builtin(name) {
             return v;
         }
+        // A prefix variable that `set` gives values to is that variable.
+        if let Some(&i) = self.index.get(name) {
+            if self.fallback.contains_key(&i) {
+                return Var::User(i);
+            }
+        }
         let lower = name.to_ascii_lowercase();
         if let Some(h) = lower.strip_prefix("http_") {
             return Var::Http(h.replace('_', "-"));
@@ -315,6 +349,9 @@ impl VarTable {
         }
         if let Some(h) = lower.strip_prefix("sent_http_") {
             return Var::SentHttp(h.replace('_', "-"));
+        }
+        if let Some(h) = lower.strip_prefix("sent_trailer_") {
+            return Var::SentTrailer(h.replace('_', "-"));
         }
         if let Some(a) = name.strip_prefix("arg_") {
             return Var::Arg(a.to_string());

@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use std::time::Duration;
@@ -254,7 +254,20 @@ pub struct OpenFile {
     /// together (a changed file gets a new `OpenFile`), so a response never
     /// mixes an old length with new bytes.
     content: OnceLock<Bytes>,
+    /// Until when (`sys::coarse_ms`) the whole file counts as resident
+    /// without asking the kernel again; see [`RESIDENT_MEMO_MS`].
+    resident_until_ms: AtomicU64,
 }
+
+/// How long a file that `send_file` found wholly resident is sent again
+/// without a residency check. The check is not free where `cachestat(2)`
+/// refuses (a worker that neither owns nor may write the file, the usual
+/// deployment): the probe then copies the range with `RWF_NOWAIT`, a
+/// 16 KiB copy per 16 KiB response. Pages that `sendfile` read within
+/// the last fraction of a second are at the hot end of the page cache's
+/// LRU; reclaim takes them only under pressure that stalls everything
+/// else too, so this costs no measurable risk of a blocking send.
+const RESIDENT_MEMO_MS: u64 = 200;
 
 /// Largest file whose content the open-file cache keeps in memory: the
 /// size the HTTP engine sends with one `writev` instead of `sendfile`.
@@ -312,6 +325,7 @@ impl OpenFile {
             direct: OnceLock::new(),
             keep_content: AtomicBool::new(false),
             content: OnceLock::new(),
+            resident_until_ms: AtomicU64::new(0),
         })
     }
 
@@ -361,6 +375,17 @@ impl OpenFile {
         {
             SMALL_CONTENT_BYTES.fetch_sub(n, Ordering::Relaxed);
         }
+    }
+
+    /// Whether the whole file was found resident less than
+    /// [`RESIDENT_MEMO_MS`] ago.
+    fn resident_recently(&self, now_ms: u64) -> bool {
+        now_ms < self.resident_until_ms.load(Ordering::Relaxed)
+    }
+
+    fn mark_resident(&self, now_ms: u64) {
+        self.resident_until_ms
+            .store(now_ms + RESIDENT_MEMO_MS, Ordering::Relaxed);
     }
 
     /// Wraps a file the caller made (a request body's temp file, already
@@ -864,7 +889,13 @@ pub async fn send_file<S: SendSock>(
     while sent < len {
         let off = offset + sent;
         let n = (len - sent).min(max_chunk);
-        if policy.pool().is_some() || policy.uring() {
+        let whole = off == 0 && n >= file.meta.size;
+        let now_ms = if whole { sys::coarse_ms() } else { 0 };
+        if whole && file.resident_recently(now_ms) {
+            bump(&STATS.sends_inline);
+            bump(&STATS.residency_memo);
+            policy.inline();
+        } else if policy.pool().is_some() || policy.uring() {
             let asked = resident::cachestat_may_answer(file)
                 .then(|| sys::cachestat_residency(&file.file, off, n, file.meta.size));
             let cold = match asked {
@@ -901,6 +932,9 @@ pub async fn send_file<S: SendSock>(
             } else {
                 bump(&STATS.sends_inline);
                 policy.inline();
+            }
+            if whole {
+                file.mark_resident(now_ms);
             }
         } else {
             bump(&STATS.sends_inline);
@@ -1221,6 +1255,16 @@ mod tests {
     }
 
     async fn send_and_receive(path: &Path, off: u64, len: u64, policy: &Policy) -> (u64, Vec<u8>) {
+        let f = open(path, policy).await.expect("open");
+        send_open_and_receive(&f, off, len, policy).await
+    }
+
+    async fn send_open_and_receive(
+        f: &Arc<OpenFile>,
+        off: u64,
+        len: u64,
+        policy: &Policy,
+    ) -> (u64, Vec<u8>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -1232,11 +1276,10 @@ mod tests {
             got
         });
         let (server, _) = listener.accept().await.expect("accept");
-        let f = open(path, policy).await.expect("open");
         let mut sent = 0;
         send_file(
             &server,
-            &f,
+            f,
             off,
             len,
             policy,
@@ -1247,6 +1290,34 @@ mod tests {
         .expect("send_file");
         drop(server);
         (sent, client.await.expect("client task"))
+    }
+
+    #[test]
+    fn a_file_sent_whole_and_resident_is_not_probed_again_for_a_moment() {
+        let (tf, data) = make_file("memo", 16 * 1024);
+        let policy = Policy::new(Aio::Threads(pool("memo")));
+        let len = data.len() as u64;
+        let f = rt().block_on(open(&tf.0, &policy)).expect("open");
+        assert!(!f.resident_recently(sys::coarse_ms()));
+        // First send: checked (cachestat or the probe), then remembered.
+        let (sent, got) = rt().block_on(send_open_and_receive(&f, 0, len, &policy));
+        assert_eq!((sent, got == data), (len, true));
+        assert!(f.resident_recently(sys::coarse_ms()));
+        // Second send of the same open file: no check at all.
+        let before = STATS.snapshot();
+        let (sent, got) = rt().block_on(send_open_and_receive(&f, 0, len, &policy));
+        let after = STATS.snapshot();
+        assert_eq!((sent, got == data), (len, true));
+        assert!(after.residency_memo > before.residency_memo);
+        // A part of the file is always checked, and never remembered for
+        // the whole.
+        let g = rt().block_on(open(&tf.0, &policy)).expect("open");
+        let (sent, _) = rt().block_on(send_open_and_receive(&g, 1, len - 1, &policy));
+        assert_eq!(sent, len - 1);
+        assert!(!g.resident_recently(sys::coarse_ms()));
+        // And the memory is short.
+        std::thread::sleep(Duration::from_millis(RESIDENT_MEMO_MS + 50));
+        assert!(!f.resident_recently(sys::coarse_ms()));
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct IoStats {
     pub cachestat_fallbacks: AtomicU64,
     /// Residency answered by the page tables of a mapping (no copy), see `resident.rs`.
     pub residency_mapped: AtomicU64,
+    /// Sends of a whole file found resident a moment ago: no check at all.
+    pub residency_memo: AtomicU64,
     pub opens_inline: AtomicU64,
     pub opens_offloaded: AtomicU64,
     /// Opens answered by a kept descriptor after a `stat` (see `reuse.rs`).
@@ -42,6 +44,7 @@ pub static STATS: IoStats = IoStats {
     cachestat_calls: AtomicU64::new(0),
     cachestat_fallbacks: AtomicU64::new(0),
     residency_mapped: AtomicU64::new(0),
+    residency_memo: AtomicU64::new(0),
     opens_inline: AtomicU64::new(0),
     opens_offloaded: AtomicU64::new(0),
     opens_reused: AtomicU64::new(0),
@@ -70,6 +73,7 @@ pub struct IoStatsSnapshot {
     pub cachestat_calls: u64,
     pub cachestat_fallbacks: u64,
     pub residency_mapped: u64,
+    pub residency_memo: u64,
     pub opens_inline: u64,
     pub opens_offloaded: u64,
     pub opens_reused: u64,
@@ -95,6 +99,7 @@ impl IoStats {
             cachestat_calls: g(&self.cachestat_calls),
             cachestat_fallbacks: g(&self.cachestat_fallbacks),
             residency_mapped: g(&self.residency_mapped),
+            residency_memo: g(&self.residency_memo),
             opens_inline: g(&self.opens_inline),
             opens_offloaded: g(&self.opens_offloaded),
             opens_reused: g(&self.opens_reused),

@@ -172,7 +172,7 @@ pub struct ProxyConf {
     pub proxy_ssl_server_name: Option<bool>,
     pub proxy_ssl_verify: Option<bool>,
     pub proxy_ssl_name: Option<Template>,
-    pub proxy_ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub proxy_ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
     pub proxy_ssl_protocols: Option<(bool, bool)>,
     pub proxy_ssl_ciphers: Option<String>,
     pub proxy_ssl_verify_depth: Option<u64>,
@@ -960,6 +960,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                     .unwrap_or_else(|| "DEFAULT".into()),
                 roots: p.proxy_ssl_trusted.clone(),
                 session_reuse: p.proxy_ssl_session_reuse.unwrap_or(true),
+                verify_depth: p.proxy_ssl_verify_depth.map_or(1, |v| v as u32),
+                ..Default::default()
             };
             if up.verify && up.roots.is_none() {
                 return Err(ConfError::at(

@@ -638,10 +638,7 @@ fn client_cert_refused(
     let a = auth?;
     if let Err(e) = info.verify {
         if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
-            return Some(format!(
-                "client SSL certificate verify error: ({}:{})",
-                e.0, e.1
-            ));
+            return Some(format!("client SSL certificate verify error: {}", e));
         }
     }
     if a.mode == VerifyMode::On && info.client_chain.is_none() {

@@ -19,7 +19,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::Resumption;
 use rustls::crypto::{ring as provider, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -33,12 +33,44 @@ pub struct UpSsl {
     pub protocols: (bool, bool),
     /// TLS 1.2 suites from `proxy_ssl_ciphers` (checked at config time).
     pub ciphers: String,
-    pub roots: Option<Arc<RootCertStore>>,
+    /// `proxy_ssl_trusted_certificate`, read.
+    pub roots: Option<Arc<Trusted>>,
     pub session_reuse: bool,
+    /// `proxy_ssl_verify_depth` (nginx's default 1).
+    pub verify_depth: u32,
+    /// `proxy_ssl_crl`, read (DER); Some turns revocation checks on.
+    pub crls: Option<Arc<Vec<Vec<u8>>>>,
+    /// `proxy_ssl_certificate` with its key: offered when the upstream
+    /// asks for a client certificate.
+    pub certificate: Option<Arc<rustls::sign::CertifiedKey>>,
 }
 
+impl Default for UpSsl {
+    /// nginx 1.22's defaults: no verification, no SNI, TLSv1 TLSv1.1
+    /// TLSv1.2 (of which rustls has 1.2), `DEFAULT` ciphers, sessions
+    /// reused, depth 1.
+    fn default() -> Self {
+        UpSsl {
+            verify: false,
+            server_name: false,
+            protocols: (true, false),
+            ciphers: "DEFAULT".into(),
+            roots: None,
+            session_reuse: true,
+            verify_depth: 1,
+            crls: None,
+            certificate: None,
+        }
+    }
+}
+
+/// `proxy_ssl_trusted_certificate`: the certificates (DER), judged as
+/// OpenSSL judges an upstream's chain for nginx (see [`UpVerify`]).
+#[derive(Debug)]
+pub struct Trusted(pub Vec<Vec<u8>>);
+
 /// Reads `proxy_ssl_trusted_certificate` (PEM, one or more CAs).
-pub fn load_roots(path: &str) -> ConfResult<Arc<RootCertStore>> {
+pub fn load_roots(path: &str) -> ConfResult<Arc<Trusted>> {
     use rustls_pki_types::pem::PemObject;
     let bad =
         |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", path, why));
@@ -48,19 +80,34 @@ pub fn load_roots(path: &str) -> ConfResult<Arc<RootCertStore>> {
             crate::core::errno_text(&e)
         ))
     })?;
-    let mut roots = RootCertStore::empty();
+    let mut der = Vec::new();
     for c in CertificateDer::pem_slice_iter(&pem) {
         let c = c.map_err(|e| bad(format!("PEM_read_bio_X509() failed ({})", e)))?;
-        roots
-            .add(c)
+        x509_parser::parse_x509_certificate(&c)
             .map_err(|e| bad(format!("X509_STORE_add_cert() failed ({})", e)))?;
+        der.push(c.to_vec());
     }
-    if roots.is_empty() {
+    if der.is_empty() {
         return Err(bad(
             "PEM_read_bio_X509() failed (no certificate in the file)".into(),
         ));
     }
-    Ok(Arc::new(roots))
+    Ok(Arc::new(Trusted(der)))
+}
+
+/// Reads `proxy_ssl_crl` (PEM CRLs), with nginx's wording on failure.
+pub fn load_crls(path: &str) -> ConfResult<Arc<Vec<Vec<u8>>>> {
+    crate::tls::client_auth::read_crls(path).map(Arc::new)
+}
+
+/// `proxy_ssl_certificate` + `_key` (+ `proxy_ssl_password_file`'s
+/// passphrases), read on the master thread.
+pub fn load_certificate(
+    cert: &str,
+    key: &str,
+    passwords: &[Vec<u8>],
+) -> ConfResult<Arc<rustls::sign::CertifiedKey>> {
+    crate::tls::config::load_pair(cert, key, passwords)
 }
 
 /// Checks a `proxy_ssl_ciphers` list (nginx's error if it selects nothing
@@ -90,23 +137,225 @@ pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
         versions.push(&rustls::version::TLS12);
     }
     let b = ClientConfig::builder_with_provider(p.clone()).with_protocol_versions(&versions)?;
-    let mut cfg = match (&s.roots, s.verify) {
-        (Some(roots), true) => {
-            let v = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), p)
-                .build()
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-            b.with_webpki_verifier(v).with_no_client_auth()
-        }
-        _ => b
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(p)))
-            .with_no_client_auth(),
+    let verifier: Arc<dyn ServerCertVerifier> = match (&s.roots, s.verify) {
+        (Some(roots), true) => Arc::new(UpVerify {
+            judge: crate::tls::client_auth::ClientAuth::for_upstream(
+                roots.0.clone(),
+                s.verify_depth,
+                s.crls.as_deref().cloned(),
+            ),
+            provider: p,
+        }),
+        _ => Arc::new(NoVerify(p)),
+    };
+    let b = b.dangerous().with_custom_certificate_verifier(verifier);
+    let mut cfg = match &s.certificate {
+        Some(k) => b.with_client_cert_resolver(Arc::new(ClientCert(k.clone()))),
+        None => b.with_no_client_auth(),
     };
     cfg.enable_sni = s.server_name;
     if !s.session_reuse {
         cfg.resumption = Resumption::disabled();
     }
     Ok(Arc::new(cfg))
+}
+
+/// `proxy_ssl_certificate`: offered whatever CA names the upstream hints,
+/// as OpenSSL does for nginx.
+#[derive(Debug)]
+pub struct ClientCert(pub Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Why an upstream's certificate was refused, in nginx's words (the
+/// error log line, before " while SSL handshaking to upstream").
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+fn refused(text: String) -> rustls::Error {
+    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+        Arc::new(Refused(text)),
+    )))
+}
+
+/// What the error log says of a failed handshake to an upstream: nginx's
+/// `upstream SSL certificate verify error: (N:reason)` or `upstream SSL
+/// certificate does not match "name"` for a refused certificate, else
+/// `SSL_do_handshake() failed (...)`.
+pub fn handshake_error_text(e: &io::Error) -> String {
+    if let Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o))) =
+        e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
+    {
+        if let Some(r) = o.0.downcast_ref::<Refused>() {
+            return r.0.clone();
+        }
+    }
+    format!("SSL_do_handshake() failed ({})", e)
+}
+
+/// `proxy_ssl_verify on`: the chain judged as OpenSSL judges it for
+/// nginx (trusted first, `proxy_ssl_verify_depth`, CRL_CHECK_ALL with
+/// `proxy_ssl_crl`, X.509 v1 certificates taken), then the name as
+/// `X509_check_host` checks it (subjectAltName DNS names, wildcards in
+/// the leftmost label; the subject's CN when there is no DNS name).
+#[derive(Debug)]
+struct UpVerify {
+    judge: crate::tls::client_auth::ClientAuth,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for UpVerify {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut chain = Vec::with_capacity(1 + intermediates.len());
+        chain.push(end_entity.clone());
+        chain.extend(intermediates.iter().cloned());
+        if let Err(e) = self.judge.verify(&chain) {
+            return Err(refused(format!(
+                "upstream SSL certificate verify error: ({}:{})",
+                e.0, e.1
+            )));
+        }
+        let name = server_name.to_str();
+        if !host_matches(end_entity, &name) {
+            return Err(refused(format!(
+                "upstream SSL certificate does not match \"{}\"",
+                name
+            )));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_with_cert_key(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+            false,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_with_cert_key(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+            true,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// `X509_check_host(cert, name)` with nginx's flags (none): a DNS name
+/// of subjectAltName matches, `*` standing for a whole leftmost label or
+/// part of it; without any DNS name the subject's common names are tried
+/// the same way. An IP address also matches an iPAddress entry.
+fn host_matches(cert: &[u8], name: &str) -> bool {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, c)) = x509_parser::parse_x509_certificate(cert) else {
+        return false;
+    };
+    let ip: Option<std::net::IpAddr> = name.parse().ok();
+    let mut had_dns = false;
+    if let Ok(Some(san)) = c.subject_alternative_name() {
+        for g in &san.value.general_names {
+            match g {
+                GeneralName::DNSName(d) => {
+                    had_dns = true;
+                    if dns_matches(d, name) {
+                        return true;
+                    }
+                }
+                GeneralName::IPAddress(b) => {
+                    let a = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).ok().map(std::net::IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*b).ok().map(std::net::IpAddr::from),
+                        _ => None,
+                    };
+                    if a.is_some() && a == ip {
+                        return true;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if had_dns {
+        return false;
+    }
+    let found = c
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .any(|cn| dns_matches(cn, name));
+    found
+}
+
+/// One certificate name against a host name, case-insensitively; a
+/// wildcard only in the leftmost label, never matching a dot, and not
+/// in a name of fewer than three labels.
+fn dns_matches(pattern: &str, host: &str) -> bool {
+    let p = pattern.trim_end_matches('.').to_ascii_lowercase();
+    let h = host.trim_end_matches('.').to_ascii_lowercase();
+    if !p.contains('*') {
+        return !p.is_empty() && p == h;
+    }
+    let Some((pl, prest)) = p.split_once('.') else {
+        return false;
+    };
+    let Some((hl, hrest)) = h.split_once('.') else {
+        return false;
+    };
+    if prest.contains('*') || !prest.contains('.') || prest != hrest {
+        return false;
+    }
+    let Some((pre, suf)) = pl.split_once('*') else {
+        return false;
+    };
+    !suf.contains('*')
+        && hl.len() >= pre.len() + suf.len()
+        && hl.starts_with(pre)
+        && hl.ends_with(suf)
+        && !(hl.is_empty())
 }
 
 /// `proxy_ssl_verify off`: any certificate is taken; the handshake's

@@ -69,6 +69,18 @@ const CERT_REVOKED: VerifyError = VerifyError(23, "certificate revoked");
 const INVALID_CA: VerifyError = VerifyError(24, "invalid CA certificate");
 const INVALID_PURPOSE: VerifyError = VerifyError(26, "unsupported certificate purpose");
 
+impl std::fmt::Display for VerifyError {
+    /// The error log's form: `(N:reason)`, or the bare reason of an OCSP
+    /// verdict (nginx's `ngx_ssl_ocsp_get_status` strings have no number).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == u32::MAX {
+            f.write_str(self.1)
+        } else {
+            write!(f, "({}:{})", self.0, self.1)
+        }
+    }
+}
+
 impl VerifyError {
     /// nginx's `ngx_ssl_verify_error_optional`: the errors that
     /// `optional_no_ca` lets through (the issuer is not known).
@@ -90,9 +102,14 @@ pub struct ClientAuth {
     depth: u32,
     /// `ssl_crl`, DER; Some turns revocation checks on.
     crls: Option<Vec<Vec<u8>>>,
+    /// The chain is an upstream's (`proxy_ssl_verify`): its leaf must be
+    /// fit for server authentication rather than client authentication.
+    upstream: bool,
+    /// `ssl_ocsp on|leaf`: asked after the chain is found good.
+    pub ocsp: Option<crate::tls::ocsp::OcspConf>,
 }
 
-fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
+pub(crate) fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
     let fail = |why: String| {
         ConfError::new(format!(
             "SSL_CTX_load_verify_locations(\"{}\") failed ({})",
@@ -114,7 +131,7 @@ fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-fn read_crls(path: &str) -> ConfResult<Vec<Vec<u8>>> {
+pub(crate) fn read_crls(path: &str) -> ConfResult<Vec<Vec<u8>>> {
     let fail = |why: String| {
         ConfError::new(format!(
             "X509_LOOKUP_load_file(\"{}\") failed ({})",
@@ -166,7 +183,28 @@ impl ClientAuth {
             hints,
             depth,
             crls,
+            upstream: false,
+            ocsp: None,
         })
+    }
+
+    /// The trusted certificates (DER): where OCSP finds issuers.
+    pub fn store(&self) -> &[Vec<u8>] {
+        &self.store
+    }
+
+    /// The judge of an upstream's chain (`proxy_ssl_verify on`): the
+    /// trusted certificates, `proxy_ssl_verify_depth`, `proxy_ssl_crl`.
+    pub fn for_upstream(store: Vec<Vec<u8>>, depth: u32, crls: Option<Vec<Vec<u8>>>) -> ClientAuth {
+        ClientAuth {
+            mode: VerifyMode::On,
+            store,
+            hints: Vec::new(),
+            depth,
+            crls,
+            upstream: true,
+            ocsp: None,
+        }
     }
 
     /// The rustls side: asks for a certificate (unless `off`) and checks
@@ -253,7 +291,12 @@ impl ClientAuth {
             }
         }
         if let Ok(Some(eku)) = leaf.extended_key_usage() {
-            if !eku.value.any && !eku.value.client_auth {
+            let fit = if self.upstream {
+                eku.value.server_auth
+            } else {
+                eku.value.client_auth
+            };
+            if !eku.value.any && !fit {
                 err = Some(INVALID_PURPOSE);
             }
         }
@@ -495,6 +538,8 @@ mod tests {
             hints: Vec::new(),
             depth,
             crls: None,
+            upstream: false,
+            ocsp: None,
         }
     }
 

@@ -91,6 +91,36 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
             })
             .collect();
     }
+    // `ssl_stapling on` without a file: each certificate's responder is
+    // asked (tls::ocsp::Stapler). A certificate without an issuer or a
+    // responder goes without, as nginx (which warns).
+    let mut staplers = Vec::with_capacity(pairs.len());
+    for k in &pairs {
+        let s = if ssl.stapling == Some(true) && ssl.stapling_file.is_none() {
+            let trusted = match &ssl.trusted_certificate {
+                Some(p) => crate::tls::client_auth::read_certs(p)?,
+                None => Vec::new(),
+            };
+            let log: Box<dyn Fn(&str) + Send + Sync> = Box::new(|m: &str| {
+                crate::core::log::main_logger().log(
+                    crate::core::log::Level::Error,
+                    None,
+                    format_args!("{}", m),
+                )
+            });
+            crate::tls::ocsp::stapler(
+                k,
+                &trusted,
+                ssl.stapling_responder.as_ref(),
+                ssl.stapling_verify.unwrap_or(false),
+                log,
+            )
+            .ok()
+        } else {
+            None
+        };
+        staplers.push(s);
+    }
     if let Some(p) = &ssl.dhparam {
         // nginx reads it (DHE suites); rustls has none, but a missing
         // file is still the error nginx reports.
@@ -124,6 +154,7 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         .collect();
     let keys = Keys {
         pairs,
+        staplers,
         tls13: want13,
         tls12: if want12 { tls12.clone() } else { Vec::new() },
     };
@@ -180,13 +211,20 @@ fn client_auth(ssl: &SslConf) -> ConfResult<Option<Arc<ClientAuth>>> {
             "no ssl_client_certificate for ssl_verify_client".to_string(),
         ));
     }
-    let a = ClientAuth::load(
+    let mut a = ClientAuth::load(
         mode,
         ssl.client_certificate.as_deref(),
         ssl.trusted_certificate.as_deref(),
         ssl.verify_depth.unwrap_or(1),
         ssl.crl.as_deref(),
     )?;
+    if let Some(Some(m)) = ssl.ocsp {
+        a.ocsp = Some(crate::tls::ocsp::OcspConf {
+            mode: m,
+            responder: ssl.ocsp_responder.clone(),
+            cache: ssl.ocsp_cache.clone().flatten(),
+        });
+    }
     Ok(Some(Arc::new(a)))
 }
 
@@ -198,6 +236,7 @@ fn no_protocols_config() -> ConfResult<rustls::ServerConfig> {
         .map(|b| {
             b.with_no_client_auth().with_cert_resolver(Arc::new(Keys {
                 pairs: Vec::new(),
+                staplers: Vec::new(),
                 tls13: false,
                 tls12: Vec::new(),
             }))
@@ -251,6 +290,8 @@ pub fn load_pair(cert: &str, key: &str, passwords: &[Vec<u8>]) -> ConfResult<Arc
 #[derive(Debug)]
 struct Keys {
     pairs: Vec<Arc<CertifiedKey>>,
+    /// `ssl_stapling on`: the stapler of each pair (None: no stapling).
+    staplers: Vec<Option<Arc<crate::tls::ocsp::Stapler>>>,
     tls13: bool,
     tls12: Vec<SupportedCipherSuite>,
 }
@@ -277,11 +318,15 @@ impl ResolvesServerCert for Keys {
                             && s.usable_for_signature_algorithm(k.key.algorithm())
                     }))
         };
-        self.pairs
+        let i = self
+            .pairs
             .iter()
-            .find(|k| usable(k))
-            .or_else(|| self.pairs.first())
-            .cloned()
+            .position(|k| usable(k))
+            .or_else(|| (!self.pairs.is_empty()).then_some(0))?;
+        match self.staplers.get(i) {
+            Some(Some(s)) => Some(s.key()),
+            _ => self.pairs.get(i).cloned(),
+        }
     }
 }
 

@@ -33,6 +33,7 @@ pub mod client;
 pub mod client_auth;
 pub mod config;
 pub mod keys;
+pub mod ocsp;
 pub mod sessions;
 pub mod stream;
 pub mod vars;

@@ -501,6 +501,12 @@ pub async fn accept<S: Stream>(
             }
         }
     }
-    let info = tls.info(server_name, offered, session_id, auth.as_deref());
+    let mut info = tls.info(server_name, offered, session_id, auth.as_deref());
+    // `ssl_ocsp`: the responders are asked about a chain found good.
+    if let (Some(a), Some(chain), Ok(())) = (auth.as_deref(), &info.client_chain, info.verify) {
+        if let Some(o) = &a.ocsp {
+            info.verify = crate::tls::ocsp::check(o, chain, a.store(), &log).await;
+        }
+    }
     Accepted::Tls(tls, info)
 }

@@ -416,3 +416,77 @@ fn upstream_charset_is_kept_and_never_doubled() {
         "{log}"
     );
 }
+
+/// tern killed with SIGKILL while an entry is being filled (its body half
+/// arrived): after a restart on the same cache, entries complete before
+/// the kill are found (the loader, or the lookup's adoption) and served
+/// as HITs; the half-written one is never served, it is fetched anew.
+#[test]
+fn kill_9_mid_fill_then_restart_serves_whole_entries_only() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let second = Arc::new(AtomicBool::new(false));
+    let s2 = second.clone();
+    let o = Origin::serve(move |mut c| {
+        let Some(h) = c.next(false) else { return };
+        let h = String::from_utf8_lossy(&h).to_string();
+        let run = if s2.load(Ordering::SeqCst) {
+            "second"
+        } else {
+            "first"
+        };
+        if h.starts_with("GET /half") && run == "first" {
+            // The head and 10 of 100000 bytes, then nothing until the
+            // connection goes (tern is killed meanwhile).
+            let _ = c
+                .stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n0123456789");
+            let _ = c.stream.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut b = [0u8; 16];
+            let _ = std::io::Read::read(&mut c.stream, &mut b);
+            return;
+        }
+        let _ = c
+            .stream
+            .write_all(&Origin::ok(&format!("{} run\n", run), ""));
+    });
+    let s = Server::start(&cache_conf(o.port, "10m"));
+    let r = s.get("/whole");
+    assert_eq!((r.status, r.header("X-Cache")), (200, Some("MISS")));
+    // The half entry: read what comes, then kill tern mid-body.
+    let mut c = connect(s.port);
+    c.write_all(b"GET /half HTTP/1.0\r\n\r\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match std::io::Read::read(&mut c, &mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    assert!(head.contains("X-Cache: MISS\r\n"), "{}", head);
+    // The first bytes reach the entry's temp file meanwhile (or not: the
+    // half entry must not be served either way).
+    std::thread::sleep(Duration::from_millis(300));
+    let mut s = s;
+    s.signal(9);
+    assert!(
+        s.wait_exit(Duration::from_secs(5)).is_some(),
+        "tern did not die"
+    );
+    let prefix = std::mem::take(&mut s.prefix);
+    drop(s);
+    second.store(true, Ordering::SeqCst);
+
+    let s = Server::start_in(prefix, &cache_conf(o.port, "10m"));
+    let r = s.get("/whole");
+    assert_eq!((r.status, r.header("X-Cache")), (200, Some("HIT")));
+    assert_eq!(r.body, b"first run\n");
+    let r = s.get("/half");
+    assert_eq!((r.status, r.header("X-Cache")), (200, Some("MISS")));
+    assert_eq!(r.body, b"second run\n");
+    let r = s.get("/half");
+    assert_eq!((r.status, r.header("X-Cache")), (200, Some("HIT")));
+}

@@ -274,7 +274,7 @@ const ASKS: &[&str] = &[
 /// What may differ: Date, Server, the server's name in error pages (and
 /// so their length), the listening port, and where a chunked body is cut
 /// into chunks (nginx's buffers): such a body is compared decoded.
-fn normalize(raw: &[u8], port: u16) -> String {
+pub(crate) fn normalize(raw: &[u8], port: u16) -> String {
     let text = String::from_utf8_lossy(raw).replace(&format!(":{}", port), ":PORT");
     let (head, body) = match text.find("\r\n\r\n") {
         Some(i) => (&text[..i + 4], &text[i + 4..]),
@@ -335,7 +335,7 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 
 /// The error-log lines of each request (by its request line), without
 /// time, process and connection numbers, sorted.
-fn log_lines(p: &Prefix) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn log_lines(p: &Prefix) -> BTreeMap<String, Vec<String>> {
     let mut by_req: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for line in p.read("logs/error.log").lines() {
         let Some(r) = line.find("request: \"") else {

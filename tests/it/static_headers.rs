@@ -646,9 +646,9 @@ fn config_errors_as_nginx() {
         let err = config_error(body);
         assert!(err.contains(msg), "{body}: {err}");
     }
-    // Recoding tables are not implemented: charset_map is refused by name.
+    // A pair with a charset_map (either direction) loads.
     let err = config_error(
-        "location / { } } charset_map koi8-r utf-8 { C0 D0B0; } server { listen 127.0.0.1:2;",
+        "location / { charset utf-8; source_charset koi8-r; } } charset_map koi8-r utf-8 { C0 D0B0; } server { listen 127.0.0.1:2; location / { charset koi8-r; source_charset utf-8; } foo;",
     );
-    assert!(err.contains("charset_map"), "{err}");
+    assert!(err.contains("unknown directive \"foo\""), "{err}");
 }

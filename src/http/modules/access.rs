@@ -160,6 +160,15 @@ pub enum Verdict {
 /// nginx's access phase: allow/deny, auth_basic, auth_request, under `satisfy`.
 /// `None` lets the request go on to the content phase.
 pub async fn phase(cx: &mut Ctx<'_>) -> Option<Response> {
+    // Most locations check nothing: leave before the checks' futures are
+    // built (this phase runs for every request).
+    let m = &cx.loc.modules;
+    if m.access.rules.as_ref().is_none_or(Vec::is_empty)
+        && !m.auth_basic.configured()
+        && !matches!(m.auth_request.uri, Some(Some(_)))
+    {
+        return None;
+    }
     let any = cx.loc.modules.access.satisfy_any.unwrap_or(false);
     let rules = cx.loc.modules.access.rules.clone();
     let mut refused: Option<Response> = None;

@@ -145,8 +145,9 @@ impl Format {
                 if name.is_empty() {
                     return Err(invalid());
                 }
-                ops.push(match name {
-                    "pipe" => Op::Pipe,
+                ops.push(match (name, super::module_var_by_name(PIPE_VAR)) {
+                    ("pipe", Some(id)) if !vars.stream => Op::Var(Var::Module(id)),
+                    ("pipe", _) => Op::Pipe,
                     _ => Op::Var(vars.resolve(name)),
                 });
             }
@@ -619,6 +620,22 @@ fn set_open_log_file_cache(l: &mut LocConf, d: &Directive, _cx: &mut Compiler) -
         valid: Duration::from_secs(valid),
     })));
     Ok(())
+}
+
+/// `$pipe` of a log format: `p` for a pipelined request, else `.`. Only
+/// log formats reach it (the name cannot be written in a configuration).
+const PIPE_VAR: &str = "\0pipe";
+pub const VARS: &[&str] = &[PIPE_VAR];
+/// The note the HTTP/1 connection leaves on a pipelined request.
+pub const PIPELINED: &str = "access_log.pipelined";
+
+pub fn var(cx: &Ctx<'_>, _idx: u8, out: &mut Vec<u8>) -> bool {
+    out.push(if cx.note(PIPELINED).is_some() {
+        b'p'
+    } else {
+        b'.'
+    });
+    true
 }
 
 pub const DIRECTIVES: &[Spec] = &[

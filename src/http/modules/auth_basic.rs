@@ -71,6 +71,13 @@ pub struct AuthBasicLoc {
     user_file: Option<UserFile>,
 }
 
+impl AuthBasicLoc {
+    /// Whether [`check`] has anything to check here.
+    pub fn configured(&self) -> bool {
+        self.realm.is_some() && self.user_file.is_some()
+    }
+}
+
 #[derive(Debug, Clone)]
 struct UserFile {
     path: Template,

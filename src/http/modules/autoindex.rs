@@ -328,10 +328,13 @@ fn list_error(cx: &Ctx<'_>, e: &ListError) -> Response {
 /// Whether names are measured in characters: when the response's charset
 /// is utf-8. The charset filter runs after the listing is built, so this
 /// asks the location's charset configuration.
-fn utf8_charset(_cx: &Ctx<'_>) -> bool {
-    // The charset module does not expose its setting yet; until it does,
-    // names are measured in bytes, as nginx does without `charset utf-8`.
-    false
+fn utf8_charset(cx: &Ctx<'_>) -> bool {
+    use super::charset::Charset;
+    match &cx.loc.modules.charset.charset {
+        Some(Charset::Name(n)) => n.eq_ignore_ascii_case("utf-8"),
+        Some(Charset::Var(t)) => t.render_vec(cx).eq_ignore_ascii_case(b"utf-8"),
+        _ => false,
+    }
 }
 
 /// The current offset of local time from UTC in seconds (nginx applies the

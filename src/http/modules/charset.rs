@@ -28,23 +28,32 @@
 //! are both unknown but alike leave the Content-Type as upstream spelled
 //! it, while a known pair is respelled.
 //!
-//! Recoding is not implemented: `charset_map` stays unsupported (a config
-//! using it, such as `include koi-utf`, is refused at startup naming the
-//! directive), so tern has no recoding tables. nginx refuses a
-//! `charset`/`source_charset` pair without a map at startup; tern does so
-//! when both are written at the same level, and otherwise does what nginx
-//! does at run time without a map: logs `no "charset_map" between the
-//! charsets ...` and leaves the Content-Type alone.
+//! Recoding (`charset_map SRC DST { XX YY; ... }`, http level): the
+//! filter recodes a body whose source and destination charsets have a
+//! map, in either direction, as nginx does: between two single-byte
+//! charsets byte by byte (the length stays, so ranges still apply to
+//! the recoded body), and to or from UTF-8 (a map whose destination is
+//! `utf-8` gives each byte its UTF-8 sequence; the length changes, so
+//! Content-Length goes). Bytes a single-byte map does not name stay as
+//! they are; to UTF-8 they become `?`; a UTF-8 character the map has no
+//! byte for becomes `&#N;`, as in nginx. A body with a Content-Encoding
+//! is not recoded and keeps its Content-Type. nginx refuses a
+//! `charset`/`source_charset` pair without a map at startup; tern does
+//! so when both are written at the same level, and otherwise does what
+//! nginx does at run time without a map: logs `no "charset_map" between
+//! the charsets ...` and leaves the Content-Type alone.
 
 use std::sync::Arc;
+
+use std::collections::HashMap;
 
 use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
-use crate::http::conf::LocConf;
+use crate::http::conf::{HttpMain, LocConf};
 use crate::http::phases::Ctx;
-use crate::http::response::Response;
+use crate::http::response::{Body, BodyFilter, Response};
 use crate::http::vars::{Template, UserVar, Var, VarCtx};
 
 /// The types `charset_types` defaults to.
@@ -100,14 +109,232 @@ fn no_map(src: &str, dst: &str) -> ConfError {
     ))
 }
 
-/// Refuses a recoding pair written at one level (tern has no tables).
-fn check_pair(c: &CharsetLoc) -> ConfResult<()> {
+/// Refuses a recoding pair written at one level that no `charset_map`
+/// (they are all read before any server) joins.
+fn check_pair(c: &CharsetLoc, cx: &Compiler) -> ConfResult<()> {
     if let (Some(Charset::Name(dst)), Some(src)) = (&c.charset, &c.source) {
-        if !dst.eq_ignore_ascii_case(src) {
+        if !dst.eq_ignore_ascii_case(src) && cx.vars.lookup(&pair_key(src, dst)).is_none() {
             return Err(no_map(src, dst));
         }
     }
     Ok(())
+}
+
+/// The variable-table key that marks a pair as having a map (either
+/// direction is registered).
+fn pair_key(src: &str, dst: &str) -> String {
+    format!(
+        "\0charset_map:{}\0{}",
+        src.to_ascii_lowercase(),
+        dst.to_ascii_lowercase()
+    )
+}
+
+/// The recoding tables of the http block, keyed by (source, destination),
+/// lowercase.
+#[derive(Debug, Clone, Default)]
+pub struct CharsetMain {
+    pub tables: HashMap<(String, String), Arc<Recode>>,
+}
+
+/// How a body is recoded from one charset to another.
+#[derive(Debug)]
+pub enum Recode {
+    /// Byte to byte.
+    Bytes(Box<[u8; 256]>),
+    /// Each byte to its UTF-8 sequence.
+    ToUtf8(Vec<Vec<u8>>),
+    /// UTF-8 characters to bytes.
+    FromUtf8(HashMap<u32, u8>),
+}
+
+/// The longest UTF-8 sequence a map may give (nginx's NGX_UTF_LEN).
+const UTF_LEN: usize = 4;
+
+fn hex(s: &str) -> Option<u32> {
+    if s.is_empty() || s.len() > 8 {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
+}
+
+/// Decodes one UTF-8 character at the start of `b`: the code point and
+/// its length, `Err(true)` when `b` ends inside it, `Err(false)` when the
+/// bytes are not UTF-8.
+fn utf8_decode(b: &[u8]) -> Result<(u32, usize), bool> {
+    let c = *b.first().ok_or(true)?;
+    let (len, init) = match c {
+        0x00..=0x7f => return Ok((u32::from(c), 1)),
+        0xc2..=0xdf => (2, u32::from(c & 0x1f)),
+        0xe0..=0xef => (3, u32::from(c & 0x0f)),
+        0xf0..=0xf4 => (4, u32::from(c & 0x07)),
+        _ => return Err(false),
+    };
+    let mut n = init;
+    for i in 1..len {
+        let Some(&x) = b.get(i) else {
+            return Err(true);
+        };
+        if x & 0xc0 != 0x80 {
+            return Err(false);
+        }
+        n = (n << 6) | u32::from(x & 0x3f);
+    }
+    Ok((n, len))
+}
+
+/// `charset_map SRC DST { ... }`: builds both directions' tables.
+fn set_charset_map(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let (src, dst) = (arg(d, 0), arg(d, 1));
+    let (ls, ld) = (src.to_ascii_lowercase(), dst.to_ascii_lowercase());
+    let tables = &mut hm.modules.charset.tables;
+    if tables.contains_key(&(ls.clone(), ld.clone())) {
+        return Err(ConfError::at(
+            format!(
+                "duplicate \"charset_map\" between \"{}\" and \"{}\"",
+                src, dst
+            ),
+            d,
+        ));
+    }
+    if ld == "utf-8" && ls == "utf-8" {
+        return Err(ConfError::at(
+            format!(
+                "\"charset_map\" between the same charsets \"{}\" and \"{}\"",
+                src, dst
+            ),
+            d,
+        ));
+    }
+    let to_utf8 = ld == "utf-8";
+    let mut fwd = [0u8; 256];
+    let mut back = [0u8; 256];
+    for (i, (f, b)) in fwd.iter_mut().zip(back.iter_mut()).enumerate() {
+        *f = i as u8;
+        *b = i as u8;
+    }
+    let mut to: Vec<Vec<u8>> = (0..256u32)
+        .map(|i| {
+            if i < 128 {
+                vec![i as u8]
+            } else {
+                b"?".to_vec()
+            }
+        })
+        .collect();
+    let mut from: HashMap<u32, u8> = HashMap::new();
+    for e in d.block.as_deref().unwrap_or(&[]) {
+        super::map::no_block(e)?;
+        let mut words = vec![e.name.as_str()];
+        words.extend(e.args.iter().map(|a| a.value.as_str()));
+        if words.len() != 2 {
+            return Err(ConfError::at("invalid parameters number", e));
+        }
+        let invalid = |v: &str| ConfError::at(format!("invalid value \"{}\"", v), e);
+        let s = hex(words[0])
+            .filter(|&v| v <= 255)
+            .ok_or_else(|| invalid(words[0]))? as usize;
+        if to_utf8 {
+            let w = words[1];
+            if w.len() % 2 != 0 || w.is_empty() || w.len() > 2 * UTF_LEN {
+                return Err(invalid(w));
+            }
+            let mut bytes = Vec::with_capacity(w.len() / 2);
+            for i in (0..w.len()).step_by(2) {
+                let b = w.get(i..i + 2).and_then(hex).ok_or_else(|| invalid(w))?;
+                bytes.push(b as u8);
+            }
+            let (cp, _) = utf8_decode(&bytes).map_err(|_| invalid(w))?;
+            from.insert(cp, s as u8);
+            to[s] = bytes;
+        } else {
+            let t = hex(words[1])
+                .filter(|&v| v <= 255)
+                .ok_or_else(|| invalid(words[1]))? as u8;
+            fwd[s] = t;
+            back[usize::from(t)] = s as u8;
+        }
+    }
+    let (f, b) = if to_utf8 {
+        (Recode::ToUtf8(to), Recode::FromUtf8(from))
+    } else {
+        (Recode::Bytes(Box::new(fwd)), Recode::Bytes(Box::new(back)))
+    };
+    tables.insert((ls.clone(), ld.clone()), Arc::new(f));
+    tables.insert((ld, ls), Arc::new(b));
+    register(cx, src, d)?;
+    register(cx, dst, d)?;
+    for (a, b) in [(src, dst), (dst, src)] {
+        let key = pair_key(a, b);
+        if cx.vars.lookup(&key).is_none() {
+            cx.vars
+                .define_computed(&key, Arc::new(Spelling(String::new())))
+                .map_err(|m| ConfError::at(m, d))?;
+        }
+    }
+    Ok(())
+}
+
+/// The body filter that recodes.
+struct Recoder {
+    table: Arc<Recode>,
+    /// The start of a UTF-8 character cut by the end of a piece.
+    held: Vec<u8>,
+}
+
+impl BodyFilter for Recoder {
+    fn filter(&mut self, input: &[u8], last: bool, out: &mut Vec<u8>) -> std::io::Result<()> {
+        match &*self.table {
+            Recode::Bytes(t) => out.extend(input.iter().map(|&b| t[usize::from(b)])),
+            Recode::ToUtf8(t) => {
+                for &b in input {
+                    if let Some(seq) = t.get(usize::from(b)) {
+                        out.extend_from_slice(seq);
+                    }
+                }
+            }
+            Recode::FromUtf8(t) => {
+                let mut data = std::mem::take(&mut self.held);
+                data.extend_from_slice(input);
+                let mut i = 0;
+                while i < data.len() {
+                    let c = data[i];
+                    if c < 0x80 {
+                        out.push(c);
+                        i += 1;
+                        continue;
+                    }
+                    match utf8_decode(&data[i..]) {
+                        Ok((n, len)) => {
+                            match t.get(&n) {
+                                Some(&b) => out.push(b),
+                                None => out.extend_from_slice(format!("&#{};", n).as_bytes()),
+                            }
+                            i += len;
+                        }
+                        // A character cut by the end of the piece waits
+                        // for the next; cut by the end of the body, nginx
+                        // drops it.
+                        Err(true) => {
+                            if !last {
+                                self.held = data[i..].to_vec();
+                            }
+                            break;
+                        }
+                        Err(_) => {
+                            out.push(b'?');
+                            i += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn keeps_positions(&self) -> bool {
+        matches!(*self.table, Recode::Bytes(_))
+    }
 }
 
 fn set_charset(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -121,13 +348,13 @@ fn set_charset(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<
         Charset::Name(v.to_string())
     };
     set_once(&mut l.modules.charset.charset, c, d)?;
-    check_pair(&l.modules.charset)
+    check_pair(&l.modules.charset, cx)
 }
 
 fn set_source(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     register(cx, arg(d, 0), d)?;
     set_once(&mut l.modules.charset.source, arg(d, 0).to_string(), d)?;
-    check_pair(&l.modules.charset)
+    check_pair(&l.modules.charset, cx)
 }
 
 fn set_override(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -149,6 +376,12 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 }
 
 pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "charset_map",
+        ctx: ctx::HTTP,
+        args: Args::take(2),
+        set: Setter::HttpMainBlock(set_charset_map),
+    },
     Spec {
         name: "charset",
         ctx: ctx::HSL | ctx::LIF,
@@ -291,6 +524,13 @@ impl Named {
 /// (`X-Accel-Charset`, else `charset`), then the source (the response's
 /// own charset, else `source_charset`), then what to do with the pair.
 pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
+    // Without `charset` and without X-Accel-Charset every path below ends
+    // with the header unchanged: skip the copies it makes first.
+    if resp.override_charset.is_none()
+        && matches!(cx.loc.modules.charset.charset, None | Some(Charset::Off))
+    {
+        return;
+    }
     let loc = cx.loc.clone();
     let conf = &loc.modules.charset;
     let Some(ct) = resp.content_type.clone().filter(|c| !c.is_empty()) else {
@@ -391,17 +631,39 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
         declare(resp, ct, base, &dst.name);
         return;
     }
-    // Recoding would need a charset_map (tern has none). nginx checks
-    // the encoding first and passes an encoded body silently.
+    // Recoding. nginx checks the encoding first and passes an encoded
+    // body silently.
     if resp
         .header("content-encoding")
         .is_some_and(|v| !v.is_empty())
     {
         return;
     }
-    // The body keeps its bytes, so the header keeps the charset that
-    // describes them.
-    no_map(cx);
+    let key = (
+        src.known.clone().unwrap_or_default().to_ascii_lowercase(),
+        dst.known.clone().unwrap_or_default().to_ascii_lowercase(),
+    );
+    let Some(table) = cx.http.main.modules.charset.tables.get(&key).cloned() else {
+        // The body keeps its bytes, so the header keeps the charset that
+        // describes them.
+        no_map(cx);
+        return;
+    };
+    declare(resp, ct, base, &dst.name);
+    if !matches!(*table, Recode::Bytes(_)) {
+        resp.content_length = None;
+        resp.remove_header("Content-Length");
+        if cx.req.minor == 0 {
+            resp.force_close = true;
+        }
+    }
+    if matches!(resp.body, Body::Empty) {
+        return;
+    }
+    resp.filters.push(Box::new(Recoder {
+        table,
+        held: Vec::new(),
+    }));
 }
 
 /// Declares `name` as the charset: the type (cut before the response's
@@ -455,5 +717,43 @@ mod tests {
         assert_eq!(own_charset("text/html;  "), None);
         assert_eq!(own_charset("text/html; charset="), Some((9, "")));
         assert_eq!(own_charset("a;charset=\""), Some((1, "")));
+    }
+
+    fn recode(t: Recode, pieces: &[&[u8]]) -> Vec<u8> {
+        let mut f = Recoder {
+            table: Arc::new(t),
+            held: Vec::new(),
+        };
+        let mut out = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            f.filter(p, i + 1 == pieces.len(), &mut out)
+                .expect("filter");
+        }
+        out
+    }
+
+    #[test]
+    fn recodes_to_and_from_utf8_across_pieces() {
+        let mut to: Vec<Vec<u8>> = (0..256u32)
+            .map(|i| {
+                if i < 128 {
+                    vec![i as u8]
+                } else {
+                    b"?".to_vec()
+                }
+            })
+            .collect();
+        to[0xc0] = vec![0xd1, 0x8e];
+        assert_eq!(recode(Recode::ToUtf8(to), &[b"a\xc0\xc1"]), b"a\xd1\x8e?");
+        let from: HashMap<u32, u8> = [(0x44e, 0xc0)].into_iter().collect();
+        assert_eq!(
+            recode(
+                Recode::FromUtf8(from),
+                &[b"a\xd1", b"\x8e\xd0\xb0\xff", b"\xd1"]
+            ),
+            b"a\xc0&#1072;?"
+        );
+        assert_eq!(utf8_decode(b"\xe2\x82"), Err(true));
+        assert_eq!(utf8_decode(b"\xe2\x82\xac"), Ok((0x20ac, 3)));
     }
 }

@@ -271,9 +271,22 @@ enum Found {
 /// client and the cache is on (true). Leaves `r` as it was otherwise
 /// (including on any failure: the filter then compresses the file as it
 /// streams).
+/// Whether a filter that changes the body (SSI, sub_filter, addition,
+/// charset recoding) may run before the compression: then the file's own
+/// bytes are not what gets compressed, and the cache stays out of it.
+fn body_filtered(cx: &Ctx<'_>) -> bool {
+    let m = &cx.loc.modules;
+    m.ssi.enable == Some(true)
+        || m.sub_filter.pairs.is_some()
+        || m.addition.before.as_ref().is_some_and(|u| !u.is_empty())
+        || m.addition.after.as_ref().is_some_and(|u| !u.is_empty())
+        || m.charset.source.is_some()
+}
+
 pub async fn apply(cx: &mut Ctx<'_>, r: &mut Response) -> bool {
     if !cx.loc.modules.compress_cache.enable.unwrap_or(true)
         || !matches!(cx.req.method, Method::Get | Method::Head)
+        || body_filtered(cx)
     {
         return false;
     }

@@ -163,10 +163,11 @@ fn set_add_trailer(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfRes
 /// Parses an `expires` time argument (`epoch`, `max`, `off`, `@T`, `-T`,
 /// `T`); `kind` comes in as Access or Modified. Errors are nginx's texts.
 fn parse_expires(s: &str, kind: ExpiresKind) -> Result<(ExpiresKind, i64), &'static str> {
+    // nginx reads these words only without "modified".
     match s {
-        "epoch" => return Ok((ExpiresKind::Epoch, 0)),
-        "max" => return Ok((ExpiresKind::Max, 0)),
-        "off" => return Ok((ExpiresKind::Off, 0)),
+        "epoch" if kind != ExpiresKind::Modified => return Ok((ExpiresKind::Epoch, 0)),
+        "max" if kind != ExpiresKind::Modified => return Ok((ExpiresKind::Max, 0)),
+        "off" if kind != ExpiresKind::Modified => return Ok((ExpiresKind::Off, 0)),
         _ => {}
     }
     let (kind, rest, minus) = if let Some(r) = s.strip_prefix('@') {
@@ -287,7 +288,10 @@ pub fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
                 }
                 Kind::Etag => replace_in_place(resp, "ETag", &h.name, v),
                 Kind::LastModified => {
-                    resp.last_modified = None;
+                    // nginx keeps the time for the filters after this one
+                    // (If-Range), -1 for an empty or unparsable value.
+                    resp.last_modified = crate::http::date::parse_http_date(&v);
+                    resp.last_modified_listed = true;
                     replace_in_place(resp, "Last-Modified", &h.name, v);
                 }
             }
@@ -471,11 +475,36 @@ pub fn force_chunked_for_trailers(cx: &mut Ctx<'_>, resp: &mut Response) {
     // with the final status (only `$body_bytes_sent`-like values differ).
     cx.sent.status = resp.status;
     let safe = safe_status(resp.status);
+    // nginx renders trailers after the head has gone out, so
+    // `$sent_http_*` sees it: tern renders them now, from the headers
+    // the head will carry (the writer puts the real head in its place).
+    let provisional = cx.sent.head.is_empty();
+    if provisional {
+        let mut head = b"HTTP/1.1\r\n".to_vec();
+        if let Some(ct) = &resp.content_type {
+            head.extend_from_slice(b"Content-Type: ");
+            head.extend_from_slice(ct.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        for (n, v) in &resp.headers {
+            head.extend_from_slice(n.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(v);
+            head.extend_from_slice(b"\r\n");
+        }
+        cx.sent.head = head;
+    }
+    // Each trailer sees those before it (`$sent_trailer_*`).
+    cx.sent.trailers.clear();
     for t in rows.iter().filter(|t| safe || t.always) {
         let v = t.value.render_vec(&*cx);
         if !v.is_empty() {
+            cx.sent.trailers.push((t.name.clone(), v.clone()));
             resp.trailers.push((t.name.clone(), v));
         }
+    }
+    if provisional {
+        cx.sent.head.clear();
     }
 }
 
@@ -487,7 +516,8 @@ mod tests {
     fn expires_values() {
         use ExpiresKind::*;
         assert_eq!(parse_expires("epoch", Access), Ok((Epoch, 0)));
-        assert_eq!(parse_expires("max", Modified), Ok((Max, 0)));
+        assert_eq!(parse_expires("max", Modified), Err("invalid value"));
+        assert_eq!(parse_expires("epoch", Modified), Err("invalid value"));
         assert_eq!(parse_expires("off", Access), Ok((Off, 0)));
         assert_eq!(parse_expires("1h", Access), Ok((Access, 3600)));
         assert_eq!(parse_expires("-1h", Modified), Ok((Modified, -3600)));

@@ -63,6 +63,8 @@ struct MapRegex {
 struct MapVar {
     source: Template,
     hostnames: bool,
+    /// `volatile`: computed on every read, not once per request.
+    volatile: bool,
     values: Vec<Template>,
     /// Lowercased exact keys.
     exact: HashMap<Vec<u8>, usize>,
@@ -138,6 +140,10 @@ impl MapVar {
 }
 
 impl UserVar for MapVar {
+    fn cacheable(&self) -> bool {
+        !self.volatile
+    }
+
     fn eval(&self, cx: &dyn VarCtx, out: &mut Vec<u8>) -> bool {
         let mut src = self.source.render_vec(cx);
         if self.hostnames && src.last() == Some(&b'.') {
@@ -265,9 +271,8 @@ pub(crate) fn compile_map(d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
             m.hostnames = true;
             continue;
         }
-        // Variables of a map are computed on every read in tern, so
-        // `volatile` changes nothing.
         if e.args.is_empty() && key == "volatile" {
+            m.volatile = true;
             continue;
         }
         if e.args.len() != 1 {

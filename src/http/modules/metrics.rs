@@ -195,10 +195,11 @@ pub fn render(cx: &Ctx<'_>) -> Vec<u8> {
         ),
         (
             "tern_io_cachestat_total",
-            "cachestat(2) residency checks and fallbacks when unavailable.",
+            "cachestat(2) residency checks, fallbacks when unavailable, and sends that skipped the check (file found resident a moment before).",
             &[
                 ("calls", io.cachestat_calls),
                 ("fallback", io.cachestat_fallbacks),
+                ("memo", io.residency_memo),
             ],
         ),
     ];

@@ -41,6 +41,7 @@ pub mod resolver;
 pub mod rewrite;
 pub mod scgi;
 pub mod secure_link;
+pub mod ssi;
 pub mod ssl_settings;
 pub mod static_file;
 pub mod stub_status;
@@ -104,6 +105,7 @@ pub const TABLES: &[&[Spec]] = &[
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
+    ssi::DIRECTIVES,
     crate::http::v2::conf::DIRECTIVES,
     crate::http::v3::conf::DIRECTIVES,
     UNSUPPORTED,
@@ -141,7 +143,12 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
     }
     // The location's content handler (its `*_pass`, nginx's clcf->handler).
     if let Some(handler) = cx.loc.content {
-        return Step::done(handler(cx).await);
+        let r = handler(cx).await;
+        // An upstream's X-Accel-Redirect: the internal redirect instead.
+        if let Some(step) = crate::http::upstream::response::accel_redirect(cx).await {
+            return step;
+        }
+        return Step::done(r);
     }
     if let Some(step) = stub_status::content(cx) {
         return step;
@@ -177,6 +184,8 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (secure_link::VARS, secure_link::var),
     (userid::VARS, userid::var),
     (rewrite::VARS, rewrite::limit_rate_var),
+    (ssi::VARS, ssi::var_value),
+    (access_log::VARS, access_log::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -204,6 +213,7 @@ pub struct ModLoc {
     pub access_log: access_log::AccessLogLoc,
     pub autoindex: autoindex::AutoindexLoc,
     pub charset: charset::CharsetLoc,
+    pub ssi: ssi::SsiLoc,
     pub gzip: gzip::GzipLoc,
     pub gzip_static: gzip_static::GzipStaticLoc,
     pub compress_cache: compress_cache::CompressCacheLoc,
@@ -313,6 +323,7 @@ impl ModLoc {
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);
         self.addition.merge(&p.addition);
+        self.ssi.merge(&p.ssi);
     }
     pub fn defaults(&mut self) {
         self.index.defaults();
@@ -327,6 +338,7 @@ pub struct ModMain {
     pub limit_req: limit_req::LimitReqMain,
     pub upstream: crate::http::upstream::peers::UpstreamMain,
     pub compress_cache: compress_cache::CompressCacheMain,
+    pub charset: charset::CharsetMain,
 }
 
 /// A block directive inside `server` that a module owns (`if`).
@@ -391,5 +403,5 @@ const UNSUPPORTED: &[Spec] = unsupported![
     "limit_except": ctx::LOC, "disable_symlinks": ctx::HSL, "log_not_found": ctx::HSL,
     "stub_status": ctx::SRV | ctx::LOC,
     "satisfy": ctx::HSL, "allow": HSL | ctx::LMT, "deny": HSL | ctx::LMT, "auth_basic": HSL | ctx::LMT,
-    "auth_basic_user_file": HSL | ctx::LMT, "ssi": HSL,
+    "auth_basic_user_file": HSL | ctx::LMT,
 ];

@@ -120,7 +120,7 @@ fn precondition_failed(cx: &Ctx<'_>, resp: &mut Response) {
 }
 
 /// Whether `If-Modified-Since: v` lets the full response through.
-fn modified_since(v: &[u8], lm: Option<i64>, mode: Ims) -> bool {
+pub(crate) fn modified_since(v: &[u8], lm: Option<i64>, mode: Ims) -> bool {
     let Some(lm) = lm else {
         return true;
     };

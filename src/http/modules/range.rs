@@ -92,7 +92,7 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
     let Some(len) = resp.content_length else {
         return;
     };
-    if !resp.filters.is_empty() {
+    if !resp.filters.iter().all(|f| f.keeps_positions()) {
         return;
     }
     let max = cx.loc.modules.range.max_ranges;
@@ -152,10 +152,16 @@ fn if_range_allows(cx: &Ctx<'_>, resp: &Response) -> bool {
     let Some(v) = cx.req.header("if-range") else {
         return true;
     };
+    if_range_matches(v, resp.header("etag"), resp.last_modified)
+}
+
+/// Whether an `If-Range` value `v` names this response: its exact ETag
+/// when `v` is quoted, else its exact Last-Modified date.
+pub(crate) fn if_range_matches(v: &[u8], etag: Option<&[u8]>, last_modified: Option<i64>) -> bool {
     if v.len() >= 2 && v.ends_with(b"\"") {
-        return resp.header("etag") == Some(v);
+        return etag == Some(v);
     }
-    match resp.last_modified {
+    match last_modified {
         Some(lm) => parse_http_date(v) == Some(lm),
         None => false,
     }
@@ -284,7 +290,7 @@ fn content_range(s: u64, e: u64, len: u64) -> Vec<u8> {
     format!("{}-{}/{}", s, e - 1, len).into_bytes()
 }
 
-fn single(resp: &mut Response, s: u64, e: u64, len: u64) {
+pub(crate) fn single(resp: &mut Response, s: u64, e: u64, len: u64) {
     let mut v = b"bytes ".to_vec();
     v.extend_from_slice(&content_range(s, e, len));
     resp.headers.push(("Content-Range".into(), v));
@@ -325,7 +331,7 @@ impl response::BodyFilter for Slice {
     }
 }
 
-fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
+pub(crate) fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
     let boundary = BOUNDARY.fetch_add(1, Ordering::Relaxed) + 1;
     let mut part_head = format!("\r\n--{:020}\r\n", boundary).into_bytes();
     if let Some(ct) = resp.content_type.as_deref().filter(|c| !c.is_empty()) {

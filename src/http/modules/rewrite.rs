@@ -69,6 +69,9 @@ pub enum Op {
     /// `set $limit_rate VALUE`: the request's rate (a size), kept in the
     /// note [`LIMIT_RATE`].
     SetLimitRate(Template),
+    /// `set $args VALUE`: the request's arguments (nginx's one other
+    /// changeable built-in variable).
+    SetArgs(Template),
     /// `return CODE [TEXT]` / `return CODE URL` / `return URL`.
     Return {
         code: u16,
@@ -172,6 +175,10 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                         &format!("invalid $limit_rate \"{}\"", String::from_utf8_lossy(&v)),
                     ),
                 }
+            }
+            Op::SetArgs(value) => {
+                let v = value.render_vec(&*cx);
+                cx.args = (!v.is_empty()).then(|| v.into());
             }
             Op::Set { var, value } => {
                 let v = value.render_vec(&*cx);
@@ -477,11 +484,27 @@ fn set_set(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
         l.modules.rewrite.ops.push(Op::SetLimitRate(value));
         return Ok(());
     }
-    if crate::http::vars::VarTable::default()
-        .lookup(name)
-        .is_some()
-        && !name.starts_with("arg_")
-    {
+    if name == "args" {
+        let value = cx.template(arg(d, 1), d)?;
+        l.modules.rewrite.ops.push(Op::SetArgs(value));
+        return Ok(());
+    }
+    // nginx refuses the builtins; a prefix variable (`$http_foo`,
+    // `$arg_x`, `$cookie_y`...) may be set, and answers as itself where
+    // `set` has not run.
+    let builtin = !matches!(
+        crate::http::vars::VarTable::default().lookup(name),
+        None | Some(
+            crate::http::vars::Var::Http(_)
+                | crate::http::vars::Var::SentHttp(_)
+                | crate::http::vars::Var::SentTrailer(_)
+                | crate::http::vars::Var::UpstreamHttp(_)
+                | crate::http::vars::Var::UpstreamCookie(_)
+                | crate::http::vars::Var::Arg(_)
+                | crate::http::vars::Var::Cookie(_)
+        )
+    );
+    if builtin {
         return Err(ConfError::at(
             format!("the duplicate \"{}\" variable", name),
             d,

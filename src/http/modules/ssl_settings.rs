@@ -75,6 +75,13 @@ pub struct SslConf {
     /// `ssl_stapling_file`: a DER OCSP response stapled as it is.
     pub stapling_file: Option<String>,
     pub stapling: Option<bool>,
+    pub stapling_responder: Option<crate::tls::ocsp::Responder>,
+    pub stapling_verify: Option<bool>,
+    /// `ssl_ocsp on|leaf|off` (Some(None): off).
+    pub ocsp: Option<Option<crate::tls::ocsp::Mode>>,
+    pub ocsp_responder: Option<crate::tls::ocsp::Responder>,
+    /// `ssl_ocsp_cache` (Some(None): off).
+    pub ocsp_cache: Option<Option<String>>,
     /// Built with `tls` when client certificates are asked for.
     pub client_auth: Option<Arc<ClientAuth>>,
     /// Built after merging (see `tls::config::build`): None when the
@@ -88,16 +95,10 @@ impl SslConf {
             ciphers, prefer_server_ciphers, session_cache, session_timeout, session_tickets,
             buffer_size, ecdh_curve, dhparam, legacy_on, verify_client, client_certificate,
             trusted_certificate, verify_depth, crl, reject_handshake, password_file,
-            session_ticket_keys, early_data, stapling_file, stapling);
+            session_ticket_keys, early_data, stapling_file, stapling, stapling_responder,
+            stapling_verify, ocsp, ocsp_responder,
+            ocsp_cache);
     }
-}
-
-fn any(_: &mut SrvConf, _: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    Ok(())
-}
-
-fn on_off(_: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    flag(d).map(drop)
 }
 
 /// Paths are relative to the directory of nginx.conf, as nginx's
@@ -284,6 +285,50 @@ fn stapling_file(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResul
     set_once(&mut s.ssl.stapling_file, p, d)
 }
 
+fn stapling_verify(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut s.ssl.stapling_verify, v, d)
+}
+
+/// `ssl_stapling_responder URL` (http only, as nginx).
+fn stapling_responder(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::tls::ocsp::Responder::parse(arg(d, 0))
+        .ok_or_else(|| ConfError::at(format!("invalid URL prefix in \"{}\"", arg(d, 0)), d))?;
+    set_once(&mut s.ssl.stapling_responder, v, d)
+}
+
+/// `ssl_ocsp on|off|leaf`.
+fn ocsp(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    use crate::tls::ocsp::Mode;
+    let v = match arg(d, 0) {
+        "on" => Some(Mode::On),
+        "leaf" => Some(Mode::Leaf),
+        "off" => None,
+        other => {
+            return Err(ConfError::at(
+                format!(
+                "invalid value \"{}\" in \"{}\" directive, it must be \"on\", \"off\" or \"leaf\"",
+                other, d.name
+            ),
+                d,
+            ))
+        }
+    };
+    set_once(&mut s.ssl.ocsp, v, d)
+}
+
+/// `ssl_ocsp_responder URL` (http only, as nginx).
+fn ocsp_responder(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::tls::ocsp::Responder::parse(arg(d, 0))
+        .ok_or_else(|| ConfError::at(format!("invalid URL prefix in \"{}\"", arg(d, 0)), d))?;
+    set_once(&mut s.ssl.ocsp_responder, v, d)
+}
+
+fn ocsp_cache(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = crate::tls::ocsp::parse_cache(arg(d, 0)).map_err(|e| ConfError::at(e.msg, d))?;
+    set_once(&mut s.ssl.ocsp_cache, v, d)
+}
+
 /// `ssl_conf_command NAME VALUE`: OpenSSL's SSL_CONF commands. rustls has
 /// no such interface; the directive is accepted with a warning naming
 /// what is not applied (the settings it usually carries have directives
@@ -392,7 +437,7 @@ pub const DIRECTIVES: &[Spec] = &[
     row("ssl_session_tickets", Args::Flag, session_tickets),
     row("ssl_buffer_size", Args::take(1), buffer_size),
     row("ssl_stapling", Args::Flag, stapling),
-    row("ssl_stapling_verify", Args::Flag, on_off),
+    row("ssl_stapling_verify", Args::Flag, stapling_verify),
     row(
         "ssl_trusted_certificate",
         Args::take(1),
@@ -400,7 +445,7 @@ pub const DIRECTIVES: &[Spec] = &[
     ),
     row("ssl_early_data", Args::Flag, early_data),
     row("ssl_stapling_file", Args::take(1), stapling_file),
-    row("ssl_stapling_responder", Args::take(1), any),
+    row("ssl_stapling_responder", Args::take(1), stapling_responder),
     row("ssl_verify_client", Args::take(1), verify_client),
     row("ssl_client_certificate", Args::take(1), client_certificate),
     row("ssl_verify_depth", Args::take(1), verify_depth),
@@ -409,19 +454,8 @@ pub const DIRECTIVES: &[Spec] = &[
     row("ssl_session_ticket_key", Args::take(1), session_ticket_key),
     row("ssl_conf_command", Args::take(2), conf_command),
     row("ssl_reject_handshake", Args::Flag, reject_handshake),
-    // OCSP for client certificates: refused by name rather than taken
-    // for unknown.
-    refused("ssl_ocsp"),
-    refused("ssl_ocsp_responder"),
-    refused("ssl_ocsp_cache"),
+    // OCSP for client certificates (tls::ocsp).
+    row("ssl_ocsp", Args::take(1), ocsp),
+    row("ssl_ocsp_responder", Args::take(1), ocsp_responder),
+    row("ssl_ocsp_cache", Args::take(1), ocsp_cache),
 ];
-
-/// A directive of the module tern does not implement yet.
-const fn refused(name: &'static str) -> Spec {
-    Spec {
-        name,
-        ctx: HS,
-        args: Args::Any,
-        set: Setter::Unsupported,
-    }
-}

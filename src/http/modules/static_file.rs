@@ -119,9 +119,8 @@ fn push_hex(s: &mut String, n: u64) {
             break;
         }
     }
-    for &c in &buf[i..] {
-        s.push(c as char);
-    }
+    // Only ASCII digits were written.
+    s.push_str(std::str::from_utf8(&buf[i..]).unwrap_or_default());
 }
 
 async fn index(cx: &mut Ctx<'_>, policy: &crate::io::Policy) -> Step {

@@ -213,7 +213,18 @@ impl Background {
             bind,
             keepalive,
         };
-        let Ok(mut resp) = fetch(&mut log, at, &up, &lim, &*proto, &send, head_only).await else {
+        let Ok(mut resp) = fetch(
+            &mut log,
+            at,
+            &up,
+            &lim,
+            &*proto,
+            &send,
+            head_only,
+            None::<&mut super::fetch::NoFeed>,
+        )
+        .await
+        else {
             return;
         };
         let url = proto.url(&resp.peer_name);
@@ -283,6 +294,7 @@ impl Background {
             read_timeout: lim.read,
             mem_max: lim.mem_max,
             temp_max: 0,
+            buffered: true,
             temp_dir: PathBuf::new(),
             policy: policy.clone(),
             temp: None,

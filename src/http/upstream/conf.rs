@@ -36,14 +36,15 @@ pub const M_GET: u8 = 1;
 pub const M_HEAD: u8 = 2;
 pub const M_POST: u8 = 4;
 
-pub const IGN_X_ACCEL_EXPIRES: u8 = 1;
-pub const IGN_EXPIRES: u8 = 2;
-pub const IGN_CACHE_CONTROL: u8 = 4;
-pub const IGN_SET_COOKIE: u8 = 8;
-pub const IGN_VARY: u8 = 16;
-pub const IGN_X_ACCEL_BUFFERING: u8 = 32;
-pub const IGN_X_ACCEL_CHARSET: u8 = 64;
-pub const IGN_X_ACCEL_LIMIT_RATE: u8 = 128;
+pub const IGN_X_ACCEL_EXPIRES: u16 = 1;
+pub const IGN_EXPIRES: u16 = 2;
+pub const IGN_CACHE_CONTROL: u16 = 4;
+pub const IGN_SET_COOKIE: u16 = 8;
+pub const IGN_VARY: u16 = 16;
+pub const IGN_X_ACCEL_BUFFERING: u16 = 32;
+pub const IGN_X_ACCEL_CHARSET: u16 = 64;
+pub const IGN_X_ACCEL_LIMIT_RATE: u16 = 128;
+pub const IGN_X_ACCEL_REDIRECT: u16 = 256;
 
 /// Where `PREFIX_store` puts a file.
 #[derive(Debug, Clone)]
@@ -87,10 +88,10 @@ pub struct UpstreamConf {
     pub pass_request_headers: Option<bool>,
     pub hide: Option<Arc<Vec<String>>>,
     pub pass_headers: Option<Arc<Vec<String>>>,
-    pub ignore_headers: Option<u8>,
+    pub ignore_headers: Option<u16>,
     pub pass_request_body: Option<bool>,
-    /// `PREFIX_request_buffering`: accepted; `off` behaves as `on` (the
-    /// body is read whole before the upstream is contacted).
+    /// `PREFIX_request_buffering`: `off` sends the body as it arrives
+    /// (`run::begin_body`); gRPC's body is always read whole.
     pub request_buffering: Option<bool>,
     /// `PREFIX_force_ranges`: byte ranges on responses that do not come
     /// from the cache.
@@ -745,9 +746,7 @@ pub fn set_ignore_headers<S: Slot>(
             "x-accel-buffering" => IGN_X_ACCEL_BUFFERING,
             "x-accel-charset" => IGN_X_ACCEL_CHARSET,
             "x-accel-limit-rate" => IGN_X_ACCEL_LIMIT_RATE,
-            // This steers an nginx feature tern does not have; ignoring
-            // it is what was asked.
-            "x-accel-redirect" => 0,
+            "x-accel-redirect" => IGN_X_ACCEL_REDIRECT,
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }

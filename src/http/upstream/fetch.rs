@@ -37,6 +37,51 @@ pub enum OutBody {
     Mem(Bytes),
     /// A client body in its temp file (read back for every attempt).
     File(Arc<OpenFile>, u64),
+    /// The client's body as it arrives, from the [`BodyFeed`] given to
+    /// [`fetch`] (`PREFIX_request_buffering off`), framed by the
+    /// protocol's `frame_body` piece by piece.
+    Stream,
+}
+
+/// A request body read while it is sent (nginx's
+/// `request_body_no_buffering`): once any of the request went to a peer,
+/// it is not passed to another (nginx's `ngx_http_upstream_next`).
+pub trait BodyFeed {
+    /// The next piece; None at its end. Err: the status for the client
+    /// (the feed has logged why).
+    fn next(&mut self) -> impl std::future::Future<Output = Result<Option<Bytes>, u16>>;
+    /// Nothing of the body was taken yet.
+    fn untouched(&self) -> bool;
+    /// The last piece was given.
+    fn done(&self) -> bool;
+}
+
+impl BodyFeed for crate::http::body::Streaming<'_> {
+    fn next(&mut self) -> impl std::future::Future<Output = Result<Option<Bytes>, u16>> {
+        crate::http::body::Streaming::next(self)
+    }
+    fn untouched(&self) -> bool {
+        crate::http::body::Streaming::untouched(self)
+    }
+    fn done(&self) -> bool {
+        crate::http::body::Streaming::done(self)
+    }
+}
+
+/// No feed: the body, if any, is buffered (background cache updates).
+pub enum NoFeed {}
+
+impl BodyFeed for NoFeed {
+    #[allow(unreachable_code)]
+    fn next(&mut self) -> impl std::future::Future<Output = Result<Option<Bytes>, u16>> {
+        std::future::ready(match *self {})
+    }
+    fn untouched(&self) -> bool {
+        match *self {}
+    }
+    fn done(&self) -> bool {
+        match *self {}
+    }
 }
 
 /// One request as sent to each peer tried: the body is buffered, so a
@@ -112,19 +157,28 @@ pub fn invalid_header(msg: &str) -> Fail {
 pub const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
 
 /// One read from the upstream within `limit`: 504 on timeout, 502 on an
-/// error, with nginx's log wording (`... while reading upstream`).
+/// error, with nginx's log wording (`recv() failed (104: ...) while
+/// reading upstream`); `call` is the system call nginx names there:
+/// `recv()`, or `readv()` for a body read into the buffers of its pipe
+/// (proxy_buffering on).
 pub async fn timed_read(
     s: &mut UpStream,
     buf: &mut [u8],
     limit: Duration,
     context: &str,
     next: bool,
+    call: &str,
 ) -> Result<usize, Fail> {
     match tokio::time::timeout(limit, s.read(buf)).await {
         Err(_) => Err(fail(504, format!("{} {}", TIMED_OUT, context), next)),
         Ok(Err(e)) => Err(fail(
             502,
-            format!("recv() failed {} {}", crate::core::errno_text(&e), context),
+            format!(
+                "{} failed {} {}",
+                call,
+                crate::core::errno_text(&e),
+                context
+            ),
             next,
         )),
         Ok(Ok(n)) => Ok(n),
@@ -236,8 +290,10 @@ pub struct FetchErr {
     pub ft: u16,
 }
 
-/// Tries peers until one answers with a response head.
-pub async fn fetch<E: FetchEnv>(
+/// Tries peers until one answers with a response head. `feed`: the body
+/// of an `OutBody::Stream` request.
+#[allow(clippy::too_many_arguments)]
+pub async fn fetch<E: FetchEnv, B: BodyFeed>(
     cx: &mut E,
     mut at: peers::Attempt,
     up: &Arc<Upstream>,
@@ -245,7 +301,9 @@ pub async fn fetch<E: FetchEnv>(
     proto: &dyn Protocol,
     send: &Outgoing<'_>,
     head_only: bool,
+    mut feed: Option<&mut B>,
 ) -> Result<UpResp, FetchErr> {
+    let streamed = feed.is_some();
     let started = std::time::Instant::now();
     let mut tries_left = match lim.next_tries {
         0 => up.tries(),
@@ -254,6 +312,9 @@ pub async fn fetch<E: FetchEnv>(
     // Whether the case `bit` may go on to the next peer (nginx's
     // ngx_http_upstream_next checks, in its order).
     let may_retry = |bit: u16, sent: bool, tries_left: usize| {
+        if sent && streamed {
+            return false;
+        }
         let mut need = bit;
         if sent && send.non_idempotent {
             need |= ft::NON_IDEMPOTENT;
@@ -269,7 +330,17 @@ pub async fn fetch<E: FetchEnv>(
         tries_left = tries_left.saturating_sub(1);
         let mut slot = cx.attempt(&peer.name);
         let url = proto.url(&peer.name);
-        let got = exchange(up, &peer.addr, lim, proto, send, head_only, &slot).await;
+        let got = exchange(
+            up,
+            &peer.addr,
+            lim,
+            proto,
+            send,
+            head_only,
+            &slot,
+            feed.as_deref_mut(),
+        )
+        .await;
         let logs = match &got {
             Ok(r) => &r.logs,
             Err(f) => &f.logs,
@@ -301,8 +372,9 @@ pub async fn fetch<E: FetchEnv>(
             }
             Err(f) => {
                 // 500: tern's own failure (PREFIX_bind, the body's temp
-                // file), logged as nginx does such, and not the peer's.
-                let local = f.status == 500;
+                // file), logged as nginx does such, and not the peer's;
+                // 4xx: the client's (a streamed body), not the peer's.
+                let local = f.status <= 500;
                 let level = if local { Level::Crit } else { Level::Error };
                 // An empty message: already said (fastcgi_catch_stderr's
                 // line is the stderr itself, as nginx logs it).
@@ -344,7 +416,8 @@ pub async fn fetch<E: FetchEnv>(
 }
 
 /// One attempt on one peer: connect (or reuse), send, read the head.
-async fn exchange(
+#[allow(clippy::too_many_arguments)]
+async fn exchange<B: BodyFeed>(
     up: &Upstream,
     addr: &PeerAddr,
     lim: &Limits,
@@ -352,6 +425,7 @@ async fn exchange(
     send: &Outgoing<'_>,
     head_only: bool,
     slot: &Slot,
+    mut feed: Option<&mut B>,
 ) -> Result<UpResp, Fail> {
     // A cached connection may have been closed by the peer meanwhile; an
     // error on it is retried once on a fresh connection without blaming
@@ -366,7 +440,18 @@ async fn exchange(
         .filter(|(s, _)| s.is_tls() == lim.tls.is_some())
     {
         slot.connected();
-        match send_and_read(s, addr, lim, proto, send, head_only, slot).await {
+        match send_and_read(
+            s,
+            addr,
+            lim,
+            proto,
+            send,
+            head_only,
+            slot,
+            feed.as_deref_mut(),
+        )
+        .await
+        {
             Ok(r) => {
                 return Ok(UpResp {
                     requests: served + 1,
@@ -374,6 +459,10 @@ async fn exchange(
                 })
             }
             Err(f) if f.status == 504 => return Err(Fail { sent: true, ..f }),
+            // A streamed body that began to go cannot be sent again.
+            Err(f) if feed.as_deref().is_some_and(|b| !b.untouched()) || f.status < 500 => {
+                return Err(Fail { sent: true, ..f })
+            }
             Err(_) => {}
         }
     }
@@ -422,8 +511,8 @@ async fn exchange(
                     return Err(fail(
                         502,
                         format!(
-                            "SSL_do_handshake() failed ({}) while SSL handshaking to upstream",
-                            e
+                            "{} while SSL handshaking to upstream",
+                            crate::tls::client::handshake_error_text(&e)
                         ),
                         true,
                     ))
@@ -456,7 +545,7 @@ async fn exchange(
         r.trailers = a.trailers;
         return Ok(r);
     }
-    send_and_read(s, addr, lim, proto, send, head_only, slot)
+    send_and_read(s, addr, lim, proto, send, head_only, slot, feed)
         .await
         .map_err(|f| Fail { sent: true, ..f })
 }
@@ -501,13 +590,20 @@ const JOIN_BODY_MAX: usize = 16 * 1024;
 
 /// Sends the head and the body (from memory, or read back from its temp
 /// file through the file-I/O layer a chunk at a time).
-async fn send_request(
+async fn send_request<B: BodyFeed>(
     s: &mut UpStream,
     lim: &Limits,
     proto: &dyn Protocol,
     send: &Outgoing<'_>,
     slot: &Slot,
+    feed: Option<&mut B>,
 ) -> Result<(), Fail> {
+    if let OutBody::Stream = send.body {
+        let Some(feed) = feed else {
+            return Err(fail(500, "no request body to stream", false));
+        };
+        return send_streamed(s, lim, proto, send, slot, feed).await;
+    }
     match send.body {
         OutBody::Mem(b) if b.len() <= JOIN_BODY_MAX => {
             let mut all = Vec::with_capacity(send.head.len() + b.len());
@@ -518,7 +614,7 @@ async fn send_request(
         _ => write_timed(s, send.head, lim, slot).await?,
     }
     match send.body {
-        OutBody::None => Ok(()),
+        OutBody::None | OutBody::Stream => Ok(()),
         OutBody::Mem(b) => write_timed(s, b, lim, slot).await,
         OutBody::File(f, len) => {
             let mut off = 0u64;
@@ -558,6 +654,90 @@ async fn send_request(
     }
 }
 
+/// Sends the head, then the body piece by piece as the client's
+/// connection delivers it (what came with the request head goes out with
+/// the request's head, as nginx's preread buffer).
+async fn send_streamed<B: BodyFeed>(
+    s: &mut UpStream,
+    lim: &Limits,
+    proto: &dyn Protocol,
+    send: &Outgoing<'_>,
+    slot: &Slot,
+    feed: &mut B,
+) -> Result<(), Fail> {
+    let client = |status: u16| Fail {
+        // Already logged by the feed; not the peer's fault, not retried.
+        sent: true,
+        ..fail(status, "", false)
+    };
+    let mut out = send.head.to_vec();
+    // The first piece only if it is there already: the head must not wait
+    // for the client.
+    if feed.untouched() {
+        if let Some(r) = ready_now(feed.next()) {
+            match r {
+                Ok(Some(b)) => {
+                    frame(proto, &b, &mut out);
+                    if feed.done() {
+                        proto.end_body(&mut out);
+                        return write_timed(s, &out, lim, slot).await;
+                    }
+                }
+                Ok(None) => {
+                    proto.end_body(&mut out);
+                    return write_timed(s, &out, lim, slot).await;
+                }
+                Err(st) => return Err(client(st)),
+            }
+        }
+    }
+    write_timed(s, &out, lim, slot).await?;
+    loop {
+        out.clear();
+        match feed.next().await {
+            // The last piece carries the body's end (FastCGI's empty
+            // stdin record, the last chunk) in the same write.
+            Ok(Some(b)) => {
+                frame(proto, &b, &mut out);
+                if feed.done() {
+                    proto.end_body(&mut out);
+                    return write_timed(s, &out, lim, slot).await;
+                }
+            }
+            Ok(None) => {
+                proto.end_body(&mut out);
+                if !out.is_empty() {
+                    write_timed(s, &out, lim, slot).await?;
+                }
+                return Ok(());
+            }
+            Err(st) => return Err(client(st)),
+        }
+        write_timed(s, &out, lim, slot).await?;
+    }
+}
+
+/// A piece of the body as the protocol frames it.
+fn frame(proto: &dyn Protocol, data: &[u8], out: &mut Vec<u8>) {
+    let mut framed = Vec::new();
+    if proto.frame_body(data, &mut framed) {
+        out.extend_from_slice(&framed);
+    } else {
+        out.extend_from_slice(data);
+    }
+}
+
+/// Polls a future once: its output when it is ready at once.
+fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
 /// Writes all of `data` within PREFIX_send_timeout, with nginx's log
 /// wording on failure.
 async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits, slot: &Slot) -> Result<(), Fail> {
@@ -589,7 +769,8 @@ async fn write_timed(s: &mut UpStream, data: &[u8], lim: &Limits, slot: &Slot) -
 
 /// Sends the request and reads until the protocol's head reader has the
 /// response head.
-async fn send_and_read(
+#[allow(clippy::too_many_arguments)]
+async fn send_and_read<B: BodyFeed>(
     mut s: UpStream,
     addr: &PeerAddr,
     lim: &Limits,
@@ -597,12 +778,13 @@ async fn send_and_read(
     send: &Outgoing<'_>,
     head_only: bool,
     slot: &Slot,
+    feed: Option<&mut B>,
 ) -> Result<UpResp, Fail> {
-    send_request(&mut s, lim, proto, send, slot).await?;
+    send_request(&mut s, lim, proto, send, slot, feed).await?;
     let mut reader = proto.head_reader(head_only, lim.head_max);
     let mut buf = vec![0u8; lim.head_max.max(8 * 1024)];
     loop {
-        let n = timed_read(&mut s, &mut buf, lim.read, WHILE_HEAD, true).await;
+        let n = timed_read(&mut s, &mut buf, lim.read, WHILE_HEAD, true, "recv()").await;
         let n = match n {
             Ok(n) => n,
             Err(f) => return Err(with_logs(f, reader.as_mut())),

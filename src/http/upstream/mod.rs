@@ -10,7 +10,9 @@
 //!
 //! ```text
 //! *_pass module's content handler
-//!   ├─ the request body, read whole (crate::http::body), the upstream
+//!   ├─ the request body, read whole (crate::http::body), or with
+//!   │   PREFIX_request_buffering off a body::Streaming that fetch sends
+//!   │   as it arrives (run::begin_body, fetch::BodyFeed), the upstream
 //!   │   (peers::Upstream), the Limits (+ TLS for https://)
 //!   └─ run(cx, proto, upstream, limits)                         run.rs
 //!        ├─ PREFIX_cache? key -> md5 -> zone lookup ── HIT ──▶ the entry   cache.rs
@@ -23,6 +25,8 @@
 //!        └─ the head becomes a Response once                      response.rs
 //!             headers relayed (hidden, hop-by-hop, Protocol's rewrites),
 //!             X-Accel-*, intercept_errors, ranges, 101 -> tunnel;
+//!             X-Accel-Redirect: kept for the content phase, which makes
+//!             the internal redirect (response::accel_redirect);
 //!             the body: complete with the head ──▶ Body::Bytes, else a
 //!             Producer reads it through the BodyDecoder into the pipe  pipe.rs
 //!             (memory, temp file, cache file, PREFIX_store file)

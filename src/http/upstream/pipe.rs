@@ -223,6 +223,8 @@ pub struct Producer {
     pub read_timeout: Duration,
     pub mem_max: usize,
     pub temp_max: u64,
+    /// PREFIX_buffering (or a response being cached in the background).
+    pub buffered: bool,
     pub temp_dir: PathBuf,
     pub policy: Policy,
     pub temp: Option<Arc<File>>,
@@ -383,6 +385,9 @@ impl Producer {
         let mut rbuf = vec![0u8; 64 * 1024];
         let started = std::time::Instant::now();
         let mut read_len = 0u64;
+        // nginx reads a buffered body with readv() into its pipe's
+        // buffers, an unbuffered one with recv(); its error line says so.
+        let call = if self.buffered { "readv()" } else { "recv()" };
         while !self.decoder.done() {
             let pipe = self.pipe.clone();
             // A response being cached or stored is read whole.
@@ -406,7 +411,7 @@ impl Producer {
                 room = room.min((allowed - read_len) as usize);
             }
             let n = tokio::select! {
-                r = timed_read(&mut self.stream, &mut rbuf[..room], self.read_timeout, "while reading upstream", false) => r?,
+                r = timed_read(&mut self.stream, &mut rbuf[..room], self.read_timeout, "while reading upstream", false, call) => r?,
                 // A client gone is noticed at once, also while upstream is
                 // silent; a response being cached is still read whole.
                 () = gone(&pipe), if !caching => return Err(Stop::Gone),

@@ -169,6 +169,28 @@ pub(super) async fn respond(
         // PREFIX_intercept_errors: let error_page answer instead.
         return Response::status(resp.status);
     }
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_REDIRECT == 0 {
+        if let Some(v) = header(&resp.headers, "x-accel-redirect") {
+            // nginx's ngx_http_upstream_process_headers: the answer is
+            // dropped (its connection too), a few of its headers stay
+            // for the response the redirect target makes.
+            let carried = relayed
+                .iter()
+                .filter(|(n, _)| CARRIED.iter().any(|c| n.eq_ignore_ascii_case(c)))
+                .cloned()
+                .collect();
+            let target = v.to_vec();
+            resp.slot.finish();
+            cx.memo.borrow_mut().push((
+                ACCEL_KEY,
+                Box::new(AccelRedirect {
+                    target: Some(target),
+                    carried,
+                }),
+            ));
+            return Response::status(200);
+        }
+    }
     resp.slot.body(with_head);
     let (mem_max, temp_max) = if buffering {
         (lim.mem_max, lim.temp_max)
@@ -369,6 +391,7 @@ pub(super) async fn respond(
         read_timeout: lim.read,
         mem_max,
         temp_max,
+        buffered: buffering,
         temp_dir: conf
             .temp_path
             .clone()
@@ -497,4 +520,160 @@ pub fn force_ranges(r: &mut Response) {
 
 pub fn has_error_page(loc: &LocConf, status: u16) -> bool {
     loc.modules.error_page.find(status).is_some()
+}
+
+// ---- X-Accel-Redirect ---------------------------------------------------
+
+/// Headers of an X-Accel-Redirect answer that the redirect's response
+/// keeps (nginx's upstream header table, `redirect` set).
+const CARRIED: &[&str] = &[
+    "content-type",
+    "set-cookie",
+    "content-disposition",
+    "cache-control",
+    "expires",
+    "accept-ranges",
+];
+
+const ACCEL_KEY: &str = "x_accel_redirect";
+
+/// An X-Accel-Redirect seen by [`respond`]: the target, taken by
+/// [`accel_redirect`] after the content handler; the headers, applied to
+/// the final response by [`accel_carried`].
+struct AccelRedirect {
+    target: Option<Vec<u8>>,
+    carried: Vec<(String, Vec<u8>)>,
+}
+
+/// After a content handler: the internal redirect an upstream asked for
+/// with X-Accel-Redirect, as nginx makes it: `@name` a named location,
+/// else the URI (its `?args` the request's args, `%XX` unescaped, `..`
+/// refused with 404), the method GET (HEAD stays), and as for any nginx
+/// internal redirect, the server's rewrite directives run again.
+pub async fn accel_redirect(cx: &mut Ctx<'_>) -> Option<crate::http::phases::Step> {
+    use crate::http::phases::Step;
+    let target = {
+        let mut memo = cx.memo.borrow_mut();
+        let (_, b) = memo.iter_mut().find(|(k, _)| *k == ACCEL_KEY)?;
+        b.downcast_mut::<AccelRedirect>()?.target.take()?
+    };
+    if cx.method != crate::http::request::Method::Head {
+        cx.method = crate::http::request::Method::Get;
+    }
+    if let Some(name) = target.strip_prefix(b"@") {
+        return Some(Step::Named(format!("@{}", String::from_utf8_lossy(name))));
+    }
+    let Some((path, args)) = unsafe_uri(&target) else {
+        cx.log(
+            Level::Error,
+            &format!(
+                "unsafe URI \"{}\" was detected",
+                String::from_utf8_lossy(&target)
+            ),
+        );
+        return Some(Step::done(Response::status(404)));
+    };
+    cx.args = args.map(Cow::Owned);
+    cx.uri = Cow::Owned(path.clone());
+    if let Some(r) = cx.internal_redirect(path) {
+        return Some(Step::done(r));
+    }
+    // internal_redirect counted this hop; the phases count it again.
+    cx.redirects = cx.redirects.saturating_sub(1);
+    let srv = cx.server.conf.clone();
+    Some(
+        match crate::http::modules::rewrite::run(cx, &srv.modules.rewrite.ops).await {
+            Step::Next | Step::Delay(_) => Step::Redirect(cx.uri.to_vec()),
+            other => other,
+        },
+    )
+}
+
+/// The X-Accel-Redirect answer's kept headers on the response the
+/// redirect made (its Content-Type wins, as nginx's is set first).
+pub fn accel_carried(cx: &Ctx<'_>, r: &mut Response) {
+    let mut memo = cx.memo.borrow_mut();
+    let Some(a) = memo
+        .iter_mut()
+        .find(|(k, _)| *k == ACCEL_KEY)
+        .and_then(|(_, b)| b.downcast_mut::<AccelRedirect>())
+    else {
+        return;
+    };
+    for (n, v) in std::mem::take(&mut a.carried) {
+        if n.eq_ignore_ascii_case("content-type") {
+            r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
+        } else {
+            r.headers.retain(|(h, _)| !h.eq_ignore_ascii_case(&n));
+            r.headers.push((Cow::Owned(n), v));
+        }
+    }
+}
+
+/// nginx's ngx_http_parse_unsafe_uri: the path (unescaped when it has
+/// `%`) and the args; None for a path with `..` segments or a NUL.
+fn unsafe_uri(v: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    let (raw, args) = match v.iter().position(|&b| b == b'?') {
+        Some(q) => (&v[..q], Some(v[q + 1..].to_vec())),
+        None => (v, None),
+    };
+    let path = if raw.contains(&b'%') {
+        let mut out = Vec::with_capacity(raw.len());
+        let mut i = 0;
+        while i < raw.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            match (
+                raw[i],
+                raw.get(i + 1).copied().and_then(hex),
+                raw.get(i + 2).copied().and_then(hex),
+            ) {
+                (b'%', Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                }
+                (b, _, _) => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        out
+    } else {
+        raw.to_vec()
+    };
+    if path.contains(&0) || args.as_ref().is_some_and(|a| a.contains(&0)) {
+        return None;
+    }
+    if path.split(|&b| b == b'/').any(|seg| seg == b"..") {
+        return None;
+    }
+    Some((path, args))
+}
+
+#[cfg(test)]
+mod accel_tests {
+    use super::unsafe_uri;
+
+    #[test]
+    fn unsafe_uris_as_nginx() {
+        assert_eq!(
+            unsafe_uri(b"/foo?bar"),
+            Some((b"/foo".to_vec(), Some(b"bar".to_vec())))
+        );
+        assert_eq!(
+            unsafe_uri(b"/foo%20bar"),
+            Some((b"/foo bar".to_vec(), None))
+        );
+        for bad in [
+            &b".."[..],
+            b"../foo",
+            b"/foo/..",
+            b"/foo/.%2e",
+            b"/a/../b",
+            b"/a%00",
+        ] {
+            assert_eq!(unsafe_uri(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(unsafe_uri(b"/a..b/.c").is_some());
+    }
 }

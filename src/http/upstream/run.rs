@@ -16,29 +16,60 @@ use super::peers::{self, PassAddr, Upstream};
 use super::{Caching, Protocol};
 use crate::cache::{self as store, md5};
 use crate::core::log::Level;
+use crate::http::body::{self, TempDir};
 use crate::http::phases::Ctx;
 use crate::http::request::Method;
 use crate::http::response::Response;
 
 /// The content handler of a `*_pass` to an address (fastcgi, scgi,
-/// uwsgi): the request body read, the upstream found, then [`run`] with
-/// the protocol `proto` makes of the pass.
+/// uwsgi): the request body read (or streamed, see [`begin_body`];
+/// `chunked_ok`: the protocol can frame a body of unknown length), the
+/// upstream found, then [`run`] with the protocol `proto` makes of the
+/// pass.
 pub async fn pass_addr(
     cx: &mut Ctx<'_>,
     pass: Option<Arc<PassAddr>>,
     conf: &UpstreamConf,
+    chunked_ok: bool,
     proto: impl FnOnce(Arc<PassAddr>) -> Arc<dyn Protocol>,
 ) -> Response {
     let Some(pass) = pass else {
         return Response::status(500);
     };
-    if let Err(r) = crate::http::body::read(cx, &pass.body_temp_default).await {
-        return *r;
-    }
+    let stream = match begin_body(cx, conf, &pass.body_temp_default, |_| chunked_ok).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
     let Some(up) = peers::upstream_of(cx, &pass.to).await else {
+        if let Some(s) = stream {
+            s.finish(cx);
+        }
         return Response::status(502);
     };
-    run(cx, proto(pass), up, Limits::of(conf)).await
+    run_with(cx, proto(pass), up, Limits::of(conf), stream).await
+}
+
+/// The request body before the upstream is asked: read whole (memory or
+/// a temp file), or with `PREFIX_request_buffering off` (and a body to
+/// pass) left to arrive while it is sent ([`body::stream_begin`]), when
+/// `unknown_ok` allows a body of unknown length (chunked) for this
+/// protocol, as nginx's handlers decide `request_body_no_buffering`.
+pub async fn begin_body<'c>(
+    cx: &mut Ctx<'c>,
+    conf: &UpstreamConf,
+    temp: &TempDir,
+    unknown_ok: impl FnOnce(&Ctx<'c>) -> bool,
+) -> Result<Option<body::Streaming<'c>>, Box<Response>> {
+    let unbuffered = conf.request_buffering == Some(false)
+        && conf.pass_request_body.unwrap_or(true)
+        && (cx.req.content_length.is_some() || unknown_ok(cx));
+    if unbuffered {
+        if let Some(s) = body::stream_begin(cx).await? {
+            return Ok(Some(s));
+        }
+    }
+    body::read(cx, temp).await?;
+    Ok(None)
 }
 
 /// Serves the request from `up` with `proto` (the request body has been
@@ -48,6 +79,33 @@ pub async fn run(
     proto: Arc<dyn Protocol>,
     up: Arc<Upstream>,
     lim: Limits,
+) -> Response {
+    run_with(cx, proto, up, lim, None).await
+}
+
+/// [`run`], with the body streamed from `stream` when there is one (the
+/// protocol's request then has `OutBody::Stream`). The body goes back to
+/// the request once the upstream has answered or failed.
+pub async fn run_with<'c>(
+    cx: &mut Ctx<'c>,
+    proto: Arc<dyn Protocol>,
+    up: Arc<Upstream>,
+    lim: Limits,
+    mut stream: Option<body::Streaming<'c>>,
+) -> Response {
+    let r = run_inner(cx, proto, up, lim, &mut stream).await;
+    if let Some(s) = stream {
+        s.finish(cx);
+    }
+    r
+}
+
+async fn run_inner<'c>(
+    cx: &mut Ctx<'c>,
+    proto: Arc<dyn Protocol>,
+    up: Arc<Upstream>,
+    lim: Limits,
+    stream: &mut Option<body::Streaming<'c>>,
 ) -> Response {
     let conf = proto.conf();
     // $upstream_addr and the like: this use of an upstream starts here
@@ -216,7 +274,22 @@ pub async fn run(
         keepalive: conf.socket_keepalive.unwrap_or(false),
     };
     let at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
-    let got = fetch(cx, at, &up, &lim, &*proto, &send, head_only).await;
+    let streamed = matches!(req.body, super::OutBody::Stream);
+    let got = fetch(
+        cx,
+        at,
+        &up,
+        &lim,
+        &*proto,
+        &send,
+        head_only,
+        stream.as_mut().filter(|_| streamed),
+    )
+    .await;
+    // The body is the request's again (`$request_body`, error_page).
+    if let Some(s) = stream.take() {
+        s.finish(cx);
+    }
     let use_stale = conf.cache_use_stale.unwrap_or(0);
     let resp = match got {
         Ok(r) => {

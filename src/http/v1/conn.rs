@@ -288,6 +288,10 @@ async fn request<S: Stream>(
     };
     let server = addr.select(req.host()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    if pipelined {
+        cx.notes
+            .push((crate::http::modules::access_log::PIPELINED, Vec::new()));
+    }
     for bad in req.invalid_lines() {
         cx.log(
             Level::Info,
@@ -299,7 +303,12 @@ async fn request<S: Stream>(
     }
     // A handler that needs the body (proxy_pass) reads it through this;
     // the read buffer comes back after the phases (see http::body).
-    if req.content_length.is_some_and(|n| n > 0) || req.chunked {
+    // An empty body announced with `Expect: 100-continue` too: nginx
+    // answers 100 when a handler reads it, whatever its length.
+    if req.content_length.is_some_and(|n| n > 0)
+        || req.chunked
+        || (req.expect_continue && req.content_length == Some(0))
+    {
         cx.body = Some(crate::http::body::ReqBody::new(stream, std::mem::take(buf)));
     }
     let mut resp = phases::run(&mut cx).await;
@@ -343,6 +352,18 @@ async fn request<S: Stream>(
     let ka = loc.core.keepalive.map_or(75_000, |k| k.timeout_ms);
     if ka == 0 || info.requests >= loc.core.keepalive_requests.unwrap_or(1000) {
         keepalive = false;
+    }
+    // keepalive_disable: old MSIE after a POST, Safari on macOS.
+    let (msie6, safari) = loc.core.keepalive_disable.unwrap_or((true, false));
+    if keepalive && (msie6 || safari) {
+        if let Some(ua) = req.header("user-agent") {
+            let b = crate::http::response::browser_of(ua);
+            if (msie6 && b.msie6 && req.method == crate::http::request::Method::Post)
+                || (safari && b.safari)
+            {
+                keepalive = false;
+            }
+        }
     }
     // keepalive_time: no further request once the connection is this old.
     if info.started.elapsed() > Duration::from_millis(loc.core.keepalive_time.unwrap_or(3_600_000))

@@ -30,7 +30,11 @@
 //!   PROTOCOL_ERROR (as nginx), the connection goes on.
 //!
 //! Withholding the offending frame means h2's "last processed stream"
-//! in the GOAWAY is the one before it, as nginx reports.
+//! in the GOAWAY is the one before it, as nginx reports. When the bytes
+//! that decide (a priority field) come in a later read than the frame's
+//! header, the header and payload bytes of the earlier reads have gone to
+//! h2 already; h2 acts on whole frames only, so it never sees the frame
+//! (checked by `fuzzing::h2_guard`).
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
@@ -287,6 +291,11 @@ impl Guard {
                     self.stop(Reason::ENHANCE_YOUR_CALM, "http2 flood detected");
                     return frame_at;
                 }
+                if s.left == 0 {
+                    // No payload: the frame ends with its header (an
+                    // empty HEADERS or CONTINUATION may end a block).
+                    self.frame_end(&mut s, now);
+                }
                 continue;
             }
             if s.peek_want > 0 {
@@ -409,6 +418,29 @@ mod tests {
         assert_eq!(g.feed(a), a.len());
         assert_eq!(g.feed(b), 0);
         assert!(g.trip().is_some());
+    }
+
+    /// An empty HEADERS (or CONTINUATION) ending a header block, with
+    /// more frames in the same read, ends the block: it used to stay open
+    /// (found by fuzzing::h2_guard), so the connection never looked idle
+    /// to keepalive_timeout.
+    #[test]
+    fn empty_frame_ends_its_header_block() {
+        for tail in [
+            frame(HEADERS, 4, 1, &[]),
+            [
+                frame(HEADERS, 0, 1, &[0x82]),
+                frame(CONTINUATION, 4, 1, &[]),
+            ]
+            .concat(),
+        ] {
+            let g = Guard::new(128, Duration::from_secs(60));
+            let mut v = hello();
+            v.extend(tail);
+            v.extend(frame(6, 0, 0, &[0; 8]));
+            assert_eq!(g.feed(&v), v.len());
+            assert!(!g.busy(), "header block left open");
+        }
     }
 
     #[test]

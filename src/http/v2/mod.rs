@@ -24,7 +24,7 @@
 
 pub mod conf;
 pub mod conn;
-mod guard;
+pub(crate) mod guard;
 mod io;
 
 /// The client connection preface (RFC 9113 3.4).

@@ -271,7 +271,7 @@ pub fn content<'a>(
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
     let pass = loc.modules.fastcgi.pass.clone();
-    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.fastcgi.up, |pass| {
+    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.fastcgi.up, true, |pass| {
         Arc::new(Fcgi {
             loc: loc.clone(),
             pass,
@@ -311,7 +311,9 @@ impl Protocol for Fcgi {
         };
         // The body: in memory, framed now; from its temp file, framed
         // piece by piece as it is read back (frame_body).
-        let body = if fconf.up.pass_request_body.unwrap_or(true) {
+        let body = if body::streaming(cx) {
+            OutBody::Stream
+        } else if fconf.up.pass_request_body.unwrap_or(true) {
             match body::data(cx) {
                 Some(body::Data::Mem(b)) if !b.is_empty() => {
                     let mut v = records::stdin(b);

@@ -127,9 +127,24 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives_core!(
             Args::take(1),
             set_ssl_verify_depth
         ),
-        unsupported("grpc_ssl_certificate"),
-        unsupported("grpc_ssl_certificate_key"),
-        unsupported("grpc_ssl_password_file"),
+        row(
+            "grpc_ssl_certificate",
+            HSL,
+            Args::take(1),
+            set_ssl_cert_file
+        ),
+        row(
+            "grpc_ssl_certificate_key",
+            HSL,
+            Args::take(1),
+            set_ssl_cert_file
+        ),
+        row(
+            "grpc_ssl_password_file",
+            HSL,
+            Args::take(1),
+            set_ssl_cert_file
+        ),
         unsupported("grpc_ssl_crl"),
         unsupported("grpc_ssl_conf_command"),
     ]
@@ -186,7 +201,14 @@ pub struct GrpcLoc {
     pub ssl_name: Option<String>,
     pub ssl_protocols: Option<(bool, bool)>,
     pub ssl_ciphers: Option<String>,
-    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
+    /// `grpc_ssl_certificate`, `_key`, `grpc_ssl_password_file` (paths
+    /// and the passwords read), and the pair loaded from them on the
+    /// master thread once the certificate and key are both known.
+    pub ssl_cert: Option<String>,
+    pub ssl_key: Option<String>,
+    pub ssl_passwords: Option<Arc<Vec<Vec<u8>>>>,
+    pub ssl_pair: Option<Arc<rustls::sign::CertifiedKey>>,
     /// This level's TLS client configuration, made on its first
     /// `grpcs://` call from the merged settings.
     pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
@@ -195,7 +217,8 @@ pub struct GrpcLoc {
 impl GrpcLoc {
     pub fn merge(&mut self, p: &GrpcLoc) {
         merge_opts!(self, p; pass, headers, ssl_verify, ssl_server_name, ssl_session_reuse,
-            ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted);
+            ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted, ssl_cert, ssl_key, ssl_passwords,
+            ssl_pair);
         self.up.merge(&p.up);
     }
 }
@@ -291,6 +314,65 @@ fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfRes
     set_once(&mut l.modules.grpc.ssl_trusted, roots, d)
 }
 
+/// `grpc_ssl_certificate FILE`, `grpc_ssl_certificate_key FILE`,
+/// `grpc_ssl_password_file FILE`: read on the master thread; the pair is
+/// loaded when the certificate and key are both set (again when a password
+/// file follows: an encrypted key waits for it).
+fn set_ssl_cert_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let a = arg(d, 0);
+    if a.contains('$') || a.starts_with("data:") {
+        return Err(ConfError::at(
+            format!(
+                "\"{}\" with variables or \"data:\" is not supported by tern yet",
+                d.name
+            ),
+            d,
+        ));
+    }
+    let path = if a.starts_with('/') {
+        a.to_string()
+    } else {
+        cx.conf_prefix.join(a).to_string_lossy().into_owned()
+    };
+    let g = &mut l.modules.grpc;
+    match d.name.as_str() {
+        "grpc_ssl_certificate" => set_once(&mut g.ssl_cert, path, d)?,
+        "grpc_ssl_certificate_key" => set_once(&mut g.ssl_key, path, d)?,
+        _ => {
+            let pw =
+                crate::tls::keys::read_passwords(&path).map_err(|e| ConfError::at(e.msg, d))?;
+            set_once(&mut g.ssl_passwords, Arc::new(pw), d)?
+        }
+    }
+    if let (Some(c), Some(k)) = (&g.ssl_cert, &g.ssl_key) {
+        let pw = g.ssl_passwords.as_deref().map_or(&[][..], |v| v.as_slice());
+        match crate::tls::config::load_pair(c, k, pw) {
+            Ok(p) => g.ssl_pair = Some(p),
+            Err(_) if g.ssl_passwords.is_none() => {}
+            Err(e) => return Err(ConfError::at(e.msg, d)),
+        }
+    }
+    Ok(())
+}
+
+/// The client certificate offered to the upstream, whatever CA names it
+/// hints (as OpenSSL does for nginx).
+#[derive(Debug)]
+struct ClientCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     crate::config::value::number(arg(d, 0))
         .map(drop)
@@ -316,10 +398,14 @@ fn ssl_client(
                 ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
                 roots: conf.ssl_trusted.clone(),
                 session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+                ..Default::default()
             };
             let base = crate::tls::client::client_config(&s).ok()?;
             let mut c = (*base).clone();
             c.alpn_protocols = vec![b"h2".to_vec()];
+            if let Some(p) = &conf.ssl_pair {
+                c.client_auth_cert_resolver = Arc::new(ClientCert(p.clone()));
+            }
             Some(Arc::new(c))
         })
         .clone()?;
@@ -701,7 +787,7 @@ async fn call(
 
 fn body_len(b: &OutBody) -> Option<u64> {
     match b {
-        OutBody::None => None,
+        OutBody::None | OutBody::Stream => None,
         OutBody::Mem(b) => Some(b.len() as u64),
         OutBody::File(_, n) => Some(*n),
     }
@@ -741,7 +827,7 @@ async fn send_body(
                 }
                 data
             }
-            OutBody::None => break,
+            OutBody::None | OutBody::Stream => break,
         };
         while !piece.is_empty() {
             tx.reserve_capacity(piece.len());

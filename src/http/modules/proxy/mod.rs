@@ -15,7 +15,9 @@
 //! ```text
 //! content phase
 //!   ├─ the request body, read whole (crate::http::body): memory, or a temp
-//!   │   file beyond client_body_buffer_size (proxy_request_buffering on)
+//!   │   file beyond client_body_buffer_size (proxy_request_buffering on);
+//!   │   off: left on the connection and sent as it arrives (chunked
+//!   │   without a length, HTTP/1.1 only), see upstream::run::begin_body
 //!   ├─ proxy_cache? ── (the engine's cache.rs) ── HIT ──▶ cache file as Body::File
 //!   │                                           └─ MISS / EXPIRED / BYPASS
 //!   ├─ pick a peer (round robin) ── connect (+ TLS for https://, see
@@ -77,6 +79,7 @@ use crate::http::request::Method;
 use crate::http::response::Response;
 use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
 use crate::http::upstream::peers::{self, Target, Upstream};
+use crate::http::upstream::run;
 use crate::http::upstream::{Caching, HeadReader, OutBody, Protocol, Request};
 use crate::http::vars::Template;
 
@@ -148,10 +151,20 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
             Args::take(1),
             set_ssl_verify_depth
         ),
-        unsupported("proxy_ssl_certificate"),
-        unsupported("proxy_ssl_certificate_key"),
-        unsupported("proxy_ssl_password_file"),
-        unsupported("proxy_ssl_crl"),
+        row("proxy_ssl_certificate", HSL, Args::take(1), set_ssl_file),
+        row(
+            "proxy_ssl_certificate_key",
+            HSL,
+            Args::take(1),
+            set_ssl_file
+        ),
+        row(
+            "proxy_ssl_password_file",
+            HSL,
+            Args::take(1),
+            set_ssl_password_file
+        ),
+        row("proxy_ssl_crl", HSL, Args::take(1), set_ssl_crl),
         unsupported("proxy_ssl_conf_command"),
     ]
 );
@@ -239,7 +252,18 @@ pub struct ProxyLoc {
     pub ssl_name: Option<String>,
     pub ssl_protocols: Option<(bool, bool)>,
     pub ssl_ciphers: Option<String>,
-    pub ssl_trusted: Option<Arc<rustls::RootCertStore>>,
+    pub ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
+    pub ssl_verify_depth: Option<u32>,
+    /// `proxy_ssl_crl`, read.
+    pub ssl_crl: Option<Arc<Vec<Vec<u8>>>>,
+    /// `proxy_ssl_certificate` / `_key` paths ("" for none) and
+    /// `proxy_ssl_password_file`'s passphrases.
+    pub ssl_certificate: Option<String>,
+    pub ssl_certificate_key: Option<String>,
+    pub ssl_passwords: Option<Arc<Vec<Vec<u8>>>>,
+    /// The certificate and key, read after the merge ([`check_ssl`]),
+    /// on the master thread.
+    pub ssl_certified: Option<Arc<rustls::sign::CertifiedKey>>,
     /// The TLS client configuration of this level, made on its first
     /// `https://` request from the merged settings (not inherited: each
     /// level has its own).
@@ -278,6 +302,7 @@ impl ProxyLoc {
         // location still proxies (nginx keeps the location's handler there).
         merge_opts!(self, p; pass, headers, http_version, redirect, set_body, ssl_verify,
             ssl_server_name, ssl_session_reuse, ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted,
+            ssl_verify_depth, ssl_crl, ssl_certificate, ssl_certificate_key, ssl_passwords,
             cookie_domain, cookie_path, cookie_flags, method);
         self.up.merge(&p.up);
     }
@@ -553,24 +578,85 @@ fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfRes
     set_once(&mut l.modules.proxy.ssl_trusted, roots, d)
 }
 
-fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    value::number(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
+fn set_ssl_verify_depth(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v =
+        value::number(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid_number(d))?;
+    set_once(
+        &mut l.modules.proxy.ssl_verify_depth,
+        u32::try_from(v).unwrap_or(u32::MAX),
+        d,
+    )
 }
 
-/// nginx's check of a location that proxies to `https://` with
-/// `proxy_ssl_verify on`.
-pub fn check_ssl(l: &LocConf) -> ConfResult<()> {
-    let p = &l.modules.proxy;
-    if p.pass.as_ref().is_some_and(|x| x.tls)
-        && p.ssl_verify == Some(true)
-        && p.ssl_trusted.is_none()
-    {
+/// A file argument of a `proxy_ssl_*` directive, relative to the
+/// directory of nginx.conf ("" stays "": no certificate).
+fn ssl_path(d: &Directive, cx: &Compiler) -> ConfResult<String> {
+    let a = arg(d, 0);
+    if a.contains('$') || a.starts_with("data:") {
+        return Err(ConfError::at(
+            format!(
+                "\"{}\" with variables or \"data:\" is not supported by tern yet",
+                d.name
+            ),
+            d,
+        ));
+    }
+    Ok(if a.is_empty() || a.starts_with('/') {
+        a.to_string()
+    } else {
+        cx.conf_prefix.join(a).to_string_lossy().into_owned()
+    })
+}
+
+/// `proxy_ssl_certificate`, `proxy_ssl_certificate_key`: paths, read
+/// after the merge.
+fn set_ssl_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = ssl_path(d, cx)?;
+    let p = &mut l.modules.proxy;
+    let slot = if d.name == "proxy_ssl_certificate" {
+        &mut p.ssl_certificate
+    } else {
+        &mut p.ssl_certificate_key
+    };
+    set_once(slot, v, d)
+}
+
+fn set_ssl_password_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let path = ssl_path(d, cx)?;
+    let v = crate::tls::keys::read_passwords(&path)?;
+    set_once(&mut l.modules.proxy.ssl_passwords, Arc::new(v), d)
+}
+
+fn set_ssl_crl(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let path = ssl_path(d, cx)?;
+    let v = crate::tls::client::load_crls(&path)?;
+    set_once(&mut l.modules.proxy.ssl_crl, v, d)
+}
+
+/// nginx's checks of a merged location that proxies to `https://`
+/// (`proxy_ssl_verify on` needs trusted certificates; a certificate
+/// needs its key), and the reading of `proxy_ssl_certificate`.
+pub fn check_ssl(l: &mut LocConf) -> ConfResult<()> {
+    let p = &mut l.modules.proxy;
+    if !p.pass.as_ref().is_some_and(|x| x.tls) {
+        return Ok(());
+    }
+    if p.ssl_verify == Some(true) && p.ssl_trusted.is_none() {
         return Err(ConfError::new(
             "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
         ));
     }
+    let Some(cert) = p.ssl_certificate.as_deref().filter(|c| !c.is_empty()) else {
+        return Ok(());
+    };
+    let Some(key) = p.ssl_certificate_key.as_deref().filter(|k| !k.is_empty()) else {
+        return Err(ConfError::new(format!(
+            "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
+            cert
+        )));
+    };
+    let passwords = p.ssl_passwords.as_deref().map_or(&[][..], |v| &v[..]);
+    p.ssl_certified = Some(crate::tls::client::load_certificate(cert, key, passwords)?);
     Ok(())
 }
 
@@ -586,14 +672,17 @@ fn ssl_client(
     let cfg = conf
         .ssl_client
         .get_or_init(|| {
+            let d = crate::tls::client::UpSsl::default();
             let s = crate::tls::client::UpSsl {
-                verify: conf.ssl_verify.unwrap_or(false),
-                server_name: conf.ssl_server_name.unwrap_or(false),
-                // nginx 1.22's default: TLSv1 TLSv1.1 TLSv1.2.
-                protocols: conf.ssl_protocols.unwrap_or((true, false)),
-                ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
+                verify: conf.ssl_verify.unwrap_or(d.verify),
+                server_name: conf.ssl_server_name.unwrap_or(d.server_name),
+                protocols: conf.ssl_protocols.unwrap_or(d.protocols),
+                ciphers: conf.ssl_ciphers.clone().unwrap_or(d.ciphers),
                 roots: conf.ssl_trusted.clone(),
-                session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+                session_reuse: conf.ssl_session_reuse.unwrap_or(d.session_reuse),
+                verify_depth: conf.ssl_verify_depth.unwrap_or(d.verify_depth),
+                crls: conf.ssl_crl.clone(),
+                certificate: conf.ssl_certified.clone(),
             };
             crate::tls::client::client_config(&s).ok()
         })
@@ -680,6 +769,9 @@ fn outgoing_body(cx: &Ctx<'_>, conf: &ProxyLoc) -> (OutBody, Option<u64>) {
     if !conf.up.pass_request_body.unwrap_or(true) {
         return (OutBody::None, len);
     }
+    if body::streaming(cx) {
+        return (OutBody::Stream, len);
+    }
     let out = match body::data(cx) {
         Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(b.clone()),
         Some(body::Data::File { file, len, .. }) if *len > 0 => OutBody::File(file.clone(), *len),
@@ -698,6 +790,7 @@ fn request_head(
     uri: &[u8],
     caching: Option<Caching<'_>>,
     body_len: Option<u64>,
+    chunked: bool,
 ) -> Vec<u8> {
     let convert_head = caching.is_some_and(|c| c.convert_head);
     let set_method = conf.method.as_ref().map(|t| t.render_vec(cx));
@@ -735,12 +828,16 @@ fn request_head(
         match *d {
             "host" => push_header(&mut h, b"Host", cx.note("proxy_host").unwrap_or(b"")),
             "connection" => push_header(&mut h, b"Connection", b"close"),
-            // The body is buffered whole, so its length is known even
-            // when the client sent it chunked: never Transfer-Encoding.
+            // A buffered body's length is known even when the client
+            // sent it chunked; a streamed one of unknown length goes
+            // chunked (HTTP/1.1 only, see `handle`).
             "content-length" => {
-                if let Some(n) = body_len {
+                if let Some(n) = body_len.filter(|_| !chunked) {
                     push_header(&mut h, b"Content-Length", n.to_string().as_bytes());
                 }
+            }
+            "transfer-encoding" if chunked => {
+                push_header(&mut h, b"Transfer-Encoding", b"chunked");
             }
             _ => {}
         }
@@ -801,12 +898,29 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     let conf = &loc.modules.proxy;
     cx.set_note("proxy_host", pass.host.clone());
     cx.set_note("proxy_port", pass.port.to_string().into_bytes());
-    // As nginx with proxy_request_buffering on: the whole body first
-    // (memory or a temp file), then the upstream.
-    if let Err(r) = body::read(cx, &pass.body_temp_default).await {
-        return *r;
-    }
+    // As nginx: with proxy_request_buffering on the whole body first
+    // (memory or a temp file), then the upstream; off, the body goes as
+    // it arrives, unless proxy_set_body replaces it or it has no length
+    // and HTTP/1.0 could not carry it chunked.
+    let conf_up = if conf.set_body.is_some() {
+        None
+    } else {
+        Some(&conf.up)
+    };
+    let http11 = conf.http_version == Some(1);
+    let stream = match conf_up {
+        Some(up) => run::begin_body(cx, up, &pass.body_temp_default, |_| http11).await,
+        None => body::read(cx, &pass.body_temp_default).await.map(|()| None),
+    };
+    let stream = match stream {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let chunked = stream.as_ref().is_some_and(|s| s.length().is_none());
     let Some(up) = peers::upstream_for(cx, &pass.target, &pass.host).await else {
+        if let Some(s) = stream {
+            s.finish(cx);
+        }
         return Response::status(502);
     };
     let mut lim = Limits::of(&conf.up);
@@ -827,8 +941,9 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         loc: loc.clone(),
         pass,
         uri,
+        chunked,
     });
-    crate::http::upstream::run(cx, proto, up, lim).await
+    run::run_with(cx, proto, up, lim, stream).await
 }
 
 /// HTTP to one request's upstream.
@@ -837,6 +952,8 @@ struct Http {
     pass: Arc<Pass>,
     /// The URI sent upstream.
     uri: Vec<u8>,
+    /// The body is streamed without a length: chunked upstream.
+    chunked: bool,
 }
 
 impl Protocol for Http {
@@ -862,8 +979,25 @@ impl Protocol for Http {
     ) -> Result<Request, Box<Response>> {
         let conf = &self.loc.modules.proxy;
         let (body, body_len) = outgoing_body(cx, conf);
-        let head = request_head(cx, conf, &self.uri, caching, body_len);
+        let head = request_head(cx, conf, &self.uri, caching, body_len, self.chunked);
         Ok(Request { head, body })
+    }
+
+    /// A streamed body of unknown length: one chunk per piece received.
+    fn frame_body(&self, data: &[u8], out: &mut Vec<u8>) -> bool {
+        if !self.chunked {
+            return false;
+        }
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+        true
+    }
+
+    fn end_body(&self, out: &mut Vec<u8>) {
+        if self.chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
     }
 
     fn head_reader(&self, head_only: bool, head_max: usize) -> Box<dyn HeadReader> {

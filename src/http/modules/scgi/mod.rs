@@ -137,7 +137,7 @@ pub fn content<'a>(
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
     let pass = loc.modules.scgi.pass.clone();
-    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.scgi.up, |pass| {
+    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.scgi.up, false, |pass| {
         Arc::new(Scgi {
             loc: loc.clone(),
             pass,
@@ -194,7 +194,9 @@ impl Protocol for Scgi {
         caching: Option<Caching<'_>>,
     ) -> Result<Request, Box<Response>> {
         let conf = &self.loc.modules.scgi;
-        let body = if conf.up.pass_request_body.unwrap_or(true) {
+        let body = if body::streaming(cx) {
+            OutBody::Stream
+        } else if conf.up.pass_request_body.unwrap_or(true) {
             match body::data(cx) {
                 Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(Bytes::clone(b)),
                 Some(body::Data::File { file, len, .. }) if *len > 0 => {

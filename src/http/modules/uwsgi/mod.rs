@@ -195,7 +195,7 @@ pub fn content<'a>(
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
     let pass = loc.modules.uwsgi.pass.clone();
-    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.uwsgi.up, |pass| {
+    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.uwsgi.up, false, |pass| {
         Arc::new(Uwsgi {
             loc: loc.clone(),
             pass,
@@ -265,7 +265,9 @@ impl Protocol for Uwsgi {
                 return Err(Box::new(Response::status(500)));
             }
         };
-        let body = if conf.up.pass_request_body.unwrap_or(true) {
+        let body = if body::streaming(cx) {
+            OutBody::Stream
+        } else if conf.up.pass_request_body.unwrap_or(true) {
             match body::data(cx) {
                 Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(Bytes::clone(b)),
                 Some(body::Data::File { file, len, .. }) if *len > 0 => {

@@ -1,0 +1,135 @@
+//! The `ssi` filter against the real nginx: echo (encodings, defaults,
+//! prefix variables), set, include virtual (args, stub, set=, relative
+//! URIs, nested SSI), if/elif/else with strings and regex captures,
+//! block, config errmsg, error output and the headers SSI clears.
+
+use crate::harness::*;
+
+const CONF: &str = "http { access_log off;
+    types { text/html html; text/plain txt; }
+    server { listen 127.0.0.1:@PORT@; root html;
+        location / { ssi on; }
+        location /raw/ { ssi off; }
+        location /plain/ { ssi on; ssi_types text/plain; }
+        location /silent/ { ssi on; ssi_silent_errors on; }
+        location /lm/ { ssi on; ssi_last_modified on; }
+        location /set/ { ssi on; set $http_foo from_set; }
+    } }";
+
+fn files(p: &Prefix) {
+    let w = |n: &str, s: &str| {
+        p.write(&format!("html/{n}"), s);
+    };
+    w("echo.html", "X<!--#echo var=\"arg_a\" -->|<!--#echo var=\"nope\" -->|<!--#echo var=\"nope\" default=\"d$arg_a\" -->X\n");
+    w(
+        "enc.html",
+        "<!--#set var=\"v\" value=\"<a b='c'>&amp;\" --><!--#echo var=\"v\" -->|<!--#echo var=\"v\" encoding=\"none\" -->|<!--#echo var=\"v\" encoding=\"url\" -->\n",
+    );
+    w(
+        "inc.html",
+        "[<!--#include virtual=\"/sub/part.html?a=$arg_a\" -->]\n",
+    );
+    w(
+        "sub/part.html",
+        "part:<!--#echo var=\"arg_a\" -->:<!--#echo var=\"shared\" -->",
+    );
+    w(
+        "rel.html",
+        "<!--#set var=\"shared\" value=\"S\" -->(<!--#include file=\"sub/part.html\" -->)\n",
+    );
+    w(
+        "stub.html",
+        "<!--#block name=\"one\" -->STUB<!--#endblock -->a<!--#include virtual=\"/missing\" stub=\"one\" -->b<!--#include virtual=\"/raw/empty.html\" stub=\"one\" -->c\n",
+    );
+    w("raw/empty.html", "");
+    w("raw/t.html", "<!--#echo var=\"arg_a\" -->");
+    w(
+        "setinc.html",
+        "<!--#include virtual=\"/raw/t.html\" set=\"x\" -->[<!--#echo var=\"x\" encoding=\"none\" -->]\n",
+    );
+    w(
+        "if.html",
+        "<!--#if expr=\"$arg_a\" -->A<!--#elif expr=\"$arg_b = yes\" -->B<!--#elif expr=\"$arg_c != /^n(o+)$/\" -->C<!--#else -->E<!--#echo var=\"1\" --><!--#endif -->\n",
+    );
+    w(
+        "bad.html",
+        "a<!--#foo -->b<!--#echo -->c<!--#config errmsg=\"ERR\" --><!--#echo bad=x -->d\n",
+    );
+    w("silent/bad.html", "a<!--#foo -->b\n");
+    w("plain/t.txt", "<!--#echo var=\"arg_a\" -->\n");
+    w("raw/t.txt", "<!--#echo var=\"arg_a\" -->\n");
+    w("lm/t.html", "<!--#echo var=\"arg_a\" -->\n");
+    w(
+        "set/t.html",
+        "<!--#echo var=\"http_foo\" -->/<!--#echo var=\"http_bar\" -->\n",
+    );
+}
+
+fn answer(port: u16, path: &str, extra: &str) -> String {
+    let req = format!("GET {path} HTTP/1.0\r\nHost: x\r\n{extra}\r\n");
+    let data = raw(port, req.as_bytes());
+    let Some(r) = Resp::parse(&data) else {
+        return "no response".into();
+    };
+    let mut out = format!("{}", r.status);
+    for h in [
+        "content-length",
+        "last-modified",
+        "accept-ranges",
+        "content-type",
+    ] {
+        out += &format!(" {h}={}", r.header(h).is_some());
+    }
+    out += &format!(
+        " etag-weak={}",
+        r.header("etag").is_some_and(|e| e.starts_with("W/"))
+    );
+    out += &format!("\n{}", r.body_str());
+    out
+}
+
+const PATHS: &[(&str, &str)] = &[
+    ("/echo.html?a=1", ""),
+    ("/echo.html", ""),
+    ("/enc.html", ""),
+    ("/inc.html?a=q", ""),
+    ("/rel.html?a=r", ""),
+    ("/stub.html", ""),
+    ("/setinc.html?a=v", ""),
+    ("/if.html?a=1", ""),
+    ("/if.html?b=yes", ""),
+    ("/bad.html", ""),
+    ("/silent/bad.html", ""),
+    ("/plain/t.txt?a=p", ""),
+    ("/raw/t.txt?a=p", ""),
+    ("/lm/t.html?a=l", ""),
+    ("/set/t.html", "Foo: hdr\r\nBar: bar\r\n"),
+];
+
+#[test]
+fn ssi_commands_as_nginx() {
+    let p = Prefix::new();
+    files(&p);
+    let s = Server::start_in(p, CONF);
+    let got: Vec<String> = PATHS.iter().map(|(p, e)| answer(s.port, p, e)).collect();
+    assert!(got[0].ends_with("X1|(none)|d$arg_aX\n"), "{}", got[0]);
+    assert!(got[3].ends_with("[part:q:(none)]\n"), "{}", got[3]);
+    assert!(got[5].ends_with("aSTUBbSTUBc\n"), "{}", got[5]);
+    assert!(
+        got[0].starts_with("200 content-length=false last-modified=false"),
+        "{}",
+        got[0]
+    );
+    if !nginx_installed() {
+        return;
+    }
+    let np = Prefix::new();
+    files(&np);
+    let port = free_port();
+    let Some(_n) = start_nginx(&np, CONF, port) else {
+        panic!("nginx did not start");
+    };
+    for (i, (path, extra)) in PATHS.iter().enumerate() {
+        assert_eq!(got[i], answer(port, path, extra), "{path}");
+    }
+}
