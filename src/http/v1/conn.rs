@@ -815,7 +815,7 @@ impl Discard {
 /// After a final response on a connection the client may still be
 /// sending: read and drop for up to lingering_time, so that the client
 /// sees our response rather than a reset.
-async fn linger<S: Stream>(stream: &S, loc: &LocConf) {
+pub(crate) async fn linger<S: Stream>(stream: &S, loc: &LocConf) {
     if loc.core.lingering_close == Some(crate::http::conf::Lingering::Off) {
         return;
     }

@@ -189,6 +189,11 @@ pub async fn serve<S: Stream>(
                 poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
             )
             .await;
+            // Then, as nginx, a lingering close: what the client still
+            // sends (a PING, a WINDOW_UPDATE) is read and dropped, so
+            // that it does not turn the close into a reset that loses
+            // the end of the last response.
+            crate::http::v1::conn::linger(stream, &default_conf).await;
             break;
         }
     }
