@@ -209,9 +209,12 @@ fn set_charset_map(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfR
     let to_utf8 = ld == "utf-8";
     let mut fwd = [0u8; 256];
     let mut back = [0u8; 256];
+    // As nginx: ASCII maps to itself, an upper byte the map does not
+    // name becomes `?` (both ways).
     for (i, (f, b)) in fwd.iter_mut().zip(back.iter_mut()).enumerate() {
-        *f = i as u8;
-        *b = i as u8;
+        let same = if i < 128 { i as u8 } else { b'?' };
+        *f = same;
+        *b = same;
     }
     let mut to: Vec<Vec<u8>> = (0..256u32)
         .map(|i| {
