@@ -889,16 +889,17 @@ pub async fn send_file<S: SendSock>(
     while sent < len {
         let off = offset + sent;
         let n = (len - sent).min(max_chunk);
-        let whole = off == 0 && n >= file.meta.size;
-        let now_ms = if whole { sys::coarse_ms() } else { 0 };
-        if whole && file.resident_recently(now_ms) {
-            bump(&STATS.sends_inline);
-            bump(&STATS.residency_memo);
-            policy.inline();
-        } else if policy.pool().is_some() || policy.uring() {
-            let asked = resident::cachestat_may_answer(file)
+        if policy.pool().is_some() || policy.uring() {
+            let whole = off == 0 && n >= file.meta.size;
+            let now_ms = if whole { sys::coarse_ms() } else { 0 };
+            let memo = whole && file.resident_recently(now_ms);
+            let asked = (!memo && resident::cachestat_may_answer(file))
                 .then(|| sys::cachestat_residency(&file.file, off, n, file.meta.size));
             let cold = match asked {
+                None if memo => {
+                    bump(&STATS.residency_memo);
+                    false
+                }
                 Some(Ok(r)) => {
                     bump(&STATS.cachestat_calls);
                     r == Residency::Cold
