@@ -465,6 +465,46 @@ fn expire(lot: &Lot) {
     }
 }
 
+/// Closes the connections parked longest ago to make room for new ones
+/// (nginx's reuse of "reusable" connections, which are exactly those a
+/// worker keeps here: waiting for a first or a next request): at most 32,
+/// an eighth of those parked, at least one. Returns how many it closed.
+pub(crate) fn drain() -> usize {
+    let Some(lot) = LOT.with(|l| l.borrow().clone()) else {
+        return 0;
+    };
+    let closed: Vec<Entry> = {
+        let mut places = lot.places.borrow_mut();
+        if places.live == 0 {
+            return 0;
+        }
+        let n = (places.live / 8).clamp(1, 32);
+        // Generations grow with each park: the smallest are the oldest
+        // (distance from the current one, for the wrap-around).
+        let now = places.gen;
+        let mut parked: Vec<(u32, u32)> = places
+            .places
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Place::Used(e) => Some((now.wrapping_sub(e.gen), i as u32)),
+                Place::Free(_) => None,
+            })
+            .collect();
+        if parked.len() > n {
+            parked.select_nth_unstable_by(n - 1, |a, b| b.0.cmp(&a.0));
+            parked.truncate(n);
+        }
+        parked
+            .into_iter()
+            .filter_map(|(_, i)| places.take(i, None))
+            .collect()
+    };
+    let n = closed.len();
+    drop(closed);
+    n
+}
+
 /// QUIT: closes every connection waiting for a next request (one still
 /// waiting for its first request stays, as in `conn::serve`).
 fn close_waiting(lot: &Lot) {

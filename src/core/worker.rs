@@ -302,6 +302,7 @@ async fn accept_loop(
         }
     };
     let mut warned = false;
+    let mut reuse_warned = None;
     let mut queued = 0;
     loop {
         // A stream session needs a second slot for its upstream side;
@@ -314,6 +315,14 @@ async fn accept_loop(
             } else {
                 1
             };
+            let active = shared.active.load(Ordering::Acquire);
+            // As nginx, idle connections are closed in advance once fewer
+            // than a sixteenth of the connections are free, so that a
+            // worker full of idle keep-alive (or silent) clients still
+            // takes new ones.
+            if limit.saturating_sub(active) < limit / 16 || active + need > limit {
+                reuse_connections(limit, &mut reuse_warned);
+            }
             if shared.active.load(Ordering::Acquire) + need <= limit {
                 // Alert again the next time the limit is hit, as nginx does.
                 warned = false;
@@ -408,6 +417,22 @@ async fn accept_loop(
                 }
             }
         }
+    }
+}
+
+/// Closes some parked idle connections (see [`park::drain`]), warning as
+/// nginx does, at most once a second.
+fn reuse_connections(limit: usize, warned: &mut Option<std::time::Instant>) {
+    if park::drain() == 0 {
+        return;
+    }
+    if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        *warned = Some(std::time::Instant::now());
+        crate::elog!(
+            Warn,
+            "{} worker_connections are not enough, reusing connections",
+            limit
+        );
     }
 }
 

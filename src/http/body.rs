@@ -450,12 +450,16 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
         file: None,
         written: 0,
         stage: Vec::new(),
+        stage_max: mem_max.clamp(4096, STAGE as u64) as usize,
         keep,
     };
     if let Some(n) = left.filter(|&n| n <= in_mem_max && keep == FileOnly::Off) {
         sink.mem.reserve_exact(n as usize);
     }
-    if keep != FileOnly::Off || left.is_some_and(|n| n > in_mem_max) {
+    // A body longer than the buffer gets its file when the buffer is full,
+    // as in nginx (not before: a slow upload holds no descriptor while it
+    // fits in memory).
+    if keep != FileOnly::Off {
         if let Err(e) = sink.start_file(cx, temp, &policy).await {
             log_file_error(cx, temp, &e);
             broken(rb, false);
@@ -511,7 +515,11 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
         if done {
             break;
         }
-        let want = left.map_or(READ_SIZE, |l| l.min(READ_SIZE as u64) as usize);
+        // Reads of at most the body buffer (nginx reads into its
+        // client_body_buffer_size buffer), so that what a slow client's
+        // body holds in memory stays within that size.
+        let read_max = READ_SIZE.min(sink.stage_max);
+        let want = left.map_or(read_max, |l| l.min(read_max as u64) as usize);
         let start = rb.buf.len();
         rb.buf.resize(start + want, 0);
         match rb.io.try_read(&mut rb.buf[start..]) {
@@ -916,7 +924,8 @@ async fn write_all(io: &dyn BodyIo, data: &[u8], wait: Duration) -> io::Result<(
 
 // ---- memory, then a temp file -----------------------------------------------
 
-/// File writes are gathered to this size (fewer, larger writes).
+/// File writes are gathered up to client_body_buffer_size, at most this
+/// (fewer, larger writes for a large buffer).
 const STAGE: usize = 64 * 1024;
 
 /// Numbers temp files as nginx does (ten digits); a name taken by another
@@ -949,6 +958,9 @@ struct Sink {
     written: u64,
     /// Bytes for the file not yet written.
     stage: Vec<u8>,
+    /// Written out once this big: client_body_buffer_size (within 4 KiB
+    /// and [`STAGE`]), so a slow body holds no more than that in memory.
+    stage_max: usize,
     keep: FileOnly,
 }
 
@@ -1015,7 +1027,7 @@ impl Sink {
         } else {
             self.stage.extend_from_slice(data);
         }
-        if self.stage.len() >= STAGE {
+        if self.stage.len() >= self.stage_max {
             self.flush(policy).await?;
         }
         Ok(())

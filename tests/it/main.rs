@@ -54,6 +54,7 @@ mod random_index;
 mod referer;
 mod request_buffering;
 mod request_line;
+mod reuse_connections;
 mod routing_nginx;
 mod runtime;
 mod scgi;
