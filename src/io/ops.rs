@@ -563,26 +563,37 @@ async fn read_uncached(
             }
         };
     }
-    let mut buf = vec![0u8; len];
+    // Read into capacity, not into zeroed memory: a 16 KiB response
+    // would otherwise cost a 16 KiB memset first.
+    let mut buf = Vec::with_capacity(len);
     let pool = policy.pool();
     if !policy.uring() && pool.is_none() {
         bump(&STATS.reads_inline);
         policy.inline();
-        let n = pread_full(&file.file, &mut buf, offset)?;
-        buf.truncate(n);
+        // A zero-length read: EOF (the file shrank since it was opened).
+        while buf.len() < len {
+            let at = offset + buf.len() as u64;
+            let want = len - buf.len();
+            match sys::pread_append(&file.file, &mut buf, want, at, false)? {
+                Nowait::Done(0) | Nowait::WouldBlock | Nowait::Unsupported => break,
+                Nowait::Done(_) => {}
+            }
+        }
         return Ok(Bytes::from(buf));
     }
     // aio on or threads: what is already in memory is read inline.
-    let got = match sys::pread_nowait(&file.file, &mut buf, offset)? {
+    let got = match sys::pread_append(&file.file, &mut buf, len, offset, true)? {
         Nowait::Done(n) => n,
         Nowait::WouldBlock | Nowait::Unsupported => 0,
     };
     if got == len || (got > 0 && offset + got as u64 >= file.meta.size) {
         bump(&STATS.reads_inline);
         policy.inline();
-        buf.truncate(got);
         return Ok(Bytes::from(buf));
     }
+    // The rest is read by the pool or io_uring into the usual zeroed
+    // tail (this path waits for the disk anyway).
+    buf.resize(len, 0);
     if let (false, Some(pool)) = (policy.uring(), pool) {
         bump(&STATS.reads_offloaded);
         policy.offload();

@@ -191,6 +191,59 @@ pub fn open(path: &Path, flags: libc::c_int) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// Reads up to `want` bytes at `offset` into the spare capacity of `buf`
+/// (appended after its length, which grows by what was read): the
+/// buffer is not zeroed first, as a `&mut [u8]` would need. `nowait`:
+/// `preadv2(RWF_NOWAIT)` (only what is in the page cache, `Unsupported`
+/// where the kernel lacks it), else a plain `pread` that may block.
+/// `Done(n)` may be short (partly cached); `Done(0)`: end of file.
+pub fn pread_append(
+    file: &File,
+    buf: &mut Vec<u8>,
+    want: usize,
+    offset: u64,
+    nowait: bool,
+) -> io::Result<Nowait<usize>> {
+    if nowait && NO_RWF_NOWAIT.load(Ordering::Relaxed) {
+        return Ok(Nowait::Unsupported);
+    }
+    buf.reserve(want);
+    let spare = buf.spare_capacity_mut();
+    let iov = libc::iovec {
+        iov_base: spare.as_mut_ptr().cast(),
+        iov_len: want.min(spare.len()),
+    };
+    let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    let r = loop {
+        // SAFETY: `iov` describes the spare capacity of `buf`, which is
+        // exclusively borrowed for the call (the kernel only writes into
+        // it); the fd is kept open by `file`.
+        let r = cvt(unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, off, flags) });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r,
+        }
+    };
+    match r {
+        Ok(n) => {
+            // SAFETY: the kernel initialised the first `n` bytes of the
+            // spare capacity (n <= iov_len <= spare capacity).
+            unsafe { buf.set_len(buf.len() + n) };
+            Ok(Nowait::Done(n))
+        }
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EAGAIN) if nowait => Ok(Nowait::WouldBlock),
+            Some(libc::EOPNOTSUPP) if nowait => Ok(Nowait::Unsupported),
+            Some(libc::ENOSYS) if nowait => {
+                NO_RWF_NOWAIT.store(true, Ordering::Relaxed);
+                Ok(Nowait::Unsupported)
+            }
+            _ => Err(e),
+        },
+    }
+}
+
 /// `preadv2(fd, buf, offset, RWF_NOWAIT)`: reads what is in the page cache.
 /// `Done(n)` may be short (partly cached, or EOF).
 pub fn pread_nowait(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Nowait<usize>> {

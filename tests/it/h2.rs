@@ -197,10 +197,12 @@ fn request_bodies_reach_an_http1_upstream() {
     ]);
     assert_eq!(tail, "2 413");
     assert!(body.contains("413 Request Entity Too Large"));
-    assert!(h
-        .server
-        .error_log()
-        .contains("client intended to send too large body: 16 bytes"));
+    // The line goes through the error-log writer thread.
+    harness::eventually(10, "the 413's error-log line", || {
+        h.server
+            .error_log()
+            .contains("client intended to send too large body: 16 bytes")
+    });
 }
 
 #[test]

@@ -332,3 +332,55 @@ http {
         "{err}"
     );
 }
+
+/// keepalive_requests and keepalive_timeout 0 end the connection after
+/// their last request with GOAWAY (nginx-tests h3_keepalive.t); a body
+/// shorter than its Content-Length is answered 400, as nginx (the end of
+/// the stream ends the body over HTTP/3; h3_request_body.t).
+#[test]
+fn keepalive_goaway_and_short_body() {
+    if !have_aioquic() {
+        return;
+    }
+    for (extra, paths) in [
+        ("keepalive_requests 2;", &["/ver", "/ver"][..]),
+        ("keepalive_timeout 0;", &["/ver"][..]),
+    ] {
+        let h = start(extra);
+        let out = h.server.prefix.path("h3out");
+        let said = fetch(h.quic, &out, paths, &["--hold", "10"]);
+        assert!(
+            said.contains(&format!("ok {}\nholding\nclosed", paths.len())),
+            "{extra}: {said}"
+        );
+    }
+    let h = start("");
+    let out = h.server.prefix.path("h3out");
+    let data = h.server.prefix.write("short.bin", b"TEST");
+    let d = data.to_str().unwrap_or_default();
+    fetch(
+        h.quic,
+        &out,
+        &["/up/post"],
+        &[
+            "--method",
+            "POST",
+            "--data",
+            d,
+            "--header",
+            "content-length: 5",
+        ],
+    );
+    assert!(
+        head(&out, 0).contains(":status: 400\n"),
+        "{}",
+        head(&out, 0)
+    );
+    let log = h.server.prefix.read("logs/error.log");
+    assert!(
+        log.contains(
+            "client prematurely closed stream: only 4 out of 5 bytes of request body received"
+        ),
+        "{log}"
+    );
+}

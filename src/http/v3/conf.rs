@@ -249,6 +249,9 @@ pub fn server_config(addr: &Arc<AddrConf>) -> Result<quinn::ServerConfig, String
         .core
         .keepalive
         .map_or(75_000, |k| k.timeout_ms);
+    // keepalive_timeout 0 closes after the first request (GOAWAY), not
+    // before it: the idle timeout is then QUIC's own.
+    let idle = if idle == 0 { 60_000 } else { idle };
     // keepalive_timeout is nginx's idle timeout of a QUIC connection
     // (quic's own default is 60 s; nginx takes the smaller).
     tc.max_idle_timeout(

@@ -192,7 +192,15 @@ async fn connection(
     let header_to = Duration::from_millis(srv.header_timeout_ms());
     let early = srv.ssl.early_data.unwrap_or(false);
     let (hsize, hnum) = srv.large_buffers();
-    let max_requests = addr.default.conf.core.keepalive_requests.unwrap_or(1000);
+    let core = &addr.default.conf.core;
+    // keepalive_timeout 0: no request after the first (GOAWAY after it).
+    let no_keepalive = core.keepalive.is_some_and(|k| k.timeout_ms == 0);
+    let max_requests = if no_keepalive {
+        1
+    } else {
+        core.keepalive_requests.unwrap_or(1000)
+    };
+    let keepalive_time = core.keepalive_time.map(Duration::from_millis);
     let default_conf = addr.default.conf.clone();
     drop(addr);
     let id = crate::core::worker::next_conn_id();
@@ -251,7 +259,8 @@ async fn connection(
             l.set_ip(ip);
         }
     }
-    let tls_base = tls_info(&conn);
+    let tls_done = Arc::new(tls_info(&conn));
+    let mut tls_early: Option<Arc<crate::tls::TlsInfo>> = None;
     let mut h3c = match timeout(
         header_to,
         h3::server::builder()
@@ -287,20 +296,34 @@ async fn connection(
                     requests += 1;
                     streams.active.set(streams.active.get() + 1);
                     let mut info = info.clone();
+                    let started = info.started;
                     info.requests = requests;
-                    let mut t = tls_base.clone();
-                    t.early_data = !done.get();
-                    info.tls = crate::tls::TlsState::On(Arc::new(t));
+                    // The connection's TLS facts are shared by its
+                    // requests (one for those in 0-RTT, one after).
+                    info.tls = crate::tls::TlsState::On(if done.get() {
+                        tls_done.clone()
+                    } else {
+                        tls_early.get_or_insert_with(|| {
+                            let mut t = (*tls_done).clone();
+                            t.early_data = true;
+                            Arc::new(t)
+                        }).clone()
+                    });
                     let shared = shared.clone();
                     let st = streams.clone();
-                    tokio::task::spawn_local(async move {
+                    // Boxed: the request's future is large, and a task's
+                    // future is moved into place when it is spawned.
+                    tokio::task::spawn_local(Box::pin(async move {
                         let _done = Ended(st);
                         let Ok(Ok((req, stream))) = timeout(header_to, resolver.resolve_request()).await else {
                             return;
                         };
                         stream_task(req, stream, info, shared).await;
-                    });
-                    if requests >= max_requests && !closing {
+                    }));
+                    // keepalive_requests / keepalive_time: GOAWAY after
+                    // this request.
+                    let aged = keepalive_time.is_some_and(|t| started.elapsed() >= t);
+                    if (requests >= max_requests || aged) && !closing {
                         let _ = h3c.shutdown(1).await;
                         closing = true;
                     }
@@ -465,20 +488,6 @@ impl BodyIo for H3Body {
     }
 }
 
-/// Reads the rest of the body and drops it; Err when the peer broke
-/// the stream or went quiet too long.
-async fn drain(body: &H3Body, each: Duration) -> io::Result<()> {
-    loop {
-        let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().poll_data(cx))).await;
-        match next {
-            Ok(Ok(Some(_))) => {}
-            Ok(Ok(None)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
-        }
-    }
-}
-
 /// The head an HTTP/3 request amounts to, as HTTP/1 bytes for the head
 /// parser (nginx's checks on the method, target and host apply alike):
 /// `:authority` becomes Host when there is none, cookies are joined.
@@ -614,14 +623,12 @@ async fn stream_task(
         stop(&body, Code::H3_INTERNAL_ERROR);
         return;
     }
-    if has_body && body_end == crate::http::body::End::Unread {
-        let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
-        if drain(&body, to).await.is_err() {
-            cx.sent.status = resp.status;
-            stop(&body, Code::H3_REQUEST_INCOMPLETE);
-            return;
-        }
-    }
+    // A body nobody read is not waited for (RFC 9114 4.1, as nginx
+    // discards a request body over HTTP/3): the answer goes now, and
+    // when the stream is dropped after it quinn tells the client to stop
+    // sending (STOP_SENDING with code 0; nginx sends H3_NO_ERROR, but
+    // h3-quinn's stop_sending panics while a read is pending, as the
+    // first look at the body above leaves one).
     let head_only = req.method == crate::http::request::Method::Head;
     // The handlers are done with the body: the stream is taken out for
     // the answer.
