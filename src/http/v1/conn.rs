@@ -1287,7 +1287,7 @@ async fn write_streamed<S: Stream>(
         let piece = match next {
             Ok(p) => p,
             Err(e) => {
-                if first {
+                if first && !response::is_unsent(&e) {
                     // Nothing reached the client yet: at least the head does.
                     sent.bytes += head.len() as u64;
                     let _ = write_all(stream, &[head], loc).await;
