@@ -53,6 +53,16 @@ pub trait BodyStream: Send {
     fn cut(&mut self, _start: u64, _end: u64) -> bool {
         false
     }
+    /// Trailers may come with the body's end (gRPC's grpc-status): the
+    /// writer keeps the stream open after the last piece until it knows.
+    fn has_trailers(&self) -> bool {
+        false
+    }
+    /// The trailers that came with the body's end, once `next` gave None
+    /// (sent after `Response::trailers`).
+    fn trailers(&mut self) -> Vec<(String, Vec<u8>)> {
+        Vec::new()
+    }
 }
 
 /// The error a [`BodyStream`] ends with when the client must get nothing
