@@ -350,31 +350,13 @@ fn set_ssl_cert_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfR
     }
     if let (Some(c), Some(k)) = (&g.ssl_cert, &g.ssl_key) {
         let pw = g.ssl_passwords.as_deref().map_or(&[][..], |v| v.as_slice());
-        match crate::tls::config::load_pair(c, k, pw) {
+        match crate::tls::client::load_certificate(c, k, pw) {
             Ok(p) => g.ssl_pair = Some(p),
             Err(_) if g.ssl_passwords.is_none() => {}
             Err(e) => return Err(ConfError::at(e.msg, d)),
         }
     }
     Ok(())
-}
-
-/// The client certificate offered to the upstream, whatever CA names it
-/// hints (as OpenSSL does for nginx).
-#[derive(Debug)]
-struct ClientCert(Arc<rustls::sign::CertifiedKey>);
-
-impl rustls::client::ResolvesClientCert for ClientCert {
-    fn resolve(
-        &self,
-        _: &[&[u8]],
-        _: &[rustls::SignatureScheme],
-    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.clone())
-    }
-    fn has_certs(&self) -> bool {
-        true
-    }
 }
 
 fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -402,14 +384,14 @@ fn ssl_client(
                 ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
                 roots: conf.ssl_trusted.clone(),
                 session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+                // The shared client-certificate path (tls::client), as
+                // proxy_ssl_certificate and the stream module's.
+                certificate: conf.ssl_pair.clone(),
                 ..Default::default()
             };
             let base = crate::tls::client::client_config(&s).ok()?;
             let mut c = (*base).clone();
             c.alpn_protocols = vec![b"h2".to_vec()];
-            if let Some(p) = &conf.ssl_pair {
-                c.client_auth_cert_resolver = Arc::new(ClientCert(p.clone()));
-            }
             Some(Arc::new(c))
         })
         .clone()?;
