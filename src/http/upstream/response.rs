@@ -663,34 +663,6 @@ fn unsafe_uri(v: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
     Some((path, args))
 }
 
-#[cfg(test)]
-mod accel_tests {
-    use super::unsafe_uri;
-
-    #[test]
-    fn unsafe_uris_as_nginx() {
-        assert_eq!(
-            unsafe_uri(b"/foo?bar"),
-            Some((b"/foo".to_vec(), Some(b"bar".to_vec())))
-        );
-        assert_eq!(
-            unsafe_uri(b"/foo%20bar"),
-            Some((b"/foo bar".to_vec(), None))
-        );
-        for bad in [
-            &b".."[..],
-            b"../foo",
-            b"/foo/..",
-            b"/foo/.%2e",
-            b"/a/../b",
-            b"/a%00",
-        ] {
-            assert_eq!(unsafe_uri(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-        assert!(unsafe_uri(b"/a..b/.c").is_some());
-    }
-}
-
 /// A session's body on its way to the client, counted into its attempt's
 /// record (`$upstream_bytes_received`, `_response_length`, the response
 /// time set when it ends).
@@ -724,5 +696,33 @@ impl crate::http::response::BodyStream for Counted {
 
     fn trailers(&mut self) -> Vec<(String, Vec<u8>)> {
         self.inner.trailers()
+    }
+}
+
+#[cfg(test)]
+mod accel_tests {
+    use super::unsafe_uri;
+
+    #[test]
+    fn unsafe_uris_as_nginx() {
+        assert_eq!(
+            unsafe_uri(b"/foo?bar"),
+            Some((b"/foo".to_vec(), Some(b"bar".to_vec())))
+        );
+        assert_eq!(
+            unsafe_uri(b"/foo%20bar"),
+            Some((b"/foo bar".to_vec(), None))
+        );
+        for bad in [
+            &b".."[..],
+            b"../foo",
+            b"/foo/..",
+            b"/foo/.%2e",
+            b"/a/../b",
+            b"/a%00",
+        ] {
+            assert_eq!(unsafe_uri(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(unsafe_uri(b"/a..b/.c").is_some());
     }
 }
