@@ -139,8 +139,8 @@ pub const ACCESS: &[AccessFn] = modules::ACCESS;
 pub type HeaderFilter = fn(&mut Ctx<'_>, &mut Response);
 
 /// Header filters in execution order, as [`modules::HEADER_FILTERS`] lists
-/// them: not_modified, headers, userid, gunzip, sub_filter, charset, gzip,
-/// range (nginx's order for these modules). [`finish`] runs them on the
+/// them: slice, not_modified, headers, userid, gunzip, sub_filter, charset,
+/// gzip, range (nginx's order for these modules). [`finish`] runs them on the
 /// client's response only (a subrequest's passes through untouched), after
 /// msie_refresh and the special-response body. nginx's addition filter
 /// (between gunzip and sub_filter there) is not in the list:

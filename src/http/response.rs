@@ -46,6 +46,42 @@ pub trait BodyStream: Send {
     /// Whether `next` would answer without waiting (so the head can wait
     /// for the first piece and leave in the same write).
     fn ready(&self) -> bool;
+    /// The range filter's one range `[start, end)` of the entity: a source
+    /// that can yield just that (it knows where its bytes are, as slice's
+    /// does) takes it and says true; otherwise the filter cuts as the body
+    /// passes.
+    fn cut(&mut self, _start: u64, _end: u64) -> bool {
+        false
+    }
+    /// Trailers may come with the body's end (gRPC's grpc-status): the
+    /// writer keeps the stream open after the last piece until it knows.
+    fn has_trailers(&self) -> bool {
+        false
+    }
+    /// The trailers that came with the body's end, once `next` gave None
+    /// (sent after `Response::trailers`).
+    fn trailers(&mut self) -> Vec<(String, Vec<u8>)> {
+        Vec::new()
+    }
+}
+
+/// The error a [`BodyStream`] ends with when the client must get nothing
+/// at all, head included: nginx had not sent its postponed output yet
+/// (slice's checks of a later slice).
+#[derive(Debug)]
+pub struct Unsent;
+
+impl std::fmt::Display for Unsent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("response abandoned before it was sent")
+    }
+}
+
+impl std::error::Error for Unsent {}
+
+/// Whether `e` is [`Unsent`].
+pub fn is_unsent(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Unsent>())
 }
 
 /// The future of [`BodyStream::next`].

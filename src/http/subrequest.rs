@@ -73,7 +73,7 @@ impl<'a> Ctx<'a> {
 
 /// What a subrequest takes from its parent (see the module docs); `from`
 /// is its depth and the parent's client address.
-fn prepare<'a>(
+pub(crate) fn prepare<'a>(
     sub: &mut Ctx<'a>,
     from: (u8, Option<std::net::SocketAddr>),
     uri: Vec<u8>,

@@ -106,7 +106,8 @@ fn grpc_pass_relays_calls_both_ways() {
                 sstream OK [b'm0', b'm1', b'm2']\n\
                 cstream OK b'a,b,c'\n\
                 bidi OK [b'<x>', b'<y>']\n\
-                big OK 300015\n";
+                big OK 300015\n\
+                held OK [b'first', b'released', b'second']\n";
     assert!(plain.starts_with(want), "{plain}\n{}", s.error_log());
     // grpc_read_timeout 1s: the slow call gets a 504, which a gRPC
     // client sees as UNAVAILABLE.

@@ -1,4 +1,4 @@
-import sys, time
+import sys, threading, time
 from concurrent import futures
 import grpc
 
@@ -19,11 +19,24 @@ def server(port, cert=None, key=None):
     def bidi(it, ctx):
         for m in it:
             yield b'<' + m + b'>'
+    # The second message waits until another call releases it: a client
+    # sees the first only if the proxy passes messages on as they come.
+    release = threading.Event()
+    def held(req, ctx):
+        yield b'first'
+        release.wait(30)
+        release.clear()
+        yield b'second'
+    def release_call(req, ctx):
+        release.set()
+        return b'released'
     h = {
         'Unary': grpc.unary_unary_rpc_method_handler(unary),
         'ServerStream': grpc.unary_stream_rpc_method_handler(server_stream),
         'ClientStream': grpc.stream_unary_rpc_method_handler(client_stream),
         'Bidi': grpc.stream_stream_rpc_method_handler(bidi),
+        'Held': grpc.unary_stream_rpc_method_handler(held),
+        'Release': grpc.unary_unary_rpc_method_handler(release_call),
     }
     s = grpc.server(futures.ThreadPoolExecutor(8))
     s.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('t.S', h),))
@@ -56,6 +69,12 @@ def client(port, path):
     print('cstream', show(lambda: ch.stream_unary(pre + '/t.S/ClientStream')(iter([b'a', b'b', b'c']), timeout=10)))
     print('bidi', show(lambda: list(ch.stream_stream(pre + '/t.S/Bidi')(iter([b'x', b'y']), timeout=10))))
     print('big', show(lambda: len(ch.unary_unary(pre + '/t.S/Unary')(b'z' * 300000, timeout=10))))
+    def held():
+        it = ch.unary_stream(pre + '/t.S/Held')(b'h', timeout=10)
+        first = next(it)
+        r = ch.unary_unary(pre + '/t.S/Release')(b'', timeout=10)
+        return [first, r] + list(it)
+    print('held', show(held))
     print('slow', show(lambda: ch.unary_unary(pre + '/t.S/Unary')(b'slow', timeout=10)))
 
 if sys.argv[1] == 'server':

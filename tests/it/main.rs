@@ -60,6 +60,7 @@ mod runtime;
 mod scgi;
 mod secure_link;
 mod seeds;
+mod slice;
 mod smoke;
 mod ssi;
 mod static_headers;

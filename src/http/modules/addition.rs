@@ -187,6 +187,14 @@ fn push_body(parts: &mut VecDeque<Part>, body: Body, policy: Arc<Policy>) {
     }
 }
 
+/// A body as a stream (files read through the file-I/O layer in pieces):
+/// how slice passes its slices' bodies on.
+pub(crate) fn into_stream(body: Body, policy: Arc<Policy>) -> Box<dyn BodyStream> {
+    let mut parts = VecDeque::new();
+    push_body(&mut parts, body, policy);
+    Box::new(Chain { parts })
+}
+
 /// One source of a [`Chain`].
 enum Part {
     Bytes(Bytes),

@@ -41,6 +41,7 @@ pub mod resolver;
 pub mod rewrite;
 pub mod scgi;
 pub mod secure_link;
+pub mod slice;
 pub mod ssi;
 pub mod ssl_settings;
 pub mod static_file;
@@ -105,6 +106,7 @@ pub const TABLES: &[&[Spec]] = &[
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
+    slice::DIRECTIVES,
     ssi::DIRECTIVES,
     crate::http::v2::conf::DIRECTIVES,
     crate::http::v3::conf::DIRECTIVES,
@@ -117,6 +119,7 @@ pub const ACCESS: &[AccessFn] = &[limit_conn::access, limit_req::access];
 
 /// Header filters in execution order (as nginx runs them).
 pub const HEADER_FILTERS: &[HeaderFilter] = &[
+    slice::header_filter,
     not_modified::header_filter,
     headers::header_filter,
     userid::header_filter,
@@ -186,6 +189,7 @@ const VAR_MODULES: &[(&[&str], VarFn)] = &[
     (rewrite::VARS, rewrite::limit_rate_var),
     (ssi::VARS, ssi::var_value),
     (access_log::VARS, access_log::var),
+    (slice::VARS, slice::var),
 ];
 
 /// The id of a module variable: module index and variable index.
@@ -249,6 +253,7 @@ pub struct ModLoc {
     pub userid: userid::UseridLoc,
     pub mirror: mirror::MirrorLoc,
     pub addition: addition::AdditionLoc,
+    pub slice: slice::SliceLoc,
 }
 
 impl ModLoc {
@@ -323,6 +328,7 @@ impl ModLoc {
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);
         self.addition.merge(&p.addition);
+        self.slice.merge(&p.slice);
         self.ssi.merge(&p.ssi);
     }
     pub fn defaults(&mut self) {

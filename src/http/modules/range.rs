@@ -302,11 +302,13 @@ pub(crate) fn single(resp: &mut Response, s: u64, e: u64, len: u64) {
             len: e - s,
         },
         Body::Bytes(b) => Body::Bytes(slice(&b, s, e).to_vec()),
-        Body::Stream(src) => {
-            resp.filters.push(Box::new(Slice {
-                skip: s,
-                take: e - s,
-            }));
+        Body::Stream(mut src) => {
+            if !src.cut(s, e) {
+                resp.filters.push(Box::new(Slice {
+                    skip: s,
+                    take: e - s,
+                }));
+            }
             Body::Stream(src)
         }
         other => cut_multi(other, &[(s, e)]),

@@ -221,6 +221,9 @@ pub struct UpResp {
     pub slot: Slot,
     /// Trailers that followed a body read whole by a protocol's session.
     pub trailers: Vec<(String, Vec<u8>)>,
+    /// A session's body still arriving (it goes to the client as it
+    /// comes, trailers at its end).
+    pub session_body: Option<Box<dyn crate::http::response::BodyStream>>,
 }
 
 impl UpResp {
@@ -243,6 +246,7 @@ impl UpResp {
             logs,
             slot: Slot::none(),
             trailers: Vec::new(),
+            session_body: None,
         }
     }
 }
@@ -536,13 +540,41 @@ async fn exchange<B: BodyFeed>(
     };
     slot.connected();
     if let Some(sess) = proto.session() {
-        let a = sess
-            .exchange(s, send, lim, slot)
-            .await
-            .map_err(|f| Fail { sent: true, ..f })?;
+        let a = match feed {
+            Some(feed) if matches!(send.body, OutBody::Stream) => {
+                // The body goes to the session as the client sends it, a
+                // piece at a time (the session takes one when the peer's
+                // window lets it send).
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                let exchange = sess.exchange(s, send, lim, slot, Some(rx));
+                let pump = async move {
+                    loop {
+                        let (piece, end) = match feed.next().await {
+                            Ok(Some(b)) => {
+                                let last = feed.done();
+                                (Ok((b, last)), last)
+                            }
+                            Ok(None) => (Ok((Bytes::new(), true)), true),
+                            Err(st) => (Err(st), true),
+                        };
+                        if tx.send(piece).await.is_err() || end {
+                            break;
+                        }
+                    }
+                    std::future::pending::<()>().await
+                };
+                tokio::select! {
+                    r = exchange => r,
+                    () = pump => unreachable!("the pump never ends"),
+                }
+            }
+            _ => sess.exchange(s, send, lim, slot, None).await,
+        }
+        .map_err(|f| Fail { sent: true, ..f })?;
         slot.head(a.head.status);
         let mut r = UpResp::of(a.head, None, addr, Vec::new());
         r.trailers = a.trailers;
+        r.session_body = a.body;
         return Ok(r);
     }
     send_and_read(s, addr, lim, proto, send, head_only, slot, feed)

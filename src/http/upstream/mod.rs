@@ -165,13 +165,19 @@ pub trait Protocol: Send + Sync {
 pub struct SessionAnswer {
     pub head: Head,
     pub trailers: Vec<(String, Vec<u8>)>,
+    /// The body still arriving, its trailers at its end
+    /// ([`crate::http::response::BodyStream::trailers`]); None: the body
+    /// is complete in `head.body`.
+    pub body: Option<Box<dyn crate::http::response::BodyStream>>,
 }
 
 /// One exchange on a connection a protocol drives itself: the request
 /// (the head `create_request` made, which the session may ignore, and
 /// the body) sent, the answer read whole within the [`Limits`]' timeouts.
 /// An Err after the request went out is not retried for non-idempotent
-/// requests, as the engine's own exchange.
+/// requests, as the engine's own exchange. `body`: for an
+/// `OutBody::Stream` request, the client's body as it arrives (the engine
+/// pumps its feed into it while the session runs).
 pub trait Session: Send + Sync {
     fn exchange<'a>(
         &'a self,
@@ -179,8 +185,14 @@ pub trait Session: Send + Sync {
         send: &'a fetch::Outgoing<'a>,
         lim: &'a Limits,
         slot: &'a state::Slot,
+        body: Option<BodyRx>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<SessionAnswer, Fail>> + Send + 'a>>;
 }
+
+/// A streamed request body handed to a [`Session`]: each piece with
+/// whether it is the last (an empty last piece: the body ended after the
+/// previous one); Err: the status for the client (the feed logged why).
+pub type BodyRx = tokio::sync::mpsc::Receiver<Result<(bytes::Bytes, bool), u16>>;
 
 /// A response head, as the protocol read it.
 pub struct Head {

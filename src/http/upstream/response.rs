@@ -347,6 +347,19 @@ pub(super) async fn respond(
     }
     // What the client is told of the length.
     let length = resp.declared_len.filter(|_| !resp.no_body);
+    if let Some(body) = resp.session_body.take() {
+        // A session's body (gRPC's messages) goes to the client as it
+        // arrives, unbuffered as nginx's grpc module sends it.
+        out.content_length = length;
+        if length.is_none() && cx.req.minor == 0 {
+            out.force_close = true;
+        }
+        out.body = Body::Stream(Box::new(Counted {
+            inner: body,
+            slot: resp.slot.take(),
+        }));
+        return out;
+    }
     if resp.decoder.done() && cache_out.is_none() && store_out.is_none() {
         if reusable(&resp) {
             if let Some(s) = resp.stream.take() {
@@ -648,6 +661,42 @@ fn unsafe_uri(v: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
         return None;
     }
     Some((path, args))
+}
+
+/// A session's body on its way to the client, counted into its attempt's
+/// record (`$upstream_bytes_received`, `_response_length`, the response
+/// time set when it ends).
+struct Counted {
+    inner: Box<dyn crate::http::response::BodyStream>,
+    slot: super::state::Slot,
+}
+
+impl crate::http::response::BodyStream for Counted {
+    fn next(&mut self) -> std::pin::Pin<Box<dyn crate::http::response::StreamFuture<'_> + '_>> {
+        Box::pin(async move {
+            let r = self.inner.next().await;
+            match &r {
+                Ok(Some(b)) => {
+                    self.slot.received(b.len());
+                    self.slot.body(b.len());
+                }
+                Ok(None) | Err(_) => self.slot.finish(),
+            }
+            r
+        })
+    }
+
+    fn ready(&self) -> bool {
+        self.inner.ready()
+    }
+
+    fn has_trailers(&self) -> bool {
+        self.inner.has_trailers()
+    }
+
+    fn trailers(&mut self) -> Vec<(String, Vec<u8>)> {
+        self.inner.trailers()
+    }
 }
 
 #[cfg(test)]

@@ -1287,7 +1287,7 @@ async fn write_streamed<S: Stream>(
         let piece = match next {
             Ok(p) => p,
             Err(e) => {
-                if first {
+                if first && !response::is_unsent(&e) {
                     // Nothing reached the client yet: at least the head does.
                     sent.bytes += head.len() as u64;
                     let _ = write_all(stream, &[head], loc).await;
@@ -1297,6 +1297,16 @@ async fn write_streamed<S: Stream>(
         };
         let last = piece.is_none();
         let data = piece.unwrap_or_default();
+        // Trailers that came with the body's end go after the ones known
+        // with the head.
+        let late = if last { src.trailers() } else { Vec::new() };
+        let all;
+        let trailers: &[(String, Vec<u8>)] = if late.is_empty() {
+            trailers
+        } else {
+            all = [trailers, &late[..]].concat();
+            &all
+        };
         if filters.is_empty() {
             // As it came, framed when chunked, without copying the data.
             let before: &[u8] = if first { head } else { b"" };

@@ -548,12 +548,15 @@ async fn send(
         return Ok(());
     }
     let policy = resp.io.take().unwrap_or_default();
+    // A body whose end may bring trailers keeps the stream open until then.
+    let late_trailers = matches!(&resp.body, Body::Stream(s) if s.has_trailers());
+    let mut late = Vec::new();
     let mut out = Out {
         tx: &mut tx,
         to: Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000)),
         chunk: loc.core.http2_chunk_size.unwrap_or(8192),
         sent,
-        trailers: !resp.trailers.is_empty(),
+        trailers: !resp.trailers.is_empty() || late_trailers,
         carry: Bytes::new(),
     };
     let mut filters = std::mem::take(&mut resp.filters);
@@ -564,7 +567,10 @@ async fn send(
             Body::Stream(mut src) => loop {
                 match src.next().await? {
                     Some(data) => out.filtered(&mut filters, &data, false).await?,
-                    None => return out.filtered(&mut filters, b"", true).await,
+                    None => {
+                        late = src.trailers();
+                        return out.filtered(&mut filters, b"", true).await;
+                    }
                 }
             },
             Body::Empty => out.filtered(&mut filters, b"", true).await,
@@ -590,8 +596,13 @@ async fn send(
     .await;
     sent.io = policy.decision().as_str();
     r?;
-    if !resp.trailers.is_empty() {
-        tx.send_trailers(trailers(&resp.trailers)).map_err(h2_io)?;
+    let mut all = std::mem::take(&mut resp.trailers);
+    all.append(&mut late);
+    if !all.is_empty() {
+        tx.send_trailers(trailers(&all)).map_err(h2_io)?;
+    } else if late_trailers {
+        // None came after all: the stream ends with an empty DATA frame.
+        tx.send_data(Bytes::new(), true).map_err(h2_io)?;
     }
     Ok(())
 }

@@ -674,6 +674,8 @@ async fn send(
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
     };
     timed(timeout(to, tx.send_response(head)).await)?;
+    // Trailers that come with the end of a streamed body (gRPC's).
+    let mut late = Vec::new();
     let no_body = head_only
         || (resp.filters.is_empty()
             && match &resp.body {
@@ -696,7 +698,10 @@ async fn send(
                 Body::Stream(mut src) => loop {
                     match src.next().await? {
                         Some(data) => out.filtered(&mut filters, &data, false).await?,
-                        None => return out.filtered(&mut filters, b"", true).await,
+                        None => {
+                            late = src.trailers();
+                            return out.filtered(&mut filters, b"", true).await;
+                        }
                     }
                 },
                 Body::Empty => out.filtered(&mut filters, b"", true).await,
@@ -723,9 +728,11 @@ async fn send(
         sent.io = policy.decision().as_str();
         r?;
     }
-    if !resp.trailers.is_empty() && !head_only {
+    let mut all = std::mem::take(&mut resp.trailers);
+    all.append(&mut late);
+    if !all.is_empty() && !head_only {
         let mut hm = http::HeaderMap::new();
-        for (n, v) in &resp.trailers {
+        for (n, v) in &all {
             if let (Ok(n), Ok(v)) = (
                 http::HeaderName::from_bytes(n.as_bytes()),
                 http::HeaderValue::from_bytes(v),

@@ -7,29 +7,33 @@
 //!
 //! ```text
 //! content phase (the client speaks HTTP/2, or HTTP/1.1)
-//!   ├─ the request body (the client's messages), read whole
+//!   ├─ the request body (the client's messages): streamed as it arrives
+//!   │   (body::stream_begin; read whole only when already read, mirror)
 //!   ├─ the engine: peers, grpc_next_upstream, timeouts, $upstream_* ─┐
 //!   │                                                                 │
 //!   │   Grpc::exchange on each connection the engine makes (+ TLS    ◀┘
 //!   │   with ALPN h2 for grpcs://):
 //!   │     h2 handshake ── HEADERS :method :scheme :path :authority,
 //!   │     grpc_set_header entries, the client's headers (hop-by-hop and
-//!   │     Host dropped; te: trailers) ── DATA (the body, flow-controlled)
-//!   │     ── response HEADERS (grpc_connect/_send/_read_timeout apply)
-//!   │     ── DATA read whole ── trailers (grpc-status, grpc-message)
+//!   │     Host dropped; te: trailers) ── DATA (each piece of the client's
+//!   │     body as the engine's pump hands it over, as the backend's
+//!   │     window allows) ── response HEADERS (grpc_connect/_send/
+//!   │     _read_timeout apply)
 //!   └─ the engine's response: headers relayed (grpc_hide_header /
-//!       _pass_header), grpc_intercept_errors, the body, then the
-//!       trailers (HTTP/2 trailers to an HTTP/2 client, chunked trailers
-//!       to HTTP/1.1)
+//!       _pass_header), grpc_intercept_errors; the body is an [`Answer`]:
+//!       DATA pieces as they arrive (window released as the client's
+//!       connection takes them), then the trailers (grpc-status), which
+//!       the writer sends after the body (HTTP/2 trailers, chunked
+//!       trailers to HTTP/1.1)
 //! ```
 //!
-//! Unary and streaming calls both ways work as far as whole messages
-//! go: the client's stream is read whole before it goes upstream, and the
-//! answer's stream is read whole (to its trailers) before it goes to the
-//! client, since a response's trailers must be known before its body is
-//! sent (`Response::trailers`). A call that streams forever therefore
-//! never answers (see DIFFERENCES.md). Connections to the backend are not
-//! kept alive (one per call).
+//! Flow control never buffers without bound: the client's body moves one
+//! piece at a time, only when the backend's window has room (the client's
+//! own window stays closed meanwhile), and the answer's DATA is released
+//! to the backend only as the client takes it. A call is half-duplex:
+//! once the answer's head arrives, the rest of the client's stream is not
+//! sent (see DIFFERENCES.md). Connections to the backend are not kept
+//! alive (one per call).
 
 use std::future::Future;
 use std::path::Path;
@@ -46,13 +50,13 @@ use crate::core::log::Level;
 use crate::http::body;
 use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::phases::Ctx;
-use crate::http::response::Response;
+use crate::http::response::{BodyStream, Response, StreamFuture};
 use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
 use crate::http::upstream::fetch::{fail, Outgoing, TIMED_OUT, WHILE_HEAD};
 use crate::http::upstream::peers::{self, PassAddr};
 use crate::http::upstream::state;
 use crate::http::upstream::{
-    BodyDecoder, Caching, Fail, Head, HeadReader, OutBody, Protocol, Request, Session,
+    BodyDecoder, BodyRx, Caching, Fail, Head, HeadReader, OutBody, Protocol, Request, Session,
     SessionAnswer,
 };
 use crate::http::vars::Template;
@@ -346,31 +350,13 @@ fn set_ssl_cert_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfR
     }
     if let (Some(c), Some(k)) = (&g.ssl_cert, &g.ssl_key) {
         let pw = g.ssl_passwords.as_deref().map_or(&[][..], |v| v.as_slice());
-        match crate::tls::config::load_pair(c, k, pw) {
+        match crate::tls::client::load_certificate(c, k, pw) {
             Ok(p) => g.ssl_pair = Some(p),
             Err(_) if g.ssl_passwords.is_none() => {}
             Err(e) => return Err(ConfError::at(e.msg, d)),
         }
     }
     Ok(())
-}
-
-/// The client certificate offered to the upstream, whatever CA names it
-/// hints (as OpenSSL does for nginx).
-#[derive(Debug)]
-struct ClientCert(Arc<rustls::sign::CertifiedKey>);
-
-impl rustls::client::ResolvesClientCert for ClientCert {
-    fn resolve(
-        &self,
-        _: &[&[u8]],
-        _: &[rustls::SignatureScheme],
-    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.clone())
-    }
-    fn has_certs(&self) -> bool {
-        true
-    }
 }
 
 fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -398,14 +384,14 @@ fn ssl_client(
                 ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
                 roots: conf.ssl_trusted.clone(),
                 session_reuse: conf.ssl_session_reuse.unwrap_or(true),
+                // The shared client-certificate path (tls::client), as
+                // proxy_ssl_certificate and the stream module's.
+                certificate: conf.ssl_pair.clone(),
                 ..Default::default()
             };
             let base = crate::tls::client::client_config(&s).ok()?;
             let mut c = (*base).clone();
             c.alpn_protocols = vec![b"h2".to_vec()];
-            if let Some(p) = &conf.ssl_pair {
-                c.client_auth_cert_resolver = Arc::new(ClientCert(p.clone()));
-            }
             Some(Arc::new(c))
         })
         .clone()?;
@@ -456,9 +442,19 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         return Response::status(500);
     };
     let conf = &loc.modules.grpc;
-    if let Err(r) = body::read(cx, &pass.addr.body_temp_default).await {
-        return *r;
-    }
+    // As nginx's grpc module, the body always goes upstream as it
+    // arrives (request_body_no_buffering): a streaming call's messages
+    // are not held back. A body read already (mirror) goes from memory.
+    let stream = match body::stream_begin(cx).await {
+        Ok(Some(s)) => Some(s),
+        Ok(None) => {
+            if let Err(r) = body::read(cx, &pass.addr.body_temp_default).await {
+                return *r;
+            }
+            None
+        }
+        Err(r) => return *r,
+    };
     // With variables, the value may carry its own scheme (`grpc_pass
     // $arg_b` with `grpcs://...`); the address is also the authority.
     let (up, tls, authority) = match &pass.addr.to {
@@ -486,6 +482,9 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         ),
     };
     let Some(up) = up else {
+        if let Some(s) = stream {
+            s.finish(cx);
+        }
         return Response::status(502);
     };
     let mut lim = Limits::of(&conf.up);
@@ -497,6 +496,9 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
                     Level::Error,
                     "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
                 );
+                if let Some(s) = stream {
+                    s.finish(cx);
+                }
                 return Response::status(502);
             }
         }
@@ -508,7 +510,7 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         tls,
         call,
     });
-    crate::http::upstream::run(cx, proto, up, lim).await
+    crate::http::upstream::run::run_with(cx, proto, up, lim, stream).await
 }
 
 /// What goes in the call's HEADERS frame.
@@ -602,6 +604,7 @@ impl Protocol for Grpc {
         _: Option<Caching<'_>>,
     ) -> Result<Request, Box<Response>> {
         let body = match body::data(cx) {
+            _ if body::streaming(cx) => OutBody::Stream,
             Some(body::Data::Mem(b)) if !b.is_empty() => OutBody::Mem(Bytes::clone(b)),
             Some(body::Data::File { file, len, .. }) if *len > 0 => {
                 OutBody::File(file.clone(), *len)
@@ -664,8 +667,9 @@ impl Session for Grpc {
         send: &'a Outgoing<'a>,
         lim: &'a Limits,
         slot: &'a state::Slot,
+        body: Option<BodyRx>,
     ) -> Pin<Box<dyn Future<Output = Result<SessionAnswer, Fail>> + Send + 'a>> {
-        Box::pin(call(self, s, send, lim, slot))
+        Box::pin(call(self, s, send, lim, slot, body))
     }
 }
 
@@ -717,6 +721,7 @@ async fn call(
     send: &Outgoing<'_>,
     lim: &Limits,
     slot: &state::Slot,
+    body: Option<BodyRx>,
 ) -> Result<SessionAnswer, Fail> {
     let (client, conn) = within(
         lim.connect,
@@ -766,7 +771,12 @@ async fn call(
         .map_err(|e| h2_fail(&e, WHILE_SEND))?;
     // The body goes out as the peer's window allows.
     if !empty {
-        let sending = send_body(&mut tx, send, lim, slot);
+        let sending = async {
+            match body {
+                Some(rx) => send_stream(&mut tx, rx, lim, slot).await,
+                None => send_body(&mut tx, send, lim, slot).await,
+            }
+        };
         // A server may answer (an error, usually) before it took the
         // whole body: then the rest is not sent.
         tokio::pin!(sending);
@@ -776,7 +786,17 @@ async fn call(
             r = &mut answer => Some(r),
         };
         let resp = match early {
-            Some(r) => r.map_err(|e| h2_fail(&e, WHILE_HEAD))?,
+            Some(r) => {
+                let resp = r.map_err(|e| h2_fail(&e, WHILE_HEAD))?;
+                // An answer that is more than a final status: the rest of
+                // the client's body goes first (a call is half-duplex
+                // here, see the module docs); meanwhile the answer's DATA
+                // waits in the backend's window.
+                if !resp.body().is_end_stream() {
+                    sending.await?;
+                }
+                resp
+            }
             None => within(lim.read, WHILE_HEAD, answer).await?,
         };
         return read_answer(resp, lim, slot).await;
@@ -859,13 +879,71 @@ async fn send_body(
     Ok(())
 }
 
-/// The answer's head, its body read whole, then its trailers.
+/// Sends the client's body as it arrives: each piece as soon as the
+/// peer's window allows, END_STREAM with the last (an empty DATA frame
+/// when the body ended after its last piece, as nginx's special last
+/// buffer). One piece at a time: what the peer does not take holds the
+/// client back (its own window stays closed), nothing piles up here.
+async fn send_stream(
+    tx: &mut h2::SendStream<Bytes>,
+    mut rx: BodyRx,
+    lim: &Limits,
+    slot: &state::Slot,
+) -> Result<(), Fail> {
+    loop {
+        let (mut piece, last) = match rx.recv().await {
+            Some(Ok(p)) => p,
+            // Logged by the feed; the client's status, not the peer's fault.
+            Some(Err(st)) => return Err(fail(st, "", false)),
+            None => return Err(fail(400, "", false)),
+        };
+        if piece.is_empty() {
+            if last {
+                tx.send_data(Bytes::new(), true)
+                    .map_err(|e| h2_fail(&e, WHILE_SEND))?;
+                return Ok(());
+            }
+            continue;
+        }
+        while !piece.is_empty() {
+            tx.reserve_capacity(piece.len());
+            let cap = within(
+                lim.send,
+                WHILE_SEND,
+                std::future::poll_fn(|c| match tx.poll_capacity(c) {
+                    std::task::Poll::Ready(None) => std::task::Poll::Ready(Ok(0)),
+                    std::task::Poll::Ready(Some(r)) => std::task::Poll::Ready(r),
+                    std::task::Poll::Pending => std::task::Poll::Pending,
+                }),
+            )
+            .await?;
+            if cap == 0 {
+                return Err(fail(
+                    502,
+                    format!("upstream closed the stream {}", WHILE_SEND),
+                    true,
+                ));
+            }
+            let chunk = piece.split_to(cap.min(piece.len()));
+            slot.sent(chunk.len());
+            let end = last && piece.is_empty();
+            tx.send_data(chunk, end)
+                .map_err(|e| h2_fail(&e, WHILE_SEND))?;
+        }
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// The answer's head; its body (the messages) and then its trailers
+/// follow as they arrive ([`Answer`]).
 async fn read_answer(
     resp: http::Response<h2::RecvStream>,
     lim: &Limits,
-    slot: &state::Slot,
+    _slot: &state::Slot,
 ) -> Result<SessionAnswer, Fail> {
-    let (parts, mut rx) = resp.into_parts();
+    let (parts, rx) = resp.into_parts();
     let status = parts.status.as_u16();
     let mut headers = Vec::with_capacity(parts.headers.len());
     for (n, v) in &parts.headers {
@@ -877,50 +955,91 @@ async fn read_answer(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     let no_body = rx.is_end_stream();
-    let mut body = Vec::new();
-    let mut trailers = Vec::new();
-    if !no_body {
-        loop {
-            let next = tokio::time::timeout(lim.read, rx.data()).await;
-            match next {
-                Err(_) => return Err(fail(504, format!("{} {}", TIMED_OUT, WHILE_READ), false)),
-                Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    return Err(Fail {
-                        ft: 0,
-                        ..h2_fail(&e, WHILE_READ)
-                    })
-                }
-                Ok(Some(Ok(d))) => {
-                    let _ = rx.flow_control().release_capacity(d.len());
-                    slot.received(d.len());
-                    slot.body(d.len());
-                    body.extend_from_slice(&d);
-                }
-            }
-        }
-        match within(lim.read, WHILE_READ, rx.trailers()).await {
-            Ok(Some(t)) => {
-                for (n, v) in &t {
-                    trailers.push((n.as_str().to_string(), v.as_bytes().to_vec()));
-                }
-            }
-            Ok(None) => {}
-            Err(f) => return Err(Fail { ft: 0, ..f }),
-        }
-    }
+    let body: Option<Box<dyn BodyStream>> = (!no_body).then(|| {
+        Box::new(Answer {
+            rx,
+            read: lim.read,
+            trailers: Vec::new(),
+            done: false,
+        }) as Box<dyn BodyStream>
+    });
     Ok(SessionAnswer {
         head: Head {
             status,
             status_line: Vec::new(),
             headers,
             early: Vec::new(),
-            body,
+            body: Vec::new(),
             declared_len: declared,
             no_body,
             keep: false,
             decoder: Box::new(Whole),
         },
-        trailers,
+        trailers: Vec::new(),
+        body,
     })
+}
+
+/// The answer's DATA as the client's body, piece by piece as it arrives
+/// (each piece's window given back to the backend once the client's
+/// connection asks for the next: the backend is held back by a slow
+/// client, nothing piles up here), then its trailers (grpc-status).
+struct Answer {
+    rx: h2::RecvStream,
+    read: Duration,
+    trailers: Vec<(String, Vec<u8>)>,
+    done: bool,
+}
+
+fn read_error(what: String) -> std::io::Error {
+    std::io::Error::other(format!("{} {}", what, WHILE_READ))
+}
+
+impl BodyStream for Answer {
+    fn next(&mut self) -> Pin<Box<dyn StreamFuture<'_> + '_>> {
+        Box::pin(async move {
+            loop {
+                if self.done {
+                    return Ok(None);
+                }
+                match tokio::time::timeout(self.read, self.rx.data()).await {
+                    Err(_) => return Err(read_error(TIMED_OUT.to_string())),
+                    Ok(Some(Err(e))) => return Err(read_error(format!("{}", e))),
+                    Ok(Some(Ok(d))) => {
+                        let _ = self.rx.flow_control().release_capacity(d.len());
+                        if !d.is_empty() {
+                            return Ok(Some(d));
+                        }
+                    }
+                    Ok(None) => {
+                        match tokio::time::timeout(self.read, self.rx.trailers()).await {
+                            Err(_) => return Err(read_error(TIMED_OUT.to_string())),
+                            Ok(Err(e)) => return Err(read_error(format!("{}", e))),
+                            Ok(Ok(Some(t))) => {
+                                for (n, v) in &t {
+                                    self.trailers
+                                        .push((n.as_str().to_string(), v.as_bytes().to_vec()));
+                                }
+                            }
+                            Ok(Ok(None)) => {}
+                        }
+                        self.done = true;
+                        return Ok(None);
+                    }
+                }
+            }
+        })
+    }
+
+    fn ready(&self) -> bool {
+        self.done
+    }
+
+    fn has_trailers(&self) -> bool {
+        true
+    }
+
+    fn trailers(&mut self) -> Vec<(String, Vec<u8>)> {
+        std::mem::take(&mut self.trailers)
+    }
 }
