@@ -2,24 +2,31 @@
 """Stream proxy benchmark: tern and nginx side by side on one stream config.
 
     python3 bench/stream.py [--tern target/release/tern] [--nginx /usr/sbin/nginx]
-                            [--mb 200] [--conns 3000] [--dgrams 20000] [--repeats 2]
+                            [--mb 200] [--conns 3000] [--dgrams 20000] [--repeats 3]
+                            [--cpu 1] [--client-cpu 0]
 
 Each server runs one worker (`worker_processes 1`) on the same stream {}
-block; backends and clients are separate Python processes. Three figures
-per server, each also divided by the server's CPU time (utime + stime of
-all its processes from /proc, so a slow Python client does not hide the
-server's cost):
+block, pinned to one CPU (--cpu, with taskset); backends and clients are
+separate Python processes pinned to another (--client-cpu). On a shared,
+loaded machine wall-clock rates are noise, so each figure is the server's
+CPU time per unit of work: the on-CPU nanoseconds of every thread of every
+server process (/proc/PID/task/*/schedstat, nanosecond resolution), read
+before and after the run. The three rows of issue 19:
 
-- tcp relay: one connection, the backend sends --mb MB, the client reads
-  it all through the proxy: MB/s and MB per server CPU-second;
-- conn rate: --conns connections one after another (connect, read the
-  backend's one byte, close): connections/s and per server CPU-second;
+- tcp relay: one connection, the backend sends --mb MB, the client reads it
+  all through the proxy: MB per server CPU-second (higher is better);
+- tcp conn: --conns connections one after another (connect, read the
+  backend's one byte, close): server CPU microseconds per connection;
 - udp: --dgrams DNS-like datagrams (64 bytes, one answer each, 32 in
-  flight) through one listener: datagrams/s and per server CPU-second.
+  flight) through one listener (`proxy_responses 1`): server CPU
+  microseconds per datagram.
 
-The servers alternate per repeat (nginx, tern, nginx, tern...), so
-background load on a shared machine hits both alike; the best of the
-repeats is kept. Ratios are tern / nginx (higher is better for tern).
+The servers alternate per repeat (nginx, tern, nginx, tern...), so load on
+the machine hits both alike; the best (least CPU per unit) of the repeats
+is kept, as background load only ever adds cost, and the median is shown
+beside it. "tern vs nginx" is how many times less CPU tern spends per unit
+(nginx cost / tern cost; for relay, tern MB/cpu-s / nginx MB/cpu-s): above
+1 is tern ahead. Wall rates are printed for reference only.
 """
 
 import argparse
@@ -33,6 +40,8 @@ import tempfile
 import time
 
 STREAM_SO = "/usr/lib/nginx/modules/ngx_stream_module.so"
+# taskset prefix for the servers (set from --cpu in main).
+PIN = []
 
 
 def free_port():
@@ -123,7 +132,8 @@ def start(kind, binary, ports):
     with open(f"{d}/nginx.conf", "w") as f:
         f.write(text)
     p = subprocess.Popen(
-        [binary, "-p", d + "/", "-c", f"{d}/nginx.conf", "-e", f"{d}/logs/error.log"]
+        PIN
+        + [binary, "-p", d + "/", "-c", f"{d}/nginx.conf", "-e", f"{d}/logs/error.log"]
         + (["-g", "daemon off;"] if kind != "nginx" else []),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -156,16 +166,20 @@ def tree_pids(root):
 
 
 def cpu_secs(root):
-    tick = os.sysconf("SC_CLK_TCK")
+    """On-CPU seconds of every thread of the server's processes."""
     total = 0
     for pid in tree_pids(root):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
-            pass
-    return total / tick
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1e9
 
 
 # ---- clients -----------------------------------------------------------------
@@ -220,18 +234,25 @@ def measure(pid, f, *args):
     c0, t0 = cpu_secs(pid), time.time()
     r = f(*args)
     t1, c1 = time.time(), cpu_secs(pid)
-    return r, t1 - t0, max(c1 - c0, 1e-3)
+    return r, t1 - t0, max(c1 - c0, 1e-6)
 
 
 def main():
+    global PIN
     ap = argparse.ArgumentParser()
     ap.add_argument("--tern", default="target/release/tern")
     ap.add_argument("--nginx", default="/usr/sbin/nginx")
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--conns", type=int, default=3000)
     ap.add_argument("--dgrams", type=int, default=20000)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cpu", default="1", help="CPU list for the servers ('' = none)")
+    ap.add_argument("--client-cpu", default="0", help="CPU list for clients ('' = none)")
     a = ap.parse_args()
+    if a.cpu:
+        PIN = ["taskset", "-c", a.cpu]
+    if a.client_cpu:
+        os.sched_setaffinity(0, {int(c) for c in a.client_cpu.split(",")})
     ports = {k: free_port() for k in ("src", "byte", "ubk", "tcp", "conn", "udp")}
     procs = []
     for f, k in ((source_backend, "src"), (byte_backend, "byte"), (udp_backend, "ubk")):
@@ -240,37 +261,44 @@ def main():
         p.start()
         ev.wait(5)
         procs.append(p)
-    best = {}
+    runs = {"nginx": {}, "tern": {}}
     for _ in range(a.repeats):
         for kind, binary in (("nginx", a.nginx), ("tern", a.tern)):
             p, d = start(kind, binary, ports)
             try:
-                r = best.setdefault(kind, {})
+                r = runs[kind]
                 got, wall, cpu = measure(p.pid, tcp_relay, ports["tcp"], a.mb)
                 mb = got / (1 << 20)
-                keep(r, "tcp MB/s", mb / wall)
-                keep(r, "tcp MB/cpu-s", mb / cpu)
+                r.setdefault("tcp relay MB/cpu-s", []).append(mb / cpu)
+                r.setdefault("(tcp relay MB/s)", []).append(mb / wall)
                 ok, wall, cpu = measure(p.pid, conn_rate, ports["conn"], a.conns)
-                keep(r, "conn/s", ok / wall)
-                keep(r, "conn/cpu-s", ok / cpu)
+                r.setdefault("tcp conn cpu-us/conn", []).append(cpu * 1e6 / max(ok, 1))
+                r.setdefault("(tcp conn/s)", []).append(ok / wall)
                 ok, wall, cpu = measure(p.pid, udp_rate, ports["udp"], a.dgrams)
-                keep(r, "udp dgram/s", ok / wall)
-                keep(r, "udp dgram/cpu-s", ok / cpu)
+                r.setdefault("udp cpu-us/dgram", []).append(cpu * 1e6 / max(ok, 1))
+                r.setdefault("(udp dgram/s)", []).append(ok / wall)
             finally:
                 p.terminate()
                 p.wait()
                 shutil.rmtree(d, ignore_errors=True)
-    keys = list(best["nginx"].keys())
-    print(f"{'':18} {'nginx':>12} {'tern':>12} {'tern/nginx':>11}")
-    for k in keys:
-        n, t = best["nginx"][k], best["tern"][k]
-        print(f"{k:18} {n:12.1f} {t:12.1f} {t / n:10.2f}x")
+    print(
+        f"{'':22} {'nginx best':>11} {'tern best':>11} {'tern vs nginx':>14}"
+        f"   {'nginx median':>12} {'tern median':>12}"
+    )
+    for k in runs["nginx"]:
+        higher_better = "cpu-us" not in k
+        pick = max if higher_better else min
+        n, t = pick(runs["nginx"][k]), pick(runs["tern"][k])
+        ratio = t / n if higher_better else n / t
+        nm, tm = median(runs["nginx"][k]), median(runs["tern"][k])
+        print(f"{k:22} {n:11.2f} {t:11.2f} {ratio:13.2f}x   {nm:12.2f} {tm:12.2f}")
     for p in procs:
         p.terminate()
 
 
-def keep(r, k, v):
-    r[k] = max(r.get(k, 0.0), v)
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ use crate::config::{parse, value, ConfError, ConfResult, Directive, Tree};
 /// An `error_log` destination and level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorLogSpec {
-    /// `None` means stderr.
-    pub path: Option<PathBuf>,
+    pub dest: crate::core::log::LogDest,
     pub level: crate::core::log::Level,
 }
 

@@ -54,6 +54,7 @@ use arc_swap::ArcSwap;
 use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec, MainConf};
+use crate::core::syslog::Peer;
 use crate::http::conf::LocConf;
 
 /// nginx's log levels, most severe first.
@@ -217,17 +218,41 @@ pub fn forget_unused() {
     }
 }
 
+/// Where an `error_log` writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogDest {
+    Stderr,
+    File(PathBuf),
+    /// `syslog:...` (see core/syslog.rs).
+    Syslog(Arc<Peer>),
+}
+
+/// One destination of a [`Logger`].
+#[derive(Debug, Clone)]
+pub enum Sink {
+    /// A file or stderr: lines go through the writer thread.
+    File(Arc<LogFile>),
+    /// A syslog server: the logging thread sends the datagram itself
+    /// (non-blocking, as nginx).
+    Syslog(Arc<Peer>),
+}
+
 /// A set of destinations with their levels.
 #[derive(Debug, Clone, Default)]
 pub struct Logger {
-    pub sinks: Vec<(Arc<LogFile>, Level)>,
+    pub sinks: Vec<(Sink, Level)>,
 }
 
 impl Logger {
     pub fn from_specs(specs: &[ErrorLogSpec]) -> std::io::Result<Logger> {
         let mut sinks = Vec::new();
         for s in specs {
-            sinks.push((open_log(s.path.as_deref())?, s.level));
+            let sink = match &s.dest {
+                LogDest::Stderr => Sink::File(open_log(None)?),
+                LogDest::File(p) => Sink::File(open_log(Some(p))?),
+                LogDest::Syslog(p) => Sink::Syslog(p.clone()),
+            };
+            sinks.push((sink, s.level));
         }
         Ok(Logger { sinks })
     }
@@ -242,12 +267,19 @@ impl Logger {
             return;
         }
         let line = format_line(level, conn, msg);
-        let files: Vec<Arc<LogFile>> = self
-            .sinks
-            .iter()
-            .filter(|(_, l)| level <= *l)
-            .map(|(f, _)| f.clone())
-            .collect();
+        let mut files: Vec<Arc<LogFile>> = Vec::with_capacity(self.sinks.len());
+        for (sink, l) in &self.sinks {
+            if level > *l {
+                continue;
+            }
+            match sink {
+                Sink::File(f) => files.push(f.clone()),
+                Sink::Syslog(p) => p.send_error_line(level, &line),
+            }
+        }
+        if files.is_empty() {
+            return;
+        }
         match try_queue(Job::Line { files, line }) {
             Err(Job::Line { files, line }) => {
                 for f in &files {
@@ -286,10 +318,10 @@ fn global() -> &'static ArcSwap<Logger> {
     G.get_or_init(|| {
         ArcSwap::from_pointee(Logger {
             sinks: vec![(
-                Arc::new(LogFile {
+                Sink::File(Arc::new(LogFile {
                     path: None,
                     file: Mutex::new(None),
-                }),
+                })),
                 Level::Error,
             )],
         })
@@ -585,23 +617,19 @@ macro_rules! elog {
 /// Parses `error_log FILE [LEVEL]`.
 pub fn parse_error_log(d: &Directive, cx: &Compiler) -> ConfResult<ErrorLogSpec> {
     let target = arg(d, 0);
-    let path = if target == "stderr" {
-        None
+    let dest = if target == "stderr" {
+        LogDest::Stderr
     } else if let Some(rest) = target.strip_prefix("syslog:") {
-        return Err(ConfError::at(
-            format!(
-                "syslog logging (\"syslog:{}\") is not supported by tern yet",
-                rest
-            ),
-            d,
-        ));
+        LogDest::Syslog(Arc::new(
+            Peer::parse(rest).map_err(|m| ConfError::at(m, d))?,
+        ))
     } else if target.starts_with("memory:") {
         return Err(ConfError::at(
             "memory logging is not supported by tern yet",
             d,
         ));
     } else {
-        Some(cx.path(target))
+        LogDest::File(cx.path(target))
     };
     let level = match d.args.get(1) {
         None => Level::Error,
@@ -614,7 +642,7 @@ pub fn parse_error_log(d: &Directive, cx: &Compiler) -> ConfResult<ErrorLogSpec>
             d,
         ));
     }
-    Ok(ErrorLogSpec { path, level })
+    Ok(ErrorLogSpec { dest, level })
 }
 
 fn set_main_error_log(m: &mut MainConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -658,7 +686,10 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("mkdir");
         let path = dir.join("e.log");
         let lg = Arc::new(Logger {
-            sinks: vec![(open_log(Some(&path)).expect("open"), Level::Info)],
+            sinks: vec![(
+                Sink::File(open_log(Some(&path)).expect("open")),
+                Level::Info,
+            )],
         });
         start_writer().expect("writer");
         let burst = |tag: &'static str| {

@@ -173,10 +173,10 @@ fn main_logger_for(cfg: &Config, src: &Source) -> std::io::Result<Logger> {
             .clone()
             .unwrap_or_else(|| cfg.prefix.join("logs/error.log"));
         let spec = crate::core::conf::ErrorLogSpec {
-            path: if path.as_os_str() == "stderr" {
-                None
+            dest: if path.as_os_str() == "stderr" {
+                crate::core::log::LogDest::Stderr
             } else {
-                Some(path)
+                crate::core::log::LogDest::File(path)
             },
             level: Level::Error,
         };
@@ -349,8 +349,9 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
     workers.start(&bound);
     crate::elog!(
         Notice,
-        "tern/{} started, {} workers",
+        "tern/{} (nginx/{} compatible) started, {} workers",
         crate::http::response::VERSION,
+        crate::http::response::NGINX_VERSION,
         workers_n
     );
     let mut state = State {

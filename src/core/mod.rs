@@ -11,6 +11,7 @@ pub mod park;
 pub mod regex;
 pub mod sock;
 pub mod stream;
+pub mod syslog;
 pub mod upgrade;
 pub mod user;
 pub mod worker;

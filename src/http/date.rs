@@ -152,6 +152,20 @@ fn fmt_err_log(tm: &Tm) -> [u8; 19] {
     b
 }
 
+/// nginx's syslog time: `Nov  6 08:49:37` (the day padded with a space).
+fn fmt_syslog(tm: &Tm) -> [u8; 15] {
+    let mut b = *b"Jan 00 00:00:00";
+    b[0..3].copy_from_slice(MONTHS[(tm.mon as usize + 11) % 12]);
+    put_num(&mut b[4..], u64::from(tm.mday), 2);
+    if b[4] == b'0' {
+        b[4] = b' ';
+    }
+    put_num(&mut b[7..], u64::from(tm.hour), 2);
+    put_num(&mut b[10..], u64::from(tm.min), 2);
+    put_num(&mut b[13..], u64::from(tm.sec), 2);
+    b
+}
+
 /// Sign and |offset| in hours and minutes, as nginx prints `gmtoff`.
 fn offset_parts(gmtoff: i64) -> (u8, u64, u64) {
     let sign = if gmtoff < 0 { b'-' } else { b'+' };
@@ -260,6 +274,7 @@ thread_local! {
     static ERR_LOG: Slot<19> = const { Slot::new() };
     static TIME_LOCAL: Slot<26> = const { Slot::new() };
     static ISO8601: Slot<25> = const { Slot::new() };
+    static SYSLOG: Slot<15> = const { Slot::new() };
     static LAST_MODIFIED: Slot<29> = const { Slot::new() };
 }
 
@@ -283,6 +298,12 @@ pub fn http_date() -> [u8; 29] {
 pub fn err_log_time() -> [u8; 19] {
     let now = now_secs();
     ERR_LOG.with(|s| s.get(now, |t| fmt_err_log(&localtime(t))))
+}
+
+/// The time of a syslog message, local: `Nov  6 08:49:37`.
+pub fn syslog_time() -> [u8; 15] {
+    let now = now_secs();
+    SYSLOG.with(|s| s.get(now, |t| fmt_syslog(&localtime(t))))
 }
 
 /// `$time_local` for now: `06/Nov/1994:08:49:37 +0000`.
@@ -488,6 +509,8 @@ mod tests {
         assert_eq!(&fmt_err_log(&tm), b"1994/11/06 08:49:37");
         assert_eq!(&fmt_time_local(&tm), b"06/Nov/1994:08:49:37 +0000");
         assert_eq!(&fmt_iso8601(&tm), b"1994-11-06T08:49:37+00:00");
+        assert_eq!(&fmt_syslog(&tm), b"Nov  6 08:49:37");
+        assert_eq!(&fmt_syslog(&Tm { mday: 16, ..tm }), b"Nov 16 08:49:37");
         let east = Tm {
             gmtoff: 5 * 3600 + 30 * 60,
             ..tm

@@ -134,9 +134,12 @@ pub async fn run(
         s.status = 502;
         return;
     };
-    if let (Sock::Tcp(t), true) = (&client, srv.tcp_nodelay) {
-        let _ = t.set_nodelay(true);
-    }
+    // tcp_nodelay: set before the second send on each plain TCP socket
+    // (see Dir::nodelay), so a session of one answer costs no setsockopt.
+    let nodelay = (
+        srv.tcp_nodelay && matches!(up, Sock::Tcp(_)) && srv.proxy_ssl.is_none(),
+        srv.tcp_nodelay && matches!(client, Sock::Tcp(_)),
+    );
     s.log(
         Level::Info,
         format_args!("proxy connected to {}", peer.name),
@@ -165,7 +168,7 @@ pub async fn run(
             listen: s.listen.clone(),
             after: Duration::from_millis(ms),
         });
-    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates, drain).await;
+    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates, nodelay, drain).await;
     if let Some(t) = s.up.tries.last_mut() {
         let connect = t.connect.unwrap_or_default();
         t.session = Some(connected_at.elapsed() + connect);
@@ -337,7 +340,9 @@ async fn dial(
                 s.bind(std::net::SocketAddr::new(ip, 0))?;
             }
             let t = s.connect(*a).await?;
-            if srv.tcp_nodelay {
+            // With proxy_ssl the handshake writes first, outside the relay;
+            // otherwise the relay sets it when needed (see Dir::nodelay).
+            if srv.tcp_nodelay && srv.proxy_ssl.is_some() {
                 let _ = t.set_nodelay(true);
             }
             Ok(Sock::Tcp(t))
@@ -413,12 +418,18 @@ struct Dir {
     delay: Option<Pin<Box<tokio::time::Sleep>>>,
     /// When the first byte was read.
     first_read: Option<Instant>,
+    /// `tcp_nodelay` still to be set on the destination (a plain TCP
+    /// socket), before its second send: Nagle never holds the first send
+    /// on a connection (Linux delays a partial segment only while an
+    /// earlier small one is unacknowledged), so this is the same as
+    /// setting it at once, without a setsockopt for a one-send session.
+    nodelay: bool,
 }
 
 impl Dir {
     /// A direction whose buffer starts with `first` (sent before anything
     /// read from the source).
-    fn new(size: usize, rate: u64, first: Vec<u8>) -> Dir {
+    fn new(size: usize, rate: u64, first: Vec<u8>, nodelay: bool) -> Dir {
         let mut buf = first;
         let end = buf.len();
         buf.resize(size.max(end), 0);
@@ -434,6 +445,7 @@ impl Dir {
             start: Instant::now(),
             delay: None,
             first_read: None,
+            nodelay,
         }
     }
 
@@ -472,6 +484,12 @@ impl Dir {
     ) -> Poll<Result<(), (&'static str, bool, io::Error)>> {
         loop {
             if self.pos < self.end {
+                if self.nodelay && self.written > 0 {
+                    if let Sock::Tcp(t) = &*dst {
+                        let _ = t.set_nodelay(true);
+                    }
+                    self.nodelay = false;
+                }
                 match Pin::new(&mut *dst).poll_write(cx, &self.buf[self.pos..self.end]) {
                     Poll::Ready(Ok(0)) => {
                         return Poll::Ready(Err((
@@ -543,6 +561,7 @@ async fn pump(
     srv: &StreamServer,
     first: Vec<u8>,
     (upload_rate, download_rate): (u64, u64),
+    (nodelay_up, nodelay_client): (bool, bool),
     drain: Option<Drain>,
 ) -> (End, Bytes, Option<Instant>) {
     // The reload check: None without worker_shutdown_timeout; once the
@@ -551,8 +570,8 @@ async fn pump(
         .as_ref()
         .map(|_| Box::pin(tokio::time::sleep(Drain::CHECK)));
     let mut draining = false;
-    let mut down = Dir::new(srv.buffer_size, download_rate, Vec::new()); // upstream -> client
-    let mut up = Dir::new(srv.buffer_size, upload_rate, first); // client -> upstream
+    let mut down = Dir::new(srv.buffer_size, download_rate, Vec::new(), nodelay_client); // upstream -> client
+    let mut up = Dir::new(srv.buffer_size, upload_rate, first, nodelay_up); // client -> upstream
     let (mut up_done, mut down_done) = (false, false);
     let idle = tokio::time::sleep(srv.timeout);
     tokio::pin!(idle);

@@ -71,6 +71,7 @@ mod stream_tls;
 mod stream_udp;
 mod sub_filter;
 mod subrequest;
+mod syslog;
 mod tls;
 mod tls_client_cert;
 mod tls_ocsp;

@@ -57,6 +57,7 @@ use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::{Level, LogFile, Logger};
+use crate::core::syslog::Peer;
 use crate::http::conf::LocConf;
 use crate::http::phases::Ctx;
 use crate::http::vars::{Part, Template, UserVar, Var, VarCtx, VarTable};
@@ -357,6 +358,9 @@ enum Dest {
     Buffered(Arc<BufSet>),
     /// A path with variables (absolute: the prefix is compiled in).
     Script(Template),
+    /// `syslog:...`: each line one datagram, sent by the logging thread
+    /// (non-blocking, as nginx; see core/syslog.rs).
+    Syslog(Arc<Peer>),
 }
 
 /// One `access_log` directive.
@@ -435,18 +439,21 @@ pub(crate) fn parse_access_log(
     if !default_combined && d.args.len() < 2 {
         return Err(crate::config::registry::invalid_args(d));
     }
-    if first.starts_with("syslog:") {
-        return Err(ConfError::at(
-            "syslog logging is not supported by tern yet",
-            d,
-        ));
-    }
+    let syslog = match first.strip_prefix("syslog:") {
+        Some(rest) => Some(Arc::new(
+            Peer::parse(rest).map_err(|m| ConfError::at(m, d))?,
+        )),
+        None => None,
+    };
     let name = if d.args.len() >= 2 {
         arg(d, 1)
     } else {
         "combined"
     };
-    let path_t = cx.template(first, d)?;
+    let path_t = match syslog {
+        Some(_) => Template::default(),
+        None => cx.template(first, d)?,
+    };
     let format = find_format(cx, name, default_combined)
         .ok_or_else(|| ConfError::at(format!("unknown log format \"{}\"", name), d))?;
     let mut size = 0usize;
@@ -488,7 +495,12 @@ pub(crate) fn parse_access_log(
             d,
         ));
     }
-    let dest = if path_t.has_vars() {
+    let dest = if let Some(peer) = syslog {
+        if size > 0 {
+            return Err(ConfError::at("logs to syslog cannot be buffered", d));
+        }
+        Dest::Syslog(peer)
+    } else if path_t.has_vars() {
         if size > 0 {
             return Err(ConfError::at(
                 "buffered logs cannot have variables in name",
@@ -720,6 +732,16 @@ pub(crate) fn write_one(l: &LogSpec, cx: &dyn VarCtx, script: &dyn Fn() -> Scrip
             gzip: 0,
         }),
         Dest::Buffered(set) => write_buffered(set, line),
+        Dest::Syslog(peer) => {
+            if peer.send_access(&line).is_err() {
+                let err = script().err;
+                err.logger.log(
+                    Level::Warn,
+                    Some(err.conn),
+                    format_args!("send() to syslog failed{}", err.suffix),
+                );
+            }
+        }
         Dest::Script(t) => {
             let path = t.render_vec(cx);
             let sc = script();
