@@ -45,6 +45,7 @@ mod proxy_body;
 mod proxy_cache_stale;
 mod proxy_directives;
 mod proxy_more;
+mod proxy_protocol;
 mod proxy_range;
 mod proxy_stream;
 mod proxy_upstream_answers;
