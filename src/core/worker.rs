@@ -660,7 +660,10 @@ async fn run_tls<T: Registrable>(
         },
         |w| w.deadline,
     );
-    match crate::tls::stream::accept(s, &addr, &info, deadline).await {
+    let Some(http) = config.http.as_ref() else {
+        return;
+    };
+    match crate::tls::stream::accept(s, &addr, &http.main.vars, &info, deadline).await {
         Accepted::Tls(t, tls) => {
             info.tls = TlsState::On(Arc::new(tls));
             drop((addr, config));

@@ -927,6 +927,14 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         let tls = if sb.listen.iter().any(|l| l.ssl) {
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
+            if ssl.var_certs.is_some() {
+                // http loads such pairs per handshake (tls::var_certs);
+                // the stream handshake does not yet.
+                return Err(ConfError::at(
+                    "\"ssl_certificate\" with variables is not supported in stream by tern yet",
+                    &sd,
+                ));
+            }
             client_auth = ssl.client_auth.clone();
             let Some(cfg) = ssl.tls else {
                 let l = sb

@@ -73,6 +73,7 @@ mod tls;
 mod tls_client_cert;
 mod tls_ocsp;
 mod tls_upstream;
+mod tls_var_certs;
 mod udp_listen;
 mod upgrade;
 mod upstream_balance;
