@@ -449,7 +449,7 @@ fn guard_model(input: &[u8]) -> Option<(usize, &'static str)> {
     None
 }
 
-/// The PROXY protocol reader (`stream::proxy_protocol`, versions 1 and
+/// The PROXY protocol reader (`core::proxy_protocol`, versions 1 and
 /// 2), on arbitrary bytes and on headers built from the input's bytes:
 /// - a header is complete at one place: every shorter prefix is
 ///   `Partial`, and what follows it (the client's data) changes nothing;
@@ -458,7 +458,7 @@ fn guard_model(input: &[u8]) -> Option<(usize, &'static str)> {
 /// - the version 1 line tern sends upstream, and a version 2 header of
 ///   the same addresses, read back to those addresses.
 pub fn proxy_protocol(data: &[u8]) {
-    use crate::stream::proxy_protocol::{parse, v1_line, Header, Parsed, MAX_V1, MAX_V2};
+    use crate::core::proxy_protocol::{parse, v1_line, Header, Parsed, MAX_V1, MAX_V2};
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
     let limit = if data.first() == Some(&b'\r') {
         16 + MAX_V2
@@ -515,17 +515,23 @@ pub fn proxy_protocol(data: &[u8]) {
         let want = Header {
             src: Some((src, s.port())),
             dst: Some((dst, d.port())),
+            tlvs: Vec::new(),
+            text: None,
         };
         let line = v1_line(Some(s), Some(d));
         assert!(line.len() <= MAX_V1, "v1 line of {} bytes", line.len());
+        let v1_want = Header {
+            text: Some((src.to_string(), dst.to_string())),
+            ..want.clone()
+        };
         assert_eq!(
             parse(&line),
-            Parsed::Done(want.clone(), line.len()),
+            Parsed::Done(v1_want, line.len()),
             "{}",
             String::from_utf8_lossy(&line)
         );
         // Version 2, PROXY command, TCP over the family, then TLVs (the
-        // input's tail), which are skipped.
+        // input's tail), which are kept as sent.
         let mut v2 = b"\r\n\r\n\0\r\nQUIT\n\x21".to_vec();
         let mut body = Vec::new();
         match (src, dst) {
@@ -548,7 +554,11 @@ pub fn proxy_protocol(data: &[u8]) {
         v2.extend_from_slice(&body);
         let total = v2.len();
         v2.extend_from_slice(b"GET / HTTP/1.1\r\n");
-        assert_eq!(parse(&v2), Parsed::Done(want, total));
+        let v2_want = Header {
+            tlvs: data[n..data.len().min(n + 200)].to_vec(),
+            ..want
+        };
+        assert_eq!(parse(&v2), Parsed::Done(v2_want, total));
     }
 }
 

@@ -138,7 +138,15 @@ fn main() {
             tern::http::response::NGINX_VERSION
         );
         if o.configure {
-            eprintln!("built with rustls {}", tern::tls::RUSTLS_VERSION);
+            // The OpenSSL release whose observable behaviour tern's TLS
+            // follows (error texts, cipher names, chain checks): Debian's
+            // nginx 1.22.1 is built with OpenSSL 3.0. Tools that read
+            // `-V` for the library (nginx-tests) find it here.
+            eprintln!(
+                "built with rustls {} (compatible with OpenSSL {})",
+                tern::tls::RUSTLS_VERSION,
+                tern::tls::OPENSSL_AS
+            );
             eprintln!("TLS SNI support enabled");
             eprintln!(
                 "configure arguments: {}",

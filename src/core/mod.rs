@@ -8,6 +8,7 @@ pub mod log;
 pub mod master;
 pub mod modules;
 pub mod park;
+pub mod proxy_protocol;
 pub mod regex;
 pub mod sock;
 pub mod stream;

@@ -41,6 +41,9 @@ pub trait Registrable: Stream + AsFd + Sized {
     const TCP: bool;
     fn register(s: Self::Std) -> io::Result<Self>;
     fn deregister(self) -> io::Result<Self::Std>;
+    /// Runs a read-like call `f` on the registered socket; a `WouldBlock`
+    /// clears tokio's read readiness (tokio's `try_io`).
+    fn try_io_read<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
 }
 
 impl Registrable for tokio::net::TcpStream {
@@ -52,6 +55,9 @@ impl Registrable for tokio::net::TcpStream {
     fn deregister(self) -> io::Result<Self::Std> {
         self.into_std()
     }
+    fn try_io_read<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        self.try_io(tokio::io::Interest::READABLE, f)
+    }
 }
 
 impl Registrable for tokio::net::UnixStream {
@@ -62,6 +68,9 @@ impl Registrable for tokio::net::UnixStream {
     }
     fn deregister(self) -> io::Result<Self::Std> {
         self.into_std()
+    }
+    fn try_io_read<R>(&self, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        self.try_io(tokio::io::Interest::READABLE, f)
     }
 }
 
@@ -167,6 +176,29 @@ impl<T: Registrable> LazySock<T> {
         self.with_sock(|s| s.local_addr().ok()?.as_socket())?
     }
 
+    /// Copies the bytes waiting in the socket into `buf` without taking
+    /// them (`MSG_PEEK`), waiting for some when there are none; 0 at EOF.
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.registered.get().is_none() {
+            match recv_peek(self.fd, buf) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
+        let t = self.reg()?;
+        loop {
+            t.readable().await?;
+            match t.try_io_read(|| recv_peek(self.fd, buf)) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
+    }
+
     /// A raw call's result: one that would block registers the socket, so
     /// that the caller's next wait has an event to wait for.
     fn raw_result<R>(&self, r: io::Result<R>) -> io::Result<R> {
@@ -262,6 +294,19 @@ where
     }
     fn shutdown_write(&self) {
         self.with_sock(|s| s.shutdown(std::net::Shutdown::Write));
+    }
+}
+
+/// `recv(MSG_PEEK)`: the bytes waiting in the socket, left there.
+fn recv_peek(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: recv(2) writes at most `buf.len()` bytes into `buf`, which is
+    // valid and exclusively borrowed for the call; a bad `fd` is an error
+    // return, not undefined behaviour.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 

@@ -389,6 +389,8 @@ async fn accept_loop(
                     requests: 0,
                     tls: crate::tls::TlsState::Plain,
                     started: std::time::Instant::now(),
+                    proxy: None,
+                    proxy_pending: false,
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.
@@ -589,10 +591,23 @@ async fn runner(runners: Rc<Runners>) {
         match job {
             Some(Job {
                 s,
-                info,
+                mut info,
                 slot,
                 wait,
             }) => match s {
+                // `listen ... proxy_protocol`: the header comes first, then
+                // the connection goes on as any other (a dropped socket
+                // closes it).
+                Either::Tcp(t) if info.proxy_pending => {
+                    if serve::read_proxy_header(&t, &mut info, &slot.0, wait).await {
+                        requeue(&runners, Either::Tcp(t), info, slot, wait);
+                    }
+                }
+                Either::Unix(u) if info.proxy_pending => {
+                    if serve::read_proxy_header(&u, &mut info, &slot.0, wait).await {
+                        requeue(&runners, Either::Unix(u), info, slot, wait);
+                    }
+                }
                 Either::Tcp(t) if matches!(info.tls, TlsState::Pending) => {
                     run_tls(t, info, slot, wait, Either::TlsTcp).await
                 }
@@ -615,6 +630,17 @@ async fn runner(runners: Rc<Runners>) {
             }
         }
     }
+}
+
+/// Puts a connection back at the front of the queue, for this runner to
+/// take next.
+fn requeue(runners: &Runners, s: Either, info: ConnInfo, slot: ConnSlot, wait: Option<IdleWait>) {
+    runners.jobs.borrow_mut().push_front(Job {
+        s,
+        info,
+        slot,
+        wait,
+    });
 }
 
 async fn run_http<S: crate::core::stream::Stream>(
@@ -659,7 +685,10 @@ async fn run_tls<T: Registrable>(
         },
         |w| w.deadline,
     );
-    match crate::tls::stream::accept(s, &addr, &info, deadline).await {
+    let Some(http) = config.http.as_ref() else {
+        return;
+    };
+    match crate::tls::stream::accept(s, &addr, &http.main.vars, &info, deadline).await {
         Accepted::Tls(t, tls) => {
             info.tls = TlsState::On(Arc::new(tls));
             drop((addr, config));

@@ -69,6 +69,9 @@ pub struct Listen {
     /// `http2`: HTTP/2 on the address (TLS: offered by ALPN; cleartext:
     /// a connection that starts with the h2 preface).
     pub http2: bool,
+    /// `proxy_protocol`: every connection starts with a PROXY header
+    /// (`core::proxy_protocol`), read before TLS or HTTP.
+    pub proxy_protocol: bool,
 }
 
 /// `so_keepalive=`: on/off, then TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT.
@@ -738,6 +741,7 @@ fn default_listen(addr: ListenAddr) -> Listen {
         so_keepalive: None,
         ssl: false,
         http2: false,
+        proxy_protocol: false,
     }
 }
 
@@ -963,8 +967,10 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<Grouped> {
                 order.push(l.addr.clone());
                 (l.clone(), Vec::new(), None)
             });
-            // `ssl` and `http2` on any server's listen hold for the address.
+            // `ssl`, `http2` and `proxy_protocol` on any server's listen
+            // hold for the address (nginx ORs them).
             let (ssl, http2) = (e.0.ssl || l.ssl, e.0.http2 || l.http2);
+            let pp = e.0.proxy_protocol || l.proxy_protocol;
             if l.default_server {
                 if e.2.is_some() {
                     return Err(ConfError::new(format!(
@@ -978,6 +984,7 @@ fn group_addrs(servers: &[Arc<Server>]) -> ConfResult<Grouped> {
             }
             e.0.ssl = ssl;
             e.0.http2 = http2;
+            e.0.proxy_protocol = pp;
             if !e.1.iter().any(|x| Arc::ptr_eq(x, s)) {
                 e.1.push(s.clone());
             }
@@ -1125,15 +1132,7 @@ pub fn parse_listen(d: &Directive) -> ConfResult<Listen> {
                 ListenAddr::Inet(a) => l.addr = ListenAddr::Udp(a),
                 _ => return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d)),
             },
-            "proxy_protocol" => {
-                return Err(ConfError::at(
-                    format!(
-                        "the \"{}\" parameter of \"listen\" is not supported by tern yet",
-                        p
-                    ),
-                    d,
-                ))
-            }
+            "proxy_protocol" => l.proxy_protocol = true,
             _ => return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d)),
         }
     }

@@ -1119,6 +1119,9 @@ impl VarCtx for Ctx<'_> {
             Var::Module(m) => return modules::module_var(self, *m, out),
             // An http table never resolves to stream variables.
             Var::Stream(_) => return false,
+            Var::ProxyProtocol(p) => {
+                return self.conn.proxy.as_ref().is_some_and(|h| h.render(p, out))
+            }
         }
         true
     }

@@ -35,6 +35,12 @@ pub struct ConnInfo {
     pub tls: crate::tls::TlsState,
     /// When the connection was accepted (`keepalive_time`).
     pub started: std::time::Instant,
+    /// The PROXY header the connection began with (`listen ...
+    /// proxy_protocol`): the `$proxy_protocol_*` variables and
+    /// `real_ip_header proxy_protocol` read it.
+    pub proxy: Option<Arc<crate::core::proxy_protocol::Header>>,
+    /// A PROXY header is due and not read yet (set at accept).
+    pub proxy_pending: bool,
 }
 
 /// How long an idle connection waits inside its task before it is
@@ -181,6 +187,7 @@ pub(crate) fn first_wait(shared: &WorkerShared, info: &mut ConnInfo) -> Option<I
     if addr.listen.ssl {
         info.tls = crate::tls::TlsState::Pending;
     }
+    info.proxy_pending = addr.listen.proxy_protocol;
     if addr.listen.deferred {
         return None;
     }
@@ -190,6 +197,73 @@ pub(crate) fn first_wait(shared: &WorkerShared, info: &mut ConnInfo) -> Option<I
         first: true,
         reset,
     })
+}
+
+/// Takes the PROXY header off a connection to a `listen ...
+/// proxy_protocol` address, before TLS or HTTP see the socket, within the
+/// first request's wait (client_header_timeout, as nginx). False when the
+/// connection is to be closed: nothing is answered, and a broken header is
+/// logged as nginx logs it.
+pub(crate) async fn read_proxy_header<T: crate::core::sock::Registrable>(
+    s: &crate::core::sock::LazySock<T>,
+    info: &mut ConnInfo,
+    shared: &WorkerShared,
+    wait: Option<IdleWait>,
+) -> bool
+where
+    for<'a> &'a T::Std: std::io::Read + std::io::Write,
+{
+    use crate::core::proxy_protocol::{read_header, ReadError};
+    info.proxy_pending = false;
+    let config = shared.config.load_full();
+    let Some(addr) = config
+        .http
+        .as_ref()
+        .and_then(|h| h.addr_for(&info.listen, info.local))
+    else {
+        return false;
+    };
+    let deadline = wait.map_or_else(
+        || {
+            tokio::time::Instant::now()
+                + Duration::from_millis(addr.default.srv.header_timeout_ms())
+        },
+        |w| w.deadline,
+    );
+    let loc = &addr.default.conf;
+    match tokio::time::timeout_at(deadline, read_header(s)).await {
+        Ok(Ok(h)) => {
+            info.proxy = Some(Arc::new(h));
+            true
+        }
+        Ok(Err(ReadError::Broken(msg))) => {
+            log_conn(
+                loc,
+                Level::Error,
+                info,
+                &format!("{} while reading PROXY protocol", msg),
+            );
+            false
+        }
+        Ok(Err(ReadError::Closed)) => {
+            log_conn(
+                loc,
+                Level::Info,
+                info,
+                "client closed connection while reading PROXY protocol",
+            );
+            false
+        }
+        Err(_) => {
+            log_conn(
+                loc,
+                Level::Info,
+                info,
+                "client timed out (110: Connection timed out) while reading PROXY protocol",
+            );
+            false
+        }
+    }
 }
 
 /// The idle wait before a request (client_header_timeout for the first,

@@ -86,6 +86,9 @@ pub enum Var {
     /// A variable a module provides (`$limit_conn_status`, `$gzip_ratio`...),
     /// by the module's own id (see `modules::module_var_by_name`).
     Module(u16),
+    /// `$proxy_protocol_addr`, `_port`, `_server_addr`, `_server_port`,
+    /// `_tlv_NAME`: from the connection's PROXY header.
+    ProxyProtocol(crate::core::proxy_protocol::PpVar),
     /// A variable only the stream module has (`$bytes_received`,
     /// `$upstream_connect_time`...), by [`crate::stream::vars::SVar`].
     Stream(crate::stream::vars::SVar),
@@ -361,6 +364,9 @@ impl VarTable {
         }
         if let Some(m) = crate::http::modules::module_var_by_name(name) {
             return Var::Module(m);
+        }
+        if let Some(p) = crate::core::proxy_protocol::PpVar::by_name(name) {
+            return Var::ProxyProtocol(p);
         }
         Var::User(self.user(name))
     }

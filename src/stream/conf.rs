@@ -927,6 +927,14 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         let tls = if sb.listen.iter().any(|l| l.ssl) {
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
+            if ssl.var_certs.is_some() {
+                // http loads such pairs per handshake (tls::var_certs);
+                // the stream handshake does not yet.
+                return Err(ConfError::at(
+                    "\"ssl_certificate\" with variables is not supported in stream by tern yet",
+                    &sd,
+                ));
+            }
             client_auth = ssl.client_auth.clone();
             let Some(cfg) = ssl.tls else {
                 let l = sb
@@ -1539,35 +1547,9 @@ fn set_rule(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
 }
 
 fn set_real_ip_from(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let list = p.realip_from.get_or_insert_with(Vec::new);
-    match crate::http::modules::access::parse_addr(d) {
-        // nginx's set_real_ip_from takes a network, not "all".
-        Ok(Addr::All) => Err(ConfError::at(
-            format!("invalid parameter \"{}\"", arg(d, 0)),
-            d,
-        )),
-        Ok(a) => {
-            list.push(a);
-            Ok(())
-        }
-        Err(e) => {
-            // A host name stands for every address it resolves to (now,
-            // as nginx resolves it at startup).
-            let host = arg(d, 0);
-            let addrs: Vec<std::net::IpAddr> = (host, 0u16)
-                .to_socket_addrs()
-                .map(|it| it.map(|a| a.ip()).collect())
-                .unwrap_or_default();
-            if host.contains('/') || addrs.is_empty() {
-                return Err(e);
-            }
-            for addr in addrs {
-                let prefix = if addr.is_ipv4() { 32 } else { 128 };
-                list.push(Addr::Net { addr, prefix });
-            }
-            Ok(())
-        }
-    }
+    let list = crate::http::modules::realip::parse_from(d)?;
+    p.realip_from.get_or_insert_with(Vec::new).extend(list);
+    Ok(())
 }
 
 fn set_limit_conn_zone(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {

@@ -13,8 +13,8 @@
 //!   `least_conn`, `random`, passive health checks.
 //! - [`proxy`]: the content phase of `proxy_pass`: connect (with
 //!   `proxy_bind`, `proxy_ssl`, a PROXY header), then copy both ways.
-//! - [`proxy_protocol`], [`ssl_preread`]: the two parsers of what a client
-//!   sends before its data.
+//! - [`proxy_protocol`] (shared with http, in `core`), [`ssl_preread`]:
+//!   the two parsers of what a client sends before its data.
 //! - [`udp`]: `listen ... udp`: datagrams grouped into sessions by the
 //!   client's address, each through the same phases, relayed over a
 //!   connected UDP socket (`proxy_requests`, `proxy_responses`).
@@ -53,7 +53,7 @@
 
 pub mod conf;
 pub mod proxy;
-pub mod proxy_protocol;
+pub use crate::core::proxy_protocol;
 pub mod session;
 pub mod ssl_preread;
 pub mod udp;

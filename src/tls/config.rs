@@ -28,8 +28,6 @@ use rustls::crypto::ring as provider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SupportedCipherSuite};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 
 use crate::config::{ConfError, ConfResult};
 use crate::core::errno_text;
@@ -37,6 +35,7 @@ use crate::http::conf::AddrConf;
 use crate::http::modules::ssl_settings::SslConf;
 use crate::tls::client_auth::{ClientAuth, VerifyMode};
 use crate::tls::sessions;
+use crate::tls::var_certs::{CertName, VarCerts};
 
 /// Certificate/key pairs loaded while compiling one configuration: the
 /// http level's `ssl_certificate` inherited by many servers is read once.
@@ -51,11 +50,11 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
     let Some(certs) = ssl.certificates.clone() else {
         return Ok(());
     };
-    let key_paths = ssl.certificate_keys.clone().unwrap_or_default();
-    if key_paths.len() < certs.len() {
+    let key_names = ssl.certificate_keys.clone().unwrap_or_default();
+    if key_names.len() < certs.len() {
         return Err(ConfError::new(format!(
             "no \"ssl_certificate_key\" is defined for certificate \"{}\"",
-            certs.last().map(String::as_str).unwrap_or("")
+            certs.last().map(CertName::shown).unwrap_or("")
         )));
     }
     let mut pairs = Vec::with_capacity(certs.len());
@@ -65,17 +64,32 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         Some(f) => crate::tls::keys::read_passwords(f)?,
         None => Vec::new(),
     };
-    for (c, k) in certs.iter().zip(&key_paths) {
-        let id = (c.clone(), k.clone());
-        let pair = match keys.0.get(&id) {
-            Some(p) => p.clone(),
-            None => {
-                let p = load_pair(c, k, &passwords)?;
-                keys.0.insert(id, p.clone());
-                p
-            }
-        };
-        pairs.push(pair);
+    // With variables in any name, every pair is loaded per handshake
+    // (tls::var_certs); the configuration is built without them.
+    let per_handshake = certs.iter().chain(&key_names).any(CertName::has_vars);
+    if per_handshake {
+        ssl.var_certs = Some(Arc::new(VarCerts {
+            pairs: certs
+                .iter()
+                .cloned()
+                .zip(key_names.iter().cloned())
+                .collect(),
+            passwords: passwords.clone(),
+            negotiate: None,
+        }));
+    } else {
+        for (c, k) in certs.iter().zip(&key_names) {
+            let id = (c.shown().to_string(), k.shown().to_string());
+            let pair = match keys.0.get(&id) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = load_named(c, k, &passwords)?;
+                    keys.0.insert(id, p.clone());
+                    p
+                }
+            };
+            pairs.push(pair);
+        }
     }
     if let (Some(true), Some(f)) = (ssl.stapling, &ssl.stapling_file) {
         // A DER OCSP response, stapled as it is to every certificate of
@@ -152,11 +166,18 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         .filter(|s| s.version() == &rustls::version::TLS13)
         .copied()
         .collect();
+    let negotiate = Negotiate {
+        tls13: want13,
+        tls12: if want12 { tls12.clone() } else { Vec::new() },
+    };
+    if let Some(v) = ssl.var_certs.as_mut().and_then(Arc::get_mut) {
+        v.negotiate = Some(negotiate.clone());
+    }
     let keys = Keys {
         pairs,
         staplers,
-        tls13: want13,
-        tls12: if want12 { tls12.clone() } else { Vec::new() },
+        tls13: negotiate.tls13,
+        tls12: negotiate.tls12,
     };
     suites.extend(tls12);
     let p = rustls::crypto::CryptoProvider {
@@ -264,26 +285,56 @@ pub fn check_addrs<'a>(addrs: impl Iterator<Item = &'a Arc<AddrConf>>) -> ConfRe
 /// Reads a certificate chain and its key (decrypted with `passwords`);
 /// also the client certificate of `proxy_ssl_certificate`.
 pub fn load_pair(cert: &str, key: &str, passwords: &[Vec<u8>]) -> ConfResult<Arc<CertifiedKey>> {
-    let bad_cert =
-        |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", cert, why));
-    let bad_key =
-        |why: String| ConfError::new(format!("cannot load certificate key \"{}\": {}", key, why));
-    let pem = std::fs::read(cert)
-        .map_err(|e| bad_cert(format!("BIO_new_file() failed {}", errno_text(&e))))?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad_cert(format!("PEM_read_bio_X509_AUX() failed ({})", e)))?;
-    if chain.is_empty() {
-        return Err(bad_cert(
-            "PEM_read_bio_X509_AUX() failed (no certificate in the file)".into(),
-        ));
+    load_named(
+        &CertName::File(cert.to_string()),
+        &CertName::File(key.to_string()),
+        passwords,
+    )
+}
+
+/// A pair named without variables (a file, or `data:`), read now.
+pub fn load_named(
+    cert: &CertName,
+    key: &CertName,
+    passwords: &[Vec<u8>],
+) -> ConfResult<Arc<CertifiedKey>> {
+    let read = |n: &CertName, what: &str| -> ConfResult<Vec<u8>> {
+        match n {
+            CertName::Data(d) => Ok(d.as_bytes()[5..].to_vec()),
+            _ => std::fs::read(n.shown()).map_err(|e| {
+                ConfError::new(format!(
+                    "cannot load {} \"{}\": BIO_new_file() failed {}",
+                    what,
+                    n.shown(),
+                    errno_text(&e)
+                ))
+            }),
+        }
+    };
+    let cert_pem = read(cert, "certificate")?;
+    let key_pem = read(key, "certificate key")?;
+    crate::tls::var_certs::pair_from_pem(cert.shown(), &cert_pem, key.shown(), &key_pem, passwords)
+        .map_err(ConfError::new)
+}
+
+/// What a server negotiates with its certificates (see [`Keys`]): kept
+/// for the servers whose pairs are loaded per handshake.
+#[derive(Debug, Clone)]
+pub struct Negotiate {
+    tls13: bool,
+    tls12: Vec<SupportedCipherSuite>,
+}
+
+impl Negotiate {
+    /// The certificate resolver of one handshake's `pairs`.
+    pub(crate) fn resolver(&self, pairs: Vec<Arc<CertifiedKey>>) -> Arc<dyn ResolvesServerCert> {
+        Arc::new(Keys {
+            staplers: Vec::new(),
+            pairs,
+            tls13: self.tls13,
+            tls12: self.tls12.clone(),
+        })
     }
-    let kpem = std::fs::read(key)
-        .map_err(|e| bad_key(format!("BIO_new_file() failed {}", errno_text(&e))))?;
-    let der = crate::tls::keys::private_key(&kpem, passwords).map_err(bad_key)?;
-    let signer = provider::sign::any_supported_type(&der)
-        .map_err(|e| bad_key(format!("PEM_read_bio_PrivateKey() failed ({})", e)))?;
-    Ok(Arc::new(CertifiedKey::new(chain, signer)))
 }
 
 /// A server's certificate/key pairs, and what it can negotiate with them.

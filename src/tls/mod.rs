@@ -27,7 +27,8 @@
 //! Certificates are read on the master thread at startup and reload; a
 //! reload with a bad certificate fails as a whole and the old
 //! configuration keeps serving. Connections keep the `ServerConfig` they
-//! were accepted with.
+//! were accepted with. Certificates named with variables are the
+//! exception: [`var_certs`] loads them for each handshake (as nginx 1.22).
 
 pub mod client;
 pub mod client_auth;
@@ -36,6 +37,7 @@ pub mod keys;
 pub mod ocsp;
 pub mod sessions;
 pub mod stream;
+pub mod var_certs;
 pub mod vars;
 pub mod x509;
 
@@ -44,6 +46,10 @@ use std::sync::Arc;
 /// The rustls release tern is built with (`-V`); a unit test keeps it
 /// equal to Cargo.lock's.
 pub const RUSTLS_VERSION: &str = "0.23.46";
+
+/// The OpenSSL release whose behaviour tern's TLS follows where nginx's
+/// answers depend on it (that of Debian's nginx 1.22.1), named by `-V`.
+pub const OPENSSL_AS: &str = "3.0";
 
 /// Where a connection stands with TLS (`ConnInfo::tls`).
 #[derive(Debug, Clone, Default)]

@@ -337,6 +337,7 @@ async fn wait_readable<S: Stream>(sock: &S, deadline: Instant) -> Result<(), Wai
 pub async fn accept<S: Stream>(
     sock: S,
     addr: &AddrConf,
+    vars: &crate::http::vars::VarTable,
     info: &ConnInfo,
     deadline: Instant,
 ) -> Accepted<S> {
@@ -426,9 +427,31 @@ pub async fn accept<S: Stream>(
         log("SSL_do_handshake() failed (SSL: error:0A0000EA:SSL routines::callback failed) while SSL handshaking");
         return Accepted::Failed;
     }
-    let Some(cfg) = ssl.tls.clone() else {
+    let Some(mut cfg) = ssl.tls.clone() else {
         return Accepted::Failed;
     };
+    if let Some(v) = &ssl.var_certs {
+        // Certificates with variables: loaded for this handshake; one
+        // that cannot be loaded fails it (no certificate to offer).
+        let cx = crate::tls::var_certs::HandshakeVars {
+            conn: info,
+            server_name: server_name.as_deref(),
+            vars,
+        };
+        let pairs = match v.load(&cx).await {
+            Ok(p) => p,
+            Err(msg) => {
+                log_conn(
+                    &addr.default.conf,
+                    Level::Error,
+                    info,
+                    &format!("{} while SSL handshaking", msg),
+                );
+                Vec::new()
+            }
+        };
+        cfg = v.server_config(&cfg, pairs);
+    }
     let auth = ssl.client_auth.clone();
     let mut conn = match hello.into_connection(cfg) {
         Ok(c) => c,

@@ -29,7 +29,8 @@ pub enum Source {
     Header(String),
     /// `X-Forwarded-For`: a list, read from the right.
     XForwardedFor,
-    /// `proxy_protocol`: tern has no PROXY protocol, so nothing is taken.
+    /// `proxy_protocol`: the source address and port of the connection's
+    /// PROXY header (`listen ... proxy_protocol`).
     ProxyProtocol,
 }
 
@@ -51,13 +52,19 @@ fn trusted(from: &[Addr], ip: Option<IpAddr>) -> bool {
 }
 
 /// The address the header names for a client at `peer`, or None.
-fn real_addr(cx: &Ctx<'_>, conf: &RealIpLoc, from: &[Addr]) -> Option<IpAddr> {
-    match conf
+fn real_addr(cx: &Ctx<'_>, conf: &RealIpLoc, from: &[Addr]) -> Option<SocketAddr> {
+    // The port is the connection's (nginx keeps it too), except for a
+    // PROXY header, which names the client's.
+    let port = cx.conn.remote.map_or(0, |a| a.port());
+    let ip = match conf
         .header
         .clone()
         .unwrap_or(Source::Header("X-Real-IP".into()))
     {
-        Source::ProxyProtocol => None,
+        Source::ProxyProtocol => {
+            let (ip, port) = cx.conn.proxy.as_ref()?.src?;
+            return Some(SocketAddr::new(ip, port));
+        }
         Source::Header(name) => {
             let v = cx.req.header(&name.to_ascii_lowercase())?;
             std::str::from_utf8(v).ok()?.trim().parse().ok()
@@ -84,11 +91,15 @@ fn real_addr(cx: &Ctx<'_>, conf: &RealIpLoc, from: &[Addr]) -> Option<IpAddr> {
             }
             found
         }
-    }
+    }?;
+    Some(SocketAddr::new(ip, port))
 }
 
 /// Replaces the request's client address when `conf` trusts the
-/// connection's; `server_level` marks the first of the two chances.
+/// connection's; `server_level` marks the first of the two chances. As in
+/// nginx, only a replacement ends the matter: where the server level
+/// finds no header (or does not trust the peer), the location level tries
+/// with its own settings.
 pub fn apply(cx: &mut Ctx<'_>, server_level: bool) {
     if cx.realip_done {
         return;
@@ -103,27 +114,58 @@ pub fn apply(cx: &mut Ctx<'_>, server_level: bool) {
     let Some(from) = conf.from.as_deref() else {
         return;
     };
-    cx.realip_done = true;
     let peer = cx.conn.remote.map(|a| a.ip());
     if !trusted(from, peer) {
         return;
     }
-    if let Some(ip) = real_addr(cx, conf, from) {
-        // The port is the connection's (nginx keeps it too).
-        let port = cx.conn.remote.map_or(0, |a| a.port());
-        cx.remote = Some(SocketAddr::new(ip, port));
+    if let Some(addr) = real_addr(cx, conf, from) {
+        cx.remote = Some(addr);
+        cx.realip_done = true;
+    }
+}
+
+/// `set_real_ip_from`'s argument: an address or network, `unix:`, or a
+/// host name, which stands for every address it resolves to now (nginx
+/// resolves it at start-up). Shared with stream's realip.
+pub fn parse_from(d: &Directive) -> ConfResult<Vec<Addr>> {
+    match parse_addr(d) {
+        // nginx's set_real_ip_from takes a network, not "all".
+        Ok(Addr::All) => Err(ConfError::at(
+            format!("invalid parameter \"{}\"", arg(d, 0)),
+            d,
+        )),
+        Ok(a) => Ok(vec![a]),
+        Err(e) => {
+            use std::net::ToSocketAddrs;
+            let host = arg(d, 0);
+            if host.contains('/') {
+                return Err(e);
+            }
+            let addrs: Vec<IpAddr> = (host, 0u16)
+                .to_socket_addrs()
+                .map(|it| it.map(|a| a.ip()).collect())
+                .unwrap_or_default();
+            if addrs.is_empty() {
+                return Err(e);
+            }
+            Ok(addrs
+                .into_iter()
+                .map(|addr| Addr::Net {
+                    addr,
+                    prefix: if addr.is_ipv4() { 32 } else { 128 },
+                })
+                .collect())
+        }
     }
 }
 
 fn set_from(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let a = parse_addr(d)?;
-    if matches!(a, Addr::All) {
-        return Err(ConfError::at(
-            format!("invalid parameter \"{}\"", arg(d, 0)),
-            d,
-        ));
-    }
-    l.modules.realip.from.get_or_insert_with(Vec::new).push(a);
+    let list = parse_from(d)?;
+    l.modules
+        .realip
+        .from
+        .get_or_insert_with(Vec::new)
+        .extend(list);
     Ok(())
 }
 

@@ -40,8 +40,8 @@ pub enum SessionCache {
 pub struct SslConf {
     /// `ssl_certificate` paths (a level that sets any replaces the
     /// parent's list).
-    pub certificates: Option<Vec<String>>,
-    pub certificate_keys: Option<Vec<String>>,
+    pub certificates: Option<Vec<crate::tls::var_certs::CertName>>,
+    pub certificate_keys: Option<Vec<crate::tls::var_certs::CertName>>,
     /// `ssl_protocols`: (TLSv1.2, TLSv1.3) wanted.
     pub protocols: Option<(bool, bool)>,
     /// The `ssl_protocols` names this level gave (nginx's bitmask slot:
@@ -87,6 +87,9 @@ pub struct SslConf {
     /// Built after merging (see `tls::config::build`): None when the
     /// server has no certificate.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Built with `tls` when the certificates have variables: loaded per
+    /// handshake (`tls::var_certs`).
+    pub var_certs: Option<Arc<crate::tls::var_certs::VarCerts>>,
 }
 
 impl SslConf {
@@ -111,30 +114,22 @@ fn conf_path(cx: &Compiler, p: &str) -> String {
     }
 }
 
-/// Certificates named through variables (`ssl_certificate $var`, loaded
-/// per handshake by nginx) or inline (`data:`) are not supported.
-fn file_arg(d: &Directive, cx: &Compiler) -> ConfResult<String> {
-    let p = arg(d, 0);
-    if p.contains('$') || p.starts_with("data:") {
-        return Err(ConfError::at(
-            format!(
-                "\"{}\" with variables or \"data:\" is not supported by tern yet",
-                d.name
-            ),
-            d,
-        ));
-    }
-    Ok(conf_path(cx, p))
+/// A certificate or key argument: a file (relative to the directory of
+/// nginx.conf), `data:` PEM, or a name with variables, loaded per
+/// handshake (`tls::var_certs`).
+fn cert_arg(d: &Directive, cx: &mut Compiler) -> ConfResult<crate::tls::var_certs::CertName> {
+    let prefix = cx.conf_prefix.clone();
+    crate::tls::var_certs::CertName::parse(arg(d, 0), &prefix, |v| cx.template(v, d))
 }
 
 fn certificate(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let p = file_arg(d, cx)?;
+    let p = cert_arg(d, cx)?;
     s.ssl.certificates.get_or_insert_with(Vec::new).push(p);
     Ok(())
 }
 
 fn certificate_key(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let p = file_arg(d, cx)?;
+    let p = cert_arg(d, cx)?;
     s.ssl.certificate_keys.get_or_insert_with(Vec::new).push(p);
     Ok(())
 }

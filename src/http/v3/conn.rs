@@ -216,6 +216,8 @@ async fn connection(
         requests: 0,
         tls: crate::tls::TlsState::Pending,
         started: std::time::Instant::now(),
+        proxy: None,
+        proxy_pending: false,
     };
     let Ok(connecting) = inc.accept() else {
         return;

@@ -260,6 +260,12 @@ pub struct ProxyLoc {
     /// `proxy_ssl_password_file`'s passphrases.
     pub ssl_certificate: Option<String>,
     pub ssl_certificate_key: Option<String>,
+    /// The same two as files, `data:` or names with variables.
+    pub ssl_certificate_name: Option<crate::tls::var_certs::CertName>,
+    pub ssl_certificate_key_name: Option<crate::tls::var_certs::CertName>,
+    /// Built after the merge when either name has variables: the pair is
+    /// loaded per upstream connection, as nginx 1.22 does.
+    pub ssl_var_certs: Option<Arc<crate::tls::var_certs::VarCerts>>,
     pub ssl_passwords: Option<Arc<Vec<Vec<u8>>>>,
     /// The certificate and key, read after the merge ([`check_ssl`]),
     /// on the master thread.
@@ -303,6 +309,7 @@ impl ProxyLoc {
         merge_opts!(self, p; pass, headers, http_version, redirect, set_body, ssl_verify,
             ssl_server_name, ssl_session_reuse, ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted,
             ssl_verify_depth, ssl_crl, ssl_certificate, ssl_certificate_key, ssl_passwords,
+            ssl_certificate_name, ssl_certificate_key_name,
             cookie_domain, cookie_path, cookie_flags, method);
         self.up.merge(&p.up);
     }
@@ -608,17 +615,27 @@ fn ssl_path(d: &Directive, cx: &Compiler) -> ConfResult<String> {
     })
 }
 
-/// `proxy_ssl_certificate`, `proxy_ssl_certificate_key`: paths, read
-/// after the merge.
+/// `proxy_ssl_certificate`, `proxy_ssl_certificate_key`: files (read
+/// after the merge), `data:`, or names with variables (loaded per
+/// upstream connection).
 fn set_ssl_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let v = ssl_path(d, cx)?;
-    let p = &mut l.modules.proxy;
-    let slot = if d.name == "proxy_ssl_certificate" {
-        &mut p.ssl_certificate
+    let a = arg(d, 0);
+    let prefix = cx.conf_prefix.clone();
+    let name = crate::tls::var_certs::CertName::parse(a, &prefix, |v| cx.template(v, d))?;
+    let shown = if a.is_empty() {
+        String::new()
     } else {
-        &mut p.ssl_certificate_key
+        name.shown().to_string()
     };
-    set_once(slot, v, d)
+    let p = &mut l.modules.proxy;
+    let (slot, name_slot) = if d.name == "proxy_ssl_certificate" {
+        (&mut p.ssl_certificate, &mut p.ssl_certificate_name)
+    } else {
+        (&mut p.ssl_certificate_key, &mut p.ssl_certificate_key_name)
+    };
+    set_once(slot, shown, d)?;
+    *name_slot = Some(name);
+    Ok(())
 }
 
 fn set_ssl_password_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -656,7 +673,21 @@ pub fn check_ssl(l: &mut LocConf) -> ConfResult<()> {
         )));
     };
     let passwords = p.ssl_passwords.as_deref().map_or(&[][..], |v| &v[..]);
-    p.ssl_certified = Some(crate::tls::client::load_certificate(cert, key, passwords)?);
+    let file = |s: &str| crate::tls::var_certs::CertName::File(s.to_string());
+    let c = p.ssl_certificate_name.clone().unwrap_or_else(|| file(cert));
+    let k = p
+        .ssl_certificate_key_name
+        .clone()
+        .unwrap_or_else(|| file(key));
+    if c.has_vars() || k.has_vars() {
+        p.ssl_var_certs = Some(Arc::new(crate::tls::var_certs::VarCerts {
+            pairs: vec![(c, k)],
+            passwords: passwords.to_vec(),
+            negotiate: None,
+        }));
+        return Ok(());
+    }
+    p.ssl_certified = Some(crate::tls::config::load_named(&c, &k, passwords)?);
     Ok(())
 }
 
@@ -926,7 +957,22 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     let mut lim = Limits::of(&conf.up);
     if pass.tls {
         match ssl_client(conf, &pass) {
-            Some(t) => lim.tls = Some(t),
+            Some((cfg, name)) => {
+                let cfg = match &conf.ssl_var_certs {
+                    // proxy_ssl_certificate with variables: this
+                    // connection's pair (none when the name is empty).
+                    Some(v) => match v.load_client(&*cx).await {
+                        Ok(Some(k)) => crate::tls::var_certs::client_config(&cfg, k),
+                        Ok(None) => cfg,
+                        Err(msg) => {
+                            cx.log(Level::Error, &msg);
+                            return Response::status(500);
+                        }
+                    },
+                    None => cfg,
+                };
+                lim.tls = Some((cfg, name));
+            }
             None => {
                 cx.log(
                     Level::Error,
