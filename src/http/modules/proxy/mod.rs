@@ -62,6 +62,7 @@
 
 mod cookie;
 pub mod head;
+pub mod redirect;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -126,7 +127,7 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
             set_cookie_flags
         ),
         row("proxy_method", HSL, Args::take(1), set_method),
-        row("proxy_redirect", HSL, Args::take12(), set_redirect),
+        row("proxy_redirect", HSL, Args::take12(), redirect::set),
         row("proxy_set_body", HSL, Args::take(1), set_body),
         row("proxy_ssl_verify", HSL, Args::Flag, set_ssl_flag),
         row("proxy_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
@@ -250,7 +251,9 @@ pub struct ProxyLoc {
     pub headers: Option<Arc<Vec<(String, Template)>>>,
     /// Minor version of HTTP/1.x to upstream.
     pub http_version: Option<u8>,
-    pub redirect: Option<bool>,
+    /// `proxy_redirect` rules in order (empty: `off`; None: the
+    /// implicit `default`).
+    pub redirect: Option<Arc<Vec<redirect::Redirect>>>,
     pub set_body: Option<Template>,
     pub ssl_verify: Option<bool>,
     pub ssl_server_name: Option<bool>,
@@ -840,20 +843,6 @@ fn ssl_client(
     Some((cfg, name))
 }
 
-fn set_redirect(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = match (d.args.len(), arg(d, 0)) {
-        (1, "default") => true,
-        (1, "off") => false,
-        _ => {
-            return Err(ConfError::at(
-                "proxy_redirect with a replacement is not supported by tern yet",
-                d,
-            ))
-        }
-    };
-    set_once(&mut l.modules.proxy.redirect, v, d)
-}
-
 // ---- the protocol -----------------------------------------------------------
 
 /// Headers nginx hides from the client by default.
@@ -1095,11 +1084,18 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         }
     }
     let uri = upstream_uri(cx, &pass);
+    let redirects = redirect::ready(
+        cx,
+        conf.redirect.as_deref().map(Vec::as_slice),
+        &pass,
+        crate::http::upstream::response::loc_prefix(cx),
+    );
     let proto = Arc::new(Http {
         loc: loc.clone(),
         pass,
         uri,
         chunked,
+        redirects,
     });
     run::run_with(cx, proto, up, lim, stream).await
 }
@@ -1112,6 +1108,8 @@ struct Http {
     uri: Vec<u8>,
     /// The body is streamed without a length: chunked upstream.
     chunked: bool,
+    /// `proxy_redirect`, ready for this request (None: off).
+    redirects: Option<redirect::Rules>,
 }
 
 impl Protocol for Http {
@@ -1166,13 +1164,12 @@ impl Protocol for Http {
         HIDDEN
     }
 
-    fn rewrite_location(&self, prefix: &[u8], v: &[u8]) -> Option<Vec<u8>> {
-        self.loc
-            .modules
-            .proxy
-            .redirect
-            .unwrap_or(true)
-            .then(|| cookie::rewrite_location(prefix, &self.pass, v))
+    fn rewrite_location(&self, _prefix: &[u8], v: &[u8]) -> Option<Vec<u8>> {
+        self.redirects.as_ref()?.location(v)
+    }
+
+    fn rewrite_refresh(&self, v: &[u8]) -> Option<Vec<u8>> {
+        self.redirects.as_ref()?.refresh(v)
     }
 
     fn rewrite_cookies(&self, cx: &mut Ctx<'_>, headers: &mut [(String, Vec<u8>)]) {
