@@ -48,6 +48,7 @@ mod proxy_more;
 mod proxy_range;
 mod proxy_stream;
 mod proxy_upstream_answers;
+mod proxy_vars;
 mod proxy_websocket;
 mod random_index;
 mod referer;

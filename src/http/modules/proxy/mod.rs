@@ -1120,10 +1120,13 @@ impl Protocol for Http {
     /// nginx names the peer with the scheme and the URI.
     fn url(&self, peer: &str) -> String {
         let scheme = if self.pass.tls { "https" } else { "http" };
+        // A unix socket's path and the URI are told apart by a colon.
+        let sep = if peer.starts_with("unix:") { ":" } else { "" };
         format!(
-            "{}://{}{}",
+            "{}://{}{}{}",
             scheme,
             peer,
+            sep,
             String::from_utf8_lossy(&self.uri)
         )
     }
