@@ -39,7 +39,8 @@
 //!   Up  ───────────────────────────────────▶ Up (fails+1, effective weight lowered)
 //!   Up  ── failure reaching max_fails ─────▶ Down(since = checked)
 //!   Down ── fail_timeout elapsed ──────────▶ Up on probation: may be picked again
-//!   any ── success after the last failure ─▶ Up (fails = 0)
+//!   any ── success, picked again after fail_timeout since the last
+//!          failure (nginx's accessed < checked) ─▶ Up (fails = 0)
 //! ```
 //!
 //! Invariants: `down` (the config flag) peers are never picked;
@@ -160,6 +161,10 @@ fn inside_upstream_only(_: &mut HttpMain, d: &Directive, _: &mut Compiler) -> Co
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamMain {
     pub upstreams: HashMap<String, Arc<Upstream>>,
+    /// The implicit upstreams of `proxy_pass http://HOST:PORT`, by host (in
+    /// lower case) and port: a `proxy_pass` with variables that evaluates
+    /// to the same host and port uses them, unresolved, as nginx does.
+    pub implicit: HashMap<(String, u16), Arc<Upstream>>,
     pub zones: HashMap<String, Arc<crate::cache::Zone>>,
 }
 
@@ -374,6 +379,12 @@ pub async fn upstream_resolved(
         }
     }
     let port = port.unwrap_or(default_port);
+    let implicit = &cx.http.main.modules.upstream.implicit;
+    if !implicit.is_empty() {
+        if let Some(u) = implicit.get(&(host.to_ascii_lowercase(), port)) {
+            return Some(u.clone());
+        }
+    }
     match resolver::resolve(&cx.loc.modules.resolver, host).await {
         Ok(ips) => {
             let addrs = ips
@@ -482,6 +493,12 @@ struct PeerState {
     current: i64,
     effective: i64,
     fails: u32,
+    /// When the peer last failed (nginx's `accessed`).
+    accessed: Option<Instant>,
+    /// When the peer last failed, or was picked again after
+    /// `fail_timeout` (nginx's `checked`): a success resets the failures
+    /// only after such a check, so that failures within `fail_timeout`
+    /// add up even with successes between them.
     checked: Option<Instant>,
     /// Requests using the peer now (picked, lease not yet dropped).
     conns: u32,
@@ -587,6 +604,7 @@ impl Upstream {
                 current: 0,
                 effective: p.weight,
                 fails: 0,
+                accessed: None,
                 checked: None,
                 conns: 0,
             })
@@ -668,9 +686,14 @@ impl Upstream {
         at
     }
 
-    /// How many peers one request may try (nginx's `peer.tries`).
+    /// How many peers one request may try (nginx's `peer.tries`: those
+    /// not marked `down`).
     pub fn tries(&self) -> usize {
-        self.peers.len() + self.backup.len()
+        self.peers
+            .iter()
+            .chain(self.backup.iter())
+            .filter(|p| !p.down)
+            .count()
     }
 
     /// A walk with no request context (round robin and its relatives).
@@ -758,6 +781,14 @@ impl Upstream {
             *t = true;
         }
         st[picked].conns += 1;
+        if let Some(p) = self.peer(PeerId(picked)) {
+            let s = &mut st[picked];
+            if s.checked
+                .is_none_or(|c| now.duration_since(c) > p.fail_timeout)
+            {
+                s.checked = Some(now);
+            }
+        }
         drop(st);
         Some(Lease {
             up: self.clone(),
@@ -971,7 +1002,9 @@ impl Upstream {
             return false;
         };
         s.fails += 1;
-        s.checked = Some(Instant::now());
+        let now = Instant::now();
+        s.accessed = Some(now);
+        s.checked = Some(now);
         if p.max_fails > 0 {
             s.effective -= p.weight / i64::from(p.max_fails);
             s.effective = s.effective.max(0);
@@ -980,10 +1013,18 @@ impl Upstream {
         false
     }
 
-    /// Records a success: the failure count starts over.
+    /// Records a success: the failure count starts over if the peer was
+    /// checked since its last failure (nginx's `accessed < checked`).
     pub fn succeeded(&self, id: PeerId) {
         if let Some(s) = self.lock().get_mut(id.0) {
-            s.fails = 0;
+            let reset = match (s.accessed, s.checked) {
+                (None, _) => true,
+                (Some(a), Some(c)) => a < c,
+                (Some(_), None) => false,
+            };
+            if reset {
+                s.fails = 0;
+            }
         }
     }
 

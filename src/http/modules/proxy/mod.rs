@@ -396,6 +396,36 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
     Ok(())
 }
 
+/// Makes a location's `proxy_pass http://NAME:PORT` (a name, not an
+/// address) known by its host and port, for `proxy_pass` with variables
+/// (see `peers::upstream_resolved`).
+pub fn register_implicit(own: &LocConf, hm: &mut crate::http::conf::HttpMain) {
+    let Some(p) = own.modules.proxy.pass.as_deref() else {
+        return;
+    };
+    let Some(Target::Fixed(u)) = &p.target else {
+        return;
+    };
+    let Ok(url) = parse_url(&p.url) else { return };
+    let Some(port) = url.port.filter(|_| !url.unix) else {
+        return;
+    };
+    let host = url.host.to_ascii_lowercase();
+    if host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .is_ok()
+    {
+        return;
+    }
+    hm.modules
+        .upstream
+        .implicit
+        .entry((host, port))
+        .or_insert_with(|| u.clone());
+}
+
 /// A `proxy_pass` URL taken apart as nginx's `ngx_parse_url` does.
 #[derive(Debug, PartialEq)]
 struct Url<'a> {
@@ -598,11 +628,14 @@ fn cookie_match(
     cx: &mut Compiler,
     a: &str,
     domain: bool,
+    caseless_re: bool,
 ) -> ConfResult<CookieMatch> {
     if let Some(r) = a.strip_prefix('~') {
         let (r, caseless) = match r.strip_prefix('*') {
             Some(r) => (r, true),
-            None => (r, false),
+            // Domains and cookie names are compared without case, by a
+            // regex too (nginx).
+            None => (r, caseless_re),
         };
         let re = crate::core::regex::Regex::compile(d, r, caseless)?;
         return Ok(CookieMatch::Regex(re));
@@ -641,8 +674,16 @@ fn set_cookie_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> Conf
         *slot = Some(Arc::new(Vec::new()));
         return Ok(());
     }
-    let pattern = cookie_match(d, cx, arg(d, 0), domain)?;
-    let replacement = cx.template(arg(d, 1), d)?;
+    let pattern = cookie_match(d, cx, arg(d, 0), domain, domain)?;
+    // A domain's replacement goes without its leading dot too (the
+    // value's own dot, if it has one, is kept when rewritten).
+    let r = arg(d, 1);
+    let r = if domain {
+        r.strip_prefix('.').unwrap_or(r)
+    } else {
+        r
+    };
+    let replacement = cx.template(r, d)?;
     let p = &mut l.modules.proxy;
     let slot = if domain {
         &mut p.cookie_domain
@@ -670,7 +711,7 @@ fn set_cookie_flags(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfRe
         l.modules.proxy.cookie_flags = Some(Arc::new(Vec::new()));
         return Ok(());
     }
-    let cookie = cookie_match(d, cx, arg(d, 0), false)?;
+    let cookie = cookie_match(d, cx, arg(d, 0), false, true)?;
     let mut flags = Vec::new();
     for a in &d.args[1..] {
         flags.push(cx.template(&a.value, d)?);
