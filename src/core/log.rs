@@ -105,18 +105,24 @@ pub struct LogFile {
 }
 
 impl LogFile {
+    /// Writes, ignoring failures (where there is nowhere to report them,
+    /// as for the error log itself).
     pub fn write_all(&self, buf: &[u8]) {
+        let _ = self.write(buf);
+    }
+
+    /// Writes the whole buffer; the error (a full disk...) for the caller
+    /// to report.
+    pub fn write(&self, buf: &[u8]) -> std::io::Result<()> {
         match &self.path {
-            None => {
-                let _ = std::io::stderr().write_all(buf);
-            }
-            Some(_) => {
-                if let Ok(mut g) = self.file.lock() {
-                    if let Some(f) = g.as_mut() {
-                        let _ = f.write_all(buf);
-                    }
-                }
-            }
+            None => std::io::stderr().write_all(buf),
+            Some(_) => match self.file.lock() {
+                Ok(mut g) => match g.as_mut() {
+                    Some(f) => f.write_all(buf),
+                    None => Ok(()),
+                },
+                Err(_) => Ok(()),
+            },
         }
     }
 

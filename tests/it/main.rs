@@ -19,6 +19,7 @@ mod conf_semantics;
 mod core_directives;
 mod core_msie_chunked;
 mod differential;
+mod disk_full;
 mod empty_gif;
 mod engine;
 mod fastcgi;

@@ -1054,13 +1054,26 @@ impl WriterState {
                         None => return,
                     },
                 };
-                if gzip > 0 {
+                let written = if gzip > 0 {
                     match gzip_member(&data, gzip) {
-                        Ok(z) => file.write_all(&z),
-                        Err(e) => crate::elog!(Alert, "gzip of access log failed: {}", e),
+                        Ok(z) => file.write(&z),
+                        Err(e) => {
+                            crate::elog!(Alert, "gzip of access log failed: {}", e);
+                            Ok(())
+                        }
                     }
                 } else {
-                    file.write_all(&data);
+                    file.write(&data)
+                };
+                // As nginx: an alert at most once a minute per log (a full
+                // disk would otherwise write one per request).
+                if let (Err(e), Some(p)) = (written, file.path.as_ref()) {
+                    let msg = format!(
+                        "write() to \"{}\" failed {}",
+                        p.display(),
+                        crate::core::errno_text(&e)
+                    );
+                    self.report(&p.clone(), msg);
                 }
             }
             Job::Script(s) => self.script(*s),

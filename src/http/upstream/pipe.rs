@@ -451,31 +451,36 @@ impl Producer {
             return Ok(());
         }
         let len = data.len() as u64;
+        let data = Bytes::from(data);
         if let Some(c) = self.cache.as_mut() {
             let at = c.base + c.written;
-            crate::io::write_at(&c.file, at, Bytes::from(data), &self.policy)
-                .await
-                .map_err(temp_write_failed)?;
-            c.written += len;
-            if let Some((o, l)) = c.held.replace((at, len)) {
-                self.pipe.push(Seg::File(o, l));
+            match crate::io::write_at(&c.file, at, data.clone(), &self.policy).await {
+                Ok(()) => {
+                    c.written += len;
+                    if let Some((o, l)) = c.held.replace((at, len)) {
+                        self.pipe.push(Seg::File(o, l));
+                    }
+                    return Ok(());
+                }
+                Err(e) => self.give_up_cache(&e).await,
             }
-            return Ok(());
         }
         if let Some(st) = self.store.as_mut() {
-            crate::io::write_at(
-                &st.file,
-                st.written,
-                Bytes::from(data.clone()),
-                &self.policy,
-            )
-            .await
-            .map_err(temp_write_failed)?;
-            st.written += len;
-            if self.pipe.lock().gone {
-                // As nginx, a body being stored is read whole even when
-                // the client left.
-                return Ok(());
+            match crate::io::write_at(&st.file, st.written, data.clone(), &self.policy).await {
+                Ok(()) => {
+                    st.written += len;
+                    if self.pipe.lock().gone {
+                        // As nginx, a body being stored is read whole even
+                        // when the client left.
+                        return Ok(());
+                    }
+                }
+                Err(e) => {
+                    let path = st.path.clone();
+                    self.write_failed(&path, &e);
+                    self.store = None;
+                    let _ = remove(&path, &self.policy).await;
+                }
             }
         }
         loop {
@@ -486,33 +491,74 @@ impl Producer {
                 }
                 if p.mem == 0 || p.mem + data.len() <= self.mem_max {
                     drop(p);
-                    self.pipe.push(Seg::Mem(Bytes::from(data)));
+                    self.pipe.push(Seg::Mem(data));
                     return Ok(());
                 }
             }
             if self.temp_max > 0 && self.temp_len + len <= self.temp_max {
-                let f = match &self.temp {
-                    Some(f) => f.clone(),
-                    None => {
-                        let f = temp_file(&self.temp_dir, &self.policy)
-                            .await
-                            .map_err(temp_write_failed)?;
-                        self.pipe.lock().file = Some(f.clone());
-                        self.temp = Some(f.clone());
-                        f
+                match self.write_temp(data.clone()).await {
+                    Ok(at) => {
+                        self.temp_len += len;
+                        self.pipe.push(Seg::File(at, len));
+                        return Ok(());
                     }
-                };
-                let at = self.temp_len;
-                crate::io::write_at(&f, at, Bytes::from(data), &self.policy)
-                    .await
-                    .map_err(temp_write_failed)?;
-                self.temp_len += len;
-                self.pipe.push(Seg::File(at, len));
-                return Ok(());
+                    Err(e) => {
+                        // A full or failing disk: the rest of the body
+                        // goes through memory at the client's pace (nginx
+                        // ends the response here).
+                        let dir = self.temp_dir.clone();
+                        self.write_failed(&dir, &e);
+                        self.temp_max = 0;
+                        continue;
+                    }
+                }
             }
             // Memory and temp file are full: upstream waits for the client.
             self.pipe.room.notified().await;
         }
+    }
+
+    /// Appends to the plain temp file (made on first use); where it went.
+    async fn write_temp(&mut self, data: Bytes) -> io::Result<u64> {
+        let f = match &self.temp {
+            Some(f) => f.clone(),
+            None => {
+                let f = temp_file(&self.temp_dir, &self.policy).await?;
+                self.pipe.lock().file = Some(f.clone());
+                self.temp = Some(f.clone());
+                f
+            }
+        };
+        let at = self.temp_len;
+        crate::io::write_at(&f, at, data, &self.policy).await?;
+        Ok(at)
+    }
+
+    /// The cache entry could not be written: it is dropped (never
+    /// committed, its file removed) and the response goes on uncached.
+    /// What the client was already promised is in the entry's file, which
+    /// the pipe keeps open, so no temp file may take its place in the pipe.
+    async fn give_up_cache(&mut self, e: &io::Error) {
+        let Some(c) = self.cache.take() else { return };
+        self.write_failed(&c.path, e);
+        if let Some((o, l)) = c.held {
+            self.pipe.push(Seg::File(o, l));
+        }
+        self.temp_max = 0;
+        let path = c.path;
+        let _ = cache::blocking(&self.policy, move || std::fs::remove_file(&path)).await;
+    }
+
+    fn write_failed(&self, path: &Path, e: &io::Error) {
+        self.log.log(
+            Level::Crit,
+            &format!(
+                "pwrite() \"{}\" failed {}",
+                path.display(),
+                crate::core::errno_text(e)
+            ),
+            true,
+        );
     }
 }
 
@@ -524,14 +570,6 @@ async fn gone(pipe: &Pipe) {
         }
         pipe.room.notified().await;
     }
-}
-
-fn temp_write_failed(e: io::Error) -> Stop {
-    Stop::Fail(fail(
-        502,
-        format!("temp file write failed {}", crate::core::errno_text(&e)),
-        false,
-    ))
 }
 
 /// A plain temp file for a body that outgrew PREFIX_buffers, unlinked at
