@@ -2,6 +2,7 @@
 //! listeners, signals and logs.
 pub mod affinity;
 pub mod conf;
+pub mod dns;
 pub mod lint;
 pub mod listen;
 pub mod log;

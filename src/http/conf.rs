@@ -909,6 +909,7 @@ fn compile_location(
     let own_error_log = loc.core.error_log.is_some();
     let own_content = loc.content.is_some();
     crate::http::modules::ModLoc::check_pass(&loc, hm, d.block.as_deref().unwrap_or(&[]))?;
+    crate::http::modules::proxy::register_implicit(&loc, hm);
     loc.merge(parent);
     // A content handler belongs to its location: nginx does not pass the
     // enclosing location's proxy_pass on to a nested one (only to its

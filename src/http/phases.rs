@@ -1191,9 +1191,14 @@ fn upstream_cookie<'h>(hs: &'h [(String, Vec<u8>)], name: &[u8]) -> Option<&'h [
         .find_map(|(_, v)| {
             let first = v.split(|&c| c == b';').next()?;
             let eq = memchr::memchr(b'=', first)?;
-            first[..eq]
-                .trim_ascii()
+            // Spaces around the name and value, not tabs (nginx's parser).
+            let spaces = |v: &'h [u8]| -> &'h [u8] {
+                let s = v.iter().position(|&c| c != b' ').unwrap_or(v.len());
+                let e = v.iter().rposition(|&c| c != b' ').map_or(s, |e| e + 1);
+                &v[s..e.max(s)]
+            };
+            spaces(&first[..eq])
                 .eq_ignore_ascii_case(name)
-                .then(|| first[eq + 1..].trim_ascii())
+                .then(|| spaces(&first[eq + 1..]))
         })
 }

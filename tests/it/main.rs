@@ -50,6 +50,7 @@ mod proxy_protocol;
 mod proxy_range;
 mod proxy_stream;
 mod proxy_upstream_answers;
+mod proxy_vars;
 mod proxy_websocket;
 mod random_index;
 mod referer;

@@ -2,15 +2,15 @@
 //! DNS servers (and `valid=`, `ipv4=`, `ipv6=`) that name resolution at
 //! request time uses, checked and stored as nginx checks them at start-up.
 //!
-//! Nothing resolves names at request time yet (proxy_pass with variables
-//! needs it); the directives are accepted so that configurations that set
-//! them, as most published ones do, load. The values merge down like
-//! nginx's (a level without them inherits its parent's).
+//! A `*_pass` with variables that names a host asks [`resolve`], which
+//! queries these servers with [`crate::core::dns`] and keeps the answers
+//! per `resolver` line. The values merge down like nginx's (a level
+//! without them inherits its parent's).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
-use crate::config::registry::{ctx, sec_arg, set_once, Args, Setter, Spec};
+use crate::config::registry::{arg, ctx, set_once, Args, Setter, Spec};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::http::conf::LocConf;
@@ -31,7 +31,7 @@ pub const DIRECTIVES: &[Spec] = &[
 ];
 
 /// One `resolver` line.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Resolver {
     /// The name servers, port 53 unless given.
     pub servers: Vec<SocketAddr>,
@@ -39,12 +39,14 @@ pub struct Resolver {
     pub valid: Option<u64>,
     pub ipv4: bool,
     pub ipv6: bool,
+    /// Its answers, kept for their TTL (or `valid=`).
+    pub cache: crate::core::dns::Cache,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct ResolverLoc {
     pub resolver: Option<Arc<Resolver>>,
-    /// `resolver_timeout` in seconds (nginx's default 30).
+    /// `resolver_timeout` in milliseconds (nginx's default 30 s).
     pub timeout: Option<u64>,
 }
 
@@ -58,8 +60,8 @@ impl ResolverLoc {
         }
     }
 
-    pub fn timeout_secs(&self) -> u64 {
-        self.timeout.unwrap_or(30)
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout.unwrap_or(30_000))
     }
 }
 
@@ -72,6 +74,7 @@ fn set_resolver(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
         valid: None,
         ipv4: true,
         ipv6: true,
+        cache: Default::default(),
     };
     let invalid = |a: &str| ConfError::at(format!("invalid parameter: {}", a), d);
     let on_off = |a: &str, v: &str| match v {
@@ -89,6 +92,8 @@ fn set_resolver(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
             r.ipv4 = on_off(a, v)?;
         } else if let Some(v) = a.strip_prefix("ipv6=") {
             r.ipv6 = on_off(a, v)?;
+        } else if a.starts_with("status_zone=") {
+            // nginx's commercial statistics: nothing to count into here.
         } else {
             r.servers.extend(
                 server_addrs(a)
@@ -146,8 +151,38 @@ fn server_addrs(a: &str) -> Result<Vec<SocketAddr>, &'static str> {
 }
 
 fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = sec_arg(d, 0)?;
+    let v = value::time_ms(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
     set_once(&mut l.modules.resolver.timeout, v, d)
+}
+
+/// Why a host of a `*_pass` with variables has no addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unresolved {
+    /// No `resolver` applies to the location.
+    NoResolver,
+    Dns(crate::core::dns::Error),
+}
+
+/// The addresses of `host` by the location's `resolver` (an address
+/// literal is its own answer, as nginx's).
+pub async fn resolve(conf: &ResolverLoc, host: &str) -> Result<Vec<std::net::IpAddr>, Unresolved> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return Ok(vec![ip]);
+    }
+    let Some(r) = conf.resolver.as_deref() else {
+        return Err(Unresolved::NoResolver);
+    };
+    let q = crate::core::dns::Query {
+        servers: &r.servers,
+        valid: r.valid,
+        ipv4: r.ipv4,
+        ipv6: r.ipv6,
+        timeout: conf.timeout(),
+    };
+    crate::core::dns::resolve(&q, &r.cache, host)
+        .await
+        .map_err(Unresolved::Dns)
 }
 
 #[cfg(test)]

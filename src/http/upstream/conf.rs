@@ -115,6 +115,9 @@ pub struct UpstreamConf {
     /// default is the protocol's, see `Protocol::convert_head`).
     pub cache_convert_head: Option<bool>,
     pub cache_min_uses: Option<u64>,
+    /// `PREFIX_cache_max_range_offset`: a range request starting at or
+    /// beyond it is not cached (its Range goes upstream).
+    pub cache_max_range_offset: Option<u64>,
     /// `PREFIX_ignore_client_abort`: `on` keeps reading the upstream's
     /// body after the client hung up (see `Response::watch_client`).
     pub ignore_client_abort: Option<bool>,
@@ -138,7 +141,7 @@ impl UpstreamConf {
             pass_request_body, request_buffering, force_ranges, next_upstream, next_upstream_tries,
             next_upstream_timeout, cache_use_stale, cache_background_update,
             cache_lock, cache_lock_timeout, cache_lock_age, cache_revalidate, cache_convert_head,
-            cache_min_uses, ignore_client_abort, bind, socket_keepalive, limit_rate, store,
+            cache_min_uses, cache_max_range_offset, ignore_client_abort, bind, socket_keepalive, limit_rate, store,
             store_access);
     }
 
@@ -369,6 +372,7 @@ macro_rules! upstream_directives {
             __up_row(concat!($p, "_cache_lock_age"), Args::take(1), c::set_timeout::<$slot>),
             __up_row(concat!($p, "_cache_revalidate"), Args::Flag, c::set_flag::<$slot>),
             __up_row(concat!($p, "_cache_min_uses"), Args::take(1), c::set_cache_min_uses::<$slot>),
+            __up_row(concat!($p, "_cache_max_range_offset"), Args::take(1), c::set_cache_max_range_offset::<$slot>),
             __up_row(concat!($p, "_cache_bypass"), Args::AtLeast(1), c::set_predicates::<$slot>),
             __up_row(concat!($p, "_no_cache"), Args::AtLeast(1), c::set_predicates::<$slot>),
             __up_row(concat!($p, "_cache_purge"), Args::AtLeast(1), $crate::http::upstream::purge::set_purge::<$slot>),
@@ -535,6 +539,41 @@ pub fn set_cache_min_uses<S: Slot>(
 ) -> ConfResult<()> {
     let n = crate::config::registry::num_arg(d, 0)?;
     set_once(&mut S::conf(l).cache_min_uses, n, d)
+}
+
+pub fn set_cache_max_range_offset<S: Slot>(
+    l: &mut LocConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
+    let n = crate::config::registry::offset_arg(d, 0)?;
+    set_once(&mut S::conf(l).cache_max_range_offset, n, d)
+}
+
+/// Whether the request's Range makes it uncacheable by
+/// `PREFIX_cache_max_range_offset`, as nginx's check: `0` refuses any
+/// Range; otherwise a suffix range (`bytes=-N`) or a first range that
+/// starts at or beyond the offset.
+pub fn range_beyond(conf: &UpstreamConf, range: Option<&[u8]>) -> bool {
+    let (Some(max), Some(h)) = (conf.cache_max_range_offset, range) else {
+        return false;
+    };
+    if max == 0 {
+        return true;
+    }
+    if h.len() < 7 || !h[..6].eq_ignore_ascii_case(b"bytes=") {
+        return false;
+    }
+    let p = h[6..].trim_ascii_start();
+    if p.starts_with(b"-") {
+        return true;
+    }
+    let digits = p.iter().take_while(|c| c.is_ascii_digit()).count();
+    let offset = std::str::from_utf8(&p[..digits])
+        .ok()
+        .and_then(|d| d.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    offset >= max
 }
 
 /// nginx's bitmask slot over `names` (`off` wins over the rest; a

@@ -200,9 +200,9 @@ pub struct UpResp {
     pub body: Vec<u8>,
     pub peer: PeerAddr,
     pub peer_name: String,
-    /// Requests the connection has carried, this one included
-    /// (`keepalive_requests`).
-    pub requests: u64,
+    /// What the connection has carried, this request included
+    /// (`keepalive_requests`, `keepalive_time`).
+    pub requests: peers::Uses,
     /// No body follows (HEAD, 1xx, 204, 304).
     pub no_body: bool,
     /// The Content-Length upstream declared.
@@ -237,7 +237,7 @@ impl UpResp {
             body: h.body,
             peer: addr.clone(),
             peer_name: String::new(),
-            requests: 1,
+            requests: peers::Uses::fresh(),
             no_body: h.no_body,
             declared_len: h.declared_len,
             keep: h.keep,
@@ -458,7 +458,7 @@ async fn exchange<B: BodyFeed>(
         {
             Ok(r) => {
                 return Ok(UpResp {
-                    requests: served + 1,
+                    requests: served.next(),
                     ..r
                 })
             }

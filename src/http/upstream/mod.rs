@@ -120,6 +120,11 @@ pub trait Protocol: Send + Sync {
         None
     }
 
+    /// A relayed `Refresh` value rewritten (its `url=` part).
+    fn rewrite_refresh(&self, _v: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+
     /// Relayed `Set-Cookie` headers rewritten (`proxy_cookie_*`).
     fn rewrite_cookies(&self, _cx: &mut Ctx<'_>, _headers: &mut [(String, Vec<u8>)]) {}
 

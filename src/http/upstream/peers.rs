@@ -39,7 +39,8 @@
 //!   Up  ───────────────────────────────────▶ Up (fails+1, effective weight lowered)
 //!   Up  ── failure reaching max_fails ─────▶ Down(since = checked)
 //!   Down ── fail_timeout elapsed ──────────▶ Up on probation: may be picked again
-//!   any ── success after the last failure ─▶ Up (fails = 0)
+//!   any ── success, picked again after fail_timeout since the last
+//!          failure (nginx's accessed < checked) ─▶ Up (fails = 0)
 //! ```
 //!
 //! Invariants: `down` (the config flag) peers are never picked;
@@ -108,6 +109,21 @@ pub const DIRECTIVES: &[Spec] = &[
         set: Setter::HttpMain(inside_upstream_only),
     },
     Spec {
+        name: "keepalive_time",
+        ctx: ctx::UPS,
+        args: Args::take(1),
+        set: Setter::HttpMain(inside_upstream_only),
+    },
+    // Peer state is ordinary memory of the one tern process, shared by
+    // all workers with or without a zone: the name and size are checked
+    // and otherwise have nothing to size.
+    Spec {
+        name: "zone",
+        ctx: ctx::UPS,
+        args: Args::take12(),
+        set: Setter::HttpMain(inside_upstream_only),
+    },
+    Spec {
         name: "ip_hash",
         ctx: ctx::UPS,
         args: Args::take(0),
@@ -145,6 +161,10 @@ fn inside_upstream_only(_: &mut HttpMain, d: &Directive, _: &mut Compiler) -> Co
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamMain {
     pub upstreams: HashMap<String, Arc<Upstream>>,
+    /// The implicit upstreams of `proxy_pass http://HOST:PORT`, by host (in
+    /// lower case) and port: a `proxy_pass` with variables that evaluates
+    /// to the same host and port uses them, unresolved, as nginx does.
+    pub implicit: HashMap<(String, u16), Arc<Upstream>>,
     pub zones: HashMap<String, Arc<crate::cache::Zone>>,
 }
 
@@ -288,23 +308,103 @@ pub async fn upstream_of(cx: &crate::http::phases::Ctx<'_>, to: &PassTo) -> Opti
 }
 
 /// The upstream a `*_pass` with variables names once rendered: an
-/// `upstream` block of that name, or an address.
+/// `upstream` block of that name, a unix socket, or `HOST:PORT` (the host
+/// resolved by the location's `resolver`).
 pub async fn upstream_by_value(
     cx: &crate::http::phases::Ctx<'_>,
     v: &str,
 ) -> Option<Arc<Upstream>> {
     use crate::core::log::Level;
-    if let Some(u) = cx.http.main.modules.upstream.upstreams.get(v) {
-        return Some(u.clone());
+    if let Some(u) = block_named(cx, v) {
+        return Some(u);
     }
-    match target(v) {
-        Ok(Target::Fixed(u)) => Some(u),
-        Ok(Target::Named { .. }) => {
-            cx.log(Level::Error, &format!("no port in upstream \"{}\"", v));
+    if v.starts_with("unix:") || v.contains("://") {
+        return match target(v) {
+            Ok(Target::Fixed(u)) => Some(u),
+            Ok(Target::Named { .. }) => None,
+            Err(m) => {
+                cx.log(Level::Error, &m);
+                None
+            }
+        };
+    }
+    let (host, port) = if v.starts_with('[') {
+        match v.rsplit_once("]:") {
+            Some((h, p)) => (&v[..h.len() + 1], Some(p)),
+            None => (v, None),
+        }
+    } else {
+        match v.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (v, None),
+        }
+    };
+    let Some(port) = port else {
+        cx.log(Level::Error, &format!("no port in upstream \"{}\"", v));
+        return None;
+    };
+    let Some(port) = port.parse::<u16>().ok().filter(|p| *p > 0) else {
+        cx.log(Level::Error, &format!("invalid port in upstream \"{}\"", v));
+        return None;
+    };
+    upstream_resolved(cx, host, Some(port), port, v).await
+}
+
+/// An `upstream` block by name (case-insensitively, as nginx).
+fn block_named(cx: &crate::http::phases::Ctx<'_>, name: &str) -> Option<Arc<Upstream>> {
+    let ups = &cx.http.main.modules.upstream.upstreams;
+    ups.get(name).cloned().or_else(|| {
+        ups.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, u)| u.clone())
+    })
+}
+
+/// The upstream of a host a request evaluated (nginx's `u->resolved`):
+/// without a port, an `upstream` block of that name; else the host's
+/// addresses by the location's `resolver`, as an implicit upstream named
+/// `name`. None: nothing to connect to (logged; answered with 502).
+pub async fn upstream_resolved(
+    cx: &crate::http::phases::Ctx<'_>,
+    host: &str,
+    port: Option<u16>,
+    default_port: u16,
+    name: &str,
+) -> Option<Arc<Upstream>> {
+    use crate::core::log::Level;
+    use crate::http::modules::resolver::{self, Unresolved};
+    if port.is_none() {
+        if let Some(u) = block_named(cx, host) {
+            return Some(u);
+        }
+    }
+    let port = port.unwrap_or(default_port);
+    let implicit = &cx.http.main.modules.upstream.implicit;
+    if !implicit.is_empty() {
+        if let Some(u) = implicit.get(&(host.to_ascii_lowercase(), port)) {
+            return Some(u.clone());
+        }
+    }
+    match resolver::resolve(&cx.loc.modules.resolver, host).await {
+        Ok(ips) => {
+            let addrs = ips
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, port))
+                .collect();
+            Some(Arc::new(Upstream::implicit(name, addrs)))
+        }
+        Err(Unresolved::NoResolver) => {
+            cx.log(
+                Level::Error,
+                &format!("no resolver defined to resolve {}", host),
+            );
             None
         }
-        Err(m) => {
-            cx.log(Level::Error, &m);
+        Err(Unresolved::Dns(e)) => {
+            cx.log(
+                Level::Error,
+                &format!("{} could not be resolved ({})", host, e),
+            );
             None
         }
     }
@@ -393,6 +493,12 @@ struct PeerState {
     current: i64,
     effective: i64,
     fails: u32,
+    /// When the peer last failed (nginx's `accessed`).
+    accessed: Option<Instant>,
+    /// When the peer last failed, or was picked again after
+    /// `fail_timeout` (nginx's `checked`): a success resets the failures
+    /// only after such a check, so that failures within `fail_timeout`
+    /// add up even with successes between them.
     checked: Option<Instant>,
     /// Requests using the peer now (picked, lease not yet dropped).
     conns: u32,
@@ -435,6 +541,9 @@ pub struct Upstream {
     /// `keepalive_requests`: requests one connection may serve before it
     /// is closed instead of cached.
     pub keepalive_requests: u64,
+    /// `keepalive_time`: how long one connection may be reused; an older
+    /// one serves its current request and is closed.
+    pub keepalive_time: Duration,
     /// Whether this came from an `upstream` block (affects `$proxy_host`
     /// and error wording only).
     pub explicit: bool,
@@ -495,6 +604,7 @@ impl Upstream {
                 current: 0,
                 effective: p.weight,
                 fails: 0,
+                accessed: None,
                 checked: None,
                 conns: 0,
             })
@@ -506,6 +616,7 @@ impl Upstream {
             keepalive: 0,
             keepalive_timeout: Duration::from_secs(60),
             keepalive_requests: KEEPALIVE_REQUESTS,
+            keepalive_time: Duration::from_secs(3600),
             explicit,
             balance: Balance::RoundRobin,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -575,9 +686,14 @@ impl Upstream {
         at
     }
 
-    /// How many peers one request may try (nginx's `peer.tries`).
+    /// How many peers one request may try (nginx's `peer.tries`: those
+    /// not marked `down`).
     pub fn tries(&self) -> usize {
-        self.peers.len() + self.backup.len()
+        self.peers
+            .iter()
+            .chain(self.backup.iter())
+            .filter(|p| !p.down)
+            .count()
     }
 
     /// A walk with no request context (round robin and its relatives).
@@ -665,6 +781,14 @@ impl Upstream {
             *t = true;
         }
         st[picked].conns += 1;
+        if let Some(p) = self.peer(PeerId(picked)) {
+            let s = &mut st[picked];
+            if s.checked
+                .is_none_or(|c| now.duration_since(c) > p.fail_timeout)
+            {
+                s.checked = Some(now);
+            }
+        }
         drop(st);
         Some(Lease {
             up: self.clone(),
@@ -878,7 +1002,9 @@ impl Upstream {
             return false;
         };
         s.fails += 1;
-        s.checked = Some(Instant::now());
+        let now = Instant::now();
+        s.accessed = Some(now);
+        s.checked = Some(now);
         if p.max_fails > 0 {
             s.effective -= p.weight / i64::from(p.max_fails);
             s.effective = s.effective.max(0);
@@ -887,16 +1013,24 @@ impl Upstream {
         false
     }
 
-    /// Records a success: the failure count starts over.
+    /// Records a success: the failure count starts over if the peer was
+    /// checked since its last failure (nginx's `accessed < checked`).
     pub fn succeeded(&self, id: PeerId) {
         if let Some(s) = self.lock().get_mut(id.0) {
-            s.fails = 0;
+            let reset = match (s.accessed, s.checked) {
+                (None, _) => true,
+                (Some(a), Some(c)) => a < c,
+                (Some(_), None) => false,
+            };
+            if reset {
+                s.fails = 0;
+            }
         }
     }
 
     /// An idle cached connection to `peer`, if this worker has one, with
-    /// the number of requests it has served.
-    pub fn take_idle(&self, addr: &PeerAddr) -> Option<(UpStream, u64)> {
+    /// what it has served.
+    pub fn take_idle(&self, addr: &PeerAddr) -> Option<(UpStream, Uses)> {
         if self.keepalive == 0 {
             return None;
         }
@@ -907,15 +1041,18 @@ impl Upstream {
             list.retain(|e| now.duration_since(e.since) < self.keepalive_timeout);
             let i = list.iter().rposition(|e| e.addr == *addr)?;
             let e = list.remove(i);
-            Some((e.stream, e.requests))
+            Some((e.stream, e.uses))
         })
     }
 
-    /// Caches an idle connection that has served `requests` requests
-    /// (dropping the oldest beyond `keepalive`); one that has served
-    /// `keepalive_requests` is dropped, which closes it.
-    pub fn put_idle(&self, addr: PeerAddr, s: UpStream, requests: u64) {
-        if self.keepalive == 0 || requests >= self.keepalive_requests {
+    /// Caches an idle connection (dropping the oldest beyond
+    /// `keepalive`); one that has served `keepalive_requests` or lived
+    /// `keepalive_time` is dropped, which closes it.
+    pub fn put_idle(&self, addr: PeerAddr, s: UpStream, uses: Uses) {
+        if self.keepalive == 0
+            || uses.requests >= self.keepalive_requests
+            || uses.born.elapsed() > self.keepalive_time
+        {
             return;
         }
         IDLE.with(|m| {
@@ -928,7 +1065,7 @@ impl Upstream {
                 addr,
                 stream: s,
                 since: Instant::now(),
-                requests,
+                uses,
             });
         });
     }
@@ -960,7 +1097,33 @@ struct Idle {
     addr: PeerAddr,
     stream: UpStream,
     since: Instant,
-    requests: u64,
+    uses: Uses,
+}
+
+/// What an upstream connection has served: requests (this one included)
+/// and since when it is open (`keepalive_requests`, `keepalive_time`).
+#[derive(Debug, Clone, Copy)]
+pub struct Uses {
+    pub requests: u64,
+    pub born: Instant,
+}
+
+impl Uses {
+    /// A connection just opened, carrying its first request.
+    pub fn fresh() -> Uses {
+        Uses {
+            requests: 1,
+            born: Instant::now(),
+        }
+    }
+
+    /// The same connection carrying one more request.
+    pub fn next(self) -> Uses {
+        Uses {
+            requests: self.requests + 1,
+            ..self
+        }
+    }
 }
 
 type IdleList = Vec<Idle>;
@@ -996,6 +1159,8 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResu
     let mut keepalive = 0usize;
     let mut keepalive_timeout = Duration::from_secs(60);
     let mut keepalive_requests: Option<u64> = None;
+    let mut keepalive_time: Option<Duration> = None;
+    let mut zone = false;
     let mut balance: Option<Balance> = None;
     let mut consistent = false;
     for k in d.block.as_deref().unwrap_or(&[]) {
@@ -1038,6 +1203,29 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResu
                 let n = value::number(arg(k, 0))
                     .ok_or_else(|| crate::config::registry::slot_invalid_number(k))?;
                 crate::config::registry::set_once(&mut keepalive_requests, n, k)?;
+                None
+            }
+            "keepalive_time" => {
+                let t = Duration::from_millis(
+                    value::time_ms(arg(k, 0))
+                        .ok_or_else(|| crate::config::registry::slot_invalid(k))?,
+                );
+                crate::config::registry::set_once(&mut keepalive_time, t, k)?;
+                None
+            }
+            "zone" => {
+                if zone {
+                    return Err(crate::config::registry::duplicate(k));
+                }
+                zone = true;
+                if let Some(a) = k.args.get(1) {
+                    if value::size(&a.value).is_none() {
+                        return Err(ConfError::at(
+                            format!("invalid zone size \"{}\"", a.value),
+                            k,
+                        ));
+                    }
+                }
                 None
             }
             "ip_hash" => Some(Balance::IpHash),
@@ -1097,6 +1285,9 @@ fn set_upstream(hm: &mut HttpMain, d: &Directive, cx: &mut Compiler) -> ConfResu
     u.keepalive = keepalive;
     u.keepalive_timeout = keepalive_timeout;
     u.keepalive_requests = keepalive_requests.unwrap_or(KEEPALIVE_REQUESTS);
+    if let Some(t) = keepalive_time {
+        u.keepalive_time = t;
+    }
     u.balance = balance;
     hm.modules.upstream.upstreams.insert(name, Arc::new(u));
     Ok(())

@@ -232,7 +232,7 @@ pub struct Producer {
     pub cache: Option<CacheOut>,
     /// Where a complete, reusable connection goes, and the requests it
     /// has carried.
-    pub keep: Option<(Arc<Upstream>, PeerAddr, u64)>,
+    pub keep: Option<(Arc<Upstream>, PeerAddr, crate::http::upstream::peers::Uses)>,
     pub log: UpLog,
     /// `PREFIX_limit_rate` in bytes per second (0: none).
     pub limit_rate: u64,

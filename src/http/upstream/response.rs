@@ -62,11 +62,14 @@ pub fn relayed(
         if hidden.contains(&l.as_str()) && !pass_list.contains(&l) {
             continue;
         }
-        if l == "location" {
-            if let Some(v) = proto.rewrite_location(prefix, v) {
-                out.push((n.clone(), v));
-                continue;
-            }
+        let rewritten = match l.as_str() {
+            "location" => proto.rewrite_location(prefix, v),
+            "refresh" => proto.rewrite_refresh(v),
+            _ => None,
+        };
+        if let Some(v) = rewritten {
+            out.push((n.clone(), v));
+            continue;
         }
         out.push((n.clone(), v.clone()));
     }

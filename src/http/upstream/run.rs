@@ -155,6 +155,7 @@ async fn run_inner<'c>(
             };
             let md5 = md5::digest(&key);
             let bypass = any_true(cx, conf.cache_bypass.as_deref());
+            let mut scarce = false;
             let mut no_store = any_true(cx, conf.no_cache.as_deref());
             let use_stale = conf.cache_use_stale.unwrap_or(0);
             // PREFIX_cache_lock waits at most this long, over all rounds.
@@ -214,7 +215,9 @@ async fn run_inner<'c>(
                         Lookup::Miss => {
                             let min_uses = conf.cache_min_uses.unwrap_or(1);
                             if min_uses > 1 && z.count_use(&md5) < min_uses {
-                                no_store = true;
+                                // nginx's SCARCE: not cacheable, so the
+                                // request goes as without a cache.
+                                scarce = true;
                                 break b"MISS";
                             }
                             if !conf.cache_lock.unwrap_or(false) {
@@ -238,12 +241,22 @@ async fn run_inner<'c>(
                 }
             };
             cx.set_note("upstream_cache_status", status.to_vec());
-            creq = Some(CacheReq {
-                zone: z,
-                key,
-                md5,
-                no_store,
-            });
+            // A request not answered from the cache that is not to be
+            // cached either (nginx's `u->cacheable = 0`) goes upstream as
+            // without a cache: its Range and conditionals too.
+            let uncacheable = scarce
+                || (!bypass
+                    && crate::http::upstream::conf::range_beyond(conf, cx.req.header("range")));
+            if uncacheable {
+                guard = None;
+            } else {
+                creq = Some(CacheReq {
+                    zone: z,
+                    key,
+                    md5,
+                    no_store,
+                });
+            }
         }
     }
 

@@ -1,8 +1,8 @@
 //! What proxy rewrites in the relayed headers: `Set-Cookie` by
 //! `proxy_cookie_domain`, `proxy_cookie_path` and `proxy_cookie_flags`,
-//! and `Location` by `proxy_redirect default`.
+//! (`Location` and `Refresh`: `redirect.rs`).
 
-use super::{CookieFlags, CookieMatch, CookieRewrite, Pass, ProxyLoc};
+use super::{CookieFlags, CookieMatch, CookieRewrite, ProxyLoc};
 use crate::http::phases::Ctx;
 
 /// `Set-Cookie` attributes: name, and the value when there is an `=`.
@@ -200,22 +200,4 @@ fn edit_flags(cx: &mut Ctx<'_>, list: &[CookieFlags], attrs: &mut CookieAttrs) -
         attrs.push((b"SameSite".to_vec(), Some(v.as_bytes().to_vec())));
     }
     true
-}
-
-/// `proxy_redirect default`: `http://HOST[:PORT]/URI...` of the proxy_pass
-/// becomes the location's prefix.
-pub(super) fn rewrite_location(prefix: &[u8], pass: &Pass, v: &[u8]) -> Vec<u8> {
-    let mut pattern = pass.url.as_bytes().to_vec();
-    match &pass.uri {
-        Some(u) => pattern.extend_from_slice(u),
-        None => pattern.extend_from_slice(prefix),
-    }
-    match v.strip_prefix(pattern.as_slice()) {
-        Some(rest) if !pattern.is_empty() => {
-            let mut o = prefix.to_vec();
-            o.extend_from_slice(rest);
-            o
-        }
-        _ => v.to_vec(),
-    }
 }

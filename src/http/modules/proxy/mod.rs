@@ -62,6 +62,7 @@
 
 mod cookie;
 pub mod head;
+pub mod redirect;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -126,7 +127,7 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
             set_cookie_flags
         ),
         row("proxy_method", HSL, Args::take(1), set_method),
-        row("proxy_redirect", HSL, Args::take12(), set_redirect),
+        row("proxy_redirect", HSL, Args::take12(), redirect::set),
         row("proxy_set_body", HSL, Args::take(1), set_body),
         row("proxy_ssl_verify", HSL, Args::Flag, set_ssl_flag),
         row("proxy_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
@@ -216,7 +217,8 @@ pub fn var(cx: &Ctx<'_>, i: u8, out: &mut Vec<u8>) -> bool {
 
 // ---- configuration ----------------------------------------------------------
 
-/// A compiled `proxy_pass http://HOST[:PORT][/URI]`.
+/// A compiled `proxy_pass http://HOST[:PORT][/URI]` (or, with
+/// variables, the one a request evaluated it to).
 #[derive(Debug)]
 pub struct Pass {
     /// `http://HOST[:PORT]` as written (for messages).
@@ -225,10 +227,15 @@ pub struct Pass {
     pub tls: bool,
     /// `$proxy_host`: the Host header sent by default.
     pub host: Vec<u8>,
-    pub port: u16,
-    /// The URI part, if any: it replaces the matched location prefix.
+    /// `$proxy_port` (empty for a unix socket).
+    pub port: String,
+    /// The URI part, if any: it replaces the matched location prefix
+    /// (with variables: the whole URI, as it is).
     pub uri: Option<Vec<u8>>,
-    pub target: Target,
+    /// None only in a location's `proxy_pass` with variables.
+    pub target: Option<Target>,
+    /// The URL with variables, evaluated per request.
+    pub vars: Option<Template>,
     /// `<prefix>/proxy_temp`, used without `proxy_temp_path`.
     pub temp_default: PathBuf,
     /// `<prefix>/client_body_temp`, used without `client_body_temp_path`.
@@ -244,7 +251,9 @@ pub struct ProxyLoc {
     pub headers: Option<Arc<Vec<(String, Template)>>>,
     /// Minor version of HTTP/1.x to upstream.
     pub http_version: Option<u8>,
-    pub redirect: Option<bool>,
+    /// `proxy_redirect` rules in order (empty: `off`; None: the
+    /// implicit `default`).
+    pub redirect: Option<Arc<Vec<redirect::Redirect>>>,
     pub set_body: Option<Template>,
     pub ssl_verify: Option<bool>,
     pub ssl_server_name: Option<bool>,
@@ -344,72 +353,244 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
         return Err(crate::config::registry::duplicate(d));
     }
     let url = arg(d, 0);
+    let temp_default = cx.path("proxy_temp");
+    // Temp files of unbuffered-in-memory responses go under the prefix
+    // unless proxy_temp_path says otherwise; the keeper may create it.
+    crate::cache::allow_dir(&temp_default);
+    let body_temp_default = Arc::new(TempDir::plain(cx.path("client_body_temp")));
+    l.content = Some(content);
     if url.contains('$') {
-        return Err(ConfError::at(
-            "proxy_pass with variables is not supported by tern yet",
-            d,
-        ));
+        // Evaluated per request (`eval_pass`). As nginx, the location is
+        // ready for https:// (its proxy_ssl_* settings are checked).
+        let vars = cx.template(url, d)?;
+        l.modules.proxy.pass = Some(Arc::new(Pass {
+            url: String::new(),
+            tls: true,
+            host: Vec::new(),
+            port: String::new(),
+            uri: None,
+            target: None,
+            temp_default,
+            body_temp_default,
+            vars: Some(vars),
+        }));
+        return Ok(());
     }
-    let lower = url.to_ascii_lowercase();
-    let tls = lower.starts_with("https://");
-    let rest = if lower.starts_with("http://") {
-        &url[7..]
-    } else if tls {
-        &url[8..]
+    let u = parse_url(url).map_err(|m| ConfError::at(m, d))?;
+    let target = if u.unix {
+        Target::Fixed(Arc::new(Upstream::implicit_unix(u.host.into())))
     } else {
-        return Err(ConfError::at(
-            format!("invalid URL prefix in \"{}\"", url),
-            d,
-        ));
+        let port = u.port.unwrap_or(u.default_port());
+        let bare = u.host.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<std::net::IpAddr>().is_ok() || u.port.is_some() {
+            // An address, or a name with a port (never an upstream
+            // block): resolved now, as nginx does.
+            let addrs = peers::resolve(&format!("{}:{}", u.host, port), d, "upstream")?;
+            Target::Fixed(Arc::new(Upstream::implicit(&u.host_header(), addrs)))
+        } else {
+            Target::Named {
+                name: u.host.to_string(),
+                port,
+                resolved: OnceLock::new(),
+            }
+        }
     };
-    let (hostport, uri) = match rest.find('/') {
-        Some(i) => (&rest[..i], Some(rest.as_bytes()[i..].to_vec())),
+    l.modules.proxy.pass = Some(Arc::new(u.into_pass(
+        Some(target),
+        temp_default,
+        body_temp_default,
+    )));
+    Ok(())
+}
+
+/// Makes a location's `proxy_pass http://NAME:PORT` (a name, not an
+/// address) known by its host and port, for `proxy_pass` with variables
+/// (see `peers::upstream_resolved`).
+pub fn register_implicit(own: &LocConf, hm: &mut crate::http::conf::HttpMain) {
+    let Some(p) = own.modules.proxy.pass.as_deref() else {
+        return;
+    };
+    let Some(Target::Fixed(u)) = &p.target else {
+        return;
+    };
+    let Ok(url) = parse_url(&p.url) else { return };
+    let Some(port) = url.port.filter(|_| !url.unix) else {
+        return;
+    };
+    let host = url.host.to_ascii_lowercase();
+    if host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .is_ok()
+    {
+        return;
+    }
+    hm.modules
+        .upstream
+        .implicit
+        .entry((host, port))
+        .or_insert_with(|| u.clone());
+}
+
+/// A `proxy_pass` URL taken apart as nginx's `ngx_parse_url` does.
+#[derive(Debug, PartialEq)]
+struct Url<'a> {
+    tls: bool,
+    /// `HOST[:PORT]` or `unix:PATH`, as written.
+    hostport: &'a str,
+    /// The host, or the socket's path.
+    host: &'a str,
+    port: Option<u16>,
+    unix: bool,
+    /// The URI part (one starting with `?` gets a `/` first).
+    uri: Option<Vec<u8>>,
+}
+
+impl Url<'_> {
+    fn default_port(&self) -> u16 {
+        if self.tls {
+            443
+        } else {
+            80
+        }
+    }
+
+    /// `$proxy_host`: the host, with the port unless it is the default;
+    /// `localhost` for a unix socket.
+    fn host_header(&self) -> String {
+        if self.unix {
+            return "localhost".to_string();
+        }
+        match self.port {
+            Some(p) if p != self.default_port() => format!("{}:{}", self.host, p),
+            _ => self.host.to_string(),
+        }
+    }
+
+    fn into_pass(
+        self,
+        target: Option<Target>,
+        temp_default: PathBuf,
+        body_temp_default: Arc<TempDir>,
+    ) -> Pass {
+        Pass {
+            url: format!(
+                "{}://{}",
+                if self.tls { "https" } else { "http" },
+                self.hostport
+            ),
+            tls: self.tls,
+            host: self.host_header().into_bytes(),
+            port: if self.unix {
+                String::new()
+            } else {
+                self.port.unwrap_or(self.default_port()).to_string()
+            },
+            uri: self.uri,
+            target,
+            temp_default,
+            body_temp_default,
+            vars: None,
+        }
+    }
+}
+
+/// `http[s]://HOST[:PORT][/URI]` or `http[s]://unix:PATH[:URI]`; the
+/// error in nginx's words.
+fn parse_url(url: &str) -> Result<Url<'_>, String> {
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    let (tls, rest) = if lower.starts_with("http://") && url.len() > 7 {
+        (false, &url[7..])
+    } else if lower.starts_with("https://") && url.len() > 8 {
+        (true, &url[8..])
+    } else {
+        return Err("invalid URL prefix".to_string());
+    };
+    let err = |m: &str| format!("{} in upstream \"{}\"", m, rest);
+    if rest.len() >= 5 && rest[..5].eq_ignore_ascii_case("unix:") {
+        let path_uri = &rest[5..];
+        let (path, uri) = match path_uri.find(':') {
+            Some(i) => (&path_uri[..i], Some(path_uri.as_bytes()[i + 1..].to_vec())),
+            None => (path_uri, None),
+        };
+        if path.is_empty() {
+            return Err(err("no path in the unix domain socket"));
+        }
+        return Ok(Url {
+            tls,
+            hostport: &rest[..5 + path.len()],
+            host: path,
+            port: None,
+            unix: true,
+            uri,
+        });
+    }
+    let cut = rest.find(['/', '?']);
+    let (hostport, uri) = match cut {
+        Some(i) => (&rest[..i], Some(&rest[i..])),
         None => (rest, None),
     };
     if hostport.is_empty() {
-        return Err(ConfError::at(format!("no host in \"{}\"", url), d));
+        return Err(err("no host"));
     }
-    let (host, port) = split_port(hostport)
-        .ok_or_else(|| ConfError::at(format!("invalid port in \"{}\"", url), d))?;
-    let explicit_port = port.is_some();
-    let default_port = if tls { 443 } else { 80 };
-    let port = port.unwrap_or(default_port);
-    let proxy_host = if port == default_port {
-        host.to_string()
-    } else {
-        format!("{}:{}", host, port)
+    let (host, port) = split_port(hostport).ok_or_else(|| err("invalid port"))?;
+    if host.is_empty() || host == "[]" {
+        return Err(err("no host"));
+    }
+    let uri = uri.map(|u| {
+        if u.starts_with('?') {
+            format!("/{}", u).into_bytes()
+        } else {
+            u.as_bytes().to_vec()
+        }
+    });
+    Ok(Url {
+        tls,
+        hostport,
+        host,
+        port,
+        unix: false,
+        uri,
+    })
+}
+
+/// The `proxy_pass` of a request: the location's, or, with variables,
+/// the URL it evaluates to and the upstream that names (an `upstream`
+/// block, or the host resolved by `resolver`). Err: the status to
+/// answer (logged).
+async fn eval_pass(cx: &Ctx<'_>, pass: &Arc<Pass>) -> Result<Arc<Pass>, u16> {
+    let Some(t) = &pass.vars else {
+        return Ok(pass.clone());
     };
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let target = if bare.parse::<std::net::IpAddr>().is_ok() {
-        let addrs = peers::resolve(&format!("{}:{}", host, port), d, "upstream")?;
-        Target::Fixed(Arc::new(Upstream::implicit(&proxy_host, addrs)))
-    } else if explicit_port {
-        // A name with a port is never an upstream block: resolve now.
-        let addrs = peers::resolve(&format!("{}:{}", host, port), d, "upstream")?;
-        Target::Fixed(Arc::new(Upstream::implicit(&proxy_host, addrs)))
-    } else {
-        Target::Named {
-            name: host.to_string(),
-            port,
-            resolved: OnceLock::new(),
+    let v = t.render_vec(cx);
+    let url = String::from_utf8_lossy(&v);
+    let u = match parse_url(&url) {
+        Ok(u) => u,
+        Err(m) if m == "invalid URL prefix" => {
+            cx.log(Level::Error, &format!("invalid URL prefix in \"{}\"", url));
+            return Err(500);
+        }
+        Err(m) => {
+            cx.log(Level::Error, &m);
+            return Err(500);
         }
     };
-    // Temp files of unbuffered-in-memory responses go under the prefix
-    // unless proxy_temp_path says otherwise; the keeper may create it.
-    let temp_default = cx.path("proxy_temp");
-    crate::cache::allow_dir(&temp_default);
-    l.content = Some(content);
-    l.modules.proxy.pass = Some(Arc::new(Pass {
-        url: format!("{}://{}", if tls { "https" } else { "http" }, hostport),
-        tls,
-        host: proxy_host.into_bytes(),
-        port,
-        uri,
-        target,
-        temp_default,
-        body_temp_default: Arc::new(TempDir::plain(cx.path("client_body_temp"))),
-    }));
-    Ok(())
+    let up = if u.unix {
+        Arc::new(Upstream::implicit_unix(u.host.into()))
+    } else {
+        let name = u.host_header();
+        peers::upstream_resolved(cx, u.host, u.port, u.default_port(), &name)
+            .await
+            .ok_or(502u16)?
+    };
+    let mut p = u.into_pass(
+        Some(Target::Fixed(up)),
+        pass.temp_default.clone(),
+        pass.body_temp_default.clone(),
+    );
+    p.vars = pass.vars.clone();
+    Ok(Arc::new(p))
 }
 
 /// `host`, `host:port`, `[v6]:port`; None for a bad port.
@@ -454,11 +635,14 @@ fn cookie_match(
     cx: &mut Compiler,
     a: &str,
     domain: bool,
+    caseless_re: bool,
 ) -> ConfResult<CookieMatch> {
     if let Some(r) = a.strip_prefix('~') {
         let (r, caseless) = match r.strip_prefix('*') {
             Some(r) => (r, true),
-            None => (r, false),
+            // Domains and cookie names are compared without case, by a
+            // regex too (nginx).
+            None => (r, caseless_re),
         };
         let re = crate::core::regex::Regex::compile(d, r, caseless)?;
         return Ok(CookieMatch::Regex(re));
@@ -497,8 +681,16 @@ fn set_cookie_rewrite(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> Conf
         *slot = Some(Arc::new(Vec::new()));
         return Ok(());
     }
-    let pattern = cookie_match(d, cx, arg(d, 0), domain)?;
-    let replacement = cx.template(arg(d, 1), d)?;
+    let pattern = cookie_match(d, cx, arg(d, 0), domain, domain)?;
+    // A domain's replacement goes without its leading dot too (the
+    // value's own dot, if it has one, is kept when rewritten).
+    let r = arg(d, 1);
+    let r = if domain {
+        r.strip_prefix('.').unwrap_or(r)
+    } else {
+        r
+    };
+    let replacement = cx.template(r, d)?;
     let p = &mut l.modules.proxy;
     let slot = if domain {
         &mut p.cookie_domain
@@ -526,7 +718,7 @@ fn set_cookie_flags(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfRe
         l.modules.proxy.cookie_flags = Some(Arc::new(Vec::new()));
         return Ok(());
     }
-    let cookie = cookie_match(d, cx, arg(d, 0), false)?;
+    let cookie = cookie_match(d, cx, arg(d, 0), false, true)?;
     let mut flags = Vec::new();
     for a in &d.args[1..] {
         flags.push(cx.template(&a.value, d)?);
@@ -723,20 +915,6 @@ fn ssl_client(
     Some((cfg, name))
 }
 
-fn set_redirect(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = match (d.args.len(), arg(d, 0)) {
-        (1, "default") => true,
-        (1, "off") => false,
-        _ => {
-            return Err(ConfError::at(
-                "proxy_redirect with a replacement is not supported by tern yet",
-                d,
-            ))
-        }
-    };
-    set_once(&mut l.modules.proxy.redirect, v, d)
-}
-
 // ---- the protocol -----------------------------------------------------------
 
 /// Headers nginx hides from the client by default.
@@ -760,6 +938,8 @@ fn upstream_uri(cx: &Ctx<'_>, pass: &Pass) -> Vec<u8> {
         && cx.req.raw_uri().starts_with(b"/");
     let mut out = Vec::new();
     match &pass.uri {
+        // With variables, the URI part is the whole URI (as nginx).
+        Some(u) if pass.vars.is_some() => return u.clone(),
         None if unchanged => return cx.req.raw_uri().to_vec(),
         None => crate::http::uri::escape_uri(&cx.uri, &mut out),
         Some(u) => {
@@ -923,12 +1103,16 @@ pub fn content<'a>(
 
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
-    let Some(pass) = loc.modules.proxy.pass.clone() else {
+    let Some(pass) = loc.modules.proxy.pass.as_ref() else {
         return Response::status(500);
+    };
+    let pass = match eval_pass(cx, pass).await {
+        Ok(p) => p,
+        Err(status) => return Response::status(status),
     };
     let conf = &loc.modules.proxy;
     cx.set_note("proxy_host", pass.host.clone());
-    cx.set_note("proxy_port", pass.port.to_string().into_bytes());
+    cx.set_note("proxy_port", pass.port.clone().into_bytes());
     // As nginx: with proxy_request_buffering on the whole body first
     // (memory or a temp file), then the upstream; off, the body goes as
     // it arrives, unless proxy_set_body replaces it or it has no length
@@ -948,7 +1132,11 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         Err(r) => return *r,
     };
     let chunked = stream.as_ref().is_some_and(|s| s.length().is_none());
-    let Some(up) = peers::upstream_for(cx, &pass.target, &pass.host).await else {
+    let up = match &pass.target {
+        Some(t) => peers::upstream_for(cx, t, &pass.host).await,
+        None => None,
+    };
+    let Some(up) = up else {
         if let Some(s) = stream {
             s.finish(cx);
         }
@@ -983,11 +1171,18 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         }
     }
     let uri = upstream_uri(cx, &pass);
+    let redirects = redirect::ready(
+        cx,
+        conf.redirect.as_deref().map(Vec::as_slice),
+        &pass,
+        crate::http::upstream::response::loc_prefix(cx),
+    );
     let proto = Arc::new(Http {
         loc: loc.clone(),
         pass,
         uri,
         chunked,
+        redirects,
     });
     run::run_with(cx, proto, up, lim, stream).await
 }
@@ -1000,6 +1195,8 @@ struct Http {
     uri: Vec<u8>,
     /// The body is streamed without a length: chunked upstream.
     chunked: bool,
+    /// `proxy_redirect`, ready for this request (None: off).
+    redirects: Option<redirect::Rules>,
 }
 
 impl Protocol for Http {
@@ -1010,10 +1207,13 @@ impl Protocol for Http {
     /// nginx names the peer with the scheme and the URI.
     fn url(&self, peer: &str) -> String {
         let scheme = if self.pass.tls { "https" } else { "http" };
+        // A unix socket's path and the URI are told apart by a colon.
+        let sep = if peer.starts_with("unix:") { ":" } else { "" };
         format!(
-            "{}://{}{}",
+            "{}://{}{}{}",
             scheme,
             peer,
+            sep,
             String::from_utf8_lossy(&self.uri)
         )
     }
@@ -1054,13 +1254,12 @@ impl Protocol for Http {
         HIDDEN
     }
 
-    fn rewrite_location(&self, prefix: &[u8], v: &[u8]) -> Option<Vec<u8>> {
-        self.loc
-            .modules
-            .proxy
-            .redirect
-            .unwrap_or(true)
-            .then(|| cookie::rewrite_location(prefix, &self.pass, v))
+    fn rewrite_location(&self, _prefix: &[u8], v: &[u8]) -> Option<Vec<u8>> {
+        self.redirects.as_ref()?.location(v)
+    }
+
+    fn rewrite_refresh(&self, v: &[u8]) -> Option<Vec<u8>> {
+        self.redirects.as_ref()?.refresh(v)
     }
 
     fn rewrite_cookies(&self, cx: &mut Ctx<'_>, headers: &mut [(String, Vec<u8>)]) {
@@ -1098,5 +1297,29 @@ mod tests {
         assert_eq!(split_port("a"), Some(("a", None)));
         assert_eq!(split_port("[::1]:81"), Some(("[::1]", Some(81))));
         assert_eq!(split_port("a:x"), None);
+    }
+
+    #[test]
+    fn urls() {
+        let u = parse_url("http://unix:/tmp/s.sock:/x").unwrap();
+        assert!(u.unix);
+        assert_eq!(u.host, "/tmp/s.sock");
+        assert_eq!(u.hostport, "unix:/tmp/s.sock");
+        assert_eq!(u.uri.as_deref(), Some(&b"/x"[..]));
+        assert_eq!(u.host_header(), "localhost");
+        let u = parse_url("https://a.example:8443?x").unwrap();
+        assert_eq!((u.host, u.port), ("a.example", Some(8443)));
+        assert_eq!(u.uri.as_deref(), Some(&b"/?x"[..]));
+        assert_eq!(u.host_header(), "a.example:8443");
+        assert_eq!(parse_url("http://a:80").unwrap().host_header(), "a");
+        assert_eq!(parse_url("ftp://a").unwrap_err(), "invalid URL prefix");
+        assert_eq!(
+            parse_url("http://127.0.0.1:xx/a").unwrap_err(),
+            "invalid port in upstream \"127.0.0.1:xx/a\""
+        );
+        assert_eq!(
+            parse_url("http://unix:").unwrap_err(),
+            "no path in the unix domain socket in upstream \"unix:\""
+        );
     }
 }
