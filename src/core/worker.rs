@@ -315,14 +315,6 @@ async fn accept_loop(
             } else {
                 1
             };
-            let active = shared.active.load(Ordering::Acquire);
-            // As nginx, idle connections are closed in advance once fewer
-            // than a sixteenth of the connections are free, so that a
-            // worker full of idle keep-alive (or silent) clients still
-            // takes new ones.
-            if limit.saturating_sub(active) < limit / 16 || active + need > limit {
-                reuse_connections(limit, &mut reuse_warned);
-            }
             if shared.active.load(Ordering::Acquire) + need <= limit {
                 // Alert again the next time the limit is hit, as nginx does.
                 warned = false;
@@ -334,6 +326,27 @@ async fn accept_loop(
             tokio::pin!(freed);
             freed.as_mut().enable();
             if shared.active.load(Ordering::Acquire) + need <= limit {
+                continue;
+            }
+            // A new connection waiting makes room as in nginx: the idle
+            // connections held longest are closed (see `park::drain`).
+            // Only once one is waiting, so that nothing is closed for a
+            // client that never comes.
+            let pending = async {
+                match &l {
+                    L::Tcp(t) => {
+                        // Readiness is left set for accept_tcp.
+                        let _ = t.readable().await;
+                    }
+                    L::Unix(_) => std::future::pending::<()>().await,
+                }
+            };
+            let drained = tokio::select! {
+                _ = freed.as_mut() => None,
+                () = pending => Some(reuse_connections(limit, &mut reuse_warned)),
+                _ = stop.changed() => return,
+            };
+            if drained != Some(0) {
                 continue;
             }
             if !warned {
@@ -424,9 +437,10 @@ async fn accept_loop(
 
 /// Closes some parked idle connections (see [`park::drain`]), warning as
 /// nginx does, at most once a second.
-fn reuse_connections(limit: usize, warned: &mut Option<std::time::Instant>) {
-    if park::drain() == 0 {
-        return;
+fn reuse_connections(limit: usize, warned: &mut Option<std::time::Instant>) -> usize {
+    let n = park::drain();
+    if n == 0 {
+        return 0;
     }
     if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
         *warned = Some(std::time::Instant::now());
@@ -436,6 +450,7 @@ fn reuse_connections(limit: usize, warned: &mut Option<std::time::Instant>) {
             limit
         );
     }
+    n
 }
 
 /// Accepts one connection from a TCP listener registered (edge-triggered)

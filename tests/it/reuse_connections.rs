@@ -1,7 +1,7 @@
 //! A worker whose `worker_connections` are taken by idle clients (connected
 //! and silent, or kept alive after a request) still serves a new client:
-//! as nginx, it closes the idle connections it has held longest once fewer
-//! than a sixteenth of its connections are free, and warns
+//! as nginx, it closes the idle connections it has held longest when a new
+//! client comes and no connection is free, and warns
 //! `N worker_connections are not enough, reusing connections`. tern and
 //! nginx run the same config and the same clients.
 

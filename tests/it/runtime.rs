@@ -652,8 +652,12 @@ fn worker_connections_excess_waits_and_alerts() {
     let s = Server::start_in(p, "worker_processes 1; events { worker_connections 2; } http { server { listen 127.0.0.1:@PORT@; return 200 ok; } }");
     // The harness probe may hold a slot briefly; let it go.
     std::thread::sleep(Duration::from_millis(100));
-    let a = s.connect();
-    let b = s.connect();
+    // Both slots held by connections in the middle of a request head
+    // (idle ones would be closed to make room, as in nginx).
+    let mut a = s.connect();
+    let mut b = s.connect();
+    a.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    b.write_all(b"GET / HTTP/1.1\r\n").unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let mut c = s.connect();
     c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
