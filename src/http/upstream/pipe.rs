@@ -363,13 +363,7 @@ impl Producer {
                     let _ = remove(&st.path, &self.policy).await;
                 }
                 if let Some(c) = self.cache.take() {
-                    // The client gets all that came; the entry never exists.
-                    if let Some((o, l)) = c.held {
-                        self.pipe.push(Seg::File(o, l));
-                    }
-                    let path = c.path;
-                    let _ =
-                        cache::blocking(&self.policy, move || std::fs::remove_file(&path)).await;
+                    self.abandon_cache(c).await;
                 }
                 self.slot.finish();
                 if let Stop::Fail(f) = stop {
@@ -541,12 +535,17 @@ impl Producer {
     async fn give_up_cache(&mut self, e: &io::Error) {
         let Some(c) = self.cache.take() else { return };
         self.write_failed(&c.path, e);
+        self.temp_max = 0;
+        self.abandon_cache(c).await;
+    }
+
+    /// The entry never exists: the client gets all that came (the piece
+    /// held back for the commit too), and its file goes.
+    async fn abandon_cache(&mut self, c: CacheOut) {
         if let Some((o, l)) = c.held {
             self.pipe.push(Seg::File(o, l));
         }
-        self.temp_max = 0;
-        let path = c.path;
-        let _ = cache::blocking(&self.policy, move || std::fs::remove_file(&path)).await;
+        let _ = remove(&c.path, &self.policy).await;
     }
 
     fn write_failed(&self, path: &Path, e: &io::Error) {
