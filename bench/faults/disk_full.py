@@ -37,6 +37,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from faultlib import QuietServer, fetch, free_port, log_kinds
+
 OBJECTS = 60
 
 CONF = """
@@ -93,51 +95,6 @@ class Origin(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
-
-
-class QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        pass
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def fetch(port, path):
-    """(status, body, complete, headers) or None when no answer came."""
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=20)
-        s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        data = b""
-        while True:
-            b = s.recv(1 << 16)
-            if not b:
-                break
-            data += b
-        s.close()
-    except OSError:
-        return None
-    head, sep, body = data.partition(b"\r\n\r\n")
-    if not sep:
-        return None
-    lines = head.split(b"\r\n")
-    try:
-        status = int(lines[0].split()[1])
-    except (IndexError, ValueError):
-        return None
-    headers = {}
-    for line in lines[1:]:
-        k, _, v = line.partition(b":")
-        headers[k.strip().lower().decode()] = v.strip().decode(errors="replace")
-    length = headers.get("content-length")
-    return status, body, length is not None and len(body) == int(length), headers
 
 
 def sort_answer(r, n, sums):
@@ -239,19 +196,8 @@ def main():
             p.wait()
         temp_files = [f for _, _, fs in os.walk(os.path.join(disk, "temp")) for f in fs]
         print("after a graceful stop: %d files in proxy_temp_path" % len(temp_files))
-        with open(os.path.join(prefix, "error.log"), errors="replace") as f:
-            lines = f.read().splitlines()
-        kinds = {}
-        for line in lines:
-            parts = line.split(" ", 4)
-            if len(parts) == 5:
-                msg = parts[4].split(",")[0]
-                if msg.startswith("*"):
-                    msg = msg.split(" ", 1)[-1]
-                key = parts[2] + " " + msg[:90]
-                kinds[key] = kinds.get(key, 0) + 1
         print("error.log lines by kind (level, message up to the first comma):")
-        for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
+        for v, k in log_kinds(os.path.join(prefix, "error.log")):
             print("  %5d %s" % (v, k))
         origin.shutdown()
         bad = sum(v for k, v in list(counts.items()) + list(first.items()) + list(second.items()) if k.endswith("BAD"))

@@ -34,6 +34,8 @@ import tempfile
 import threading
 import time
 
+from faultlib import QuietServer, fetch, free_port
+
 OBJECTS = 200
 
 CONF = """
@@ -95,52 +97,6 @@ class Origin(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # The proxy killed mid-transfer: a broken pipe here is expected.
-        pass
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def fetch(port, path):
-    """(status, body, complete) or None when the connection failed."""
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        data = b""
-        while True:
-            b = s.recv(1 << 16)
-            if not b:
-                break
-            data += b
-        s.close()
-    except OSError:
-        return None
-    head, sep, body = data.partition(b"\r\n\r\n")
-    if not sep:
-        return None
-    lines = head.split(b"\r\n")
-    try:
-        status = int(lines[0].split()[1])
-    except (IndexError, ValueError):
-        return None
-    length = None
-    for line in lines[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            length = int(v.strip())
-    return status, body, length is not None and len(body) == length
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
@@ -185,7 +141,7 @@ def main():
         while not stop.is_set():
             n = rnd.randrange(OBJECTS)
             path = "/%s/%d" % (rnd.choice("ct"), n)
-            r = fetch(port, path)
+            r = fetch(port, path, timeout=10)
             with lock:
                 if r is None:
                     stats["failed"] += 1
@@ -226,7 +182,7 @@ def main():
     time.sleep(12)
     after = {"ok": 0, "bad": 0, "other": 0, "hit": 0}
     for n in range(OBJECTS):
-        r = fetch(port, "/c/%d" % n)
+        r = fetch(port, "/c/%d" % n, timeout=10)
         if r is None or r[0] != 200 or not r[2]:
             after["other"] += 1
         elif hashlib.sha256(r[1]).hexdigest() == SUMS[n]:

@@ -32,12 +32,13 @@ import resource
 import selectors
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from faultlib import free_port, log_kinds
 
 CONF = """
 worker_processes 1;
@@ -77,14 +78,6 @@ class Origin(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def probe(port, n, source="127.0.0.2", budget=40.0):
@@ -253,17 +246,7 @@ def run_round(o, name, nofile, conns, slow, uploads):
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-    with open(os.path.join(prefix, "logs/error.log"), errors="replace") as f:
-        kinds = {}
-        for line in f:
-            parts = line.split(" ", 4)
-            if len(parts) == 5:
-                msg = parts[4].split(",")[0]
-                if msg.startswith("*"):
-                    msg = msg.split(" ", 1)[-1]
-                k = parts[2] + " " + msg[:80].strip()
-                kinds[k] = kinds.get(k, 0) + 1
-    for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6]:
+    for v, k in log_kinds(os.path.join(prefix, "logs/error.log"), top=6):
         print("  log %6d %s" % (v, k))
     origin.shutdown()
     shutil.rmtree(prefix, ignore_errors=True)
