@@ -579,8 +579,8 @@ async fn temp_file(dir: &Path, policy: &Policy) -> io::Result<Arc<File>> {
         std::process::id(),
         TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let f = match create_file(path.clone(), policy).await {
-        Ok(f) => f,
+    let unlinked = || crate::http::body::create(path.clone(), true, policy);
+    match unlinked().await {
         Err(e)
             if matches!(
                 e.kind(),
@@ -588,12 +588,10 @@ async fn temp_file(dir: &Path, policy: &Policy) -> io::Result<Arc<File>> {
             ) =>
         {
             cache::prepare_dir(dir).await?;
-            create_file(path.clone(), policy).await?
+            unlinked().await
         }
-        Err(e) => return Err(e),
-    };
-    cache::blocking(policy, move || std::fs::remove_file(&path)).await?;
-    Ok(f)
+        r => r,
+    }
 }
 
 /// Completes a cache entry: its header, the rename into place, the node.
