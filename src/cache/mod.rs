@@ -183,6 +183,11 @@ struct Inner {
     updating: HashMap<[u8; 16], (u64, Option<Instant>)>,
     /// Requests seen for keys not stored yet (`proxy_cache_min_uses`).
     uses: HashMap<[u8; 16], u64>,
+    /// Error statuses answered for a key, and until when (nginx's
+    /// node->error: an intercepted error, or a 502/504 of a failed
+    /// upstream, that `proxy_cache_valid` or the answer's headers let be
+    /// cached). Memory only, as in nginx.
+    errors: HashMap<[u8; 16], (u16, i64)>,
 }
 
 /// A keys zone: the in-memory index of one cache directory.
@@ -304,6 +309,8 @@ impl Zone {
         // Re-inserted: whatever eviction was pending for this key is void.
         inner.doomed.retain(|d| *d != md5);
         inner.uses.remove(&md5);
+        // A stored answer replaces a cached error.
+        inner.errors.remove(&md5);
         while inner.nodes.len() > self.max_nodes {
             let Some((_, k)) = inner.lru.pop_first() else {
                 break;
@@ -313,6 +320,32 @@ impl Zone {
                 inner.doomed.push(k);
             }
         }
+    }
+
+    /// Remembers that the key's answer is the error `status` until
+    /// `valid_until` (its file, if any, stays).
+    pub fn set_error(&self, md5: [u8; 16], status: u16, valid_until: i64) {
+        let mut g = self.lock();
+        if g.errors.len() >= self.max_nodes && !g.errors.contains_key(&md5) {
+            let now = now_secs();
+            g.errors.retain(|_, (_, v)| *v >= now);
+            if g.errors.len() >= self.max_nodes {
+                return;
+            }
+        }
+        g.errors.insert(md5, (status, valid_until));
+    }
+
+    /// The cached error for the key, while it is valid (an expired one is
+    /// forgotten: the request goes upstream, as nginx's "renew").
+    pub fn cached_error(&self, md5: &[u8; 16]) -> Option<u16> {
+        let mut g = self.lock();
+        let (status, until) = *g.errors.get(md5)?;
+        if until < now_secs() {
+            g.errors.remove(md5);
+            return None;
+        }
+        Some(status)
     }
 
     /// Forgets a node (its file vanished or is invalid).
@@ -377,6 +410,7 @@ impl Zone {
         // the min_free shortfall too.
         let before = inner.disk;
         let inactive = self.inactive_secs.load(Ordering::Relaxed) as i64;
+        inner.errors.retain(|_, (_, v)| *v >= now);
         let stale: Vec<[u8; 16]> = inner
             .nodes
             .iter()
