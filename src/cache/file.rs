@@ -262,8 +262,9 @@ impl EntryHead {
 }
 
 /// Whether `path` is a complete entry for a key with hash `md5`: returns
-/// its validity and the bytes it takes on disk. Blocking (loader thread).
-pub fn check_file(path: &Path, md5: &[u8; 16]) -> Option<(i64, u64)> {
+/// its validity, the bytes it takes on disk and, for a Vary variant named
+/// by its variant hash, the hash of its key. Blocking (loader thread).
+pub fn check_file(path: &Path, md5: &[u8; 16]) -> Option<(i64, u64, Option<[u8; 16]>)> {
     use std::os::unix::fs::MetadataExt;
     let mut f = std::fs::File::open(path).ok()?;
     let meta = f.metadata().ok()?;
@@ -278,7 +279,9 @@ pub fn check_file(path: &Path, md5: &[u8; 16]) -> Option<(i64, u64)> {
                 if !complete || !h.named_by(md5) {
                     return None;
                 }
-                return Some((h.valid_until, meta.blocks() * 512));
+                let main = super::md5::digest(&h.key);
+                let variant_of = (main != *md5).then_some(main);
+                return Some((h.valid_until, meta.blocks() * 512, variant_of));
             }
             Err(ParseError::Need(n2)) if n > 0 || have >= n2 => {
                 if buf.len() < n2 {

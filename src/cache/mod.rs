@@ -188,6 +188,9 @@ struct Inner {
     /// upstream, that `proxy_cache_valid` or the answer's headers let be
     /// cached). Memory only, as in nginx.
     errors: HashMap<[u8; 16], (u16, i64)>,
+    /// The Vary variants stored under hashes of their own, by the hash
+    /// of their key: a purge of the key removes them too.
+    variants: HashMap<[u8; 16], Vec<[u8; 16]>>,
 }
 
 /// A keys zone: the in-memory index of one cache directory.
@@ -348,6 +351,21 @@ impl Zone {
         Some(status)
     }
 
+    /// Records that the entry named `md5` is a Vary variant of the key
+    /// whose hash is `main`.
+    pub fn add_variant(&self, main: [u8; 16], md5: [u8; 16]) {
+        let mut g = self.lock();
+        let v = g.variants.entry(main).or_default();
+        if !v.contains(&md5) {
+            v.push(md5);
+        }
+    }
+
+    /// The variants recorded for the key whose hash is `main`, forgotten.
+    pub fn take_variants(&self, main: &[u8; 16]) -> Vec<[u8; 16]> {
+        self.lock().variants.remove(main).unwrap_or_default()
+    }
+
     /// Forgets a node (its file vanished or is invalid).
     pub fn remove(&self, md5: &[u8; 16]) {
         let mut g = self.lock();
@@ -411,6 +429,15 @@ impl Zone {
         let before = inner.disk;
         let inactive = self.inactive_secs.load(Ordering::Relaxed) as i64;
         inner.errors.retain(|_, (_, v)| *v >= now);
+        {
+            let Inner {
+                nodes, variants, ..
+            } = &mut *inner;
+            variants.retain(|_, v| {
+                v.retain(|m| nodes.contains_key(m));
+                !v.is_empty()
+            });
+        }
         let stale: Vec<[u8; 16]> = inner
             .nodes
             .iter()
@@ -809,9 +836,12 @@ fn load(z: &Zone) {
                 .filter(|k| z.file_path(k) == p)
                 .and_then(|k| file::check_file(&p, &k).map(|h| (k, h)));
             match adopt {
-                Some((k, (valid_until, disk))) => {
+                Some((k, (valid_until, disk, main))) => {
                     if z.still_absent(&k) {
                         z.insert(k, valid_until, disk);
+                    }
+                    if let Some(main) = main {
+                        z.add_variant(main, k);
                     }
                 }
                 None => {

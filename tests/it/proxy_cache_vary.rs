@@ -36,6 +36,12 @@ fn line(what: &str, (s, x, b): (u16, String, String)) -> String {
 /// configuration answers with `Vary: Accept-Encoding` (echoing the
 /// header), `Vary: *`, or no Vary when asked with `?novary=1`.
 fn vary_conf(backend: u16) -> String {
+    vary_conf_with(backend, "")
+}
+
+/// [`vary_conf`] with more of the front server (`proxy_cache_purge`,
+/// which the reference nginx lacks).
+fn vary_conf_with(backend: u16, more: &str) -> String {
     format!(
         "http {{ access_log off;\n\
          proxy_cache_path cache levels=1:2 keys_zone=z:1m;\n\
@@ -50,6 +56,7 @@ fn vary_conf(backend: u16) -> String {
            location / {{ proxy_pass http://127.0.0.1:{backend}; }}\n\
            location /r {{ proxy_pass http://127.0.0.1:{backend}; proxy_cache_valid 200 1s; }}\n\
            location /ign/ {{ proxy_pass http://127.0.0.1:{backend}/; proxy_ignore_headers Vary; }}\n\
+           {more}\n\
          }}\n\
          }}\n"
     )
@@ -345,4 +352,52 @@ fn intercepted_401_keeps_every_challenge() {
         "{got}"
     );
     assert!(got.ends_with("\r\n\r\ndenied\n"), "{got}");
+}
+
+/// A purge of a key removes its Vary variants too (they live under
+/// hashes of their own), whether stored by this run or found on disk
+/// after a restart: none is served again.
+#[test]
+fn purge_removes_every_variant() {
+    let backend = crate::harness::free_port();
+    let c = vary_conf_with(
+        backend,
+        "location ~ ^/purge(/.*) { proxy_cache_purge z $1; }",
+    );
+    let mut s = Server::start(&c);
+    let fill = |port: u16| {
+        for h in ["gzip", "deflate", "br"] {
+            assert_eq!(ask_h(port, "/v", &ae(h)).1, "MISS");
+            assert_eq!(ask_h(port, "/v", &ae(h)).1, "HIT");
+        }
+    };
+    let purged = |port: u16| {
+        assert_eq!(ask(port, "/purge/v").0, 200);
+        assert_eq!(ask(port, "/purge/v").0, 404);
+        for h in ["br", "deflate", "gzip"] {
+            assert_eq!(
+                ask_h(port, "/v", &ae(h)),
+                (200, "MISS".into(), format!("v {h}"))
+            );
+        }
+    };
+    fill(s.port);
+    purged(s.port);
+    // The variants, stored again by those misses, found on disk by a new
+    // run.
+    s.signal(SIGTERM);
+    assert!(
+        s.wait_exit(Duration::from_secs(5)).is_some(),
+        "tern did not stop"
+    );
+    let prefix: Prefix = std::mem::take(&mut s.prefix);
+    let s = Server::start_in(prefix, &c);
+    for h in ["gzip", "deflate", "br"] {
+        assert_eq!(
+            ask_h(s.port, "/v", &ae(h)),
+            (200, "HIT".into(), format!("v {h}"))
+        );
+    }
+    purged(s.port);
+    assert!(!s.error_log().contains("[crit]"), "{}", s.error_log());
 }

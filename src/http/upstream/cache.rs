@@ -503,6 +503,11 @@ pub(super) async fn lookup(
             return Lookup::Vary(v);
         }
     }
+    if secondary {
+        // A variant found (maybe adopted from disk before the loader got
+        // to it): a purge of the key must find it.
+        z.add_variant(*main, *md5);
+    }
     // Expired once its second is over, as nginx (`valid_sec < now`).
     if eh.valid_until < now {
         return Lookup::Expired(Some(Stale { eh, file: f }));
