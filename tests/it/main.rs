@@ -44,6 +44,7 @@ mod pcre;
 mod proxy;
 mod proxy_body;
 mod proxy_cache_stale;
+mod proxy_cache_vary;
 mod proxy_directives;
 mod proxy_more;
 mod proxy_protocol;

@@ -616,6 +616,12 @@ async fn commit(mut c: CacheOut, policy: &Policy) -> Result<(), (io::Error, Cach
         c.eh.valid_until,
         super::cache::disk_bytes(c.base + c.written),
     );
+    if !c.eh.vary.is_empty() {
+        let main = cache::md5::digest(&c.eh.key);
+        if main != c.md5 {
+            c.zone.add_variant(main, c.md5);
+        }
+    }
     Ok(())
 }
 
