@@ -71,7 +71,6 @@ pub struct Trusted(pub Vec<Vec<u8>>);
 
 /// Reads `proxy_ssl_trusted_certificate` (PEM, one or more CAs).
 pub fn load_roots(path: &str) -> ConfResult<Arc<Trusted>> {
-    use rustls_pki_types::pem::PemObject;
     let bad =
         |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", path, why));
     let pem = std::fs::read(path).map_err(|e| {
@@ -81,8 +80,9 @@ pub fn load_roots(path: &str) -> ConfResult<Arc<Trusted>> {
         ))
     })?;
     let mut der = Vec::new();
-    for c in CertificateDer::pem_slice_iter(&pem) {
-        let c = c.map_err(|e| bad(format!("PEM_read_bio_X509() failed ({})", e)))?;
+    let certs = crate::tls::x509::pem_certs(&pem)
+        .map_err(|e| bad(format!("PEM_read_bio_X509() failed ({})", e)))?;
+    for c in certs {
         x509_parser::parse_x509_certificate(&c)
             .map_err(|e| bad(format!("X509_STORE_add_cert() failed ({})", e)))?;
         der.push(c.to_vec());

@@ -32,6 +32,7 @@
 
 pub mod client;
 pub mod client_auth;
+pub mod conf_command;
 pub mod config;
 pub mod keys;
 pub mod ocsp;
