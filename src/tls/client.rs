@@ -15,9 +15,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::tls::provider;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::Resumption;
-use rustls::crypto::{ring as provider, CryptoProvider};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -127,7 +128,7 @@ pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
     suites.extend(tls12.iter().copied());
     let p = Arc::new(CryptoProvider {
         cipher_suites: suites,
-        ..provider::default_provider()
+        ..crate::tls::default_provider()
     });
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if s.protocols.1 {

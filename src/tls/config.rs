@@ -6,7 +6,7 @@
 //! picks the server by SNI first (see `tls::stream::accept`) and then uses
 //! that server's certificates, protocols and ciphers.
 //!
-//! The mapping onto rustls (ring provider):
+//! The mapping onto rustls (`tls::provider`):
 //! - `ssl_certificate`/`ssl_certificate_key` pairs: PEM chains and keys
 //!   (RSA, ECDSA, Ed25519); with several pairs, the first whose key can
 //!   sign with a scheme the client offers is used (RSA + ECDSA as nginx).
@@ -20,11 +20,12 @@
 //!   `ssl_session_ticket_key`: see `tls::sessions`.
 //! - `ssl_verify_client` and its files: see `tls::client_auth`.
 //! - `ssl_buffer_size`: the largest TLS record's plaintext.
+//! - `ssl_conf_command`: applied last, see `tls::conf_command`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rustls::crypto::ring as provider;
+use crate::tls::provider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SupportedCipherSuite};
@@ -663,7 +664,7 @@ pub(crate) fn check_groups(v: &str) -> ConfResult<()> {
 /// `ssl_ecdh_curve auto | NAME[:NAME...]`.
 fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKxGroup>> {
     if v == "auto" {
-        return Ok(provider::DEFAULT_KX_GROUPS.to_vec());
+        return Ok(crate::tls::default_kx_groups());
     }
     let mut out: Vec<&'static dyn rustls::crypto::SupportedKxGroup> = Vec::new();
     for n in v.split(':') {
@@ -671,6 +672,7 @@ fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKx
             "X25519" | "x25519" => provider::kx_group::X25519,
             "prime256v1" | "secp256r1" | "P-256" => provider::kx_group::SECP256R1,
             "secp384r1" | "P-384" => provider::kx_group::SECP384R1,
+            "X25519MLKEM768" => provider::kx_group::X25519MLKEM768,
             // Known to OpenSSL, not to rustls: skipped.
             "X448" | "x448" | "secp521r1" | "P-521" => continue,
             _ => {

@@ -36,9 +36,9 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::tls::provider;
 use ring::aead;
 use ring::rand::{SecureRandom, SystemRandom};
-use rustls::crypto::ring as provider;
 use rustls::server::{ProducesTickets, StoresServerSessions};
 
 use crate::config::{ConfError, ConfResult};

@@ -154,7 +154,7 @@ pub fn pair_from_pem(
         ));
     }
     let der = crate::tls::keys::private_key(key_pem, passwords).map_err(bad_key)?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+    let signer = crate::tls::provider::sign::any_supported_type(&der)
         .map_err(|e| bad_key(format!("PEM_read_bio_PrivateKey() failed ({})", e)))?;
     Ok(Arc::new(CertifiedKey::new(chain, signer)))
 }

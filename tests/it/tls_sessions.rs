@@ -135,7 +135,11 @@ fn get(cfg: &Arc<ClientConfig>, port: u16, sni: &str) -> (Resp, Vec<u8>) {
 /// `sess_in` (if any) and writing a new one to `sess_out`: its output.
 fn s_client(dir: &Path, port: u16, sess_in: Option<&str>, sess_out: &str) -> String {
     let connect = format!("127.0.0.1:{}", port);
+    // `timeout`: s_client leaves when the server closes (the request asks
+    // it to); this bounds a server that would not.
     let mut args = vec![
+        "20",
+        "openssl",
         "s_client",
         "-tls1_2",
         "-msg",
@@ -149,7 +153,7 @@ fn s_client(dir: &Path, port: u16, sess_in: Option<&str>, sess_out: &str) -> Str
     if let Some(f) = sess_in {
         args.extend(["-sess_in", f]);
     }
-    let mut child = Command::new("openssl")
+    let mut child = Command::new("timeout")
         .args(&args)
         .current_dir(dir)
         .stdin(Stdio::piped())
@@ -157,12 +161,14 @@ fn s_client(dir: &Path, port: u16, sess_in: Option<&str>, sess_out: &str) -> Str
         .stderr(Stdio::null())
         .spawn()
         .expect("openssl");
-    if let Some(mut i) = child.stdin.take() {
+    // stdin stays open until s_client is done: it quits at EOF, maybe
+    // before the answer is in.
+    let mut stdin = child.stdin.take();
+    if let Some(i) = stdin.as_mut() {
         let _ = i.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n");
-        // Kept open until the answer is in: s_client quits at EOF.
-        std::thread::sleep(std::time::Duration::from_millis(300));
     }
     let out = child.wait_with_output().expect("s_client");
+    drop(stdin);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.contains("200 OK"), "{}", text);
     text
