@@ -78,6 +78,7 @@ mod syslog;
 mod tls;
 mod tls_client_cert;
 mod tls_ocsp;
+mod tls_sessions;
 mod tls_upstream;
 mod tls_var_certs;
 mod udp_listen;
