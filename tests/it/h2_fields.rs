@@ -135,11 +135,12 @@ http {
     );
     s.prefix.write("html/t.html", "SEE-THIS");
     let mut c = h2c(s.port);
-    // HEADERS without END_STREAM and the first DATA of an upload: the
-    // static file is served at once, then RST_STREAM NO_ERROR asks the
-    // client to stop sending.
+    // HEADERS without END_STREAM and the first 20000 bytes of an upload
+    // (past 16 KiB): the static file is served without waiting for the
+    // rest, then RST_STREAM NO_ERROR asks the client to stop sending.
     c.write_all(&headers(1, false, &[])).expect("headers");
-    c.write_all(&frame(0, 0, 1, &[b'u'; 1000])).expect("data");
+    c.write_all(&frame(0, 0, 1, &[b'u'; 10000])).expect("data");
+    c.write_all(&frame(0, 0, 1, &[b'u'; 10000])).expect("data");
     let mut seen = Vec::new();
     let mut buf = Vec::new();
     let mut tmp = [0u8; 16384];

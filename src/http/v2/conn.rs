@@ -315,62 +315,23 @@ impl BodyIo for H2Body {
     }
 }
 
-/// What [`take_arrived`] found of a body.
-enum Arrived {
-    /// Its end.
-    End,
-    /// Some DATA, not the end.
-    Part,
-    /// Nothing yet.
-    Nothing,
-}
+/// How much of an unread body is read before the answer goes without
+/// waiting for the rest: more than one DATA frame of the default size is
+/// an upload, not the small body of a protocol check (h2spec sends such a
+/// body, then a malformed end or frames on the stream, and expects the
+/// stream to be open until then; nginx answers at once).
+const UPLOAD: usize = 16 * 1024;
 
-/// Takes what has arrived of an unread body, dropping it (its window
-/// given back): frames read with the request's, and those the connection
-/// reads in two more turns of the loop (a turn polls the socket). The
-/// reset reason when the peer broke the stream (h2 found its end
-/// malformed, or it reset it).
-async fn take_arrived(body: &H2Body) -> Result<Arrived, h2::Reason> {
-    let mut turns = 0;
-    let mut some = false;
-    loop {
-        let next = poll_fn(|cx| {
-            Poll::Ready(match body.st.borrow_mut().rx.poll_data(cx) {
-                Poll::Ready(r) => Some(r),
-                Poll::Pending => None,
-            })
-        })
-        .await;
-        match next {
-            Some(Some(Ok(d))) => {
-                some |= !d.is_empty();
-                let _ = body
-                    .st
-                    .borrow_mut()
-                    .rx
-                    .flow_control()
-                    .release_capacity(d.len());
-            }
-            Some(Some(Err(e))) => return Err(e.reason().unwrap_or(h2::Reason::PROTOCOL_ERROR)),
-            Some(None) => return Ok(Arrived::End),
-            None if turns < 2 => {
-                turns += 1;
-                tokio::task::yield_now().await;
-            }
-            None if some => return Ok(Arrived::Part),
-            None => return Ok(Arrived::Nothing),
-        }
-    }
-}
-
-/// Reads the body to its end, dropping it; the reset reason when the
-/// peer broke the stream (or `PROTOCOL_ERROR` when it went quiet too
-/// long, as nginx).
-async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
-    loop {
+/// Reads the body and drops it, to its end or until more than `enough`
+/// bytes came; the reset reason when the peer broke the stream (or
+/// `PROTOCOL_ERROR` when it went quiet longer than `each`, as nginx).
+async fn drain(body: &H2Body, each: Duration, enough: usize) -> Result<(), h2::Reason> {
+    let mut taken = 0;
+    while taken <= enough {
         let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().rx.poll_data(cx))).await;
         match next {
             Ok(Some(Ok(d))) => {
+                taken += d.len();
                 let _ = body
                     .st
                     .borrow_mut()
@@ -384,6 +345,7 @@ async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
             Err(_) => return Err(h2::Reason::PROTOCOL_ERROR),
         }
     }
+    Ok(())
 }
 
 /// nginx's limits on an HTTP/2 request's header list, from
@@ -556,25 +518,16 @@ async fn stream_task(
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }
-    // A body nobody read: what has already come of it is taken (and
-    // dropped) before the answer, so that a malformed end that came with
-    // the request (a length that does not match, pseudo-headers in
-    // trailers, a reset) resets the stream rather than being answered.
-    // An upload on its way (some of its DATA came, not its end) is not
-    // waited for, as nginx: the answer goes now, and when the stream's
-    // handles are dropped after it h2 tells the client to stop sending
-    // with RST_STREAM(NO_ERROR) (RFC 9113 8.1). A body of which nothing
-    // came yet is waited for (each wait bounded by client_body_timeout):
-    // h2spec's closed-stream checks (5.1 #9) reset such a stream
-    // themselves and expect it still open.
+    // A body nobody read is read (and dropped) before the answer, each
+    // wait bounded by client_body_timeout, so that a malformed end of it
+    // (a length that does not match, pseudo-headers in trailers, a reset)
+    // resets the stream rather than being answered. An upload, past
+    // UPLOAD bytes, is not waited for to its end, as nginx: the answer
+    // goes, and when the stream's handles are dropped after it h2 tells
+    // the client to stop sending with RST_STREAM(NO_ERROR) (RFC 9113 8.1).
     if has_body && body_end == crate::http::body::End::Unread {
         let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
-        let arrived = match take_arrived(&body_io).await {
-            Ok(Arrived::Nothing) => drain(&body_io, to).await,
-            Ok(Arrived::End | Arrived::Part) => Ok(()),
-            Err(reason) => Err(reason),
-        };
-        if let Err(reason) = arrived {
+        if let Err(reason) = drain(&body_io, to, UPLOAD).await {
             cx.sent.status = resp.status;
             respond.send_reset(reason);
             return;
