@@ -27,6 +27,7 @@ mod geo;
 mod grpc;
 mod gzip;
 mod h2;
+mod h2_fields;
 mod h2_goaway;
 mod h3;
 mod idle;
