@@ -404,6 +404,7 @@ async fn accept_loop(
                     started: std::time::Instant::now(),
                     proxy: None,
                     proxy_pending: false,
+                    keepalive_ms: 0,
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.

@@ -73,6 +73,15 @@ pub struct Ctx<'a> {
     pub error_paged: bool,
     /// The request body, when one was announced (set by the engine).
     pub body: Option<crate::http::body::ReqBody<'a>>,
+    /// The client's connection, watched for a hang-up while a handler
+    /// waits on something else (an upstream's head); None where the
+    /// protocol cannot tell (HTTP/2, HTTP/3) and in subrequests.
+    pub client: Option<&'a dyn crate::http::body::BodyIo>,
+    /// The URI was rewritten after its location was found and the request
+    /// stays there (`rewrite ... break`; nginx's `valid_location` cleared):
+    /// a proxy_pass URI part then no longer replaces the location's
+    /// prefix, the rewritten URI goes as it is.
+    pub location_stale: bool,
     /// In the log phase: error lines name it (`while logging request`),
     /// as nginx's do.
     pub logging: std::cell::Cell<bool>,
@@ -181,6 +190,8 @@ impl<'a> Ctx<'a> {
             method: req.method,
             error_paged: false,
             body: None,
+            client: None,
+            location_stale: false,
             logging: std::cell::Cell::new(false),
             remote: conn.remote,
             realip_done: false,
@@ -592,6 +603,7 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
     match cx.server.named.get(name) {
         Some(l) => {
             cx.loc = l.conf.clone();
+            cx.location_stale = false;
             crate::http::modules::access::limit_except(cx);
             cx.internal = true;
             cx.loc_prefix_len = 0;
@@ -605,6 +617,7 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
 /// Finds the location for `cx.uri`; a response when the lookup answers
 /// by itself (nginx's `auto_redirect`).
 fn find_location(cx: &mut Ctx<'_>) -> Option<Response> {
+    cx.location_stale = false;
     match cx.server.locations.find(&cx.uri) {
         Some(f) if f.auto_redirect => {
             cx.loc = f.loc.conf.clone();

@@ -71,7 +71,7 @@ pub(super) fn cache_answer(
 ) -> Response {
     let conf = proto.conf();
     // The entry keeps upstream's Date and Server where the protocol relays them.
-    r.upstream_server_date = proto.relays_date();
+    super::response::entry_fields(&mut r, proto);
     cx.set_note("upstream_cache_status", status.to_vec());
     if cx.method != Method::Head && matches!(&r.body, Body::Bytes(b) if b.is_empty()) {
         // Only a HEAD may be told the length of a body the entry lacks.
@@ -176,7 +176,7 @@ struct Background {
     req: Request,
     head_only: bool,
     non_idempotent: bool,
-    bind: Option<std::net::IpAddr>,
+    bind: Option<std::net::SocketAddr>,
     keepalive: bool,
     at: peers::Attempt,
     prefix: Vec<u8>,
@@ -504,7 +504,7 @@ pub(super) fn entry_head(
         body_len,
         key: c.key.clone(),
         status_line: r.status_line.clone(),
-        headers: relayed.to_vec(),
+        headers: super::response::stored_headers(relayed, &r.headers),
     }
 }
 

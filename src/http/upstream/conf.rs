@@ -57,7 +57,7 @@ pub enum StoreTo {
 /// `PREFIX_bind` address: literal or with variables.
 #[derive(Debug, Clone)]
 pub enum BindAddr {
-    Fixed(std::net::IpAddr),
+    Fixed(std::net::SocketAddr),
     Var(Template),
 }
 
@@ -527,9 +527,18 @@ pub fn set_bind<S: Slot>(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> C
     set_once(&mut S::conf(l).bind, v, d)
 }
 
-/// A local address for `PREFIX_bind`: an IP, IPv6 in brackets or not.
-pub fn parse_bind(a: &str) -> Option<std::net::IpAddr> {
-    a.trim_start_matches('[').trim_end_matches(']').parse().ok()
+/// A local address for `PREFIX_bind`: an IP (IPv6 in brackets or not),
+/// with a port or not (nginx's ngx_parse_addr_port; port 0: any).
+pub fn parse_bind(a: &str) -> Option<std::net::SocketAddr> {
+    if let Ok(sa) = a.parse() {
+        return Some(sa);
+    }
+    let ip = a
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    Some(std::net::SocketAddr::new(ip, 0))
 }
 
 pub fn set_cache_min_uses<S: Slot>(

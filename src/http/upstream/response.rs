@@ -76,6 +76,74 @@ pub fn relayed(
     out
 }
 
+/// Which of tern's own `Server` and `Date` fields an upstream answer
+/// keeps: where the protocol relays upstream's (FastCGI's), its own stand
+/// back when upstream sent one; where `PREFIX_pass_header` names one and
+/// the protocol says so (proxy's: nginx adds empty stand-ins for the two
+/// when upstream sends none), tern's own is never sent.
+pub fn own_fields(out: &mut Response, proto: &dyn Protocol) {
+    out.upstream_server_date = proto.relays_date();
+    if proto.passed_replace_own() {
+        let passed: &[String] = proto.conf().pass_headers.as_deref().map_or(&[], |v| v);
+        out.no_own_server = passed.iter().any(|n| n == "server");
+        out.no_own_date = passed.iter().any(|n| n == "date");
+    }
+}
+
+/// The headers a cache entry keeps: those relayed, and upstream's
+/// `X-Accel-Charset` even where it is not relayed, as nginx keeps
+/// upstream's whole head in the file and reads it again for each answer
+/// (the charset filter's destination, see [`entry_fields`]).
+pub fn stored_headers(
+    relayed: &[(String, Vec<u8>)],
+    upstream: &[(String, Vec<u8>)],
+) -> Vec<(String, Vec<u8>)> {
+    let mut out = relayed.to_vec();
+    if header(relayed, "x-accel-charset").is_none() {
+        if let Some((n, v)) = upstream
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+        {
+            out.push((n.clone(), v.clone()));
+        }
+    }
+    out
+}
+
+/// A response from a cache entry takes what a fresh answer takes from
+/// upstream's head: tern's own `Server` / `Date` or not ([`own_fields`]),
+/// and the charset `X-Accel-Charset` names (the header itself leaves
+/// unless the location relays it).
+pub fn entry_fields(r: &mut Response, proto: &dyn Protocol) {
+    own_fields(r, proto);
+    let Some(i) = r
+        .headers
+        .iter()
+        .rposition(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+    else {
+        return;
+    };
+    let conf = proto.conf();
+    let passed = conf
+        .pass_headers
+        .as_deref()
+        .is_some_and(|p| p.iter().any(|n| n == "x-accel-charset"));
+    let hidden_here = conf
+        .hide
+        .as_deref()
+        .is_some_and(|h| h.iter().any(|n| n == "x-accel-charset"));
+    let relayed = !hidden_here && (passed || !proto.hidden().contains(&"x-accel-charset"));
+    let v = if relayed {
+        r.headers[i].1.clone()
+    } else {
+        r.headers.remove(i).1
+    };
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
+        r.override_charset = Some(String::from_utf8_lossy(&v).into_owned());
+    }
+}
+
 /// Whether the upstream connection can go back to the keepalive cache
 /// once its body was read whole.
 pub fn reusable(r: &UpResp) -> bool {
@@ -161,7 +229,12 @@ pub(super) async fn respond(
         log_upstream(cx, Level::Error, &e, &url);
     }
     // (A HEAD answer's body is not read, even when upstream sends one.)
-    if let Some(w) = resp.decoder.extra_warning().filter(|_| !head_only) {
+    // (Nor what follows a 101, which is no body at all.)
+    if let Some(w) = resp
+        .decoder
+        .extra_warning()
+        .filter(|_| !head_only && resp.status != 101)
+    {
         log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
     }
     if proto.intercepts(resp.status)
@@ -291,7 +364,7 @@ pub(super) async fn respond(
     if !resp.status_line.is_empty() {
         out.status_line = Some((resp.status, std::mem::take(&mut resp.status_line)));
     }
-    out.upstream_server_date = proto.relays_date();
+    own_fields(&mut out, &**proto);
     apply_headers(&mut out, relayed);
     // As nginx: only a response being cached answers If-Modified-Since
     // and the like itself; any other goes as upstream answered.
@@ -339,6 +412,15 @@ pub(super) async fn respond(
     } else {
         out.ranges_off = true;
     }
+    if (head_only || resp.no_body) && cache_out.is_none() && resp.decoder.done() {
+        // Nothing to read (an answer to HEAD, a 204, a 304): the
+        // connection is free at once, as nginx finds it.
+        if reusable(&resp) {
+            if let Some(s) = resp.stream.take() {
+                up.put_idle(resp.peer.clone(), s, resp.requests);
+            }
+        }
+    }
     if head_only && cache_out.is_none() {
         out.content_length = resp.declared_len;
         out.body = Body::Bytes(Vec::new());
@@ -346,6 +428,11 @@ pub(super) async fn respond(
     }
     if resp.no_body && cache_out.is_none() {
         out.body = Body::Bytes(Vec::new());
+        // A 101 the client did not ask for: upstream speaks another
+        // protocol now, and the client connection cannot go on with HTTP
+        // either (nginx closes it once upstream's read timeout ends the
+        // request; tern at once, see DIFFERENCES.md).
+        out.force_close |= resp.status == 101;
         return out;
     }
     // What the client is told of the length.

@@ -39,7 +39,7 @@ use crate::http::v1::chunked::ChunkedDecoder;
 /// Resolves when the client hangs up (EOF or an error); never once it
 /// has sent more bytes (they belong to the next request), nor if the
 /// stream cannot tell.
-async fn hangup<S: Stream>(stream: &S) {
+pub(crate) async fn hangup<S: Stream>(stream: &S) {
     loop {
         if stream.readable().await.is_err() {
             return;
@@ -288,6 +288,7 @@ async fn request<S: Stream>(
     };
     let server = addr.select(req.host()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    cx.client = Some(stream);
     if pipelined {
         cx.notes
             .push((crate::http::modules::access_log::PIPELINED, Vec::new()));
@@ -334,6 +335,11 @@ async fn request<S: Stream>(
         return false;
     }
     if resp.close_silently {
+        // `return 444`, a client gone while upstream was awaited (499):
+        // nothing is sent, and the log says so, as nginx's does.
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
         return false;
     }
     if let Some(up) = resp.upgrade.take() {
@@ -466,6 +472,8 @@ async fn request<S: Stream>(
         return false;
     }
     drop(request_guards);
+    // The wait for the next request is this location's keepalive_timeout.
+    info.keepalive_ms = ka;
     true
 }
 
