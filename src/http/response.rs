@@ -163,6 +163,10 @@ pub struct Response {
     pub filters: Vec<Box<dyn BodyFilter>>,
     /// Trailers to send after a chunked body (`add_trailer`).
     pub trailers: Vec<(String, Vec<u8>)>,
+    /// How many of `trailers` (the last ones) `add_trailer` rendered with
+    /// the head; HTTP/1 renders them again once the body has gone, as
+    /// nginx renders them (`$msec`, `$body_bytes_sent` then).
+    pub own_trailers: usize,
     /// How file pieces of the body are read and sent (the location's `aio`).
     pub io: Option<crate::io::Policy>,
     /// The range filter leaves this response alone, `Accept-Ranges` and

@@ -312,7 +312,7 @@ impl Background {
             }),
             keep,
             log,
-            limit_rate: conf.limit_rate.unwrap_or(0),
+            limit_rate: super::conf::limit_rate(conf, None),
             store: None,
             slot: super::state::Slot::none(),
         };

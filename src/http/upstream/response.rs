@@ -505,7 +505,7 @@ pub(super) async fn respond(
         cache: cache_out,
         keep,
         log: UpLog::of(cx, &url),
-        limit_rate: conf.limit_rate.unwrap_or(0),
+        limit_rate: super::conf::limit_rate(conf, Some(&*cx)),
         store: store_out,
         slot: resp.slot.take(),
     };
