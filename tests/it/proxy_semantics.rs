@@ -111,7 +111,7 @@ fn passed_date_and_server_never_come_from_tern() {
 }
 
 #[test]
-fn a_101_nobody_asked_for_has_no_body() {
+fn a_101_nobody_asked_for_carries_what_upstream_sent_before_closing() {
     let o = Origin::start(|_| {
         Some(
             b"HTTP/1.1 101 Switching\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\nhandshaked\r\n"
@@ -133,10 +133,44 @@ fn a_101_nobody_asked_for_has_no_body() {
         );
         blank_date_server(&text(&r))
     });
+    // Upstream closed after its bytes: they follow the head.
+    assert_eq!(
+        got,
+        "HTTP/1.1 101 Switching\r\nServer: X\r\nDate: X\r\nConnection: upgrade\r\nUpgrade: foo\r\n\r\nhandshaked\r\n"
+    );
+}
+
+#[test]
+fn a_101_nobody_asked_for_is_held_until_upstream_ends() {
+    // Upstream keeps the connection open: as nginx's buffers, tern holds
+    // what followed the 101 until proxy_read_timeout ends the request,
+    // then closes with the head alone.
+    let o = Origin::serve(|mut c| {
+        if c.next(false).is_none() {
+            return;
+        }
+        let _ = c
+            .stream
+            .write_all(b"HTTP/1.1 101 Switching\r\nUpgrade: foo\r\n\r\nhandshaked\r\n");
+        std::thread::sleep(Duration::from_secs(3));
+    })
+    .detach();
+    let conf = format!(
+        "http {{ log_format t \"$status $body_bytes_sent\";
+          server {{ listen 127.0.0.1:@PORT@; access_log logs/t.log t;
+            location / {{ proxy_pass http://127.0.0.1:{o}; proxy_read_timeout 1s; }}
+          }} }}"
+    );
+    let s = Server::start(&conf);
+    let got = blank_date_server(&text(&s.raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")));
     assert_eq!(
         got,
         "HTTP/1.1 101 Switching\r\nServer: X\r\nDate: X\r\nConnection: upgrade\r\nUpgrade: foo\r\n\r\n"
     );
+    assert_eq!(wait_log(&s.prefix, "logs/t.log", "101"), "101 0\n");
+    assert!(s
+        .wait_error_log("upstream timed out")
+        .contains("while reading upstream"));
 }
 
 #[test]
@@ -144,7 +178,8 @@ fn client_gone_while_upstream_is_silent_is_499() {
     // The origin accepts and never answers (None: silent for 3 s).
     let o = Origin::start(|_| None);
     let conf = format!(
-        "http {{ log_format t \"$status $upstream_addr $upstream_header_time\";
+        "error_log logs/error.log info;
+        http {{ log_format t \"$status $upstream_addr $upstream_header_time\";
           server {{ listen 127.0.0.1:@PORT@; access_log logs/t.log t;
             location / {{ proxy_pass http://127.0.0.1:{}; }}
           }} }}",
@@ -239,7 +274,7 @@ fn rewrite_break_sends_the_rewritten_uri_whole() {
     });
     assert_eq!(
         got,
-        "GET /return200 HTTP/1.0|GET /new/x?a=1 HTTP/1.0|GET /up/y HTTP/1.0"
+        "GET /return200 HTTP/1.0|GET /new/x?a=1 HTTP/1.0|GET /up//y HTTP/1.0"
     );
 }
 
@@ -247,12 +282,21 @@ fn rewrite_break_sends_the_rewritten_uri_whole() {
 fn proxy_limit_rate_takes_variables() {
     // nginx 1.27's: the value may come from upstream's head. One that is
     // not a size is logged and limits nothing.
-    let o = Origin::start(|req| {
-        let rate = if req.contains("bad") { "abc" } else { "1m" };
-        Some(Origin::ok(
-            "0123456789",
-            &format!("X-Rate: {rate}\r\nConnection: close\r\n"),
-        ))
+    // The body comes a moment after the head, so it streams through the
+    // pipe whose rate the variable sets.
+    let o = Origin::serve(|mut c| {
+        let Some(req) = c.next(false) else { return };
+        let rate = if text(&req).contains("bad") {
+            "abc"
+        } else {
+            "1m"
+        };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nX-Rate: {rate}\r\nContent-Length: 10\r\nConnection: close\r\n\r\n"
+        );
+        let _ = c.stream.write_all(head.as_bytes());
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = c.stream.write_all(b"0123456789");
     })
     .detach();
     let conf = format!(

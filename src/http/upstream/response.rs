@@ -229,12 +229,7 @@ pub(super) async fn respond(
         log_upstream(cx, Level::Error, &e, &url);
     }
     // (A HEAD answer's body is not read, even when upstream sends one.)
-    // (Nor what follows a 101, which is no body at all.)
-    if let Some(w) = resp
-        .decoder
-        .extra_warning()
-        .filter(|_| !head_only && resp.status != 101)
-    {
+    if let Some(w) = resp.decoder.extra_warning().filter(|_| !head_only) {
         log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
     }
     if proto.intercepts(resp.status)
@@ -428,12 +423,10 @@ pub(super) async fn respond(
     }
     if resp.no_body && cache_out.is_none() {
         out.body = Body::Bytes(Vec::new());
-        // A 101 the client did not ask for: upstream speaks another
-        // protocol now, and the client connection cannot go on with HTTP
-        // either (nginx closes it once upstream's read timeout ends the
-        // request; tern at once, see DIFFERENCES.md).
-        out.force_close |= resp.status == 101;
         return out;
+    }
+    if resp.status == 101 && buffering && cache_out.is_none() && store_out.is_none() {
+        return held_101(cx, resp, out, first, lim, &url).await;
     }
     // What the client is told of the length.
     let length = resp.declared_len.filter(|_| !resp.no_body);
@@ -532,6 +525,60 @@ pub(super) async fn respond(
     }
     out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
     out.watch_client = !conf.ignore_client_abort.unwrap_or(false);
+    out
+}
+
+/// A 101 the client did not ask for (no `Upgrade` in its request), with
+/// proxy_buffering on: as nginx's buffers hold what follows it, the bytes
+/// are read until upstream closes and then sent after the head; if
+/// upstream fails or times out first, only the head goes. Either way the
+/// connection closes after it (nothing frames what followed the 101).
+async fn held_101(
+    cx: &mut Ctx<'_>,
+    mut resp: UpResp,
+    mut out: Response,
+    mut body: Vec<u8>,
+    lim: &Limits,
+    url: &str,
+) -> Response {
+    out.force_close = true;
+    out.content_length = None;
+    let Some(mut s) = resp.stream.take() else {
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    let complete = loop {
+        if resp.decoder.done() {
+            break true;
+        }
+        let n = match super::fetch::timed_read(
+            &mut s,
+            &mut buf,
+            lim.read,
+            "while reading upstream",
+            false,
+            "readv()",
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(f) => {
+                log_upstream(cx, Level::Error, &f.msg, url);
+                break false;
+            }
+        };
+        if n == 0 {
+            break true;
+        }
+        resp.slot.received(n);
+        resp.slot.body(n);
+        if resp.decoder.feed(&buf[..n], &mut body).is_err() || body.len() > lim.mem_max {
+            break false;
+        }
+    };
+    resp.slot.finish();
+    out.body = Body::Bytes(if complete { body } else { Vec::new() });
     out
 }
 

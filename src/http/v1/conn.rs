@@ -1461,7 +1461,9 @@ async fn emit<S: Stream>(
         frame.extend_from_slice(head);
         *first = false;
     }
-    sent.body_bytes += out.len() as u64;
+    // Trailers rendered below see the body bytes gone before this frame
+    // (nginx renders them before its last write).
+    let body_now = out.len() as u64;
     if chunked {
         if !out.is_empty() {
             frame.extend_from_slice(format!("{:x}\r\n", out.len()).as_bytes());
@@ -1490,6 +1492,7 @@ async fn emit<S: Stream>(
         frame.extend_from_slice(out);
     }
     out.clear();
+    sent.body_bytes += body_now;
     sent.bytes += frame.len() as u64;
     if frame.is_empty() {
         return Ok(());

@@ -97,10 +97,7 @@ impl HttpHead {
             .iter()
             .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && mentions_chunked(v));
         let declared_len = content_length(&h.headers).filter(|_| !chunked);
-        // What follows a 101 is another protocol, not a body: relayed by
-        // the tunnel when the client asked to upgrade, else never sent
-        // (nginx, buffering, holds it back until upstream gives up).
-        let no_body = self.head_only || h.code == 204 || h.code == 304 || h.code == 101;
+        let no_body = self.head_only || h.code == 204 || h.code == 304;
         // nginx never reuses an HTTP/1.0 connection, whatever its
         // Connection header says, nor one that answered 101.
         let keep = !(header(&h.headers, "connection").is_some_and(|v| has_token(v, "close"))
