@@ -129,7 +129,7 @@ fn a_101_nobody_asked_for_carries_what_upstream_sent_before_closing() {
     let got = both(&conf, |port| {
         let r = raw(
             port,
-            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         );
         blank_date_server(&text(&r))
     });

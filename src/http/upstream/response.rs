@@ -530,9 +530,9 @@ pub(super) async fn respond(
 
 /// A 101 the client did not ask for (no `Upgrade` in its request), with
 /// proxy_buffering on: as nginx's buffers hold what follows it, the bytes
-/// are read until upstream closes and then sent after the head; if
-/// upstream fails or times out first, only the head goes. Either way the
-/// connection closes after it (nothing frames what followed the 101).
+/// are read until upstream closes and then sent after the head, unframed,
+/// the client connection kept as nginx keeps it; if upstream fails or
+/// times out first, only the head goes and the connection closes.
 async fn held_101(
     cx: &mut Ctx<'_>,
     mut resp: UpResp,
@@ -541,9 +541,9 @@ async fn held_101(
     lim: &Limits,
     url: &str,
 ) -> Response {
-    out.force_close = true;
     out.content_length = None;
     let Some(mut s) = resp.stream.take() else {
+        out.force_close = true;
         out.body = Body::Bytes(Vec::new());
         return out;
     };
@@ -578,6 +578,7 @@ async fn held_101(
         }
     };
     resp.slot.finish();
+    out.force_close = !complete;
     out.body = Body::Bytes(if complete { body } else { Vec::new() });
     out
 }
