@@ -731,6 +731,11 @@ fn reload(st: &mut State<'_>, w: &Workers) {
     for w in published.warnings.iter().chain(&published.lint) {
         crate::elog!(Warn, "{}", w);
     }
+    if let Some(ms) = published.main.worker_shutdown_timeout_ms {
+        for w in workers {
+            let _ = w.send(Ctrl::Reloaded(std::time::Duration::from_millis(ms)));
+        }
+    }
     let removed: Vec<ListenAddr> = bound
         .keys()
         .filter(|a| !want.iter().any(|(l, _)| &l.addr == *a))

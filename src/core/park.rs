@@ -169,6 +169,9 @@ struct Lot {
     /// Signalled when a parked entry has the earliest deadline.
     sooner: Notify,
     quit: watch::Receiver<bool>,
+    /// After a reload with worker_shutdown_timeout: (when it happened,
+    /// when the connections accepted before it are closed at the latest).
+    drain: std::cell::Cell<Option<(std::time::Instant, Instant)>>,
 }
 
 /// Sets up this worker's lot and its watcher task. Called from inside the
@@ -210,6 +213,7 @@ pub fn start(quit: watch::Receiver<bool>) {
         }),
         sooner: Notify::new(),
         quit,
+        drain: std::cell::Cell::new(None),
     });
     LOT.with(|l| *l.borrow_mut() = Some(lot.clone()));
     tokio::task::spawn_local(watch_lot(lot));
@@ -221,6 +225,35 @@ pub fn stop() {
         let places = std::mem::take(&mut lot.places.borrow_mut().places);
         drop(places);
     }
+}
+
+/// A reload with worker_shutdown_timeout `after` happened: every
+/// connection accepted before it that waits here is closed at the latest
+/// `after` from now, and so is one that comes to wait here later (nginx's
+/// old worker closes all its connections when the timeout ends; tern's
+/// requests in progress finish, see DIFFERENCES.md).
+pub fn close_after_reload(after: Duration) {
+    let Some(lot) = LOT.with(|l| l.borrow().clone()) else {
+        return;
+    };
+    let at = std::time::Instant::now();
+    let until = Instant::now() + after;
+    lot.drain.set(Some((at, until)));
+    let mut places = lot.places.borrow_mut();
+    let mut sooner = Vec::new();
+    for (i, p) in places.places.iter_mut().enumerate() {
+        if let Place::Used(e) = p {
+            if e.info.started < at && e.wait.deadline > until {
+                e.wait.deadline = until;
+                sooner.push(Reverse((until, i as u32, e.gen)));
+            }
+        }
+    }
+    // The entries' older deadlines stay in the heap, stale: the first to
+    // come up closes the connection, and its place's generation moves on.
+    places.deadlines.extend(sooner);
+    drop(places);
+    lot.sooner.notify_one();
 }
 
 /// Parks an idle connection whose task is ending.
@@ -261,6 +294,12 @@ fn put(s: Either, info: ConnInfo, slot: ConnSlot, wait: IdleWait, trim: bool) {
     let Ok((fd, tcp)) = fd else {
         return;
     };
+    let mut wait = wait;
+    if let Some((at, until)) = lot.drain.get() {
+        if info.started < at && wait.deadline > until {
+            wait.deadline = until;
+        }
+    }
     let raw = fd.as_raw_fd();
     let e = Entry {
         fd,

@@ -143,6 +143,10 @@ pub enum Ctrl {
     Unlisten(ListenAddr),
     /// Graceful stop: close listeners, finish requests, close idle keepalives.
     Quit,
+    /// A reload with `worker_shutdown_timeout`: connections accepted
+    /// before it close once they wait idle past that long after it, as
+    /// nginx's old workers close theirs when the timeout ends.
+    Reloaded(Duration),
 }
 
 static CONN_ID: AtomicU64 = AtomicU64::new(0);
@@ -232,6 +236,7 @@ pub fn run(
                         let _ = tx.send(true);
                     }
                 }
+                Some(Ctrl::Reloaded(after)) => park::close_after_reload(after),
                 Some(Ctrl::Quit) | None => break,
             }
         }
@@ -404,6 +409,7 @@ async fn accept_loop(
                     started: std::time::Instant::now(),
                     proxy: None,
                     proxy_pending: false,
+                    keepalive_ms: 0,
                 };
                 // TCP_NODELAY is set by the engine when the connection
                 // turns keep-alive (as nginx), not per accept.

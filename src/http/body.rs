@@ -215,6 +215,12 @@ pub trait BodyIo {
     fn try_write(&self, data: &[u8]) -> io::Result<usize>;
     fn writable(&self) -> Pin<Box<dyn Future<Output = io::Result<()>> + '_>>;
     fn try_flush(&self) -> io::Result<()>;
+    /// Resolves when the client closes its side while nothing else
+    /// arrived (nginx's broken-connection check); pending for ever once
+    /// it sent more (a pipelined request), or where it cannot be told.
+    fn hangup(&self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(std::future::pending())
+    }
 }
 
 impl<S: Stream> BodyIo for S {
@@ -232,6 +238,9 @@ impl<S: Stream> BodyIo for S {
     }
     fn try_flush(&self) -> io::Result<()> {
         Stream::try_flush(self)
+    }
+    fn hangup(&self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(crate::http::v1::conn::hangup(self))
     }
 }
 

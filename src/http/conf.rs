@@ -224,6 +224,13 @@ impl CoreLoc {
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
             lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, log_subrequest, error_log, logger,
             chunked_transfer_encoding, msie_padding, msie_refresh, http2_chunk_size, keepalive_disable);
+        // nginx merges keepalive_timeout's two values apart: a level that
+        // gives only the timeout keeps the header time it inherits.
+        if let (Some(k), Some(pk)) = (self.keepalive.as_mut(), p.keepalive) {
+            if k.header_secs.is_none() {
+                k.header_secs = pk.header_secs;
+            }
+        }
     }
 
     /// Applied once at http level so every descendant inherits a value.

@@ -73,6 +73,15 @@ pub struct Ctx<'a> {
     pub error_paged: bool,
     /// The request body, when one was announced (set by the engine).
     pub body: Option<crate::http::body::ReqBody<'a>>,
+    /// The client's connection, watched for a hang-up while a handler
+    /// waits on something else (an upstream's head); None where the
+    /// protocol cannot tell (HTTP/2, HTTP/3) and in subrequests.
+    pub client: Option<&'a dyn crate::http::body::BodyIo>,
+    /// The URI was rewritten after its location was found and the request
+    /// stays there (`rewrite ... break`; nginx's `valid_location` cleared):
+    /// a proxy_pass URI part then no longer replaces the location's
+    /// prefix, the rewritten URI goes as it is.
+    pub location_stale: bool,
     /// In the log phase: error lines name it (`while logging request`),
     /// as nginx's do.
     pub logging: std::cell::Cell<bool>,
@@ -181,6 +190,8 @@ impl<'a> Ctx<'a> {
             method: req.method,
             error_paged: false,
             body: None,
+            client: None,
+            location_stale: false,
             logging: std::cell::Cell::new(false),
             remote: conn.remote,
             realip_done: false,
@@ -592,6 +603,7 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
     match cx.server.named.get(name) {
         Some(l) => {
             cx.loc = l.conf.clone();
+            cx.location_stale = false;
             crate::http::modules::access::limit_except(cx);
             cx.internal = true;
             cx.loc_prefix_len = 0;
@@ -605,6 +617,7 @@ pub fn named_location(cx: &mut Ctx<'_>, name: &str) -> bool {
 /// Finds the location for `cx.uri`; a response when the lookup answers
 /// by itself (nginx's `auto_redirect`).
 fn find_location(cx: &mut Ctx<'_>) -> Option<Response> {
+    cx.location_stale = false;
     match cx.server.locations.find(&cx.uri) {
         Some(f) if f.auto_redirect => {
             cx.loc = f.loc.conf.clone();
@@ -865,6 +878,28 @@ impl Ctx<'_> {
 
 impl VarCtx for Ctx<'_> {
     fn var(&self, v: &Var, out: &mut Vec<u8>) -> bool {
+        self.var_sent(&self.sent, v, out)
+    }
+}
+
+/// A request's variables with what went out given apart (the writer
+/// holds the request's [`Sent`] while it renders trailers at the end of
+/// the body).
+pub struct WithSent<'c, 'a> {
+    pub cx: &'c Ctx<'a>,
+    pub sent: &'c Sent,
+}
+
+impl VarCtx for WithSent<'_, '_> {
+    fn var(&self, v: &Var, out: &mut Vec<u8>) -> bool {
+        self.cx.var_sent(self.sent, v, out)
+    }
+}
+
+impl Ctx<'_> {
+    /// A variable's value, `$status`, `$bytes_sent`, `$sent_http_*` and
+    /// the like read from `sent`.
+    fn var_sent(&self, sent: &Sent, v: &Var, out: &mut Vec<u8>) -> bool {
         let r = self.req;
         match v {
             Var::Uri => out.extend_from_slice(&self.uri),
@@ -889,6 +924,19 @@ impl VarCtx for Ctx<'_> {
                     for h in r.headers().filter(|h| h.is("cookie")) {
                         if !first {
                             out.extend_from_slice(b"; ");
+                        }
+                        first = false;
+                        out.extend_from_slice(h.value);
+                    }
+                    return !first;
+                }
+                // nginx 1.22 joins this one's lines too (its only other
+                // multi-valued request header), with ", ".
+                "x-forwarded-for" => {
+                    let mut first = true;
+                    for h in r.headers().filter(|h| h.is("x-forwarded-for")) {
+                        if !first {
+                            out.extend_from_slice(b", ");
                         }
                         first = false;
                         out.extend_from_slice(h.value);
@@ -1026,16 +1074,16 @@ impl VarCtx for Ctx<'_> {
                     Err(_) => return false,
                 }
             }
-            Var::TernIo => out.extend_from_slice(self.sent.io.as_bytes()),
+            Var::TernIo => out.extend_from_slice(sent.io.as_bytes()),
             Var::Status => {
-                if self.sent.status == 0 {
+                if sent.status == 0 {
                     out.extend_from_slice(b"000");
                 } else {
-                    response::push_num(out, self.sent.status as u64)
+                    response::push_num(out, sent.status as u64)
                 }
             }
-            Var::BodyBytesSent => response::push_num(out, self.sent.body_bytes),
-            Var::BytesSent => response::push_num(out, self.sent.bytes),
+            Var::BodyBytesSent => response::push_num(out, sent.body_bytes),
+            Var::BytesSent => response::push_num(out, sent.bytes),
             Var::UpstreamHttp(name) => match self
                 .upstream_headers
                 .as_deref()
@@ -1056,7 +1104,7 @@ impl VarCtx for Ctx<'_> {
             // headers_out fields) with ", "; other names give the first.
             Var::SentHttp(name) if name == "cache-control" || name == "link" => {
                 let mut found = false;
-                for v in sent_headers(&self.sent.head, name.as_bytes()) {
+                for v in sent_headers(&sent.head, name.as_bytes()) {
                     if found {
                         out.extend_from_slice(b", ");
                     }
@@ -1065,12 +1113,11 @@ impl VarCtx for Ctx<'_> {
                 }
                 return found;
             }
-            Var::SentHttp(name) => match sent_header(&self.sent.head, name.as_bytes()) {
+            Var::SentHttp(name) => match sent_header(&sent.head, name.as_bytes()) {
                 Some(v) => out.extend_from_slice(v),
                 None => return false,
             },
-            Var::SentTrailer(name) => match self
-                .sent
+            Var::SentTrailer(name) => match sent
                 .trailers
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))

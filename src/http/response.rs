@@ -163,6 +163,10 @@ pub struct Response {
     pub filters: Vec<Box<dyn BodyFilter>>,
     /// Trailers to send after a chunked body (`add_trailer`).
     pub trailers: Vec<(String, Vec<u8>)>,
+    /// How many of `trailers` (the last ones) `add_trailer` rendered with
+    /// the head; HTTP/1 renders them again once the body has gone, as
+    /// nginx renders them (`$msec`, `$body_bytes_sent` then).
+    pub own_trailers: usize,
     /// How file pieces of the body are read and sent (the location's `aio`).
     pub io: Option<crate::io::Policy>,
     /// The range filter leaves this response alone, `Accept-Ranges` and
@@ -183,6 +187,11 @@ pub struct Response {
     /// `headers` may hold upstream's own `Server` and `Date` (FastCGI
     /// relays them, as nginx does): the writer leaves out its own then.
     pub upstream_server_date: bool,
+    /// tern's own `Server` / `Date` are left out: proxy_pass_header named
+    /// them (nginx's proxy module then relays upstream's, or none at all
+    /// when upstream sent none).
+    pub no_own_server: bool,
+    pub no_own_date: bool,
     /// `Last-Modified` is among `headers` as the proxied server sent it
     /// (nginx writes it there, in its place, rather than formatting
     /// `last_modified`, which still says the time for the filters).
@@ -418,14 +427,14 @@ pub fn fixed_fields(resp: &Response, loc: &LocConf, mut f: impl FnMut(&'static s
     let has = |n: &str| {
         resp.upstream_server_date && resp.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n))
     };
-    if !has("server") {
+    if !has("server") && !resp.no_own_server {
         if loc.core.server_tokens.unwrap_or(true) {
             f("Server", SERVER_FULL.as_bytes());
         } else {
             f("Server", b"tern");
         }
     }
-    if !has("date") {
+    if !has("date") && !resp.no_own_date {
         f("Date", &date::http_date());
     }
     if let Some(ct) = &resp.content_type {

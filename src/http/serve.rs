@@ -41,6 +41,11 @@ pub struct ConnInfo {
     pub proxy: Option<Arc<crate::core::proxy_protocol::Header>>,
     /// A PROXY header is due and not read yet (set at accept).
     pub proxy_pending: bool,
+    /// The keepalive_timeout of the last request's location, in ms, for
+    /// the wait before the next one (as nginx's ngx_http_set_keepalive
+    /// takes it from the request's location); 0: none yet, the default
+    /// server's.
+    pub keepalive_ms: u64,
 }
 
 /// How long an idle connection waits inside its task before it is
@@ -284,7 +289,11 @@ pub(crate) fn idle_params(
 ) -> Option<(u64, bool, usize)> {
     let config = shared.config.load();
     let addr = config.http.as_ref()?.addr_for(&info.listen, info.local)?;
-    Some(idle_params_of(&addr, first))
+    let (mut wait_ms, reset, size) = idle_params_of(&addr, first);
+    if !first && info.keepalive_ms != 0 {
+        wait_ms = info.keepalive_ms;
+    }
+    Some((wait_ms, reset, size))
 }
 
 fn idle_params_of(addr: &AddrConf, first: bool) -> (u64, bool, usize) {

@@ -1289,21 +1289,32 @@ impl FdCache {
     fn write(&mut self, path: &Path, data: &[u8]) -> Result<(), (&'static str, std::io::Error)> {
         let now = Instant::now();
         let c = self.conf.clone();
-        if !self.map.contains_key(path) && self.map.len() >= c.max {
-            let oldest = self
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.last)
-                .map(|(p, _)| p.clone());
-            if let Some(p) = oldest {
-                self.map.remove(&p);
+        let Some(e) = self.map.get_mut(path) else {
+            // A new name: only a file that opens takes a place (and may
+            // push the least recently used out), as in nginx's
+            // ngx_open_cached_file, so a failed open costs no other entry.
+            let mut f = open_append(path).map_err(|err| ("open()", err))?;
+            if self.map.len() >= c.max {
+                let oldest = self
+                    .map
+                    .iter()
+                    .min_by_key(|(_, e)| e.last)
+                    .map(|(p, _)| p.clone());
+                if let Some(p) = oldest {
+                    self.map.remove(&p);
+                }
             }
-        }
-        let e = self.map.entry(path.to_path_buf()).or_insert(FdEntry {
-            file: None,
-            uses: 0,
-            last: now,
-        });
+            let r = f.write_all(data).map_err(|err| ("write()", err));
+            self.map.insert(
+                path.to_path_buf(),
+                FdEntry {
+                    file: (c.min_uses <= 1).then_some((f, now)),
+                    uses: 1,
+                    last: now,
+                },
+            );
+            return r;
+        };
         if now.duration_since(e.last) > c.inactive {
             e.uses = 0;
             e.file = None;

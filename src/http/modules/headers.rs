@@ -27,10 +27,10 @@ use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::http::conf::LocConf;
-use crate::http::phases::Ctx;
+use crate::http::phases::{Ctx, Sent, WithSent};
 use crate::http::request::Method;
 use crate::http::response::{BodyFilter, Response};
-use crate::http::vars::Template;
+use crate::http::vars::{Part, Template, Var};
 
 /// What a header row does to the response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,7 +278,20 @@ pub fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
         }
     }
     if let Some(rows) = &conf.headers {
+        // nginx adds each header to headers_out before rendering the next,
+        // so `$sent_http_*` in a value sees the ones before it: tern shows
+        // them through a provisional head (only where a value asks).
+        let provisional = cx.sent.head.is_empty()
+            && rows.iter().any(|h| {
+                h.value
+                    .parts
+                    .iter()
+                    .any(|p| matches!(p, Part::Var(Var::SentHttp(_))))
+            });
         for h in rows.iter().filter(|h| safe || h.always) {
+            if provisional {
+                cx.sent.head = provisional_head(resp);
+            }
             let v = h.value.render_vec(&*cx);
             match h.kind {
                 Kind::Plain => {
@@ -296,6 +309,9 @@ pub fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
                 }
             }
         }
+        if provisional {
+            cx.sent.head.clear();
+        }
     }
     if let Some(rows) = &conf.trailers {
         // nginx decides here that trailers will follow (which makes the
@@ -305,6 +321,24 @@ pub fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
             cx.notes.push((EXPECT_TRAILERS, Vec::new()));
         }
     }
+}
+
+/// The head as far as the response has it (Content-Type and the listed
+/// headers), for `$sent_http_*` before the real head is written.
+fn provisional_head(resp: &Response) -> Vec<u8> {
+    let mut head = b"HTTP/1.1\r\n".to_vec();
+    if let Some(ct) = &resp.content_type {
+        head.extend_from_slice(b"Content-Type: ");
+        head.extend_from_slice(ct.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    for (n, v) in &resp.headers {
+        head.extend_from_slice(n.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(v);
+        head.extend_from_slice(b"\r\n");
+    }
+    head
 }
 
 /// The note that marks a response as expecting trailers.
@@ -480,22 +514,11 @@ pub fn force_chunked_for_trailers(cx: &mut Ctx<'_>, resp: &mut Response) {
     // the head will carry (the writer puts the real head in its place).
     let provisional = cx.sent.head.is_empty();
     if provisional {
-        let mut head = b"HTTP/1.1\r\n".to_vec();
-        if let Some(ct) = &resp.content_type {
-            head.extend_from_slice(b"Content-Type: ");
-            head.extend_from_slice(ct.as_bytes());
-            head.extend_from_slice(b"\r\n");
-        }
-        for (n, v) in &resp.headers {
-            head.extend_from_slice(n.as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(v);
-            head.extend_from_slice(b"\r\n");
-        }
-        cx.sent.head = head;
+        cx.sent.head = provisional_head(resp);
     }
     // Each trailer sees those before it (`$sent_trailer_*`).
     cx.sent.trailers.clear();
+    let before = resp.trailers.len();
     for t in rows.iter().filter(|t| safe || t.always) {
         let v = t.value.render_vec(&*cx);
         if !v.is_empty() {
@@ -503,9 +526,32 @@ pub fn force_chunked_for_trailers(cx: &mut Ctx<'_>, resp: &mut Response) {
             resp.trailers.push((t.name.clone(), v));
         }
     }
+    resp.own_trailers = resp.trailers.len() - before;
     if provisional {
         cx.sent.head.clear();
     }
+}
+
+/// The `add_trailer` values rendered once the body has gone (what the
+/// HTTP/1 writer sends in place of those rendered with the head): `sent`
+/// is what went out, `head` the head as written.
+pub fn render_trailers(cx: &Ctx<'_>, sent: &Sent, head: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let Some(rows) = &cx.loc.modules.headers.trailers else {
+        return Vec::new();
+    };
+    let safe = safe_status(sent.status);
+    let mut s = sent.clone();
+    s.head = head.to_vec();
+    s.trailers.clear();
+    let mut out = Vec::new();
+    for t in rows.iter().filter(|t| safe || t.always) {
+        let v = t.value.render_vec(&WithSent { cx, sent: &s });
+        if !v.is_empty() {
+            s.trailers.push((t.name.clone(), v.clone()));
+            out.push((t.name.clone(), v));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

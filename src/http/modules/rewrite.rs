@@ -150,7 +150,15 @@ pub async fn run(cx: &mut Ctx<'_>, ops: &[Op]) -> Step {
     match flow {
         Flow::Stop(s) => s,
         Flow::Last => Step::Redirect(cx.uri.to_vec()),
-        Flow::Break => Step::Next,
+        Flow::Break => {
+            // A URI rewritten, then `break`: the location no longer
+            // matches what it was found for (nginx's break code clears
+            // valid_location when the URI changed).
+            if cx.uri != before {
+                cx.location_stale = true;
+            }
+            Step::Next
+        }
         Flow::Continue if cx.uri != before => Step::Redirect(cx.uri.to_vec()),
         Flow::Continue => Step::Next,
     }
@@ -266,14 +274,27 @@ async fn run_ops(cx: &mut Ctx<'_>, ops: &[Op]) -> Flow {
                 cx.uri = target.into();
                 match flag {
                     Flag::Last => return Flow::Last,
-                    Flag::Break => return Flow::Break,
+                    Flag::Break => {
+                        cx.location_stale = true;
+                        return Flow::Break;
+                    }
                     _ => {}
                 }
             }
             Op::If { cond, conf, .. } => {
                 if eval(cx, cond).await {
                     if let Some(c) = conf {
+                        let before = cx.loc.content;
                         cx.loc = c.clone();
+                        if c.content.is_none() && before.is_some() {
+                            // An earlier `if` chose the content handler: as
+                            // nginx's r->content_handler, it stays, and runs
+                            // with this block's settings (a proxy_pass
+                            // there then finds no upstream: 500).
+                            let mut l = (**c).clone();
+                            l.content = before;
+                            cx.loc = std::sync::Arc::new(l);
+                        }
                         let inner = c.clone();
                         match Box::pin(run_ops(cx, &inner.modules.rewrite.ops)).await {
                             Flow::Continue => {}
@@ -309,11 +330,19 @@ async fn eval(cx: &mut Ctx<'_>, cond: &Cond) -> bool {
         Cond::File { path, test, negate } => {
             let p = path.render_vec(&*cx);
             let policy = cx.io_policy().unwrap_or_default();
-            let m = crate::io::stat(
-                std::path::Path::new(std::ffi::OsStr::from_bytes(&p)),
-                &policy,
-            )
-            .await;
+            // disable_symlinks holds here too: nginx tests the file with
+            // the same open as the static handler's, so a refused link
+            // is no file (and `!-e` is true).
+            let m = match super::static_file::symlink_check(cx, &p, &policy).await {
+                Ok(()) => {
+                    crate::io::stat(
+                        std::path::Path::new(std::ffi::OsStr::from_bytes(&p)),
+                        &policy,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
             let r = match (test, m) {
                 (b'f', Ok(m)) => !m.is_dir,
                 (b'd', Ok(m)) => m.is_dir,

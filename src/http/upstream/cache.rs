@@ -89,7 +89,7 @@ pub(super) fn cache_answer(
 ) -> Response {
     let conf = proto.conf();
     // The entry keeps upstream's Date and Server where the protocol relays them.
-    r.upstream_server_date = proto.relays_date();
+    super::response::entry_fields(&mut r, proto);
     cx.set_note("upstream_cache_status", status.to_vec());
     if cx.method != Method::Head && matches!(&r.body, Body::Bytes(b) if b.is_empty()) {
         // Only a HEAD may be told the length of a body the entry lacks.
@@ -235,7 +235,7 @@ struct Background {
     req: Request,
     head_only: bool,
     non_idempotent: bool,
-    bind: Option<std::net::IpAddr>,
+    bind: Option<std::net::SocketAddr>,
     keepalive: bool,
     at: peers::Attempt,
     prefix: Vec<u8>,
@@ -382,7 +382,7 @@ impl Background {
             }),
             keep,
             log,
-            limit_rate: conf.limit_rate.unwrap_or(0),
+            limit_rate: super::conf::limit_rate(conf, None),
             store: None,
             slot: super::state::Slot::none(),
         };
@@ -607,7 +607,7 @@ pub(super) fn entry_head(
         body_len,
         key: c.key.clone(),
         status_line: r.status_line.clone(),
-        headers: relayed.to_vec(),
+        headers: super::response::stored_headers(relayed, &r.headers),
     }
 }
 

@@ -57,7 +57,7 @@ pub enum StoreTo {
 /// `PREFIX_bind` address: literal or with variables.
 #[derive(Debug, Clone)]
 pub enum BindAddr {
-    Fixed(std::net::IpAddr),
+    Fixed(std::net::SocketAddr),
     Var(Template),
 }
 
@@ -124,8 +124,10 @@ pub struct UpstreamConf {
     /// `PREFIX_bind` (None inside: `off`).
     pub bind: Option<Option<BindAddr>>,
     pub socket_keepalive: Option<bool>,
-    /// `PREFIX_limit_rate`, bytes per second (0: unlimited).
-    pub limit_rate: Option<u64>,
+    /// `PREFIX_limit_rate`, bytes per second (0: unlimited); with
+    /// variables (nginx 1.27's), evaluated once the head is in, so
+    /// `$upstream_http_*` may set it.
+    pub limit_rate: Option<crate::http::conf::SizeValue>,
     /// `PREFIX_store` (None inside: `off`).
     pub store: Option<Option<StoreTo>>,
     /// `PREFIX_store_access` as a file mode.
@@ -353,7 +355,7 @@ macro_rules! upstream_directives {
             __up_row(concat!($p, "_busy_buffers_size"), Args::take(1), c::set_size::<$slot>),
             __up_row(concat!($p, "_max_temp_file_size"), Args::take(1), c::set_size::<$slot>),
             __up_row(concat!($p, "_temp_file_write_size"), Args::take(1), c::set_size::<$slot>),
-            __up_row(concat!($p, "_limit_rate"), Args::take(1), c::set_size::<$slot>),
+            __up_row(concat!($p, "_limit_rate"), Args::take(1), c::set_limit_rate::<$slot>),
             __up_row(concat!($p, "_temp_path"), Args::take1234(), c::set_temp_path::<$slot>),
             __up_row(concat!($p, "_hide_header"), Args::take(1), c::set_hide_pass::<$slot>),
             __up_row(concat!($p, "_pass_header"), Args::take(1), c::set_hide_pass::<$slot>),
@@ -527,9 +529,18 @@ pub fn set_bind<S: Slot>(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> C
     set_once(&mut S::conf(l).bind, v, d)
 }
 
-/// A local address for `PREFIX_bind`: an IP, IPv6 in brackets or not.
-pub fn parse_bind(a: &str) -> Option<std::net::IpAddr> {
-    a.trim_start_matches('[').trim_end_matches(']').parse().ok()
+/// A local address for `PREFIX_bind`: an IP (IPv6 in brackets or not),
+/// with a port or not (nginx's ngx_parse_addr_port; port 0: any).
+pub fn parse_bind(a: &str) -> Option<std::net::SocketAddr> {
+    if let Ok(sa) = a.parse() {
+        return Some(sa);
+    }
+    let ip = a
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    Some(std::net::SocketAddr::new(ip, 0))
 }
 
 pub fn set_cache_min_uses<S: Slot>(
@@ -645,10 +656,51 @@ pub fn set_size<S: Slot>(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Co
         "buffer_size" => set_once(&mut p.buffer_size, s as usize, d),
         "max_temp_file_size" => set_once(&mut p.max_temp_file_size, s, d),
         "temp_file_write_size" => set_once(&mut p.temp_file_write_size, s, d),
-        "limit_rate" => set_once(&mut p.limit_rate, s, d),
         // PREFIX_busy_buffers_size: nginx's share of the buffers that may
         // be on their way to the client; tern's pieces are handed over whole.
         _ => Ok(()),
+    }
+}
+
+pub fn set_limit_rate<S: Slot>(
+    l: &mut LocConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    use crate::http::conf::SizeValue;
+    let t = cx.template(arg(d, 0), d)?;
+    let v = if t.has_vars() {
+        SizeValue::Vars(t)
+    } else {
+        SizeValue::Fixed(
+            value::size(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?,
+        )
+    };
+    set_once(&mut S::conf(l).limit_rate, v, d)
+}
+
+/// `PREFIX_limit_rate` for a request (`None`: a background cache update,
+/// where a value with variables counts as none). A value that is not a
+/// size is logged and counts as none.
+pub fn limit_rate(conf: &UpstreamConf, cx: Option<&crate::http::phases::Ctx<'_>>) -> u64 {
+    use crate::http::conf::SizeValue;
+    match (&conf.limit_rate, cx) {
+        (None, _) => 0,
+        (Some(SizeValue::Fixed(n)), _) => *n,
+        (Some(SizeValue::Vars(_)), None) => 0,
+        (Some(SizeValue::Vars(t)), Some(cx)) => {
+            let v = t.render_vec(cx);
+            match std::str::from_utf8(&v).ok().and_then(value::size) {
+                Some(n) => n,
+                None => {
+                    cx.log(
+                        crate::core::log::Level::Error,
+                        &format!("invalid size \"{}\"", String::from_utf8_lossy(&v)),
+                    );
+                    0
+                }
+            }
+        }
     }
 }
 

@@ -93,14 +93,14 @@ pub struct Outgoing<'o> {
     /// POST, LOCK, PATCH: not passed to another peer once sent.
     pub non_idempotent: bool,
     /// `PREFIX_bind`'s address for this request.
-    pub bind: Option<std::net::IpAddr>,
+    pub bind: Option<SocketAddr>,
     /// `PREFIX_socket_keepalive`.
     pub keepalive: bool,
 }
 
 /// `PREFIX_bind`'s address for a request (an unusable rendered value is
 /// logged and ignored, as nginx does).
-pub fn bind_addr(cx: &Ctx<'_>, conf: &UpstreamConf) -> Option<std::net::IpAddr> {
+pub fn bind_addr(cx: &Ctx<'_>, conf: &UpstreamConf) -> Option<SocketAddr> {
     match conf.bind.as_ref()?.as_ref()? {
         BindAddr::Fixed(a) => Some(*a),
         BindAddr::Var(t) => {
@@ -606,11 +606,17 @@ async fn connect_tcp(addr: SocketAddr, send: &Outgoing<'_>) -> io::Result<TcpStr
     if send.keepalive {
         sock.set_keepalive(true)?;
     }
-    if let Some(ip) = send.bind {
-        sock.bind(SocketAddr::new(ip, 0)).map_err(|e| {
+    if let Some(local) = send.bind {
+        sock.bind(local).map_err(|e| {
+            // nginx names the address with its port only when one was given.
+            let shown = if local.port() == 0 {
+                local.ip().to_string()
+            } else {
+                local.to_string()
+            };
             io::Error::new(
                 e.kind(),
-                format!("bind({}) failed {}", ip, crate::core::errno_text(&e)),
+                format!("bind({}) failed {}", shown, crate::core::errno_text(&e)),
             )
         })?;
     }

@@ -114,6 +114,12 @@ pub trait Protocol: Send + Sync {
         false
     }
 
+    /// `Server` and `Date` named by `PREFIX_pass_header` replace tern's
+    /// own even when upstream sent none (nginx's proxy module).
+    fn passed_replace_own(&self) -> bool {
+        false
+    }
+
     /// A relayed `Location` value rewritten (`proxy_redirect`); `prefix`
     /// is the part of the URI the location matched.
     fn rewrite_location(&self, _prefix: &[u8], _v: &[u8]) -> Option<Vec<u8>> {

@@ -76,6 +76,74 @@ pub fn relayed(
     out
 }
 
+/// Which of tern's own `Server` and `Date` fields an upstream answer
+/// keeps: where the protocol relays upstream's (FastCGI's), its own stand
+/// back when upstream sent one; where `PREFIX_pass_header` names one and
+/// the protocol says so (proxy's: nginx adds empty stand-ins for the two
+/// when upstream sends none), tern's own is never sent.
+pub fn own_fields(out: &mut Response, proto: &dyn Protocol) {
+    out.upstream_server_date = proto.relays_date();
+    if proto.passed_replace_own() {
+        let passed: &[String] = proto.conf().pass_headers.as_deref().map_or(&[], |v| v);
+        out.no_own_server = passed.iter().any(|n| n == "server");
+        out.no_own_date = passed.iter().any(|n| n == "date");
+    }
+}
+
+/// The headers a cache entry keeps: those relayed, and upstream's
+/// `X-Accel-Charset` even where it is not relayed, as nginx keeps
+/// upstream's whole head in the file and reads it again for each answer
+/// (the charset filter's destination, see [`entry_fields`]).
+pub fn stored_headers(
+    relayed: &[(String, Vec<u8>)],
+    upstream: &[(String, Vec<u8>)],
+) -> Vec<(String, Vec<u8>)> {
+    let mut out = relayed.to_vec();
+    if header(relayed, "x-accel-charset").is_none() {
+        if let Some((n, v)) = upstream
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+        {
+            out.push((n.clone(), v.clone()));
+        }
+    }
+    out
+}
+
+/// A response from a cache entry takes what a fresh answer takes from
+/// upstream's head: tern's own `Server` / `Date` or not ([`own_fields`]),
+/// and the charset `X-Accel-Charset` names (the header itself leaves
+/// unless the location relays it).
+pub fn entry_fields(r: &mut Response, proto: &dyn Protocol) {
+    own_fields(r, proto);
+    let Some(i) = r
+        .headers
+        .iter()
+        .rposition(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
+    else {
+        return;
+    };
+    let conf = proto.conf();
+    let passed = conf
+        .pass_headers
+        .as_deref()
+        .is_some_and(|p| p.iter().any(|n| n == "x-accel-charset"));
+    let hidden_here = conf
+        .hide
+        .as_deref()
+        .is_some_and(|h| h.iter().any(|n| n == "x-accel-charset"));
+    let relayed = !hidden_here && (passed || !proto.hidden().contains(&"x-accel-charset"));
+    let v = if relayed {
+        r.headers[i].1.clone()
+    } else {
+        r.headers.remove(i).1
+    };
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_CHARSET == 0 {
+        r.override_charset = Some(String::from_utf8_lossy(&v).into_owned());
+    }
+}
+
 /// Whether the upstream connection can go back to the keepalive cache
 /// once its body was read whole.
 pub fn reusable(r: &UpResp) -> bool {
@@ -311,7 +379,7 @@ pub(super) async fn respond(
     if !resp.status_line.is_empty() {
         out.status_line = Some((resp.status, std::mem::take(&mut resp.status_line)));
     }
-    out.upstream_server_date = proto.relays_date();
+    own_fields(&mut out, &**proto);
     apply_headers(&mut out, relayed);
     // As nginx: only a response being cached answers If-Modified-Since
     // and the like itself; any other goes as upstream answered.
@@ -359,6 +427,15 @@ pub(super) async fn respond(
     } else {
         out.ranges_off = true;
     }
+    if (head_only || resp.no_body) && cache_out.is_none() && resp.decoder.done() {
+        // Nothing to read (an answer to HEAD, a 204, a 304): the
+        // connection is free at once, as nginx finds it.
+        if reusable(&resp) {
+            if let Some(s) = resp.stream.take() {
+                up.put_idle(resp.peer.clone(), s, resp.requests);
+            }
+        }
+    }
     if head_only && cache_out.is_none() {
         out.content_length = resp.declared_len;
         out.body = Body::Bytes(Vec::new());
@@ -367,6 +444,9 @@ pub(super) async fn respond(
     if resp.no_body && cache_out.is_none() {
         out.body = Body::Bytes(Vec::new());
         return out;
+    }
+    if resp.status == 101 && buffering && cache_out.is_none() && store_out.is_none() {
+        return held_101(cx, resp, out, first, lim, &url).await;
     }
     // What the client is told of the length.
     let length = resp.declared_len.filter(|_| !resp.no_body);
@@ -438,7 +518,7 @@ pub(super) async fn respond(
         cache: cache_out,
         keep,
         log: UpLog::of(cx, &url),
-        limit_rate: conf.limit_rate.unwrap_or(0),
+        limit_rate: super::conf::limit_rate(conf, Some(&*cx)),
         store: store_out,
         slot: resp.slot.take(),
     };
@@ -469,6 +549,61 @@ pub(super) async fn respond(
     tokio::spawn(producer.run(first));
     out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
     out.watch_client = !conf.ignore_client_abort.unwrap_or(false);
+    out
+}
+
+/// A 101 the client did not ask for (no `Upgrade` in its request), with
+/// proxy_buffering on: as nginx's buffers hold what follows it, the bytes
+/// are read until upstream closes and then sent after the head, unframed,
+/// the client connection kept as nginx keeps it; if upstream fails or
+/// times out first, only the head goes and the connection closes.
+async fn held_101(
+    cx: &mut Ctx<'_>,
+    mut resp: UpResp,
+    mut out: Response,
+    mut body: Vec<u8>,
+    lim: &Limits,
+    url: &str,
+) -> Response {
+    out.content_length = None;
+    let Some(mut s) = resp.stream.take() else {
+        out.force_close = true;
+        out.body = Body::Bytes(Vec::new());
+        return out;
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    let complete = loop {
+        if resp.decoder.done() {
+            break true;
+        }
+        let n = match super::fetch::timed_read(
+            &mut s,
+            &mut buf,
+            lim.read,
+            "while reading upstream",
+            false,
+            "readv()",
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(f) => {
+                log_upstream(cx, Level::Error, &f.msg, url);
+                break false;
+            }
+        };
+        if n == 0 {
+            break true;
+        }
+        resp.slot.received(n);
+        resp.slot.body(n);
+        if resp.decoder.feed(&buf[..n], &mut body).is_err() || body.len() > lim.mem_max {
+            break false;
+        }
+    };
+    resp.slot.finish();
+    out.force_close = !complete;
+    out.body = Body::Bytes(if complete { body } else { Vec::new() });
     out
 }
 

@@ -314,7 +314,16 @@ async fn run_inner<'c>(
     };
     let at = up.attempt_for(&*cx, cx.remote.map(|a| a.ip()));
     let streamed = matches!(req.body, super::OutBody::Stream);
-    let got = fetch(
+    // While upstream keeps the client waiting, a client that hangs up
+    // ends the request with 499 and lets the upstream connection go
+    // (nginx's ngx_http_upstream_check_broken_connection), unless
+    // PREFIX_ignore_client_abort, or the answer is to be cached (nginx
+    // then goes on to fill the cache). A body still being streamed
+    // upstream is read instead, and its end says whether the client left.
+    let watch = cx
+        .client
+        .filter(|_| !conf.ignore_client_abort.unwrap_or(false) && creq.is_none() && !streamed);
+    let fetching = fetch(
         cx,
         at,
         &up,
@@ -323,12 +332,32 @@ async fn run_inner<'c>(
         &send,
         head_only,
         stream.as_mut().filter(|_| streamed),
-    )
-    .await;
+    );
+    let got = match watch {
+        Some(client) => tokio::select! {
+            biased;
+            r = fetching => Some(r),
+            () = client.hangup() => None,
+        },
+        None => Some(fetching.await),
+    };
     // The body is the request's again (`$request_body`, error_page).
     if let Some(s) = stream.take() {
         s.finish(cx);
     }
+    let Some(got) = got else {
+        let peer = super::state::States::of(cx).and_then(|s| s.last_peer());
+        let msg = "client prematurely closed connection, so upstream connection is closed too \
+                   while reading response header from upstream";
+        match peer {
+            Some(p) => super::fetch::log_upstream(cx, Level::Info, msg, &proto.url(&p)),
+            None => cx.log(Level::Info, msg),
+        }
+        // Nothing is sent; the log says 499 (nginx's "client closed request").
+        let mut r = Response::status(499);
+        r.close_silently = true;
+        return r;
+    };
     let use_stale = conf.cache_use_stale.unwrap_or(0);
     let resp = match got {
         Ok(r) => {

@@ -115,6 +115,11 @@ impl States {
         }
     }
 
+    /// The peer of the latest attempt, if one was made.
+    pub fn last_peer(&self) -> Option<String> {
+        self.lock().last().and_then(|s| s.peer.clone())
+    }
+
     /// Appends the variable's value, as nginx's variable handlers do;
     /// false when no attempt was recorded (the variable is not found).
     pub fn render(&self, var: Var, out: &mut Vec<u8>) -> bool {

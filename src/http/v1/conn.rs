@@ -39,7 +39,7 @@ use crate::http::v1::chunked::ChunkedDecoder;
 /// Resolves when the client hangs up (EOF or an error); never once it
 /// has sent more bytes (they belong to the next request), nor if the
 /// stream cannot tell.
-async fn hangup<S: Stream>(stream: &S) {
+pub(crate) async fn hangup<S: Stream>(stream: &S) {
     loop {
         if stream.readable().await.is_err() {
             return;
@@ -288,6 +288,7 @@ async fn request<S: Stream>(
     };
     let server = addr.select(req.host()).clone();
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    cx.client = Some(stream);
     if pipelined {
         cx.notes
             .push((crate::http::modules::access_log::PIPELINED, Vec::new()));
@@ -334,6 +335,11 @@ async fn request<S: Stream>(
         return false;
     }
     if resp.close_silently {
+        // `return 444`, a client gone while upstream was awaited (499):
+        // nothing is sent, and the log says so, as nginx's does.
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
         return false;
     }
     if let Some(up) = resp.upgrade.take() {
@@ -430,6 +436,17 @@ async fn request<S: Stream>(
         || (!keepalive && !buf.is_empty())
         || loc.core.lingering_close == Some(crate::http::conf::Lingering::Always);
     let head_only = req.method == crate::http::request::Method::Head;
+    // add_trailer values are rendered again once the body has gone, with
+    // the request's variables as they are then; the writer holds what
+    // went out meanwhile.
+    let own = resp.own_trailers;
+    let mut sent = std::mem::take(&mut cx.sent);
+    let finish = |s: &phases::Sent, head: &[u8], known: &[(String, Vec<u8>)]| {
+        let mut t = known[..known.len().saturating_sub(own)].to_vec();
+        t.extend(crate::http::modules::headers::render_trailers(&cx, s, head));
+        t
+    };
+    let fin: Finish<'_> = if own > 0 { Some(&finish) } else { None };
     let result = write_response(
         stream,
         &mut resp,
@@ -437,9 +454,11 @@ async fn request<S: Stream>(
         if req.http09 { 9 } else { req.minor },
         keepalive,
         head_only,
-        &mut cx.sent,
+        &mut sent,
+        fin,
     )
     .await;
+    cx.sent = sent;
     log_answered(&mut cx, resp.status);
     // Module state tied to the request (a limit_conn slot) lives until
     // the unread body is drained, as the request does in nginx.
@@ -469,6 +488,8 @@ async fn request<S: Stream>(
         return false;
     }
     drop(request_guards);
+    // The wait for the next request is this location's keepalive_timeout.
+    info.keepalive_ms = ka;
     true
 }
 
@@ -718,6 +739,7 @@ async fn reject_and_close<S: Stream>(
         false,
         head_only,
         &mut cx.sent,
+        None,
     )
     .await;
     log_answered(&mut cx, r.status);
@@ -845,6 +867,13 @@ pub(crate) async fn linger<S: Stream>(stream: &S, loc: &LocConf) {
     }
 }
 
+/// What renders the trailers once the body has gone (`add_trailer`, as
+/// nginx renders them then): given what went out, the head as written and
+/// the trailers known with the head, the trailers to send.
+type Finish<'f> =
+    Option<&'f dyn Fn(&phases::Sent, &[u8], &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)>>;
+
+#[allow(clippy::too_many_arguments)]
 async fn write_response<S: Stream>(
     stream: &S,
     resp: &mut Response,
@@ -853,10 +882,14 @@ async fn write_response<S: Stream>(
     keepalive: bool,
     head_only: bool,
     sent: &mut phases::Sent,
+    fin: Finish<'_>,
 ) -> io::Result<()> {
     let mut head = take_head_buf();
     crate::http::v1::head::write_head(&mut head, resp, loc, minor, keepalive);
-    let r = write_body(stream, resp, loc, minor, head_only, !keepalive, &head, sent).await;
+    let r = write_body(
+        stream, resp, loc, minor, head_only, !keepalive, &head, sent, fin,
+    )
+    .await;
     sent.head = head;
     r
 }
@@ -897,10 +930,11 @@ async fn write_body<S: Stream>(
     closing: bool,
     head: &[u8],
     sent: &mut phases::Sent,
+    fin: Finish<'_>,
 ) -> io::Result<()> {
     let policy = resp.io.take().unwrap_or_default();
     let r = write_body_with(
-        stream, resp, loc, minor, head_only, closing, head, sent, &policy,
+        stream, resp, loc, minor, head_only, closing, head, sent, &policy, fin,
     )
     .await;
     sent.io = policy.decision().as_str();
@@ -928,6 +962,7 @@ async fn write_body_with<S: Stream>(
     head: &[u8],
     sent: &mut phases::Sent,
     policy: &crate::io::Policy,
+    fin: Finish<'_>,
 ) -> io::Result<()> {
     // A response written in one go on a connection that closes next goes
     // with MSG_MORE: the bytes wait in the socket for the close, and the
@@ -938,14 +973,20 @@ async fn write_body_with<S: Stream>(
         return write_all_more(stream, &[head], loc, closing).await;
     }
     if !resp.filters.is_empty() || matches!(resp.body, Body::Stream(_)) {
-        return write_filtered(stream, resp, loc, minor, head, sent, policy).await;
+        return write_filtered(stream, resp, loc, minor, head, sent, policy, fin).await;
     }
     let body = std::mem::take(&mut resp.body);
     // The common bodies go out without building a piece list.
     match body {
         Body::Bytes(b) => {
             sent.body_bytes += b.len() as u64;
-            write_all_more(stream, &[head, &b], loc, closing).await?;
+            match Pacer::new(loc, sent, 0) {
+                None => write_all_more(stream, &[head, &b], loc, closing).await?,
+                // limit_rate holds for a page from memory too (an error
+                // page, `return` text), its head included, as nginx's
+                // write filter counts every byte of the connection.
+                Some(mut p) => write_paced(stream, &[head, &b], loc, &mut p).await?,
+            }
         }
         Body::File { file, offset, len }
             if len <= INLINE_FILE_MAX && Pacer::rate(loc, sent).is_none() =>
@@ -1002,6 +1043,20 @@ impl Pacer {
             start: std::time::Instant::now(),
             sent: head_len as u64,
         })
+    }
+
+    /// [`Pacer::allowance`], ended by the client closing its side while
+    /// the pace holds the response back (nginx's read handler of a
+    /// delayed response notices it and ends the request).
+    async fn allowance_watched<S: Stream>(&mut self, stream: &S) -> io::Result<u64> {
+        tokio::select! {
+            biased;
+            n = self.allowance() => Ok(n),
+            () = hangup(stream) => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "client prematurely closed connection",
+            )),
+        }
     }
 
     /// Bytes that may go now, after waiting as long as nothing may.
@@ -1067,7 +1122,7 @@ async fn write_pieces<S: Stream>(
                         Some(p) => {
                             let (mut off, end) = (*offset, offset + len);
                             while off < end {
-                                let n = (end - off).min(p.allowance().await);
+                                let n = (end - off).min(p.allowance_watched(stream).await?);
                                 let before = sent.body_bytes;
                                 let progress = &mut sent.body_bytes;
                                 crate::io::send_file(stream, file, off, n, policy, to, progress)
@@ -1086,7 +1141,7 @@ async fn write_pieces<S: Stream>(
                     while off < end {
                         let mut n = (end - off).min(piece);
                         if let Some(p) = pacer.as_mut() {
-                            n = n.min(p.allowance().await);
+                            n = n.min(p.allowance_watched(stream).await?);
                             p.sent += n + pending.len() as u64;
                         }
                         let data = crate::io::read(file, off, n as usize, policy).await?;
@@ -1105,6 +1160,26 @@ async fn write_pieces<S: Stream>(
     }
     if !pending.is_empty() {
         write_all(stream, &[&pending], loc).await?;
+    }
+    Ok(())
+}
+
+/// Writes `parts` one after the other, no faster than `pacer` allows.
+async fn write_paced<S: Stream>(
+    stream: &S,
+    parts: &[&[u8]],
+    loc: &LocConf,
+    pacer: &mut Pacer,
+) -> io::Result<()> {
+    for part in parts {
+        let mut off = 0;
+        while off < part.len() {
+            let allowed = pacer.allowance_watched(stream).await?;
+            let n = (part.len() - off).min(usize::try_from(allowed).unwrap_or(usize::MAX));
+            write_all(stream, &[&part[off..off + n]], loc).await?;
+            pacer.sent += n as u64;
+            off += n;
+        }
     }
     Ok(())
 }
@@ -1136,6 +1211,7 @@ async fn flush<S: Stream>(stream: &S, loc: &LocConf) -> io::Result<()> {
 }
 
 /// Streams the body through the filters, chunk-encoding the output for HTTP/1.1.
+#[allow(clippy::too_many_arguments)]
 async fn write_filtered<S: Stream>(
     stream: &S,
     resp: &mut Response,
@@ -1144,6 +1220,7 @@ async fn write_filtered<S: Stream>(
     head: &[u8],
     sent: &mut phases::Sent,
     policy: &crate::io::Policy,
+    fin: Finish<'_>,
 ) -> io::Result<()> {
     let chunked = crate::http::v1::head::chunked(resp, minor, loc);
     let body = std::mem::take(&mut resp.body);
@@ -1160,6 +1237,7 @@ async fn write_filtered<S: Stream>(
                 &resp.trailers,
                 sent,
                 resp.watch_client,
+                fin,
             )
             .await;
             resp.filters = filters;
@@ -1213,6 +1291,7 @@ async fn write_filtered<S: Stream>(
                     last,
                     &resp.trailers,
                     sent,
+                    fin,
                 )
                 .await?;
             }
@@ -1237,6 +1316,7 @@ async fn write_filtered<S: Stream>(
             true,
             &resp.trailers,
             sent,
+            fin,
         )
         .await?;
     }
@@ -1260,6 +1340,7 @@ async fn write_streamed<S: Stream>(
     trailers: &[(String, Vec<u8>)],
     sent: &mut phases::Sent,
     watch_client: bool,
+    fin: Finish<'_>,
 ) -> io::Result<()> {
     let mut first = true;
     let mut out = Vec::new();
@@ -1267,7 +1348,7 @@ async fn write_streamed<S: Stream>(
     if !src.ready() {
         // The body keeps the client waiting: the head goes now.
         emit(
-            stream, loc, head, &mut first, &mut out, chunked, false, trailers, sent,
+            stream, loc, head, &mut first, &mut out, chunked, false, trailers, sent, None,
         )
         .await?;
     }
@@ -1303,11 +1384,19 @@ async fn write_streamed<S: Stream>(
         // Trailers that came with the body's end go after the ones known
         // with the head.
         let late = if last { src.trailers() } else { Vec::new() };
+        let finished;
+        let known: &[(String, Vec<u8>)] = match fin.filter(|_| last) {
+            Some(f) => {
+                finished = f(sent, head, trailers);
+                &finished
+            }
+            None => trailers,
+        };
         let all;
         let trailers: &[(String, Vec<u8>)] = if late.is_empty() {
-            trailers
+            known
         } else {
-            all = [trailers, &late[..]].concat();
+            all = [known, &late[..]].concat();
             &all
         };
         if filters.is_empty() {
@@ -1347,7 +1436,7 @@ async fn write_streamed<S: Stream>(
         }
         response::run_filters(filters, &data, last, &mut out)?;
         emit(
-            stream, loc, head, &mut first, &mut out, chunked, last, trailers, sent,
+            stream, loc, head, &mut first, &mut out, chunked, last, trailers, sent, None,
         )
         .await?;
         if last {
@@ -1368,13 +1457,16 @@ async fn emit<S: Stream>(
     last: bool,
     trailers: &[(String, Vec<u8>)],
     sent: &mut phases::Sent,
+    fin: Finish<'_>,
 ) -> io::Result<()> {
     let mut frame = Vec::with_capacity(out.len() + 64);
     if *first {
         frame.extend_from_slice(head);
         *first = false;
     }
-    sent.body_bytes += out.len() as u64;
+    // Trailers rendered below see the body bytes gone before this frame
+    // (nginx renders them before its last write).
+    let body_now = out.len() as u64;
     if chunked {
         if !out.is_empty() {
             frame.extend_from_slice(format!("{:x}\r\n", out.len()).as_bytes());
@@ -1383,6 +1475,14 @@ async fn emit<S: Stream>(
         }
         if last {
             frame.extend_from_slice(b"0\r\n");
+            let finished;
+            let trailers = match fin {
+                Some(f) => {
+                    finished = f(sent, head, trailers);
+                    &finished[..]
+                }
+                None => trailers,
+            };
             for (n, v) in trailers {
                 frame.extend_from_slice(n.as_bytes());
                 frame.extend_from_slice(b": ");
@@ -1395,6 +1495,7 @@ async fn emit<S: Stream>(
         frame.extend_from_slice(out);
     }
     out.clear();
+    sent.body_bytes += body_now;
     sent.bytes += frame.len() as u64;
     if frame.is_empty() {
         return Ok(());

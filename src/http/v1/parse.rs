@@ -421,6 +421,9 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
     // The first of a header that may come once, for nginx's report of
     // the second: `"NAME: VALUE", previous value: "NAME: FIRST"`.
     let mut firsts: [Option<(&[u8], &[u8])>; 4] = [None; 4];
+    // The first of each of the other headers nginx 1.22 keeps one of
+    // (ngx_http_process_unique_header_line), by [`unique_slot`].
+    let mut uniques: [Option<(&[u8], &[u8])>; 7] = [None; 7];
     let dup = |log: &'static str,
                first: Option<(&[u8], &[u8])>,
                name: &[u8],
@@ -510,8 +513,20 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
             te = Some(value);
         } else if name_is(name, "connection") {
             connection = Some(value);
-        } else if name_is(name, "expect") {
-            expect_continue = value.eq_ignore_ascii_case(b"100-continue");
+        } else if let Some(k) = unique_slot(name) {
+            if uniques[k].is_some() {
+                return Err(dup(
+                    "client sent duplicate header line",
+                    uniques[k],
+                    name,
+                    value,
+                    seen_host,
+                ));
+            }
+            uniques[k] = Some((name, value));
+            if k == EXPECT_SLOT {
+                expect_continue = value.eq_ignore_ascii_case(b"100-continue");
+            }
         } else if name_is(name, "authorization") {
             // nginx keeps one Authorization header (auth_basic, $remote_user).
             if seen_authorization {
@@ -645,6 +660,26 @@ fn contains_token(v: &[u8], tok: &[u8]) -> bool {
 
 fn trim_cr(l: &[u8]) -> &[u8] {
     l.strip_suffix(b"\r").unwrap_or(l)
+}
+
+/// `Expect`'s place among [`unique_slot`]'s.
+const EXPECT_SLOT: usize = 0;
+
+/// The request headers besides Host, Content-Length, Transfer-Encoding
+/// and Authorization that nginx 1.22 accepts once (a second is a 400):
+/// their place in the parser's table, by length first.
+fn unique_slot(name: &[u8]) -> Option<usize> {
+    let is = |l: &str| name.eq_ignore_ascii_case(l.as_bytes());
+    match name.len() {
+        6 if is("expect") => Some(EXPECT_SLOT),
+        8 if is("if-match") => Some(1),
+        8 if is("if-range") => Some(2),
+        13 if is("if-none-match") => Some(3),
+        13 if is("content-range") => Some(4),
+        17 if is("if-modified-since") => Some(5),
+        19 if is("if-unmodified-since") => Some(6),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -515,6 +515,9 @@ async fn stream_task(
         return;
     }
     if resp.close_silently {
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }

@@ -218,6 +218,7 @@ async fn connection(
         started: std::time::Instant::now(),
         proxy: None,
         proxy_pending: false,
+        keepalive_ms: 0,
     };
     let Ok(connecting) = inc.accept() else {
         return;
@@ -584,6 +585,9 @@ async fn stream_task(
         return;
     }
     if resp.close_silently {
+        cx.sent.status = resp.status;
+        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
+        crate::http::modules::log_phase(&cx);
         stop(&body, Code::H3_INTERNAL_ERROR);
         return;
     }

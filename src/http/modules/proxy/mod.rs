@@ -942,6 +942,10 @@ fn upstream_uri(cx: &Ctx<'_>, pass: &Pass) -> Vec<u8> {
         Some(u) if pass.vars.is_some() => return u.clone(),
         None if unchanged => return cx.req.raw_uri().to_vec(),
         None => crate::http::uri::escape_uri(&cx.uri, &mut out),
+        // After `rewrite ... break` the URI part is ignored: the rewritten
+        // URI goes whole (nginx copies its URI part only while
+        // valid_location holds).
+        Some(_) if cx.location_stale => crate::http::uri::escape_uri(&cx.uri, &mut out),
         Some(u) => {
             out.extend_from_slice(u);
             let rest = cx.uri.get(cx.loc_prefix_len..).unwrap_or(b"");
@@ -1104,6 +1108,9 @@ pub fn content<'a>(
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
     let Some(pass) = loc.modules.proxy.pass.as_ref() else {
+        // The handler an earlier `if` chose, run with a block that has
+        // no proxy_pass (see rewrite's `if`).
+        cx.log(Level::Alert, "no upstream configuration");
         return Response::status(500);
     };
     let pass = match eval_pass(cx, pass).await {
@@ -1252,6 +1259,13 @@ impl Protocol for Http {
 
     fn hidden(&self) -> &'static [&'static str] {
         HIDDEN
+    }
+
+    /// nginx's proxy adds empty `Server` and `Date` to an answer that
+    /// lacks them, so a passed one that never came leaves the client
+    /// with neither upstream's nor nginx's.
+    fn passed_replace_own(&self) -> bool {
+        true
     }
 
     fn rewrite_location(&self, _prefix: &[u8], v: &[u8]) -> Option<Vec<u8>> {
