@@ -21,7 +21,7 @@ use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
 use crate::core::log::{Level, Logger};
-use crate::http::conf::{Listen, ListenAddr};
+use crate::http::conf::{Listen, ListenAddr, ServerName};
 use crate::http::modules::access::{Addr, Rule};
 use crate::http::modules::access_log::LogSpec;
 use crate::http::modules::limit_conn::{ConnState, ConnZone, ZoneKind};
@@ -39,16 +39,44 @@ const DEFAULT_BUFFER_SIZE: usize = 16 * 1024;
 #[derive(Debug, Default)]
 pub struct StreamConf {
     pub servers: Vec<Arc<StreamServer>>,
-    /// Which server a listening address belongs to.
-    pub by_addr: HashMap<ListenAddr, Arc<StreamServer>>,
-    /// Every listening address, in file order, for the master to bind.
+    /// The servers of each listening address.
+    pub by_addr: HashMap<ListenAddr, Arc<StreamAddr>>,
+    /// Every listening address once, in file order, for the master to bind.
     pub listens: Vec<Listen>,
 }
 
 impl StreamConf {
-    /// The server that owns a listening address (None once a reload removed it).
-    pub fn server_for(&self, addr: &ListenAddr) -> Option<Arc<StreamServer>> {
+    /// The servers of a listening address (None once a reload removed it).
+    pub fn addr_for(&self, addr: &ListenAddr) -> Option<Arc<StreamAddr>> {
         self.by_addr.get(addr).cloned()
+    }
+
+    /// The default server of a listening address.
+    pub fn server_for(&self, addr: &ListenAddr) -> Option<Arc<StreamServer>> {
+        self.by_addr.get(addr).map(|a| a.default.clone())
+    }
+}
+
+/// The servers sharing one listening address (nginx 1.25.5's stream
+/// virtual servers): a session starts in the default one, and moves to
+/// the one whose `server_name` matches the SNI name, found by the TLS
+/// handshake of an `ssl` address or by `ssl_preread`.
+#[derive(Debug)]
+pub struct StreamAddr {
+    /// The options of the address: the `default_server` listen's, with
+    /// `ssl` and `proxy_protocol` set when any server's listen says so.
+    pub listen: Listen,
+    /// In configuration order.
+    pub servers: Vec<Arc<StreamServer>>,
+    /// The `default_server`, else the first server.
+    pub default: Arc<StreamServer>,
+}
+
+impl StreamAddr {
+    /// The server an SNI name selects, as http selects by `Host`.
+    pub fn select(&self, name: &[u8]) -> &Arc<StreamServer> {
+        crate::http::conf::select_by_name(&self.servers, |s| &s.names, name)
+            .unwrap_or(&self.default)
     }
 }
 
@@ -75,8 +103,10 @@ pub struct Limit {
 #[derive(Debug)]
 pub struct StreamServer {
     pub listen: Vec<Listen>,
-    /// Listening addresses of this server with `proxy_protocol`.
-    pub pp_listens: Vec<ListenAddr>,
+    /// `server_name`s, matched against the SNI name.
+    pub names: Vec<ServerName>,
+    /// The first of them (`$server_name`; empty without one).
+    pub server_name: String,
     pub content: Content,
     /// The block's variables (shared by its servers).
     pub vars: Arc<VarTable>,
@@ -104,8 +134,10 @@ pub struct StreamServer {
     pub preread_timeout: Duration,
     /// The TLS configuration of `listen ... ssl` addresses.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Listening addresses of this server with `ssl`.
-    pub ssl_listens: Vec<ListenAddr>,
+    /// `ssl_certificate` with variables: pairs loaded per handshake.
+    pub var_certs: Option<Arc<crate::tls::var_certs::VarCerts>>,
+    /// `ssl_reject_handshake on`.
+    pub reject_handshake: bool,
     /// `ssl_verify_client` and its certificates (None: off).
     pub client_auth: Option<Arc<crate::tls::client_auth::ClientAuth>>,
     pub ssl_handshake_timeout: Duration,
@@ -245,7 +277,8 @@ pub struct SrvBuild {
     /// `return` came after `proxy_pass`.
     pub ret_last: bool,
     pub sets: Vec<(usize, Template)>,
-    pub pp_listens: Vec<ListenAddr>,
+    pub names: Vec<ServerName>,
+    pub primary_name: Option<String>,
     /// Each `listen` with whether it says `ssl` (for error locations).
     pub listen_dirs: Vec<(bool, Directive)>,
     pub proxy: ProxyConf,
@@ -329,6 +362,25 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         ctx::STREAM_SRV,
         Args::AtLeast(1),
         StreamSetter::Srv(set_listen)
+    ),
+    row!(
+        "server_name",
+        ctx::STREAM_SRV,
+        Args::AtLeast(1),
+        StreamSetter::Srv(set_server_name)
+    ),
+    // Names are matched without a hash table: nothing to size.
+    row!(
+        "server_names_hash_max_size",
+        ctx::STREAM,
+        Args::take(1),
+        StreamSetter::Ignored(check_number)
+    ),
+    row!(
+        "server_names_hash_bucket_size",
+        ctx::STREAM,
+        Args::take(1),
+        StreamSetter::Ignored(check_number)
     ),
     row!(
         "proxy_pass",
@@ -708,12 +760,7 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::Any,
         StreamSetter::Unsupported
     ),
-    row!(
-        "ssl_reject_handshake",
-        SS,
-        Args::Any,
-        StreamSetter::Unsupported
-    ),
+    row!("ssl_reject_handshake", SS, Args::Flag, StreamSetter::Ssl),
     row!(
         "set_real_ip_from",
         SS,
@@ -890,7 +937,14 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
     let mut out = StreamConf::default();
     let keys = &mut crate::tls::config::KeyCache::default();
     let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
+    let mut grouped = Grouped::default();
     let all_upstreams = Arc::new(m.upstreams.clone());
+    // `ssl` on one server's listen makes the address TLS for every
+    // server on it (nginx ORs the listen options of an address).
+    let ssl_addrs: std::collections::HashSet<ListenAddr> = builds
+        .iter()
+        .flat_map(|(sb, _)| sb.listen.iter().filter(|l| l.ssl).map(|l| l.addr.clone()))
+        .collect();
     for (mut sb, sd) in builds {
         sb.proxy.merge(&m.proxy);
         let content = match (sb.ret.take(), sb.pass.take()) {
@@ -924,38 +978,35 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             None => None,
         };
         let mut client_auth = None;
-        let tls = if sb.listen.iter().any(|l| l.ssl) {
+        let (mut tls, mut var_certs, mut reject_handshake) = (None, None, false);
+        if sb.listen.iter().any(|l| ssl_addrs.contains(&l.addr)) {
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
-            if ssl.var_certs.is_some() {
-                // http loads such pairs per handshake (tls::var_certs);
-                // the stream handshake does not yet.
-                return Err(ConfError::at(
-                    "\"ssl_certificate\" with variables is not supported in stream by tern yet",
-                    &sd,
-                ));
-            }
             client_auth = ssl.client_auth.clone();
-            let Some(cfg) = ssl.tls else {
-                let l = sb
-                    .listen_dirs
-                    .iter()
-                    .find(|(ssl, _)| *ssl)
-                    .map(|(_, d)| d)
-                    .unwrap_or(&sd);
-                return Err(ConfError::at(
-                    "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
-                    l,
-                ));
-            };
-            // http's build offers http/1.1; a stream server offers what
-            // `ssl_alpn` lists (nothing by default).
-            let mut c = (*cfg).clone();
-            c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
-            Some(Arc::new(c))
-        } else {
-            None
-        };
+            reject_handshake = ssl.reject_handshake == Some(true);
+            var_certs = ssl.var_certs.clone();
+            match ssl.tls {
+                Some(cfg) => {
+                    // http's build offers http/1.1; a stream server offers
+                    // what `ssl_alpn` lists (nothing by default).
+                    let mut c = (*cfg).clone();
+                    c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
+                    tls = Some(Arc::new(c));
+                }
+                // A server whose own listen says `ssl` needs a certificate
+                // (or ssl_reject_handshake); the others of the address
+                // borrow the default server's.
+                None if !reject_handshake => {
+                    if let Some((_, l)) = sb.listen_dirs.iter().find(|(ssl, _)| *ssl) {
+                        return Err(ConfError::at(
+                            "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
+                            l,
+                        ));
+                    }
+                }
+                None => {}
+            }
+        }
         let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
             let up = crate::tls::client::UpSsl {
                 verify: p.proxy_ssl_verify.unwrap_or(false),
@@ -996,7 +1047,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         }
         let srv = Arc::new(StreamServer {
             listen: sb.listen.clone(),
-            pp_listens: sb.pp_listens.clone(),
+            names: std::mem::take(&mut sb.names),
+            server_name: sb.primary_name.take().unwrap_or_default(),
             content,
             vars: vars.clone(),
             sets: std::mem::take(&mut sb.sets),
@@ -1021,12 +1073,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             preread_buffer_size: p.preread_buffer_size.unwrap_or(16384),
             preread_timeout: p.preread_timeout.unwrap_or(Duration::from_secs(30)),
             tls,
-            ssl_listens: sb
-                .listen
-                .iter()
-                .filter(|l| l.ssl)
-                .map(|l| l.addr.clone())
-                .collect(),
+            var_certs,
+            reject_handshake,
             client_auth,
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             proxy_ssl,
@@ -1044,19 +1092,62 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             tcp_nodelay: p.tcp_nodelay.unwrap_or(true),
             logger,
         });
-        for l in &sb.listen {
-            if out.by_addr.contains_key(&l.addr) {
-                return Err(ConfError::at(
-                    format!("duplicate \"{}\" address and port pair", l.addr),
-                    &sd,
-                ));
-            }
-            out.by_addr.insert(l.addr.clone(), srv.clone());
-            out.listens.push(l.clone());
+        for (l, (_, ld)) in sb.listen.iter().zip(&sb.listen_dirs) {
+            grouped.add(l, &srv, ld)?;
         }
         out.servers.push(srv);
     }
+    for a in grouped.order {
+        let Some((listen, servers, default)) = grouped.by.remove(&a) else {
+            continue;
+        };
+        let Some(default) = default.or_else(|| servers.first().cloned()) else {
+            continue;
+        };
+        out.listens.push(listen.clone());
+        out.by_addr.insert(
+            a,
+            Arc::new(StreamAddr {
+                listen,
+                servers,
+                default,
+            }),
+        );
+    }
     Ok(out)
+}
+
+/// Servers gathered per listening address, in file order.
+#[derive(Default)]
+struct Grouped {
+    order: Vec<ListenAddr>,
+    #[allow(clippy::type_complexity)]
+    by: HashMap<ListenAddr, (Listen, Vec<Arc<StreamServer>>, Option<Arc<StreamServer>>)>,
+}
+
+impl Grouped {
+    fn add(&mut self, l: &Listen, srv: &Arc<StreamServer>, d: &Directive) -> ConfResult<()> {
+        let e = self.by.entry(l.addr.clone()).or_insert_with(|| {
+            self.order.push(l.addr.clone());
+            (l.clone(), Vec::new(), None)
+        });
+        let (ssl, pp) = (e.0.ssl || l.ssl, e.0.proxy_protocol || l.proxy_protocol);
+        if l.default_server {
+            if e.2.is_some() {
+                return Err(ConfError::at(
+                    format!("a duplicate default server for {}", l.addr),
+                    d,
+                ));
+            }
+            e.2 = Some(srv.clone());
+            // Socket options come from the default_server's listen.
+            e.0 = l.clone();
+        }
+        e.0.ssl = ssl;
+        e.0.proxy_protocol = pp;
+        e.1.push(srv.clone());
+        Ok(())
+    }
 }
 
 fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
@@ -1202,7 +1293,7 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
                 ))
             }
             // http-only parameters that the shared parser knows.
-            "default_server" | "default" | "deferred" | "http2" | "quic" => {
+            "default" | "deferred" | "http2" | "quic" => {
                 return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d))
             }
             _ => {}
@@ -1255,12 +1346,14 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
             d,
         ));
     }
-    if d.args.iter().skip(1).any(|a| a.value == "proxy_protocol") {
-        sb.pp_listens.push(l.addr.clone());
-    }
+    l.proxy_protocol = d.args.iter().skip(1).any(|a| a.value == "proxy_protocol");
     sb.listen_dirs.push((l.ssl, d.clone()));
     sb.listen.push(l);
     Ok(())
+}
+
+fn set_server_name(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    crate::http::conf::parse_server_names(d, cx, &mut sb.names, &mut sb.primary_name)
 }
 
 fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {

@@ -394,7 +394,10 @@ impl Drain {
             .as_ref()
             .and_then(|c| c.by_addr.get(&self.listen))
         {
-            Some(now) => !std::ptr::eq(Arc::as_ptr(now), srv),
+            Some(now) => !now
+                .servers
+                .iter()
+                .any(|n| std::ptr::eq(Arc::as_ptr(n), srv)),
             None => true,
         }
     }

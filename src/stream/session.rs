@@ -34,7 +34,7 @@ use crate::http::modules::access_log::{write_one, ErrCtx, ScriptCtx};
 use crate::http::modules::limit_conn::{ConnState, Take, ZoneState};
 use crate::http::response::push_num;
 use crate::http::vars::{Var, VarCtx};
-use crate::stream::conf::{Content, StreamServer};
+use crate::stream::conf::{Content, StreamAddr, StreamServer};
 use crate::stream::proxy::{self, Sock};
 use crate::stream::proxy_protocol::{self as pp, Parsed};
 use crate::stream::ssl_preread::{self, Hello, Preread};
@@ -88,7 +88,14 @@ pub struct Session {
     pub conn_remote: Option<SocketAddr>,
     pub local: Option<SocketAddr>,
     pub listen: ListenAddr,
+    /// The server whose settings apply now: the address's default until
+    /// an SNI name selects another (see [`Session::select_server`]).
     pub srv: Arc<StreamServer>,
+    /// The servers of the listening address (None: UDP, one server).
+    pub vaddr: Option<Arc<StreamAddr>>,
+    /// The SNI name of the handshake in progress (`$ssl_server_name` of
+    /// certificates with variables).
+    pub sni: Option<String>,
     pub status: u16,
     pub bytes_received: u64,
     pub bytes_sent: u64,
@@ -128,6 +135,8 @@ impl Session {
                 .unwrap_or_else(crate::core::log::main_logger),
             set_vals: vec![None; srv.vars.len()],
             srv,
+            vaddr: None,
+            sni: None,
             status: 200,
             bytes_received: 0,
             bytes_sent: 0,
@@ -137,6 +146,54 @@ impl Session {
             hello: None,
             tls: None,
             alpn: None,
+        }
+    }
+
+    /// Moves the session to the server of its address that `name` (an
+    /// SNI name) selects, as nginx does in its servername callback and in
+    /// ssl_preread; the named captures of a `server_name` regex become
+    /// variables. From here on the new server's settings apply.
+    pub fn select_server(&mut self, name: &[u8]) {
+        let Some(a) = &self.vaddr else { return };
+        let srv = a.select(name).clone();
+        let lower = name.to_ascii_lowercase();
+        let lower = lower.strip_suffix(b".").unwrap_or(&lower);
+        let exact = srv.names.iter().any(|n| {
+            !matches!(n, crate::http::conf::ServerName::Regex(_))
+                && n.matches(std::str::from_utf8(lower).unwrap_or(""))
+        });
+        if !exact {
+            for n in &srv.names {
+                let crate::http::conf::ServerName::Regex(re) = n else {
+                    continue;
+                };
+                let Some(caps) = re.captures(lower) else {
+                    continue;
+                };
+                for (i, cn) in re.capture_names().iter().enumerate() {
+                    let Some(cn) = cn else { continue };
+                    if let Some(Var::User(v)) = srv.vars.lookup(cn) {
+                        let val = caps
+                            .get(i)
+                            .copied()
+                            .flatten()
+                            .and_then(|(s, e)| lower.get(s..e))
+                            .unwrap_or_default()
+                            .to_vec();
+                        if let Some(slot) = self.set_vals.get_mut(v) {
+                            *slot = Some(val);
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        if !Arc::ptr_eq(&srv, &self.srv) {
+            self.logger = srv
+                .logger
+                .clone()
+                .unwrap_or_else(crate::core::log::main_logger);
+            self.srv = srv;
         }
     }
 
@@ -205,6 +262,7 @@ impl VarCtx for Session {
                 out.extend_from_slice(crate::http::response::NGINX_VERSION.as_bytes())
             }
             Var::TernVersion => out.extend_from_slice(crate::http::response::VERSION.as_bytes()),
+            Var::ServerName => out.extend_from_slice(self.srv.server_name.as_bytes()),
             Var::TimeLocal => out.extend_from_slice(&crate::http::date::time_local()),
             Var::TimeIso8601 => out.extend_from_slice(&crate::http::date::time_iso8601()),
             Var::Msec => push_secs(
@@ -214,6 +272,12 @@ impl VarCtx for Session {
                     .unwrap_or_default(),
             ),
             Var::Stream(s) => return self.stream_var(*s, out),
+            Var::ProxyProtocol(p) => return self.pp.as_ref().is_some_and(|h| h.render(p, out)),
+            // During the handshake (certificates with variables).
+            Var::SslServerName if self.tls.is_none() => match &self.sni {
+                Some(n) => out.extend_from_slice(n.as_bytes()),
+                None => return false,
+            },
             Var::SslProtocol | Var::SslCipher | Var::SslServerName | Var::SslSessionReused => {
                 let Some(t) = &self.tls else { return false };
                 match v {
@@ -246,18 +310,6 @@ impl VarCtx for Session {
 
 impl Session {
     fn stream_var(&self, v: SVar, out: &mut Vec<u8>) -> bool {
-        let pp_part = |src: bool, port: bool, out: &mut Vec<u8>| {
-            let Some(h) = &self.pp else { return false };
-            let Some((ip, p)) = (if src { h.src } else { h.dst }) else {
-                return false;
-            };
-            if port {
-                push_num(out, u64::from(p));
-            } else {
-                out.extend_from_slice(ip.to_string().as_bytes());
-            }
-            true
-        };
         match v {
             SVar::BytesReceived => push_num(out, self.bytes_received),
             SVar::SessionTime => push_secs(out, self.start.elapsed()),
@@ -279,10 +331,6 @@ impl Session {
                 return self.up.list(out, |t, o| opt_secs(o, t.first_byte))
             }
             SVar::UpstreamSessionTime => return self.up.list(out, |t, o| opt_secs(o, t.session)),
-            SVar::ProxyProtocolAddr => return pp_part(true, false, out),
-            SVar::ProxyProtocolPort => return pp_part(true, true, out),
-            SVar::ProxyProtocolServerAddr => return pp_part(false, false, out),
-            SVar::ProxyProtocolServerPort => return pp_part(false, true, out),
             SVar::SslPrereadServerName => match &self.hello {
                 Some(h) => out.extend_from_slice(&h.server_name),
                 None => return false,
@@ -328,11 +376,12 @@ pub async fn serve(
     mut client: Sock,
     remote: Option<SocketAddr>,
     listen: ListenAddr,
-    srv: Arc<StreamServer>,
+    vaddr: Arc<StreamAddr>,
     slot: Option<Slot>,
     shared: Arc<WorkerShared>,
     id: u64,
 ) {
+    let srv = vaddr.default.clone();
     let local = match (&listen, &client) {
         // A listener on a specific address is its connections' local address.
         (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
@@ -340,6 +389,7 @@ pub async fn serve(
         _ => None,
     };
     let mut s = Session::new(id, remote, local, listen.clone(), srv);
+    s.vaddr = Some(vaddr);
     if s.logger.enabled(Level::Info) {
         s.log(
             Level::Info,
@@ -367,7 +417,7 @@ pub async fn serve(
 async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Option<Vec<u8>> {
     let srv = s.srv.clone();
     let mut pre = Vec::new();
-    if srv.pp_listens.contains(&s.listen) {
+    if s.vaddr.as_ref().is_some_and(|a| a.listen.proxy_protocol) {
         match read_pp(client, srv.proxy_protocol_timeout).await {
             Ok((h, rest)) => {
                 s.bytes_received += rest.len() as u64;
@@ -472,9 +522,9 @@ async fn tls_and_preread(
     client: Sock,
     mut pre: Vec<u8>,
 ) -> Option<(Sock, Vec<u8>)> {
-    let srv = s.srv.clone();
     let mut client = client;
-    if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
+    if s.vaddr.as_ref().is_some_and(|a| a.listen.ssl) {
+        let default = s.srv.clone();
         // Bytes read ahead of the handshake (after a PROXY header) belong
         // to it: the handshake reads them first.
         let inner = if pre.is_empty() {
@@ -482,31 +532,15 @@ async fn tls_and_preread(
         } else {
             Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
         };
-        let hs = async {
-            let start =
-                tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
-                    .await
-                    .ok()?;
-            let ch = start.client_hello();
-            let hello = Offered {
-                server_name: ch.server_name().map(str::to_string),
-                ciphers: ch.cipher_suites().into(),
-                groups: ch.named_groups().unwrap_or_default().into(),
-            };
-            let mut id = [0u8; 32];
-            let t = start
-                .into_stream_with(cfg.clone(), |c| id = crate::tls::session_id(c))
-                .await
-                .ok()?;
-            Some((t, hello, id))
-        };
-        match tokio::time::timeout(srv.ssl_handshake_timeout, hs).await {
-            Ok(Some((t, hello, id))) => {
+        let hs = handshake(s, inner, &default);
+        let r = tokio::time::timeout(default.ssl_handshake_timeout, hs).await;
+        match r {
+            Ok(Some((t, hello, id, auth))) => {
                 let (_, c) = t.get_ref();
-                let info = tls_info(c, hello, id, srv.client_auth.as_deref());
+                let info = tls_info(c, hello, id, auth.as_deref());
                 s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
                 client = Sock::Tls(Box::new(t));
-                let refused = client_cert_refused(srv.client_auth.as_deref(), &info);
+                let refused = client_cert_refused(auth.as_deref(), &info);
                 s.tls = Some(info);
                 if let Some(why) = refused {
                     s.log(Level::Info, format_args!("{}, {}", why, s.client_ctx()));
@@ -538,6 +572,7 @@ async fn tls_and_preread(
             }
         }
     }
+    let srv = s.srv.clone();
     if !srv.ssl_preread {
         return Some((client, pre));
     }
@@ -563,6 +598,12 @@ async fn tls_and_preread(
     };
     match tokio::time::timeout(srv.preread_timeout, read).await {
         Ok(Ok(h)) => {
+            // The SNI name selects the server, as in a handshake.
+            if let Some(name) = h.as_ref().map(|h| h.server_name.clone()) {
+                if !name.is_empty() && s.tls.is_none() {
+                    s.select_server(&name);
+                }
+            }
             s.hello = h;
             Some((client, pre))
         }
@@ -577,6 +618,74 @@ async fn tls_and_preread(
         // nginx ends the session when the preread times out, with 200.
         Err(_) => None,
     }
+}
+
+type Handshaken = (
+    tokio_rustls::server::TlsStream<Sock>,
+    Offered,
+    [u8; 32],
+    Option<Arc<crate::tls::client_auth::ClientAuth>>,
+);
+
+/// The TLS handshake of an `ssl` address: the SNI name selects the
+/// server (its certificate, or the default server's when it has none),
+/// `ssl_reject_handshake` refuses it with nginx's "unrecognized_name"
+/// alert, and certificates with variables are loaded for it. None: the
+/// handshake failed.
+async fn handshake(
+    s: &mut Session,
+    inner: Sock,
+    default: &Arc<StreamServer>,
+) -> Option<Handshaken> {
+    let mut start =
+        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
+            .await
+            .ok()?;
+    let ch = start.client_hello();
+    let hello = Offered {
+        server_name: ch.server_name().map(str::to_string),
+        ciphers: ch.cipher_suites().into(),
+        groups: ch.named_groups().unwrap_or_default().into(),
+    };
+    if let Some(n) = &hello.server_name {
+        s.select_server(n.as_bytes());
+    }
+    s.sni = hello.server_name.clone();
+    let chosen = s.srv.clone();
+    let src = if chosen.tls.is_some() || chosen.reject_handshake {
+        chosen
+    } else {
+        default.clone()
+    };
+    if src.reject_handshake {
+        let _ = start
+            .io
+            .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70])
+            .await;
+        return None;
+    }
+    let mut cfg = src.tls.clone()?;
+    if let Some(v) = &src.var_certs {
+        // Loaded for this handshake; one that cannot be loaded fails it
+        // (no certificate to offer).
+        let pairs = match v.load(&*s).await {
+            Ok(p) => p,
+            Err(msg) => {
+                s.log(
+                    Level::Error,
+                    format_args!("{} while SSL handshaking, {}", msg, s.client_ctx()),
+                );
+                Vec::new()
+            }
+        };
+        cfg = v.server_config(&cfg, pairs);
+    }
+    let mut id = [0u8; 32];
+    let t = start
+        .into_stream_with(cfg, |c| id = crate::tls::session_id(c))
+        .await
+        .ok()?;
+    Some((t, hello, id, src.client_auth.clone()))
 }
 
 /// What a ClientHello offered (for `$ssl_server_name`, `$ssl_ciphers`,
