@@ -27,6 +27,7 @@ use crate::http::modules::access_log::LogSpec;
 use crate::http::modules::limit_conn::{ConnState, ConnZone, ZoneKind};
 use crate::http::vars::{Template, VarTable};
 use crate::stream::upstream::{Balance, Peer, PeerAddr, Upstream};
+use crate::tls::var_certs::{CertName, VarCerts};
 
 /// nginx's defaults for the stream proxy.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -143,6 +144,8 @@ pub struct StreamServer {
     pub ssl_handshake_timeout: Duration,
     /// `proxy_ssl on`: the TLS client configuration toward the upstream.
     pub proxy_ssl: Option<Arc<rustls::ClientConfig>>,
+    /// `proxy_ssl_certificate` with variables: loaded per connection.
+    pub proxy_ssl_var_certs: Option<Arc<VarCerts>>,
     /// `proxy_ssl_name` (None: the host of `proxy_pass`).
     pub proxy_ssl_name: Option<Template>,
     pub connect_timeout: Duration,
@@ -208,9 +211,10 @@ pub struct ProxyConf {
     pub proxy_ssl_protocols: Option<(bool, bool)>,
     pub proxy_ssl_ciphers: Option<String>,
     pub proxy_ssl_verify_depth: Option<u64>,
-    /// `proxy_ssl_certificate`, `_key`, `proxy_ssl_password_file` (paths).
-    pub proxy_ssl_certificate: Option<String>,
-    pub proxy_ssl_certificate_key: Option<String>,
+    /// `proxy_ssl_certificate`, `_key` (files, `data:`, or names with
+    /// variables), `proxy_ssl_password_file` (a path).
+    pub proxy_ssl_certificate: Option<CertName>,
+    pub proxy_ssl_certificate_key: Option<CertName>,
     pub proxy_ssl_password_file: Option<String>,
     pub requests: Option<u64>,
     pub responses: Option<u64>,
@@ -1007,6 +1011,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 None => {}
             }
         }
+        let mut proxy_ssl_var_certs = None;
         let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
             let up = crate::tls::client::UpSsl {
                 verify: p.proxy_ssl_verify.unwrap_or(false),
@@ -1030,7 +1035,9 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             }
             let cfg = crate::tls::client::client_config(&up)
                 .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?;
-            Some(with_client_cert(cfg, p, &sd)?)
+            let (cfg, vars) = with_client_cert(cfg, p, &sd)?;
+            proxy_ssl_var_certs = vars;
+            Some(cfg)
         } else {
             None
         };
@@ -1078,6 +1085,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             client_auth,
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             proxy_ssl,
+            proxy_ssl_var_certs,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
@@ -1455,8 +1463,8 @@ fn set_proxy_ssl_certificate(
     d: &Directive,
     cx: &mut Compiler,
 ) -> ConfResult<()> {
-    let f = ssl_file(d, cx)?;
-    set_once(&mut p.proxy_ssl_certificate, f, d)
+    let n = cert_name(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate, n, d)
 }
 
 fn set_proxy_ssl_certificate_key(
@@ -1464,8 +1472,15 @@ fn set_proxy_ssl_certificate_key(
     d: &Directive,
     cx: &mut Compiler,
 ) -> ConfResult<()> {
-    let f = ssl_file(d, cx)?;
-    set_once(&mut p.proxy_ssl_certificate_key, f, d)
+    let n = cert_name(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate_key, n, d)
+}
+
+/// A `proxy_ssl_certificate*` name as http's proxy takes it: a file,
+/// `data:`, or a name with variables (loaded per upstream connection).
+fn cert_name(d: &Directive, cx: &mut Compiler) -> ConfResult<CertName> {
+    let prefix = cx.conf_prefix.clone();
+    CertName::parse(arg(d, 0), &prefix, |v| cx.template(v, d))
 }
 
 fn set_proxy_ssl_password_file(
@@ -1478,20 +1493,9 @@ fn set_proxy_ssl_password_file(
 }
 
 /// A file argument of a `proxy_ssl_*` directive, relative to the
-/// directory of nginx.conf. nginx 1.21+ also takes variables in
-/// `proxy_ssl_certificate` (a certificate loaded per connection); tern
-/// takes files only.
+/// directory of nginx.conf.
 fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
     let a = arg(d, 0);
-    if a.contains('$') || a.starts_with("data:") {
-        return Err(ConfError::at(
-            format!(
-                "\"{}\" with variables or \"data:\" is not supported by tern yet",
-                d.name
-            ),
-            d,
-        ));
-    }
     Ok(if a.starts_with('/') {
         a.to_string()
     } else {
@@ -1500,20 +1504,22 @@ fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
 }
 
 /// `proxy_ssl_certificate`: the client certificate offered to upstreams
-/// (whatever CA names the upstream hints, as OpenSSL does for nginx).
+/// (whatever CA names the upstream hints, as OpenSSL does for nginx),
+/// read now, or, when a name has variables, the pair to load per
+/// connection (`tls::var_certs`, as http's proxy).
 fn with_client_cert(
     cfg: Arc<rustls::ClientConfig>,
     p: &ProxyConf,
     sd: &Directive,
-) -> ConfResult<Arc<rustls::ClientConfig>> {
+) -> ConfResult<(Arc<rustls::ClientConfig>, Option<Arc<VarCerts>>)> {
     let Some(cert) = &p.proxy_ssl_certificate else {
-        return Ok(cfg);
+        return Ok((cfg, None));
     };
     let Some(key) = &p.proxy_ssl_certificate_key else {
         return Err(ConfError::at(
             format!(
                 "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
-                cert
+                cert.shown()
             ),
             sd,
         ));
@@ -1522,26 +1528,16 @@ fn with_client_cert(
         Some(f) => crate::tls::keys::read_passwords(f)?,
         None => Vec::new(),
     };
-    let pair = crate::tls::config::load_pair(cert, key, &passwords)?;
-    let mut c = (*cfg).clone();
-    c.client_auth_cert_resolver = Arc::new(ClientCert(pair));
-    Ok(Arc::new(c))
-}
-
-#[derive(Debug)]
-struct ClientCert(Arc<rustls::sign::CertifiedKey>);
-
-impl rustls::client::ResolvesClientCert for ClientCert {
-    fn resolve(
-        &self,
-        _: &[&[u8]],
-        _: &[rustls::SignatureScheme],
-    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.clone())
+    if cert.has_vars() || key.has_vars() {
+        let v = VarCerts {
+            pairs: vec![(cert.clone(), key.clone())],
+            passwords,
+            negotiate: None,
+        };
+        return Ok((cfg, Some(Arc::new(v))));
     }
-    fn has_certs(&self) -> bool {
-        true
-    }
+    let pair = crate::tls::config::load_named(cert, key, &passwords)?;
+    Ok((crate::tls::var_certs::client_config(&cfg, pair), None))
 }
 
 fn set_proxy_ssl_verify_depth(

@@ -129,7 +129,33 @@ pub async fn run(
     };
     let pp = (srv.proxy_protocol && srv.proxy_ssl.is_some())
         .then(|| crate::stream::proxy_protocol::v1_line(s.remote, s.local));
-    let how = Dial { bind, ssl_name, pp };
+    let tls = match (&srv.proxy_ssl, &srv.proxy_ssl_var_certs) {
+        // proxy_ssl_certificate with variables: this session's pair
+        // (none when the name renders empty).
+        (Some(cfg), Some(v)) => match v.load_client(&*s).await {
+            Ok(Some(k)) => Some(crate::tls::var_certs::client_config(cfg, k)),
+            Ok(None) => Some(cfg.clone()),
+            Err(msg) => {
+                s.log(
+                    Level::Error,
+                    format_args!(
+                        "{} while SSL handshaking to upstream, {}",
+                        msg,
+                        s.client_ctx()
+                    ),
+                );
+                s.status = 500;
+                return;
+            }
+        },
+        (cfg, _) => cfg.clone(),
+    };
+    let how = Dial {
+        bind,
+        tls,
+        ssl_name,
+        pp,
+    };
     let Some((up, peer)) = connect(s, &srv, &upstream, key, &how).await else {
         s.status = 502;
         return;
@@ -267,7 +293,7 @@ async fn connect(
         let t0 = Instant::now();
         let attempt = tokio::time::timeout(srv.connect_timeout, async {
             let mut sock = dial(&peer.addr, srv, how.bind).await?;
-            if let (Some(cfg), Some(name)) = (&srv.proxy_ssl, &how.ssl_name) {
+            if let (Some(cfg), Some(name)) = (&how.tls, &how.ssl_name) {
                 if let Some(pp) = &how.pp {
                     sock.write_all(pp).await?;
                 }
@@ -317,6 +343,8 @@ async fn connect(
 /// (`proxy_ssl`), and a PROXY header to send before the TLS handshake.
 struct Dial {
     bind: Option<std::net::IpAddr>,
+    /// `proxy_ssl`'s configuration for this session's connections.
+    tls: Option<Arc<rustls::ClientConfig>>,
     ssl_name: Option<String>,
     pp: Option<Vec<u8>>,
 }
