@@ -265,3 +265,140 @@ fn upstream_faults_answered_and_logged_as_nginx() {
         diffs.concat()
     );
 }
+
+/// A listener whose accept queue is full: the kernel drops further SYNs,
+/// so a connect to it hangs until the connecting side gives up. The
+/// connections that filled the queue are kept in the returned vector.
+fn full_listener() -> (u16, socket2::Socket, Vec<std::net::TcpStream>) {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    s.bind(&addr.into()).expect("bind");
+    s.listen(0).expect("listen");
+    let port = s
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.port())
+        .expect("port");
+    let mut fillers = Vec::new();
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    while let Ok(c) = std::net::TcpStream::connect_timeout(&to, Duration::from_millis(300)) {
+        fillers.push(c);
+        assert!(fillers.len() < 64, "the accept queue never filled");
+    }
+    (port, s, fillers)
+}
+
+/// A listener that accepts and never reads: its receive buffer is small,
+/// so a large request body fills it and the sender stalls.
+fn deaf_listener() -> u16 {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    s.set_recv_buffer_size(4096).expect("rcvbuf");
+    s.bind(&addr.into()).expect("bind");
+    s.listen(16).expect("listen");
+    let port = s
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.port())
+        .expect("port");
+    let l: std::net::TcpListener = s.into();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(4));
+                drop(c);
+            });
+        }
+    });
+    port
+}
+
+/// `proxy_connect_timeout` and `proxy_send_timeout` expiring: 504 and
+/// nginx's error-log lines, from both servers on the same configuration.
+#[test]
+fn upstream_connect_and_send_timeouts_as_nginx() {
+    if !nginx_installed() {
+        return;
+    }
+    let (full, _listener, _fillers) = full_listener();
+    let deaf = deaf_listener();
+    let conf = format!(
+        r#"
+worker_processes 1;
+error_log logs/error.log warn;
+events {{}}
+http {{
+    access_log off;
+    proxy_next_upstream off;
+    client_max_body_size 0;
+    client_body_buffer_size 32m;
+    server {{
+        listen 127.0.0.1:@PORT@;
+        server_name up.test;
+        location /ct/ {{ proxy_connect_timeout 500ms; proxy_pass http://127.0.0.1:{full}; }}
+        location /st/ {{ proxy_send_timeout 500ms; proxy_pass http://127.0.0.1:{deaf}; }}
+    }}
+}}
+"#
+    );
+    let pn = Prefix::new();
+    let nport = free_port();
+    let Some(nginx) = start_nginx(&pn, &conf, nport) else {
+        return;
+    };
+    let tern = Server::start(&conf);
+    let body = vec![b'x'; 16 << 20];
+    let mut post = format!(
+        "POST /st/x HTTP/1.1\r\nHost: up.test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    post.extend_from_slice(&body);
+    let get = b"GET /ct/x HTTP/1.1\r\nHost: up.test\r\nConnection: close\r\n\r\n";
+    let mut diffs = Vec::new();
+    for req in [&get[..], &post[..]] {
+        let a = normalize(&exchange(nport, req), nport);
+        let b = normalize(&exchange(tern.port, req), tern.port);
+        assert!(a.starts_with("HTTP/1.1 504 "), "nginx answered {:?}", a);
+        if a != b {
+            diffs.push(format!("--- nginx\n{:?}\n--- tern\n{:?}\n", a, b));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let strip = |p: &Prefix, port: u16| -> Vec<String> {
+        let mut v: Vec<String> = log_lines(p)
+            .into_values()
+            .flatten()
+            .map(|l| l.replace(&format!(":{}", port), ":PORT"))
+            .collect();
+        v.sort();
+        v
+    };
+    let (ln, lt) = (strip(&pn, nport), strip(&tern.prefix, tern.port));
+    assert!(
+        ln.iter()
+            .any(|l| l.contains("while connecting to upstream"))
+            && ln
+                .iter()
+                .any(|l| l.contains("while sending request to upstream")),
+        "nginx logged {:?}",
+        ln
+    );
+    if ln != lt {
+        diffs.push(format!(
+            "--- nginx log\n{}\n--- tern log\n{}\n",
+            ln.join("\n"),
+            lt.join("\n")
+        ));
+    }
+    drop(nginx);
+    assert!(
+        diffs.is_empty(),
+        "differences from nginx:\n{}",
+        diffs.concat()
+    );
+}
