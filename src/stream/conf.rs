@@ -91,6 +91,8 @@ pub enum Content {
     /// `proxy_pass` with variables: the rendered value names an upstream
     /// block or is an `ip:port` / `unix:path` address.
     ProxyVar(Template, Arc<HashMap<String, Arc<Upstream>>>),
+    /// `pass ADDRESS`: the connection goes to another listener.
+    Pass(crate::stream::pass::Target),
 }
 
 /// One `limit_conn ZONE N` of a server.
@@ -278,8 +280,11 @@ pub struct SrvBuild {
     /// `proxy_pass` target as written, with its directive for error locations.
     pub pass: Option<(String, Directive)>,
     pub ret: Option<Template>,
-    /// `return` came after `proxy_pass`.
-    pub ret_last: bool,
+    /// `pass ADDRESS` (the pass module).
+    pub pass_to: Option<crate::stream::pass::Target>,
+    /// The content directive written last (`return`, `proxy_pass`,
+    /// `pass`): it is the server's handler, as in nginx.
+    pub last_content: &'static str,
     pub sets: Vec<(usize, Template)>,
     pub names: Vec<ServerName>,
     pub primary_name: Option<String>,
@@ -366,6 +371,12 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         ctx::STREAM_SRV,
         Args::AtLeast(1),
         StreamSetter::Srv(set_listen)
+    ),
+    row!(
+        "pass",
+        ctx::STREAM_SRV,
+        Args::take(1),
+        StreamSetter::Srv(crate::stream::pass::set_pass)
     ),
     row!(
         "server_name",
@@ -757,13 +768,27 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!("ssl_verify_depth", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_crl", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_password_file", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
+    // As http's (tls::config builds them): OpenSSL commands tern maps,
+    // ticket keys, OCSP stapling, OCSP checks of client certificates.
+    row!("ssl_conf_command", SS, Args::take(2), StreamSetter::Ssl),
     row!(
         "ssl_session_ticket_key",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
+    row!("ssl_stapling", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_stapling_verify", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_stapling_file", SS, Args::take(1), StreamSetter::Ssl),
+    row!(
+        "ssl_stapling_responder",
+        SS,
+        Args::take(1),
+        StreamSetter::Ssl
+    ),
+    row!("ssl_ocsp", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_ocsp_responder", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_ocsp_cache", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_reject_handshake", SS, Args::Flag, StreamSetter::Ssl),
     row!(
         "set_real_ip_from",
@@ -953,6 +978,11 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         sb.proxy.merge(&m.proxy);
         let content = match (sb.ret.take(), sb.pass.take()) {
             (Some(t), _) => Content::Return(t),
+            (None, None) if sb.pass_to.is_some() => Content::Pass(
+                sb.pass_to
+                    .take()
+                    .ok_or_else(|| ConfError::at("no handler for server", &sd))?,
+            ),
             (None, Some((target, pd))) if target.contains('$') => {
                 let t = Template::compile_existing(&target, &vars)
                     .map_err(|msg| ConfError::at(msg, &pd))?;
@@ -989,26 +1019,15 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             client_auth = ssl.client_auth.clone();
             reject_handshake = ssl.reject_handshake == Some(true);
             var_certs = ssl.var_certs.clone();
-            match ssl.tls {
-                Some(cfg) => {
-                    // http's build offers http/1.1; a stream server offers
-                    // what `ssl_alpn` lists (nothing by default).
-                    let mut c = (*cfg).clone();
-                    c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
-                    tls = Some(Arc::new(c));
-                }
-                // A server whose own listen says `ssl` needs a certificate
-                // (or ssl_reject_handshake); the others of the address
-                // borrow the default server's.
-                None if !reject_handshake => {
-                    if let Some((_, l)) = sb.listen_dirs.iter().find(|(ssl, _)| *ssl) {
-                        return Err(ConfError::at(
-                            "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
-                            l,
-                        ));
-                    }
-                }
-                None => {}
+            // Without a certificate (None), a server answers with its
+            // address's default server's, whose own is checked once the
+            // addresses are grouped.
+            if let Some(cfg) = ssl.tls {
+                // http's build offers http/1.1; a stream server offers
+                // what `ssl_alpn` lists (nothing by default).
+                let mut c = (*cfg).clone();
+                c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
+                tls = Some(Arc::new(c));
             }
         }
         let mut proxy_ssl_var_certs = None;
@@ -1106,12 +1125,27 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         out.servers.push(srv);
     }
     for a in grouped.order {
-        let Some((listen, servers, default)) = grouped.by.remove(&a) else {
+        let Some((listen, servers, default, dirs)) = grouped.by.remove(&a) else {
             continue;
         };
         let Some(default) = default.or_else(|| servers.first().cloned()) else {
             continue;
         };
+        // As nginx 1.25.5 checks an `ssl` address: its default server
+        // (the one a handshake without SNI gets) must have a certificate.
+        if listen.ssl && default.tls.is_none() && !default.reject_handshake {
+            let at = servers
+                .iter()
+                .position(|s| Arc::ptr_eq(s, &default))
+                .and_then(|i| dirs.get(i))
+                .or(dirs.first());
+            if let Some(d) = at {
+                return Err(ConfError::at(
+                    "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
+                    d,
+                ));
+            }
+        }
         out.listens.push(listen.clone());
         out.by_addr.insert(
             a,
@@ -1130,14 +1164,22 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
 struct Grouped {
     order: Vec<ListenAddr>,
     #[allow(clippy::type_complexity)]
-    by: HashMap<ListenAddr, (Listen, Vec<Arc<StreamServer>>, Option<Arc<StreamServer>>)>,
+    by: HashMap<
+        ListenAddr,
+        (
+            Listen,
+            Vec<Arc<StreamServer>>,
+            Option<Arc<StreamServer>>,
+            Vec<Directive>,
+        ),
+    >,
 }
 
 impl Grouped {
     fn add(&mut self, l: &Listen, srv: &Arc<StreamServer>, d: &Directive) -> ConfResult<()> {
         let e = self.by.entry(l.addr.clone()).or_insert_with(|| {
             self.order.push(l.addr.clone());
-            (l.clone(), Vec::new(), None)
+            (l.clone(), Vec::new(), None, Vec::new())
         });
         let (ssl, pp) = (e.0.ssl || l.ssl, e.0.proxy_protocol || l.proxy_protocol);
         if l.default_server {
@@ -1154,6 +1196,7 @@ impl Grouped {
         e.0.ssl = ssl;
         e.0.proxy_protocol = pp;
         e.1.push(srv.clone());
+        e.3.push(d.clone());
         Ok(())
     }
 }
@@ -1175,13 +1218,15 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
             }
         }
     }
-    // Both set the server's content handler in nginx: the later one wins.
-    if sb.ret.is_some() && sb.pass.is_some() {
-        if sb.ret_last {
-            sb.pass = None;
-        } else {
-            sb.ret = None;
-        }
+    // Each sets the server's content handler in nginx: the last one wins.
+    if sb.last_content != "return" {
+        sb.ret = None;
+    }
+    if sb.last_content != "proxy_pass" {
+        sb.pass = None;
+    }
+    if sb.last_content != "pass" {
+        sb.pass_to = None;
     }
     Ok(sb)
 }
@@ -1369,7 +1414,7 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
         return Err(registry::duplicate(d));
     }
     sb.pass = Some((arg(d, 0).to_string(), d.clone()));
-    sb.ret_last = false;
+    sb.last_content = "proxy_pass";
     Ok(())
 }
 
@@ -1593,7 +1638,7 @@ fn set_return(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult
         return Err(registry::duplicate(d));
     }
     sb.ret = Some(cx.template(arg(d, 0), d)?);
-    sb.ret_last = true;
+    sb.last_content = "return";
     Ok(())
 }
 

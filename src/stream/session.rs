@@ -111,6 +111,8 @@ pub struct Session {
     pub tls: Option<TlsInfo>,
     /// The protocol ALPN settled on (`$ssl_alpn_protocol`).
     pub alpn: Option<Vec<u8>>,
+    /// How many times `pass` has handed this connection on.
+    pub passes: u32,
 }
 
 impl Session {
@@ -146,6 +148,7 @@ impl Session {
             hello: None,
             tls: None,
             alpn: None,
+            passes: 0,
         }
     }
 
@@ -373,7 +376,7 @@ impl Drop for Held {
 /// `slot` is the `worker_connections` slot for the upstream side (None:
 /// none was free).
 pub async fn serve(
-    mut client: Sock,
+    client: Sock,
     remote: Option<SocketAddr>,
     listen: ListenAddr,
     vaddr: Arc<StreamAddr>,
@@ -381,15 +384,33 @@ pub async fn serve(
     shared: Arc<WorkerShared>,
     id: u64,
 ) {
-    let srv = vaddr.default.clone();
     let local = match (&listen, &client) {
         // A listener on a specific address is its connections' local address.
         (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
         (_, Sock::Tcp(t)) => t.local_addr().ok(),
         _ => None,
     };
+    serve_passed(client, remote, local, listen, vaddr, slot, shared, id, 0).await
+}
+
+/// [`serve`] for a connection that `pass` handed over (`passes` times):
+/// its local address is the one it was passed to.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_passed(
+    mut client: Sock,
+    remote: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+    listen: ListenAddr,
+    vaddr: Arc<StreamAddr>,
+    slot: Option<Slot>,
+    shared: Arc<WorkerShared>,
+    id: u64,
+    passes: u32,
+) {
+    let srv = vaddr.default.clone();
     let mut s = Session::new(id, remote, local, listen.clone(), srv);
     s.vaddr = Some(vaddr);
+    s.passes = passes;
     if s.logger.enabled(Level::Info) {
         s.log(
             Level::Info,
@@ -405,7 +426,10 @@ pub async fn serve(
     let mut held: Vec<Held> = Vec::new();
     if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
         if let Some((client, pre)) = tls_and_preread(&mut s, client, pre).await {
-            content(&mut s, client, pre, slot, &shared).await;
+            if content(&mut s, client, pre, slot, &shared).await {
+                // Passed to another listener: logged there, not here.
+                return;
+            }
         }
     }
     log_phase(&s);
@@ -537,7 +561,26 @@ async fn tls_and_preread(
         match r {
             Ok(Some((t, hello, id, auth))) => {
                 let (_, c) = t.get_ref();
-                let info = tls_info(c, hello, id, auth.as_deref());
+                let mut info = tls_info(c, hello, id, auth.as_deref());
+                // `ssl_ocsp`: the responders are asked about a chain found
+                // good (as http's handshake does).
+                if let (Some(a), Some(chain), Ok(())) =
+                    (auth.as_deref(), &info.client_chain, info.verify)
+                {
+                    if let Some(o) = &a.ocsp {
+                        let ctx = s.client_ctx();
+                        let logger = s.logger.clone();
+                        let id = s.id;
+                        let log = |m: &str| {
+                            logger.log(Level::Info, Some(id), format_args!("{}, {}", m, ctx))
+                        };
+                        // Boxed: the check's future is large (~12 KB), and
+                        // inline it would grow every session's future, which
+                        // tokio moves several times when it spawns it.
+                        info.verify =
+                            Box::pin(crate::tls::ocsp::check(o, chain, a.store(), &log)).await;
+                    }
+                }
                 s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
                 client = Sock::Tls(Box::new(t));
                 let refused = client_cert_refused(auth.as_deref(), &info);
@@ -576,15 +619,29 @@ async fn tls_and_preread(
     if !srv.ssl_preread {
         return Some((client, pre));
     }
+    // A plain TCP socket is only peeked at, as nginx 1.25.5 does: the
+    // ClientHello stays in the socket for whoever comes next (`proxy_pass`
+    // relays it, `pass` hands it over untouched). Through TLS, or after
+    // bytes were read ahead, it is read.
+    let peek = matches!(client, Sock::Tcp(_)) && pre.is_empty();
+    let mut peeked: Vec<u8> = Vec::new();
     let read = async {
         loop {
-            match ssl_preread::parse(&pre) {
+            let seen = if peek { &peeked } else { &pre };
+            match ssl_preread::parse(seen) {
                 Preread::Done(h) => return Ok(Some(h)),
                 Preread::NotTls => return Ok(None),
                 Preread::Partial => {}
             }
-            if pre.len() >= srv.preread_buffer_size {
+            if seen.len() >= srv.preread_buffer_size {
                 return Err(());
+            }
+            if let (true, Sock::Tcp(t)) = (peek, &client) {
+                match peek_more(t, peeked.len(), srv.preread_buffer_size).await {
+                    Some(v) => peeked = v,
+                    None => return Ok(None),
+                }
+                continue;
             }
             let mut chunk = vec![0u8; srv.preread_buffer_size - pre.len()];
             match client.read(&mut chunk).await {
@@ -617,6 +674,39 @@ async fn tls_and_preread(
         }
         // nginx ends the session when the preread times out, with 200.
         Err(_) => None,
+    }
+}
+
+/// Peeks at what a TCP client has sent (up to `size` bytes) once more
+/// than `seen` bytes are there; None at the end of the stream or on an
+/// error. Readiness is cleared when nothing new has come, so the wait is
+/// for new bytes, not a spin over the old ones.
+async fn peek_more(t: &tokio::net::TcpStream, seen: usize, size: usize) -> Option<Vec<u8>> {
+    use std::task::{Context, Poll, Waker};
+    let mut buf = vec![0u8; size];
+    loop {
+        let ready = t.ready(tokio::io::Interest::READABLE).await.ok()?;
+        let r = t.try_io(tokio::io::Interest::READABLE, || {
+            let mut rb = tokio::io::ReadBuf::new(&mut buf);
+            match t.poll_peek(&mut Context::from_waker(Waker::noop()), &mut rb) {
+                Poll::Ready(Ok(n)) if n == 0 || n > seen => Ok(n),
+                Poll::Ready(Ok(_)) | Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+                Poll::Ready(Err(e)) => Err(e),
+            }
+        });
+        match r {
+            Ok(0) => return None,
+            Ok(n) => {
+                buf.truncate(n);
+                return Some(buf);
+            }
+            // Nothing new, and the client has finished sending.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && ready.is_read_closed() => {
+                return None
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return None,
+        }
     }
 }
 
@@ -792,13 +882,14 @@ async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Ve
     }
 }
 
+/// The content phase; true when `pass` handed the connection over.
 async fn content(
     s: &mut Session,
     mut client: Sock,
     pre: Vec<u8>,
     slot: Option<Slot>,
     shared: &Arc<WorkerShared>,
-) {
+) -> bool {
     let srv = s.srv.clone();
     let upstream = match &srv.content {
         Content::Return(t) => {
@@ -807,11 +898,14 @@ async fn content(
                 s.bytes_sent += v.len() as u64;
             }
             let _ = client.shutdown().await;
-            return;
+            return false;
+        }
+        Content::Pass(t) => {
+            return crate::stream::pass::run(s, client, pre, t, slot, shared).await;
         }
         Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s) {
             Some(u) => u,
-            None => return,
+            None => return false,
         },
     };
     // The upstream connection is a connection of this worker too: nginx's
@@ -826,9 +920,10 @@ async fn content(
             ),
         );
         s.status = 502;
-        return;
+        return false;
     };
     proxy::run(s, client, pre, upstream, shared).await;
+    false
 }
 
 /// The upstream of `proxy_pass` for this session (a variable target is
@@ -837,7 +932,7 @@ async fn content(
 pub fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
     let srv = s.srv.clone();
     match &srv.content {
-        Content::Return(_) => None,
+        Content::Return(_) | Content::Pass(_) => None,
         Content::Proxy(u) => Some(u.clone()),
         Content::ProxyVar(t, ups) => {
             let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
