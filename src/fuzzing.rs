@@ -829,7 +829,7 @@ pub fn range_multipart(data: &[u8]) {
 /// `If-None-Match`) and `If-Range`:
 /// - a date that parses is the date tern writes for that second, and the
 ///   date tern writes for any second (from the input) parses back;
-/// - a strong ETag match is also a weak one; an ETag matches a list of
+/// - a strong ETag match is also a weak one (for a quoted tag); an ETag matches a list of
 ///   itself and a list where it follows another element; `*` matches;
 /// - `if_modified_since before` answers 304 whenever `exact` does;
 /// - `If-Range` with the response's own ETag or Last-Modified date keeps
@@ -866,7 +866,12 @@ pub fn conditional(data: &[u8]) {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (data, &b""[..]),
     };
-    if etag_matches(list, Some(etag), false) {
+    // Strong implies weak for an entity-tag as RFC 9110 writes one; not
+    // for a bare `W/`, which nginx's comparison (and so tern's) strips
+    // from a list element but not from the tag (fuzzing found it; no
+    // server sends such a tag).
+    let quoted = etag.starts_with(b"\"") || etag.starts_with(b"W/\"");
+    if quoted && etag_matches(list, Some(etag), false) {
         assert!(
             etag_matches(list, Some(etag), true),
             "strong match but no weak match"

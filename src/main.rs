@@ -211,8 +211,10 @@ fn main() {
     let cfg = match src.load() {
         Ok(c) => c,
         Err(e) => {
-            // nginx checks for `events` after it has declared the syntax ok.
-            if o.test && !o.quiet && e.msg.starts_with("no \"events\" section") {
+            // nginx checks these after it has declared the syntax ok.
+            let after_syntax = e.msg.starts_with("no \"events\" section")
+                || e.msg.contains(" worker_connections are not enough for ");
+            if o.test && !o.quiet && after_syntax {
                 eprintln!("tern: the configuration file {} syntax is ok", name);
             }
             eprintln!("tern: [emerg] {}", e);

@@ -183,6 +183,14 @@ struct Inner {
     updating: HashMap<[u8; 16], (u64, Option<Instant>)>,
     /// Requests seen for keys not stored yet (`proxy_cache_min_uses`).
     uses: HashMap<[u8; 16], u64>,
+    /// Error statuses answered for a key, and until when (nginx's
+    /// node->error: an intercepted error, or a 502/504 of a failed
+    /// upstream, that `proxy_cache_valid` or the answer's headers let be
+    /// cached). Memory only, as in nginx.
+    errors: HashMap<[u8; 16], (u16, i64)>,
+    /// The Vary variants stored under hashes of their own, by the hash
+    /// of their key: a purge of the key removes them too.
+    variants: HashMap<[u8; 16], Vec<[u8; 16]>>,
 }
 
 /// A keys zone: the in-memory index of one cache directory.
@@ -304,6 +312,8 @@ impl Zone {
         // Re-inserted: whatever eviction was pending for this key is void.
         inner.doomed.retain(|d| *d != md5);
         inner.uses.remove(&md5);
+        // A stored answer replaces a cached error.
+        inner.errors.remove(&md5);
         while inner.nodes.len() > self.max_nodes {
             let Some((_, k)) = inner.lru.pop_first() else {
                 break;
@@ -313,6 +323,47 @@ impl Zone {
                 inner.doomed.push(k);
             }
         }
+    }
+
+    /// Remembers that the key's answer is the error `status` until
+    /// `valid_until` (its file, if any, stays).
+    pub fn set_error(&self, md5: [u8; 16], status: u16, valid_until: i64) {
+        let mut g = self.lock();
+        if g.errors.len() >= self.max_nodes && !g.errors.contains_key(&md5) {
+            let now = now_secs();
+            g.errors.retain(|_, (_, v)| *v >= now);
+            if g.errors.len() >= self.max_nodes {
+                return;
+            }
+        }
+        g.errors.insert(md5, (status, valid_until));
+    }
+
+    /// The cached error for the key, while it is valid (an expired one is
+    /// forgotten: the request goes upstream, as nginx's "renew").
+    pub fn cached_error(&self, md5: &[u8; 16]) -> Option<u16> {
+        let mut g = self.lock();
+        let (status, until) = *g.errors.get(md5)?;
+        if until < now_secs() {
+            g.errors.remove(md5);
+            return None;
+        }
+        Some(status)
+    }
+
+    /// Records that the entry named `md5` is a Vary variant of the key
+    /// whose hash is `main`.
+    pub fn add_variant(&self, main: [u8; 16], md5: [u8; 16]) {
+        let mut g = self.lock();
+        let v = g.variants.entry(main).or_default();
+        if !v.contains(&md5) {
+            v.push(md5);
+        }
+    }
+
+    /// The variants recorded for the key whose hash is `main`, forgotten.
+    pub fn take_variants(&self, main: &[u8; 16]) -> Vec<[u8; 16]> {
+        self.lock().variants.remove(main).unwrap_or_default()
     }
 
     /// Forgets a node (its file vanished or is invalid).
@@ -377,6 +428,16 @@ impl Zone {
         // the min_free shortfall too.
         let before = inner.disk;
         let inactive = self.inactive_secs.load(Ordering::Relaxed) as i64;
+        inner.errors.retain(|_, (_, v)| *v >= now);
+        {
+            let Inner {
+                nodes, variants, ..
+            } = &mut *inner;
+            variants.retain(|_, v| {
+                v.retain(|m| nodes.contains_key(m));
+                !v.is_empty()
+            });
+        }
         let stale: Vec<[u8; 16]> = inner
             .nodes
             .iter()
@@ -775,9 +836,12 @@ fn load(z: &Zone) {
                 .filter(|k| z.file_path(k) == p)
                 .and_then(|k| file::check_file(&p, &k).map(|h| (k, h)));
             match adopt {
-                Some((k, (valid_until, disk))) => {
+                Some((k, (valid_until, disk, main))) => {
                     if z.still_absent(&k) {
                         z.insert(k, valid_until, disk);
+                    }
+                    if let Some(main) = main {
+                        z.add_variant(main, k);
                     }
                 }
                 None => {

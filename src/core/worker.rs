@@ -623,11 +623,13 @@ async fn runner(runners: Rc<Runners>) {
                         requeue(&runners, Either::Unix(u), info, slot, wait);
                     }
                 }
+                // Boxed: a TLS connection's state is three times a plain
+                // one's, and inline it would size every runner.
                 Either::Tcp(t) if matches!(info.tls, TlsState::Pending) => {
-                    run_tls(t, info, slot, wait, Either::TlsTcp).await
+                    Box::pin(run_tls(t, info, slot, wait, Either::TlsTcp)).await
                 }
                 Either::Unix(u) if matches!(info.tls, TlsState::Pending) => {
-                    run_tls(u, info, slot, wait, Either::TlsUnix).await
+                    Box::pin(run_tls(u, info, slot, wait, Either::TlsUnix)).await
                 }
                 Either::Tcp(t) => run_http(t, info, slot, wait, Either::Tcp).await,
                 Either::Unix(u) => run_http(u, info, slot, wait, Either::Unix).await,

@@ -495,10 +495,18 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
                 d.is_done()
             }
             (None, Some(l)) => {
+                // No decoding: the bytes go to the sink as they are.
                 let take = (*l).min(rb.buf.len() as u64) as usize;
-                out.extend_from_slice(&rb.buf[..take]);
-                rb.buf.drain(..take);
-                *l -= take as u64;
+                if take > 0 {
+                    rb.received += take as u64;
+                    if let Err(e) = sink.push(cx, &rb.buf[..take], temp, &policy).await {
+                        log_file_error(cx, temp, &e);
+                        broken(rb, false);
+                        return Err(500);
+                    }
+                    rb.buf.drain(..take);
+                    *l -= take as u64;
+                }
                 *l == 0
             }
             (None, None) => true,
@@ -520,11 +528,42 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
         // body holds in memory stays within that size.
         let read_max = READ_SIZE.min(sink.stage_max);
         let want = left.map_or(read_max, |l| l.min(read_max as u64) as usize);
-        let start = rb.buf.len();
-        rb.buf.resize(start + want, 0);
-        match rb.io.try_read(&mut rb.buf[start..]) {
+        // A body with a length, once what came with the head is used,
+        // is read straight into the sink's buffer: no read buffer and no
+        // copy beside it, so a slow upload holds about
+        // client_body_buffer_size (nginx reads into that one buffer too).
+        let direct = dec.is_none() && rb.buf.is_empty();
+        let want = if direct { sink.room(want) } else { want };
+        let dst = if direct {
+            sink.read_buffer(want)
+        } else {
+            &mut rb.buf
+        };
+        let start = dst.len();
+        dst.resize(start + want, 0);
+        let got = rb.io.try_read(&mut dst[start..]);
+        let dst = if direct {
+            sink.read_buffer(0)
+        } else {
+            &mut rb.buf
+        };
+        dst.truncate(start + *got.as_ref().unwrap_or(&0));
+        match got {
+            Ok(n) if n > 0 && direct => {
+                if let Some(l) = left.as_mut() {
+                    *l -= n as u64;
+                }
+                rb.received += n as u64;
+                if let Err(e) = sink.settle(cx, temp, &policy).await {
+                    log_file_error(cx, temp, &e);
+                    broken(rb, false);
+                    return Err(500);
+                }
+                if left == Some(0) {
+                    break;
+                }
+            }
             Ok(0) => {
-                rb.buf.truncate(start);
                 // Over HTTP/2 and HTTP/3 the end of the stream is the end
                 // of the body, not a lost connection: a body shorter than
                 // its Content-Length is a malformed request, answered 400
@@ -547,9 +586,8 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
                 broken(rb, true);
                 return Err(400);
             }
-            Ok(n) => rb.buf.truncate(start + n),
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                rb.buf.truncate(start);
                 match tokio::time::timeout(wait, rb.io.readable()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => {
@@ -564,7 +602,6 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
                 }
             }
             Err(_) => {
-                rb.buf.truncate(start);
                 broken(rb, true);
                 return Err(400);
             }
@@ -1036,14 +1073,44 @@ impl Sink {
         temp: &TempDir,
         policy: &Policy,
     ) -> io::Result<()> {
+        // Grown as a Vec grows: pieces of a chunked body can be small.
+        self.read_buffer(0).extend_from_slice(data);
+        self.settle(cx, temp, policy).await
+    }
+
+    /// The buffer the next bytes of the body go to (room for `want` more
+    /// made): memory while there is no file, then the stage for the file.
+    fn read_buffer(&mut self, want: usize) -> &mut Vec<u8> {
+        let buf = if self.file.is_none() {
+            &mut self.mem
+        } else {
+            &mut self.stage
+        };
+        // Exactly: a slow body's buffer is not doubled by small reads.
+        buf.reserve_exact(want);
+        buf
+    }
+
+    /// How much the next read into [`Sink::read_buffer`] may add: a stage
+    /// is filled up to its size and then written out, never grown.
+    fn room(&self, want: usize) -> usize {
+        // Memory is filled to one byte past its limit (which moves the
+        // body to a file), the stage to its size.
+        let room = match self.file {
+            None => (self.mem_max + 1).saturating_sub(self.mem.len() as u64) as usize,
+            Some(_) => self.stage_max.saturating_sub(self.stage.len()),
+        };
+        want.min(room.max(1))
+    }
+
+    /// After bytes were added to [`Sink::read_buffer`]: a body outgrowing
+    /// memory moves to a file, a full stage is written out.
+    async fn settle(&mut self, cx: &Ctx<'_>, temp: &TempDir, policy: &Policy) -> io::Result<()> {
         if self.file.is_none() {
-            self.mem.extend_from_slice(data);
             if self.mem.len() as u64 <= self.mem_max {
                 return Ok(());
             }
             self.start_file(cx, temp, policy).await?;
-        } else {
-            self.stage.extend_from_slice(data);
         }
         if self.stage.len() >= self.stage_max {
             self.flush(policy).await?;
@@ -1095,6 +1162,10 @@ impl Sink {
 
 /// Creates a temp file (0600, read-write) and its level directories, and
 /// unlinks it at once when `unlink`. Also proxy's cache and buffer files.
+///
+/// An unlinked one is made without a name where the filesystem can
+/// (`O_TMPFILE`): a server killed between the create and the unlink would
+/// otherwise leave the file behind.
 pub(crate) async fn create(
     path: PathBuf,
     unlink: bool,
@@ -1102,6 +1173,34 @@ pub(crate) async fn create(
 ) -> io::Result<Arc<std::fs::File>> {
     crate::cache::blocking(policy, move || {
         use std::os::unix::fs::OpenOptionsExt;
+        let unnamed = |dir: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(dir)
+        };
+        if let (true, Some(dir)) = (unlink, path.parent()) {
+            let f = match unnamed(dir) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    std::fs::create_dir_all(dir)?;
+                    unnamed(dir)
+                }
+                r => r,
+            };
+            match f {
+                Ok(f) => return Ok(Arc::new(f)),
+                // Not supported there (EOPNOTSUPP, EISDIR on old kernels,
+                // EINVAL): a named file, unlinked below.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let open = || {
             std::fs::OpenOptions::new()
                 .read(true)

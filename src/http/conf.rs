@@ -1210,8 +1210,11 @@ fn set_listen(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
         }
         None => ls.push(parse_listen(d)?),
     }
+    // A set, not a scan per address: a port range is one listen per port.
+    let mut seen: std::collections::HashSet<ListenAddr> =
+        s.listen.iter().map(|x| x.addr.clone()).collect();
     for l in ls {
-        if s.listen.iter().any(|x| x.addr == l.addr) {
+        if !seen.insert(l.addr.clone()) {
             return Err(ConfError::at(format!("duplicate listen {}", l.addr), d));
         }
         s.listen.push(l);

@@ -4,6 +4,7 @@
 pub mod body;
 pub mod conf;
 pub mod date;
+pub mod fields;
 pub mod modules;
 pub mod phases;
 pub mod request;

@@ -895,7 +895,7 @@ impl VarCtx for Ctx<'_> {
                     }
                     return !first;
                 }
-                _ => match r.header(name) {
+                _ => match r.header_var(name) {
                     Some(v) => out.extend_from_slice(v),
                     None => return false,
                 },

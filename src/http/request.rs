@@ -2,7 +2,8 @@
 //! carried it: method, target (`$request_uri`, `$uri`, `$args`), host and
 //! header fields as name/value pairs, what the body will be
 //! (`content_length`, `chunked`). The protocols build it: HTTP/1 from its
-//! head (`http::v1::parse`), HTTP/2 from its HEADERS (`http::v2`).
+//! head (`http::v1::parse`), HTTP/2 and HTTP/3 from the fields of their
+//! HEADERS (`http::fields`).
 //!
 //! A `Request` costs one allocation, its list of header ranges: it keeps
 //! the head's bytes in one buffer (the connection's read buffer, handed
@@ -210,35 +211,6 @@ impl Request {
         }
     }
 
-    /// Names the protocol that carried the request (`HTTP/2.0`): the
-    /// request line (`$request`) becomes `METHOD TARGET PROTO`, as nginx
-    /// builds it for a request that had none on the wire.
-    pub fn set_protocol(&mut self, proto: &[u8]) {
-        let start = self.buf.len();
-        let method = self.method_raw;
-        let target = self.raw_uri;
-        self.buf.extend_from_within(method.range());
-        self.buf.push(b' ');
-        self.buf.extend_from_within(target.range());
-        self.buf.push(b' ');
-        let pstart = self.buf.len();
-        self.buf.extend_from_slice(proto);
-        let end = self.buf.len();
-        if u32::try_from(end).is_err() {
-            return;
-        }
-        self.line = Span {
-            start: start as u32,
-            end: end as u32,
-        };
-        self.proto = Span {
-            start: pstart as u32,
-            end: end as u32,
-        };
-        self.keepalive = false;
-        self.expect_continue = false;
-    }
-
     /// Decoded, normalised path (`$uri` before any rewrite).
     pub fn uri(&self) -> &[u8] {
         self.uri.get(&self.buf)
@@ -263,6 +235,15 @@ impl Request {
         })
     }
 
+    /// `$http_NAME`: the value of the first header that [`var_name_is`]
+    /// `lname`.
+    pub fn header_var(&self, lname: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|h| var_name_is(h.name.get(&self.buf), lname))
+            .map(|h| h.value.get(&self.buf))
+    }
+
     /// The value of the first header whose lowercased name is `lname`.
     pub fn header(&self, lname: &str) -> Option<&[u8]> {
         self.headers
@@ -270,6 +251,25 @@ impl Request {
             .find(|h| name_is(h.name.get(&self.buf), lname))
             .map(|h| h.value.get(&self.buf))
     }
+}
+
+/// `name` lowercased equals `lname` with `-` and `_` taken as one: nginx
+/// finds `$http_NAME` by reading `-` in a header's name as `_`, so
+/// `$http_x_foo` is `X-Foo` or `x_foo` (when underscores_in_headers or
+/// `ignore_invalid_headers off` kept it).
+pub(crate) fn var_name_is(name: &[u8], lname: &str) -> bool {
+    let fold = |c: u8| {
+        if c == b'_' {
+            b'-'
+        } else {
+            c.to_ascii_lowercase()
+        }
+    };
+    name.len() == lname.len()
+        && name
+            .iter()
+            .zip(lname.bytes())
+            .all(|(&a, b)| fold(a) == fold(b))
 }
 
 /// nginx accepts only upper-case letters, `_` and `-` in a method.

@@ -79,16 +79,24 @@ pub async fn serve<S: Stream>(
     shared: Arc<WorkerShared>,
     resume: Option<IdleWait>,
 ) -> Served<S> {
+    // The HTTP/2 connection's state is boxed (once per connection) so
+    // that it does not size the task of every HTTP/1 connection.
     if info.requests == 0 {
         if info.tls.info().is_some_and(|t| t.h2) {
-            crate::http::v2::conn::serve(&stream, &info, &shared, Vec::new()).await;
+            Box::pin(crate::http::v2::conn::serve(
+                &stream,
+                &info,
+                &shared,
+                Vec::new(),
+            ))
+            .await;
             stream.close();
             return Served::Closed;
         }
         if matches!(info.tls, crate::tls::TlsState::Plain) && h2_listener(&shared, &info) {
             return match sniff(&stream, &shared, &info, resume).await {
                 Sniffed::H2(pre) => {
-                    crate::http::v2::conn::serve(&stream, &info, &shared, pre).await;
+                    Box::pin(crate::http::v2::conn::serve(&stream, &info, &shared, pre)).await;
                     stream.close();
                     Served::Closed
                 }

@@ -15,9 +15,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::tls::provider;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::Resumption;
-use rustls::crypto::{ring as provider, CryptoProvider};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -71,7 +72,6 @@ pub struct Trusted(pub Vec<Vec<u8>>);
 
 /// Reads `proxy_ssl_trusted_certificate` (PEM, one or more CAs).
 pub fn load_roots(path: &str) -> ConfResult<Arc<Trusted>> {
-    use rustls_pki_types::pem::PemObject;
     let bad =
         |why: String| ConfError::new(format!("cannot load certificate \"{}\": {}", path, why));
     let pem = std::fs::read(path).map_err(|e| {
@@ -81,8 +81,9 @@ pub fn load_roots(path: &str) -> ConfResult<Arc<Trusted>> {
         ))
     })?;
     let mut der = Vec::new();
-    for c in CertificateDer::pem_slice_iter(&pem) {
-        let c = c.map_err(|e| bad(format!("PEM_read_bio_X509() failed ({})", e)))?;
+    let certs = crate::tls::x509::pem_certs(&pem)
+        .map_err(|e| bad(format!("PEM_read_bio_X509() failed ({})", e)))?;
+    for c in certs {
         x509_parser::parse_x509_certificate(&c)
             .map_err(|e| bad(format!("X509_STORE_add_cert() failed ({})", e)))?;
         der.push(c.to_vec());
@@ -127,7 +128,7 @@ pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
     suites.extend(tls12.iter().copied());
     let p = Arc::new(CryptoProvider {
         cipher_suites: suites,
-        ..provider::default_provider()
+        ..crate::tls::default_provider()
     });
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if s.protocols.1 {

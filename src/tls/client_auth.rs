@@ -117,9 +117,7 @@ pub(crate) fn read_certs(path: &str) -> ConfResult<Vec<Vec<u8>>> {
         ))
     };
     let pem = std::fs::read(path).map_err(|e| fail(errno_text(&e)))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| fail(e.to_string()))?;
+    let certs = crate::tls::x509::pem_certs(&pem).map_err(|e| fail(e.to_string()))?;
     if certs.is_empty() {
         return Err(fail("no certificate in the file".into()));
     }
@@ -186,6 +184,11 @@ impl ClientAuth {
             upstream: false,
             ocsp: None,
         })
+    }
+
+    /// The CA names sent to clients (`ssl_client_certificate`'s subjects).
+    pub fn hints(&self) -> &[DistinguishedName] {
+        &self.hints
     }
 
     /// The trusted certificates (DER): where OCSP finds issuers.

@@ -6,7 +6,7 @@
 //! picks the server by SNI first (see `tls::stream::accept`) and then uses
 //! that server's certificates, protocols and ciphers.
 //!
-//! The mapping onto rustls (ring provider):
+//! The mapping onto rustls (`tls::provider`):
 //! - `ssl_certificate`/`ssl_certificate_key` pairs: PEM chains and keys
 //!   (RSA, ECDSA, Ed25519); with several pairs, the first whose key can
 //!   sign with a scheme the client offers is used (RSA + ECDSA as nginx).
@@ -20,11 +20,12 @@
 //!   `ssl_session_ticket_key`: see `tls::sessions`.
 //! - `ssl_verify_client` and its files: see `tls::client_auth`.
 //! - `ssl_buffer_size`: the largest TLS record's plaintext.
+//! - `ssl_conf_command`: applied last, see `tls::conf_command`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rustls::crypto::ring as provider;
+use crate::tls::provider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SupportedCipherSuite};
@@ -91,6 +92,43 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
             pairs.push(pair);
         }
     }
+    // `ssl_conf_command`s are applied after everything else, as nginx
+    // hands them to OpenSSL last (tls::conf_command).
+    let fx = crate::tls::conf_command::effect(
+        ssl.conf_commands.as_deref().unwrap_or(&[]),
+        // nginx 1.22's default is `TLSv1 TLSv1.1 TLSv1.2` (TLSv1.3
+        // joined it in 1.23.4).
+        ssl.protocols.unwrap_or((true, false)),
+    )?;
+    if !per_handshake {
+        for (c, k) in &fx.pairs {
+            // OpenSSL keeps one pair per key type: the command's takes
+            // the place of the server's of the same type.
+            let p = load_pair(c, k, &passwords)?;
+            match pairs
+                .iter()
+                .position(|q| q.key.algorithm() == p.key.algorithm())
+            {
+                Some(i) => pairs[i] = p,
+                None => pairs.push(p),
+            }
+        }
+    }
+    // The session id context: the leaf certificates (or their names when
+    // they are loaded per handshake), and the CA names added below.
+    let mut sid = ring::digest::Context::new(&ring::digest::SHA256);
+    if per_handshake {
+        for c in &certs {
+            sid.update(c.shown().as_bytes());
+            sid.update(b"\0");
+        }
+    } else {
+        for p in &pairs {
+            if let Some(c) = p.cert.first() {
+                sid.update(ring::digest::digest(&ring::digest::SHA256, c).as_ref());
+            }
+        }
+    }
     if let (Some(true), Some(f)) = (ssl.stapling, &ssl.stapling_file) {
         // A DER OCSP response, stapled as it is to every certificate of
         // the server (no responder is asked: see DIFFERENCES.md).
@@ -142,12 +180,37 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
             ConfError::new(format!("BIO_new_file(\"{}\") failed {}", p, errno_text(&e)))
         })?;
     }
-    let ciphers = ssl.ciphers.as_deref().unwrap_or(DEFAULT_CIPHERS);
+    let ciphers = fx
+        .ciphers
+        .as_deref()
+        .or(ssl.ciphers.as_deref())
+        .unwrap_or(DEFAULT_CIPHERS);
     let tls12 = tls12_suites(ciphers)?;
-    let groups = kx_groups(ssl.ecdh_curve.as_deref().unwrap_or("auto"))?;
-    // nginx 1.22's default is `TLSv1 TLSv1.1 TLSv1.2` (TLSv1.3 joined it
-    // in 1.23.4).
-    let (want12, want13) = ssl.protocols.unwrap_or((true, false));
+    let groups = kx_groups(
+        fx.groups
+            .as_deref()
+            .or(ssl.ecdh_curve.as_deref())
+            .unwrap_or("auto"),
+    )?;
+    // TLS 1.3 suites: rustls's, or those of `Ciphersuites` in its order.
+    let tls13_suites: Vec<SupportedCipherSuite> = match &fx.tls13_suites {
+        None => provider::ALL_CIPHER_SUITES
+            .iter()
+            .filter(|s| s.version() == &rustls::version::TLS13)
+            .copied()
+            .collect(),
+        Some(list) => list
+            .iter()
+            .filter_map(|c| {
+                provider::ALL_CIPHER_SUITES
+                    .iter()
+                    .find(|s| s.suite() == *c)
+                    .copied()
+            })
+            .collect(),
+    };
+    let (want12, want13) = fx.protocols;
+    let want13 = want13 && !tls13_suites.is_empty();
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if want13 {
         versions.push(&rustls::version::TLS13);
@@ -161,11 +224,7 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         ssl.tls = Some(Arc::new(no_protocols_config()?));
         return Ok(());
     }
-    let mut suites: Vec<SupportedCipherSuite> = provider::ALL_CIPHER_SUITES
-        .iter()
-        .filter(|s| s.version() == &rustls::version::TLS13)
-        .copied()
-        .collect();
+    let mut suites = tls13_suites;
     let negotiate = Negotiate {
         tls13: want13,
         tls12: if want12 { tls12.clone() } else { Vec::new() },
@@ -197,7 +256,10 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         None => builder.with_no_client_auth(),
     }
     .with_cert_resolver(Arc::new(keys));
-    cfg.ignore_client_order = ssl.prefer_server_ciphers.unwrap_or(false);
+    cfg.ignore_client_order = fx
+        .server_preference
+        .or(ssl.prefer_server_ciphers)
+        .unwrap_or(false);
     // HTTP/1.x only, also on `listen ... http2` (clients fall back).
     cfg.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     if let Some(n) = ssl.buffer_size {
@@ -206,15 +268,25 @@ pub fn build(ssl: &mut SslConf, keys: &mut KeyCache) -> ConfResult<()> {
         }
     }
     let timeout = ssl.session_timeout.unwrap_or(300);
-    let tickets = ssl.session_tickets.unwrap_or(true);
-    cfg.session_storage = sessions::storage(ssl.session_cache.as_ref(), timeout);
+    let tickets = fx.tickets.or(ssl.session_tickets).unwrap_or(true);
+    if let Some(a) = &ssl.client_auth {
+        for n in a.hints() {
+            sid.update(n.as_ref());
+        }
+    }
+    let mut ctx = [0u8; 32];
+    ctx.copy_from_slice(sid.finish().as_ref());
+    cfg.session_storage = sessions::storage(ssl.session_cache.as_ref(), timeout, ctx);
     if tickets {
-        if let Some(t) = sessions::ticketer(ssl.session_ticket_keys.as_deref(), timeout)? {
+        if let Some(t) = sessions::ticketer(ssl.session_ticket_keys.as_deref(), timeout, ctx)? {
             cfg.ticketer = t;
         }
     }
     if !tickets && !cfg.session_storage.can_cache() {
         cfg.send_tls13_tickets = 0;
+    }
+    if let Some(n) = fx.num_tickets {
+        cfg.send_tls13_tickets = n;
     }
     ssl.tls = Some(Arc::new(cfg));
     Ok(())
@@ -227,7 +299,12 @@ fn client_auth(ssl: &SslConf) -> ConfResult<Option<Arc<ClientAuth>>> {
     if mode == VerifyMode::Off {
         return Ok(None);
     }
-    if ssl.client_certificate.is_none() && mode != VerifyMode::OptionalNoCa {
+    // nginx 1.22 wants ssl_client_certificate; later ones take
+    // ssl_trusted_certificate alone (no CA names are then sent).
+    if ssl.client_certificate.is_none()
+        && ssl.trusted_certificate.is_none()
+        && mode != VerifyMode::OptionalNoCa
+    {
         return Err(ConfError::new(
             "no ssl_client_certificate for ssl_verify_client".to_string(),
         ));
@@ -578,10 +655,16 @@ pub(crate) fn tls12_suites(list: &str) -> ConfResult<Vec<SupportedCipherSuite>> 
     Ok(out.into_iter().map(|i| ours[i].0).collect())
 }
 
+/// Checks an `ssl_ecdh_curve`-style group list (`ssl_conf_command
+/// Groups`).
+pub(crate) fn check_groups(v: &str) -> ConfResult<()> {
+    kx_groups(v).map(|_| ())
+}
+
 /// `ssl_ecdh_curve auto | NAME[:NAME...]`.
 fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKxGroup>> {
     if v == "auto" {
-        return Ok(provider::DEFAULT_KX_GROUPS.to_vec());
+        return Ok(crate::tls::default_kx_groups());
     }
     let mut out: Vec<&'static dyn rustls::crypto::SupportedKxGroup> = Vec::new();
     for n in v.split(':') {
@@ -589,6 +672,7 @@ fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKx
             "X25519" | "x25519" => provider::kx_group::X25519,
             "prime256v1" | "secp256r1" | "P-256" => provider::kx_group::SECP256R1,
             "secp384r1" | "P-384" => provider::kx_group::SECP384R1,
+            "X25519MLKEM768" => provider::kx_group::X25519MLKEM768,
             // Known to OpenSSL, not to rustls: skipped.
             "X448" | "x448" | "secp521r1" | "P-521" => continue,
             _ => {

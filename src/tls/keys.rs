@@ -175,12 +175,12 @@ fn legacy_decrypt(b: &Block, password: &[u8]) -> Option<PrivateKeyDer<'static>> 
     match b.label.as_str() {
         "RSA PRIVATE KEY" => {
             let k = PrivateKeyDer::Pkcs1(PrivatePkcs1KeyDer::from(plain));
-            rustls::crypto::ring::sign::any_supported_type(&k).ok()?;
+            crate::tls::provider::sign::any_supported_type(&k).ok()?;
             Some(k)
         }
         "EC PRIVATE KEY" => {
             let k = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(plain));
-            rustls::crypto::ring::sign::any_supported_type(&k).ok()?;
+            crate::tls::provider::sign::any_supported_type(&k).ok()?;
             Some(k)
         }
         _ => None,
@@ -251,7 +251,7 @@ mod tests {
             let pw = vec![b"wrong".to_vec(), b"pw".to_vec()];
             let k = private_key(&pem, &pw).unwrap_or_else(|e| panic!("{}: {}", f, e));
             assert!(
-                rustls::crypto::ring::sign::any_supported_type(&k).is_ok(),
+                crate::tls::provider::sign::any_supported_type(&k).is_ok(),
                 "{}",
                 f
             );

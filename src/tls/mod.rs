@@ -1,5 +1,5 @@
-//! TLS for http servers (`listen ... ssl`), with rustls and its `ring`
-//! provider.
+//! TLS for http servers (`listen ... ssl`), with rustls and its
+//! `aws-lc-rs` provider ([`provider`]; ARCHITECTURE.md says why).
 //!
 //! ```text
 //!  config (master thread)            worker thread
@@ -32,6 +32,7 @@
 
 pub mod client;
 pub mod client_auth;
+pub mod conf_command;
 pub mod config;
 pub mod keys;
 pub mod ocsp;
@@ -42,6 +43,34 @@ pub mod vars;
 pub mod x509;
 
 use std::sync::Arc;
+
+/// The rustls crypto provider of every TLS configuration tern builds
+/// (server, upstream client, QUIC): aws-lc-rs, whose RSA-2048 signature
+/// (one per full handshake with an RSA certificate) costs half of
+/// ring's; ECDSA P-256, X25519 and AES-GCM are 5-15 % cheaper
+/// (BENCHMARKS.md, session 12). tern's own uses of `ring` (digests, the
+/// ticket-key AEAD, signature checks of client certificates and OCSP
+/// answers) are not on a handshake's path.
+pub use rustls::crypto::aws_lc_rs as provider;
+
+/// The key-exchange groups of `ssl_ecdh_curve auto`: X25519, P-256 and
+/// P-384, in OpenSSL 3.0's order (nginx 1.22's). aws-lc-rs would put its
+/// post-quantum hybrid X25519MLKEM768 first; it is there when named.
+pub fn default_kx_groups() -> Vec<&'static dyn rustls::crypto::SupportedKxGroup> {
+    vec![
+        provider::kx_group::X25519,
+        provider::kx_group::SECP256R1,
+        provider::kx_group::SECP384R1,
+    ]
+}
+
+/// The provider with [`default_kx_groups`].
+pub fn default_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::CryptoProvider {
+        kx_groups: default_kx_groups(),
+        ..provider::default_provider()
+    }
+}
 
 /// The rustls release tern is built with (`-V`); a unit test keeps it
 /// equal to Cargo.lock's.
@@ -129,6 +158,7 @@ pub fn group_name(g: rustls::NamedGroup) -> Option<&'static str> {
     use rustls::NamedGroup as G;
     Some(match g {
         G::X25519 => "X25519",
+        G::X25519MLKEM768 => "X25519MLKEM768",
         G::X448 => "X448",
         G::secp256r1 => "prime256v1",
         G::secp384r1 => "secp384r1",

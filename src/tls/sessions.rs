@@ -20,13 +20,25 @@
 //!   HMAC secret is not needed with an AEAD. nginx's (OpenSSL's) tickets
 //!   hold OpenSSL's session encoding, so tern and nginx do not resume each
 //!   other's sessions even with the same key files.
+//! - Each server's sessions and tickets carry its session id context
+//!   ([`SidCtx`], as OpenSSL's `sid_ctx` that nginx derives from the
+//!   server's certificates and client CA names): one made by a server
+//!   with other certificates is not resumed (a full handshake follows),
+//!   even through a shared cache or shared ticket keys.
+//! - A TLS 1.2 session resumed from a ticket gets no new ticket (an empty
+//!   NewSessionTicket, RFC 5077 3.3), as OpenSSL does unless the ticket's
+//!   key is no longer the one that encrypts: rustls would send a fresh
+//!   one, and an OpenSSL client drops the session it resumed when it
+//!   gets one (and caches none), so its next connection is a full
+//!   handshake. See [`client_hello`].
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::tls::provider;
 use ring::aead;
 use ring::rand::{SecureRandom, SystemRandom};
-use rustls::crypto::ring as provider;
 use rustls::server::{ProducesTickets, StoresServerSessions};
 
 use crate::config::{ConfError, ConfResult};
@@ -40,22 +52,56 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Prefixes a session with its expiry.
-fn stamp(secs: u64, plain: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(8 + plain.len());
+/// A server's session id context: a digest of its certificates (their
+/// names when they have variables) and of the CA names it sends.
+pub type SidCtx = [u8; 32];
+
+/// Prefixes a session with its expiry and its server's context.
+fn stamp(secs: u64, ctx: &SidCtx, plain: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + 32 + plain.len());
     v.extend_from_slice(&now().saturating_add(secs).to_be_bytes());
+    v.extend_from_slice(ctx);
     v.extend_from_slice(plain);
     v
 }
 
-/// The session behind its expiry, if it has not expired.
-fn unstamp(mut v: Vec<u8>) -> Option<Vec<u8>> {
+/// The session behind its stamp, if it has not expired and was made by
+/// a server with the same context.
+fn unstamp(mut v: Vec<u8>, ctx: &SidCtx) -> Option<Vec<u8>> {
     let exp = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-    if exp < now() {
+    if exp < now() || v.get(8..40)? != ctx.as_slice() {
         return None;
     }
-    v.drain(..8);
+    v.drain(..40);
     Some(v)
+}
+
+/// Where this thread stands in the processing of a ClientHello.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hello {
+    /// Not in one (QUIC, the stream module, the rest of a handshake).
+    Outside,
+    /// In [`client_hello`].
+    Open,
+    /// In it, and a ticket encrypted with the current key was decrypted.
+    Resumed,
+}
+
+thread_local! {
+    static HELLO: Cell<Hello> = const { Cell::new(Hello::Outside) };
+}
+
+/// Runs rustls's processing of a ClientHello (`into_connection`). A TLS
+/// 1.2 session resumed there from a ticket is answered in the same call
+/// (ServerHello, NewSessionTicket, Finished), so a ticket decrypted in it
+/// and a ticket encrypted in it belong to the same connection: the new
+/// ticket is left empty (no renewal, as OpenSSL). TLS 1.3 sends its
+/// tickets later, after the client's Finished, outside this window.
+pub fn client_hello<R>(f: impl FnOnce() -> R) -> R {
+    HELLO.with(|h| h.set(Hello::Open));
+    let r = f();
+    HELLO.with(|h| h.set(Hello::Outside));
+    r
 }
 
 /// `shared:NAME:SIZE` caches by name: like nginx's shared zones, kept
@@ -67,8 +113,13 @@ fn shared_caches() -> &'static SharedCaches {
     C.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// The server's session cache, its entries stamped with `timeout`.
-pub fn storage(c: Option<&SessionCache>, timeout: u64) -> Arc<dyn StoresServerSessions> {
+/// The server's session cache, its entries stamped with `timeout` and
+/// the server's context.
+pub fn storage(
+    c: Option<&SessionCache>,
+    timeout: u64,
+    ctx: SidCtx,
+) -> Arc<dyn StoresServerSessions> {
     let inner: Arc<dyn StoresServerSessions> = match c {
         None | Some(SessionCache::None) | Some(SessionCache::Off) => {
             return Arc::new(rustls::server::NoServerSessionStorage {})
@@ -101,6 +152,7 @@ pub fn storage(c: Option<&SessionCache>, timeout: u64) -> Arc<dyn StoresServerSe
     Arc::new(TimedCache {
         inner,
         secs: timeout,
+        ctx,
     })
 }
 
@@ -108,17 +160,21 @@ pub fn storage(c: Option<&SessionCache>, timeout: u64) -> Arc<dyn StoresServerSe
 struct TimedCache {
     inner: Arc<dyn StoresServerSessions>,
     secs: u64,
+    ctx: SidCtx,
 }
 
 impl StoresServerSessions for TimedCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        self.inner.put(key, stamp(self.secs, &value))
+        self.inner.put(key, stamp(self.secs, &self.ctx, &value))
     }
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.inner.get(key).and_then(unstamp)
+        self.inner.get(key).and_then(|v| unstamp(v, &self.ctx))
     }
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.inner.take(key).and_then(unstamp)
+        // A session of another context stays for its own servers.
+        let v = self.inner.get(key)?;
+        unstamp(v, &self.ctx)?;
+        self.inner.take(key).and_then(|v| unstamp(v, &self.ctx))
     }
     fn can_cache(&self) -> bool {
         self.inner.can_cache()
@@ -133,46 +189,83 @@ fn process_ticketer() -> Option<Arc<dyn ProducesTickets>> {
 }
 
 /// The server's ticketer: its key files' or the process's, tickets
-/// valid for `timeout` seconds.
+/// valid for `timeout` seconds on servers of the same context.
 pub fn ticketer(
     key_files: Option<&[String]>,
     timeout: u64,
+    ctx: SidCtx,
 ) -> ConfResult<Option<Arc<dyn ProducesTickets>>> {
-    let inner: Arc<dyn ProducesTickets> = match key_files {
-        Some(files) if !files.is_empty() => Arc::new(KeyFiles::load(files)?),
+    let inner = match key_files {
+        Some(files) if !files.is_empty() => Keys::Files(KeyFiles::load(files)?),
         _ => match process_ticketer() {
-            Some(t) => t,
+            Some(t) => Keys::Process(t),
             None => return Ok(None),
         },
     };
     Ok(Some(Arc::new(Timed {
         inner,
         secs: timeout,
+        ctx,
     })))
 }
 
+#[derive(Debug)]
+enum Keys {
+    Files(KeyFiles),
+    /// rustls's rotating keys (a ticket of the previous key is not
+    /// renewed either: nginx 1.22's OpenSSL keys never rotate).
+    Process(Arc<dyn ProducesTickets>),
+}
+
 /// Tickets that expire `ssl_session_timeout` after they were made (the
-/// lifetime hint says the same).
+/// lifetime hint says the same), for servers of one context.
 #[derive(Debug)]
 struct Timed {
-    inner: Arc<dyn ProducesTickets>,
+    inner: Keys,
     secs: u64,
+    ctx: SidCtx,
 }
 
 impl ProducesTickets for Timed {
     fn enabled(&self) -> bool {
-        self.inner.enabled()
+        match &self.inner {
+            Keys::Files(_) => true,
+            Keys::Process(p) => p.enabled(),
+        }
     }
     fn lifetime(&self) -> u32 {
-        u32::try_from(self.secs)
-            .unwrap_or(u32::MAX)
-            .min(self.inner.lifetime())
+        let inner = match &self.inner {
+            Keys::Files(_) => u32::MAX,
+            Keys::Process(p) => p.lifetime(),
+        };
+        u32::try_from(self.secs).unwrap_or(u32::MAX).min(inner)
     }
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        self.inner.encrypt(&stamp(self.secs, plain))
+        if HELLO.with(|h| h.get()) == Hello::Resumed {
+            // A TLS 1.2 resumption from a current ticket: no renewal.
+            HELLO.with(|h| h.set(Hello::Open));
+            return None;
+        }
+        let plain = stamp(self.secs, &self.ctx, plain);
+        match &self.inner {
+            Keys::Files(f) => f.encrypt(&plain),
+            Keys::Process(p) => p.encrypt(&plain),
+        }
     }
     fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
-        self.inner.decrypt(cipher).and_then(unstamp)
+        let (plain, current) = match &self.inner {
+            Keys::Files(f) => f.decrypt_with(cipher)?,
+            Keys::Process(p) => (p.decrypt(cipher)?, true),
+        };
+        let plain = unstamp(plain, &self.ctx)?;
+        if current {
+            HELLO.with(|h| {
+                if h.get() == Hello::Open {
+                    h.set(Hello::Resumed)
+                }
+            });
+        }
+        Some(plain)
     }
 }
 
@@ -250,19 +343,28 @@ impl ProducesTickets for KeyFiles {
         Some(out)
     }
     fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        self.decrypt_with(cipher).map(|(p, _)| p)
+    }
+}
+
+impl KeyFiles {
+    /// The plaintext, and whether the first key (the one that encrypts)
+    /// opened it.
+    fn decrypt_with(&self, cipher: &[u8]) -> Option<(Vec<u8>, bool)> {
         if cipher.len() < 16 + 12 + 16 {
             return None;
         }
         let (name, rest) = cipher.split_at(16);
         let (nonce, sealed) = rest.split_at(12);
-        let k = self.keys.iter().find(|k| k.name == name)?;
+        let i = self.keys.iter().position(|k| k.name == name)?;
+        let k = &self.keys[i];
         let nonce = aead::Nonce::try_assume_unique_for_key(nonce).ok()?;
         let mut body = sealed.to_vec();
         let plain = k
             .key
             .open_in_place(nonce, aead::Aad::from(&k.name), &mut body)
             .ok()?;
-        Some(plain.to_vec())
+        Some((plain.to_vec(), i == 0))
     }
 }
 
@@ -291,11 +393,27 @@ mod tests {
         std::fs::write(dir.join("c.key"), [0u8; 10]).unwrap();
         assert!(KeyFiles::load(&[dir.join("c.key").to_string_lossy().into_owned()]).is_err());
         let timed = Timed {
-            inner: Arc::new(one),
+            inner: Keys::Files(one),
             secs: 60,
+            ctx: [1; 32],
         };
         let t = timed.encrypt(b"x").unwrap();
         assert_eq!(timed.decrypt(&t).unwrap(), b"x");
+        // Another server's context does not resume it.
+        let other = Timed {
+            inner: Keys::Files(two),
+            secs: 60,
+            ctx: [2; 32],
+        };
+        assert!(other.decrypt(&t).is_none());
+        // Decrypted in a ClientHello with the current key: the ticket
+        // sent in the same ClientHello's processing is empty.
+        let t2 = client_hello(|| {
+            assert!(timed.decrypt(&t).is_some());
+            timed.encrypt(b"y")
+        });
+        assert!(t2.is_none());
+        assert!(timed.encrypt(b"y").is_some());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

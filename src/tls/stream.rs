@@ -453,7 +453,9 @@ pub async fn accept<S: Stream>(
         cfg = v.server_config(&cfg, pairs);
     }
     let auth = ssl.client_auth.clone();
-    let mut conn = match hello.into_connection(cfg) {
+    // The ClientHello is processed here (and a TLS 1.2 resumption
+    // answered): see sessions::client_hello.
+    let mut conn = match crate::tls::sessions::client_hello(|| hello.into_connection(cfg)) {
         Ok(c) => c,
         Err((e, mut alert)) => {
             let _ = alert.write_all(&mut Wr(&sock));

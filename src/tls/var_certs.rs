@@ -144,11 +144,9 @@ pub fn pair_from_pem(
     key_pem: &[u8],
     passwords: &[Vec<u8>],
 ) -> Result<Arc<CertifiedKey>, String> {
-    use rustls_pki_types::pem::PemObject;
     let bad_cert = |why: String| format!("cannot load certificate \"{}\": {}", cert, why);
     let bad_key = |why: String| format!("cannot load certificate key \"{}\": {}", key, why);
-    let chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
+    let chain = crate::tls::x509::pem_certs(cert_pem)
         .map_err(|e| bad_cert(format!("PEM_read_bio_X509_AUX() failed ({})", e)))?;
     if chain.is_empty() {
         return Err(bad_cert(
@@ -156,7 +154,7 @@ pub fn pair_from_pem(
         ));
     }
     let der = crate::tls::keys::private_key(key_pem, passwords).map_err(bad_key)?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+    let signer = crate::tls::provider::sign::any_supported_type(&der)
         .map_err(|e| bad_key(format!("PEM_read_bio_PrivateKey() failed ({})", e)))?;
     Ok(Arc::new(CertifiedKey::new(chain, signer)))
 }

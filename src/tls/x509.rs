@@ -282,3 +282,67 @@ mod tests {
         assert_eq!(out, b"Jan  1 00:00:00 1970 GMT");
     }
 }
+
+/// The certificates of a PEM file, `TRUSTED CERTIFICATE` blocks included
+/// (what `openssl x509 -trustout` writes: the certificate followed by
+/// OpenSSL's trust settings, which are dropped; OpenSSL's `_AUX` readers
+/// take them, and nginx uses those for certificates and CA files).
+pub fn pem_certs(
+    pem: &[u8],
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, rustls_pki_types::pem::Error> {
+    use rustls_pki_types::pem::PemObject;
+    const TRUSTED: &[u8] = b"TRUSTED CERTIFICATE-----";
+    let text: std::borrow::Cow<[u8]> = if pem.windows(TRUSTED.len()).any(|w| w == TRUSTED) {
+        let s = String::from_utf8_lossy(pem)
+            .replace(
+                "-----BEGIN TRUSTED CERTIFICATE-----",
+                "-----BEGIN CERTIFICATE-----",
+            )
+            .replace(
+                "-----END TRUSTED CERTIFICATE-----",
+                "-----END CERTIFICATE-----",
+            );
+        std::borrow::Cow::Owned(s.into_bytes())
+    } else {
+        std::borrow::Cow::Borrowed(pem)
+    };
+    rustls_pki_types::CertificateDer::pem_slice_iter(&text)
+        .map(|r| {
+            r.map(|c| match der_len(&c) {
+                Some(n) if n < c.len() => c[..n].to_vec().into(),
+                _ => c,
+            })
+        })
+        .collect()
+}
+
+/// The length of the DER element at the start of `b` (its tag, length
+/// and contents).
+fn der_len(b: &[u8]) -> Option<usize> {
+    let first = *b.get(1)?;
+    if first < 0x80 {
+        return Some(2 + first as usize);
+    }
+    let n = (first & 0x7f) as usize;
+    if n == 0 || n > 4 {
+        return None;
+    }
+    let mut len = 0usize;
+    for i in 0..n {
+        len = len << 8 | *b.get(2 + i)? as usize;
+    }
+    Some(2 + n + len)
+}
+
+#[cfg(test)]
+mod pem_tests {
+    #[test]
+    fn trusted_certificate_blocks() {
+        // A DER SEQUENCE of 3 bytes, then 2 bytes of "trust settings".
+        let body = [0x30u8, 0x03, 1, 2, 3, 0x30, 0x00];
+        let pem = "-----BEGIN TRUSTED CERTIFICATE-----\nMAMBAgMwAA==\n-----END TRUSTED CERTIFICATE-----\n";
+        let certs = super::pem_certs(pem.as_bytes()).unwrap();
+        assert_eq!(certs.len(), 1);
+        assert_eq!(certs[0].as_ref(), &body[..5]);
+    }
+}

@@ -116,17 +116,23 @@ fn u32_at(b: &[u8], at: usize) -> usize {
     u32::from_le_bytes(w) as usize
 }
 
-/// The entry `v2` (the current format) as tern's previous format wrote
-/// it: 56 fixed bytes, no status line, and here a body of its own.
-fn as_version_1(v2: &[u8], body: &[u8]) -> Vec<u8> {
-    let (k, t, s) = (u32_at(v2, 48), u32_at(v2, 52), u32_at(v2, 56));
-    let key = &v2[60..60 + k];
-    let text = &v2[60 + k + s..60 + k + s + t];
+/// The entry `v3` (the current format: 88 fixed bytes, then key, status
+/// line, Vary, headers) as tern's first format wrote it: 56 fixed bytes,
+/// no status line, and here a body of its own.
+fn as_version_1(v3: &[u8], body: &[u8]) -> Vec<u8> {
+    let (k, t, s, v) = (
+        u32_at(v3, 48),
+        u32_at(v3, 52),
+        u32_at(v3, 56),
+        u32_at(v3, 68),
+    );
+    let key = &v3[88..88 + k];
+    let text = &v3[88 + k + s + v..88 + k + s + v + t];
     let mut v1 = b"TERNC\x001\n".to_vec();
     v1.extend_from_slice(&((56 + k + t) as u32).to_le_bytes());
-    v1.extend_from_slice(&v2[12..40]);
+    v1.extend_from_slice(&v3[12..40]);
     v1.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    v1.extend_from_slice(&v2[48..56]);
+    v1.extend_from_slice(&v3[48..56]);
     v1.extend_from_slice(key);
     v1.extend_from_slice(text);
     v1.extend_from_slice(body);
@@ -149,9 +155,9 @@ fn entries_of_the_previous_format_are_replaced_not_served() {
     );
     let prefix = std::mem::take(&mut s.prefix);
     let f = cache_file(&prefix, "/found");
-    let v2 = std::fs::read(&f).expect("cache entry");
-    assert!(v2.starts_with(b"TERNC\x002\n"));
-    std::fs::write(&f, as_version_1(&v2, b"old")).expect("write v1 entry");
+    let v3 = std::fs::read(&f).expect("cache entry");
+    assert!(v3.starts_with(b"TERNC\x003\n"));
+    std::fs::write(&f, as_version_1(&v3, b"old")).expect("write v1 entry");
     let before = o.count();
 
     let s = Server::start_in(prefix, &c);
@@ -163,7 +169,7 @@ fn entries_of_the_previous_format_are_replaced_not_served() {
     );
     assert_eq!(o.count(), before + 1);
     eventually(5, "the entry is rewritten in the current format", || {
-        std::fs::read(&f).is_ok_and(|b| b.starts_with(b"TERNC\x002\n"))
+        std::fs::read(&f).is_ok_and(|b| b.starts_with(b"TERNC\x003\n"))
     });
     let got = wire(s.port, &get("/found"));
     assert!(

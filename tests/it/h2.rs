@@ -321,7 +321,7 @@ fn obsolete_directives_warn_as_nginx() {
 
 // ---- raw frames, for the defences ------------------------------------------
 
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let n = payload.len();
     let mut f = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
     f.extend_from_slice(&stream.to_be_bytes());
@@ -330,7 +330,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// HPACK integer with an N-bit prefix.
-fn hpack_int(out: &mut Vec<u8>, first: u8, bits: u32, mut v: usize) {
+pub(crate) fn hpack_int(out: &mut Vec<u8>, first: u8, bits: u32, mut v: usize) {
     let max = (1usize << bits) - 1;
     if v < max {
         out.push(first | v as u8);
@@ -346,7 +346,7 @@ fn hpack_int(out: &mut Vec<u8>, first: u8, bits: u32, mut v: usize) {
 }
 
 /// A literal field without indexing, new name.
-fn literal(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+pub(crate) fn literal(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.push(0x00);
     hpack_int(out, 0, 7, name.len());
     out.extend_from_slice(name.as_bytes());
@@ -362,7 +362,7 @@ fn get_block() -> Vec<u8> {
 }
 
 /// Connects and sends the preface and an empty SETTINGS.
-fn h2c(port: u16) -> TcpStream {
+pub(crate) fn h2c(port: u16) -> TcpStream {
     let mut s = harness::connect(port);
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
@@ -374,7 +374,7 @@ fn h2c(port: u16) -> TcpStream {
 
 /// Reads frames until the connection closes (or `limit` bytes came);
 /// returns the frame types seen.
-fn frame_types(s: &mut TcpStream, limit: usize) -> Vec<(u8, u32)> {
+pub(crate) fn frame_types(s: &mut TcpStream, limit: usize) -> Vec<(u8, u32)> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 16384];
     while buf.len() < limit {

@@ -17,7 +17,7 @@ use crate::harness::{
 use crate::origin::Origin;
 
 /// Status, `$upstream_cache_status` and body of one GET.
-fn ask(port: u16, path: &str) -> (u16, String, String) {
+pub(crate) fn ask(port: u16, path: &str) -> (u16, String, String) {
     ask_m(port, "GET", path)
 }
 
@@ -47,11 +47,11 @@ fn ask_m(port: u16, method: &str, path: &str) -> (u16, String, String) {
 
 /// Runs `series` on tern and, when installed, on nginx with the same
 /// configuration; returns tern's lines after comparing them.
-fn both(body: &str, series: impl Fn(u16) -> Vec<String>) -> Vec<String> {
+pub(crate) fn both(body: &str, series: impl Fn(u16) -> Vec<String>) -> Vec<String> {
     both_in(body, |_| {}, series)
 }
 
-fn both_in(
+pub(crate) fn both_in(
     body: &str,
     setup: impl Fn(&Prefix),
     series: impl Fn(u16) -> Vec<String>,

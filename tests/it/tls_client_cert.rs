@@ -315,9 +315,14 @@ fn tls_session_ticket_key_resumes_across_processes() {
                 ssl_certificate a.test.crt; ssl_certificate_key a.test.key; \
                 ssl_session_ticket_key ticket.key; \
                 location / { return 200 \"$ssl_session_reused $ssl_session_id\\n\"; } } }";
+    // The fleet shares its certificate too: a session is resumed only by
+    // a server with the same certificates (OpenSSL's session id context).
+    let certs = Prefix::new();
+    server_cert(&certs);
     let start = |k: &[u8]| {
         let p = Prefix::new();
-        server_cert(&p);
+        p.write("conf/a.test.crt", certs.read("conf/a.test.crt"));
+        p.write("conf/a.test.key", certs.read("conf/a.test.key"));
         p.write("conf/ticket.key", k);
         Server::start_in(p, conf)
     };

@@ -82,6 +82,9 @@ pub struct SslConf {
     pub ocsp_responder: Option<crate::tls::ocsp::Responder>,
     /// `ssl_ocsp_cache` (Some(None): off).
     pub ocsp_cache: Option<Option<String>>,
+    /// `ssl_conf_command`s in order (a level that has any replaces the
+    /// parent's list, as nginx).
+    pub conf_commands: Option<Vec<crate::tls::conf_command::Cmd>>,
     /// Built with `tls` when client certificates are asked for.
     pub client_auth: Option<Arc<ClientAuth>>,
     /// Built after merging (see `tls::config::build`): None when the
@@ -100,7 +103,7 @@ impl SslConf {
             trusted_certificate, verify_depth, crl, reject_handshake, password_file,
             session_ticket_keys, early_data, stapling_file, stapling, stapling_responder,
             stapling_verify, ocsp, ocsp_responder,
-            ocsp_cache);
+            ocsp_cache, conf_commands);
     }
 }
 
@@ -324,18 +327,20 @@ fn ocsp_cache(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
     set_once(&mut s.ssl.ocsp_cache, v, d)
 }
 
-/// `ssl_conf_command NAME VALUE`: OpenSSL's SSL_CONF commands. rustls has
-/// no such interface; the directive is accepted with a warning naming
-/// what is not applied (the settings it usually carries have directives
-/// of their own: ssl_protocols, ssl_ciphers, ssl_ecdh_curve).
-fn conf_command(_: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    cx.warnings.push(format!(
-        "\"ssl_conf_command {} {}\" is not applied: rustls has no OpenSSL configuration commands in {}:{}",
-        arg(d, 0),
-        arg(d, 1),
-        d.file.display(),
-        d.line
-    ));
+/// `ssl_conf_command NAME VALUE`: OpenSSL's SSL_CONF commands, checked
+/// here and applied last by `tls::config::build` where rustls has the
+/// setting (`tls::conf_command`); the others are warned about.
+fn conf_command(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let (cmds, warnings) = crate::tls::conf_command::parse(arg(d, 0), arg(d, 1), &cx.conf_prefix)
+        .map_err(|e| ConfError::at(e.msg, d))?;
+    for w in warnings {
+        cx.warnings
+            .push(format!("{} in {}:{}", w, d.file.display(), d.line));
+    }
+    s.ssl
+        .conf_commands
+        .get_or_insert_with(Vec::new)
+        .extend(cmds);
     Ok(())
 }
 

@@ -2,15 +2,20 @@
 //! and ngx_http_file_cache glue); the cache itself is [`crate::cache`].
 //!
 //! ```text
+//!  a cached error (an intercepted or failed answer, kept in the zone) ▶ HIT (that status)
 //!  valid entry ───────────────────────────────────────────────▶ HIT
 //!  expired entry: take the key's `updating` mark (cache::UpdateGuard)
-//!    ├─ someone else holds it, use_stale updating ────────────▶ UPDATING (stale served)
-//!    ├─ taken, use_stale updating + background_update ────────▶ STALE (stale served;
-//!    │                                       a task refetches and stores, then drops the mark)
+//!    "stale updating" = use_stale updating, or the entry's
+//!    Cache-Control stale-while-revalidate window is still open
+//!    ├─ someone else holds it, stale updating ────────────────▶ UPDATING (stale served)
+//!    ├─ taken, stale updating + background_update ────────────▶ STALE (stale served;
+//!    │              a task refetches and stores, then drops the mark; the
+//!    │              client connection waits for it before going on)
 //!    └─ else EXPIRED: fetch (If-Modified-Since/If-None-Match with revalidate)
 //!         ├─ 304 to a revalidation: validity rewritten in place ▶ REVALIDATED
-//!         ├─ error/timeout/invalid_header/http_5xx... listed in
-//!         │  PREFIX_cache_use_stale ──────────────────────────▶ STALE
+//!         ├─ error/timeout/invalid_header listed in use_stale, or
+//!         │  within the entry's stale-if-error window ────────▶ STALE
+//!         ├─ an http_5xx/403/404/429 status listed in use_stale ▶ STALE
 //!         └─ else the new response (stored; the mark is dropped once it is)
 //!  no entry: MISS; with min_uses > 1 stored only from the Nth request;
 //!    with PREFIX_cache_lock one request holds the mark (for at most
@@ -18,7 +23,14 @@
 //!    upstream uncached) and look again: HIT, or their turn to fill it
 //! ```
 //!
-//! [`decide`] runs the lookup for [`super::run`]; the entry being written
+//! Vary (nginx's secondary keys): the first response stored for a key
+//! lives under the key's md5 with its Vary names and the hash of the
+//! request headers they name (its variant). A request whose own hash of
+//! those headers differs looks under the md5 that hash is; a response it
+//! fetches is stored there when it varies the same way, else under the
+//! key's md5, replacing the main entry ([`store_target`]).
+//!
+//! [`lookup`] is the lookup [`super::run`] makes; the entry being written
 //! is a [`super::pipe::CacheOut`] the body's producer fills.
 
 use std::fs::File;
@@ -31,7 +43,7 @@ use super::fetch::{bind_addr, fetch, Outgoing, UpLog, UpResp};
 use super::peers::{self, Upstream};
 use super::pipe::{create_file, CacheOut, Pipe, Producer};
 use super::response::{
-    apply_headers, buffering, force_ranges, has_token, header, loc_prefix, relayed, reusable,
+    apply_headers, buffering, force_ranges, header, loc_prefix, relayed, reusable,
 };
 use super::{Caching, Protocol, Request};
 use crate::cache::{self, file::EntryHead, Zone};
@@ -46,7 +58,12 @@ use crate::io::{OpenFile, Policy};
 pub(super) struct CacheReq {
     pub(super) zone: Arc<Zone>,
     pub(super) key: Vec<u8>,
+    /// Where the entry was looked up: the key's hash, or a variant's.
     pub(super) md5: [u8; 16],
+    /// The key's own hash.
+    pub(super) main: [u8; 16],
+    /// Looked up under a variant's hash (the main entry varied otherwise).
+    pub(super) secondary: bool,
     /// `PREFIX_no_cache` matched: fetch, but do not store.
     pub(super) no_store: bool,
 }
@@ -54,10 +71,11 @@ pub(super) struct CacheReq {
 /// Opens the cache temp file next to the entry's final path.
 pub(super) async fn start_cache_file(
     c: &CacheReq,
+    md5: &[u8; 16],
     policy: &Policy,
 ) -> io::Result<(Arc<File>, PathBuf)> {
     c.zone.ensure_ready().await?;
-    let path = c.zone.temp_path(&c.md5);
+    let path = c.zone.temp_path(md5);
     let f = create_file(path.clone(), policy).await?;
     Ok((f, path))
 }
@@ -97,31 +115,64 @@ pub(super) async fn refresh_entry(
     policy: &Policy,
 ) -> io::Result<()> {
     let now = cache::now_secs();
-    let valid = match header_validity(conf, hs, now) {
-        Some(Some(t)) => Some(t),
-        _ => cache_validity(conf, eh.status, &eh.headers),
+    // The 304's own caching headers, else the entry's (with
+    // PREFIX_cache_valid for its status).
+    let fresh = match header_fresh(conf, hs, now) {
+        Some(HeaderFresh {
+            valid: Some(t),
+            updating,
+            error,
+        }) => Some(Fresh {
+            valid_until: t,
+            updating,
+            error,
+        }),
+        _ => freshness(conf, eh.status, &eh.headers),
     };
-    let Some(valid) = valid else {
+    let Some(fresh) = fresh else {
         return Ok(());
     };
     let path = c.zone.file_path(&c.md5);
+    let legacy = eh.legacy;
     cache::blocking(policy, move || {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-        f.write_all_at(&cache::file::EntryHead::times(valid, now), 16)
+        f.write_all_at(&EntryHead::times(fresh.valid_until, now), 16)?;
+        if !legacy {
+            let exts = EntryHead::exts(fresh.updating, fresh.error);
+            f.write_all_at(&exts, cache::file::EXT_AT)?;
+        }
+        Ok(())
     })
     .await?;
-    c.zone.insert(c.md5, valid, disk_bytes(size));
+    c.zone.insert(c.md5, fresh.valid_until, disk_bytes(size));
     Ok(())
+}
+
+/// The end of a background update, which the client connection that
+/// started it waits for before it takes its next request or closes: in
+/// nginx the request is not finalized before its background subrequest
+/// is, and nginx-tests count on it (a request after the first one's
+/// close finds the entry updated). Held in the request's `guards`.
+pub struct Postponed(tokio::sync::oneshot::Receiver<()>);
+
+/// Waits for the background updates a request started (see [`Postponed`]).
+pub async fn wait_postponed(guards: &mut [Box<dyn std::any::Any>]) {
+    for g in guards.iter_mut() {
+        if let Some(p) = g.downcast_mut::<Postponed>() {
+            let _ = (&mut p.0).await;
+        }
+    }
 }
 
 /// `PREFIX_cache_background_update`: the stale entry is being served; a
 /// task of its own fetches the response again and stores it, as nginx's
 /// background subrequest does. It holds the key's `updating` mark until
-/// the new entry is in place.
+/// the new entry is in place; the request waits for it once answered
+/// ([`Postponed`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn background_update(
-    cx: &Ctx<'_>,
+    cx: &mut Ctx<'_>,
     proto: &Arc<dyn Protocol>,
     up: &Arc<Upstream>,
     lim: &Limits,
@@ -145,7 +196,14 @@ pub(super) fn background_update(
     ) else {
         return;
     };
+    let (done, postponed) = tokio::sync::oneshot::channel();
     let job = Background {
+        req_headers: cx
+            .req
+            .headers()
+            .map(|h| (h.name.to_vec(), h.value.to_vec()))
+            .collect(),
+        _done: done,
         proto: proto.clone(),
         up: up.clone(),
         lim: lim.clone(),
@@ -163,6 +221,7 @@ pub(super) fn background_update(
         req,
     };
     tokio::spawn(job.run());
+    cx.guards.push(Box::new(Postponed(postponed)));
 }
 
 /// A background cache update, with all it needs from the request.
@@ -183,6 +242,10 @@ struct Background {
     log: UpLog,
     /// The entry being refreshed, when it is revalidated.
     stale: Option<EntryHead>,
+    /// The request's headers (the new entry's variant is computed on them).
+    req_headers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Dropped when the update is over, which ends [`Postponed`].
+    _done: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Background {
@@ -203,6 +266,8 @@ impl Background {
             prefix,
             mut log,
             stale,
+            req_headers,
+            _done,
         } = self;
         let conf = proto.conf();
         let send = Outgoing {
@@ -246,7 +311,7 @@ impl Background {
         if c.no_store || !buffering(conf, &resp.headers) {
             return;
         }
-        let Some(valid) = cache_validity(conf, resp.status, &resp.headers) else {
+        let Some(fresh) = freshness(conf, resp.status, &resp.headers) else {
             return;
         };
         let relayed = relayed(&*proto, &prefix, &resp.headers);
@@ -261,9 +326,14 @@ impl Background {
         let Some(stream) = resp.stream.take() else {
             return;
         };
-        let eh = entry_head(&c, &resp, &relayed, valid, 0);
+        let hs: ReqHeaders<'_> = req_headers
+            .iter()
+            .map(|(n, v)| (n.as_slice(), v.as_slice()))
+            .collect();
+        let target = store_target(&c, conf, &resp.headers, &hs);
+        let eh = entry_head(&c, &resp, &relayed, fresh, &target, 0);
         let base = eh.header_len() as u64;
-        let (file, path) = match start_cache_file(&c, &policy).await {
+        let (file, path) = match start_cache_file(&c, &target.md5, &policy).await {
             Ok(fp) => fp,
             Err(e) => {
                 log.log(
@@ -301,7 +371,7 @@ impl Background {
             temp_len: 0,
             cache: Some(CacheOut {
                 zone: c.zone.clone(),
-                md5: c.md5,
+                md5: target.md5,
                 file,
                 path,
                 eh,
@@ -337,6 +407,9 @@ pub(super) enum Lookup {
     /// about).
     Expired(Option<Stale>),
     Miss,
+    /// The entry under the key's hash varies, and not as this request:
+    /// look under this variant's hash.
+    Vary([u8; 16]),
 }
 
 /// An expired entry, open.
@@ -345,11 +418,13 @@ pub(super) struct Stale {
     pub(super) file: Arc<OpenFile>,
 }
 
-/// Looks `md5` up in the zone and, when valid, opens its file.
+/// Looks `md5` up in the zone and, when valid, opens its file. `main`
+/// is the key's hash; `secondary`: `md5` is a variant's (an entry there
+/// must vary as this request does).
 pub(super) async fn lookup(
     cx: &mut Ctx<'_>,
     z: &Arc<Zone>,
-    md5: &[u8; 16],
+    (md5, main, secondary): (&[u8; 16], &[u8; 16], bool),
     key: &[u8],
     policy: &Policy,
 ) -> Lookup {
@@ -415,6 +490,24 @@ pub(super) async fn lookup(
     if node.is_none() {
         z.insert(*md5, eh.valid_until, disk_bytes(f.meta.size));
     }
+    if !eh.vary.is_empty() {
+        let v = variant(main, &eh.vary, &req_headers(cx));
+        if v != eh.variant {
+            if secondary {
+                cx.log(
+                    Level::Crit,
+                    &format!("cache file \"{}\" has incorrect vary hash", path.display()),
+                );
+                return Lookup::Miss;
+            }
+            return Lookup::Vary(v);
+        }
+    }
+    if secondary {
+        // A variant found (maybe adopted from disk before the loader got
+        // to it): a purge of the key must find it.
+        z.add_variant(*main, *md5);
+    }
     // Expired once its second is over, as nginx (`valid_sec < now`).
     if eh.valid_until < now {
         return Lookup::Expired(Some(Stale { eh, file: f }));
@@ -479,6 +572,10 @@ async fn read_entry_head(
 pub type Validators = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 pub(super) fn validators(eh: &EntryHead) -> Validators {
+    // As nginx, only a 200 or 206 entry is revalidated.
+    if !matches!(eh.status, 200 | 206) {
+        return (None, None);
+    }
     let lm = header(&eh.headers, "last-modified")
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
@@ -493,12 +590,18 @@ pub(super) fn entry_head(
     c: &CacheReq,
     r: &UpResp,
     relayed: &[(String, Vec<u8>)],
-    valid_until: i64,
+    fresh: Fresh,
+    target: &Target,
     body_len: u64,
 ) -> EntryHead {
     EntryHead {
         status: r.status,
-        valid_until,
+        valid_until: fresh.valid_until,
+        updating_secs: fresh.updating,
+        error_secs: fresh.error,
+        vary: target.vary.clone(),
+        variant: target.variant,
+        legacy: false,
         date: cache::now_secs(),
         last_modified: None,
         body_len,
@@ -508,30 +611,55 @@ pub(super) fn entry_head(
     }
 }
 
-pub(super) fn cache_validity(
+/// How long a response may be served from the cache: until
+/// `valid_until`, then `updating` more seconds while it is being
+/// refreshed (`stale-while-revalidate`) and `error` more when the refresh
+/// fails (`stale-if-error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fresh {
+    pub(super) valid_until: i64,
+    pub(super) updating: u32,
+    pub(super) error: u32,
+}
+
+/// Whether a response with these headers may be cached, and how long
+/// (None: not cacheable). As nginx: Set-Cookie and `Vary: *` forbid it,
+/// then the headers' own time (see [`header_fresh`]), else
+/// `PREFIX_cache_valid`'s for the status.
+pub(super) fn freshness(
     conf: &UpstreamConf,
     status: u16,
     hs: &[(String, Vec<u8>)],
-) -> Option<i64> {
+) -> Option<Fresh> {
     let ign = conf.ignore_headers.unwrap_or(0);
     let now = cache::now_secs();
     if ign & IGN_SET_COOKIE == 0 && header(hs, "set-cookie").is_some() {
         return None;
     }
-    // nginx keeps one variant per Vary'd request header set; tern does not
-    // store variants yet, so a varying response is not cached at all
-    // (serving one client's variant to another would be wrong).
-    if ign & IGN_VARY == 0 && header(hs, "vary").is_some() {
-        return None;
+    if ign & IGN_VARY == 0 {
+        // nginx keeps at most 128 bytes of Vary; "*" varies on anything.
+        let v = response_vary(conf, hs);
+        if v.len() > VARY_MAX || v.trim_ascii() == b"*" {
+            return None;
+        }
     }
-    if let Some(t) = header_validity(conf, hs, now)? {
-        return Some(t);
-    }
-    valid_for(conf, status, now)
+    let h = header_fresh(conf, hs, now)?;
+    let valid_until = match h.valid {
+        Some(t) => t,
+        None => valid_for(conf, status, now)?,
+    };
+    Some(Fresh {
+        valid_until,
+        updating: h.updating,
+        error: h.error,
+    })
 }
 
+/// The longest Vary nginx keeps with an entry (NGX_HTTP_CACHE_VARY_LEN).
+const VARY_MAX: usize = 128;
+
 /// `PREFIX_cache_valid`'s time for `status`, from `now`.
-fn valid_for(conf: &UpstreamConf, status: u16, now: i64) -> Option<i64> {
+pub(super) fn valid_for(conf: &UpstreamConf, status: u16, now: i64) -> Option<i64> {
     let list = conf.cache_valid.as_deref()?;
     let secs = list
         .iter()
@@ -541,53 +669,94 @@ fn valid_for(conf: &UpstreamConf, status: u16, now: i64) -> Option<i64> {
     (secs > 0).then(|| now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX)))
 }
 
-/// What X-Accel-Expires, Cache-Control and Expires say: Some(None) when
-/// none of them decides, None when they forbid caching.
-fn header_validity(conf: &UpstreamConf, hs: &[(String, Vec<u8>)], now: i64) -> Option<Option<i64>> {
+/// What the caching headers of a response say.
+#[derive(Debug, Default)]
+struct HeaderFresh {
+    /// The validity they give (None: they do not say).
+    valid: Option<i64>,
+    updating: u32,
+    error: u32,
+}
+
+/// The number after `name` (`max-age=`) in a lowercased Cache-Control
+/// value; None when absent or not a number.
+fn cc_number(l: &[u8], name: &str) -> Option<u64> {
+    let i = l.windows(name.len()).position(|w| w == name.as_bytes())?;
+    let digits: Vec<u8> = l[i + name.len()..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// X-Accel-Expires, Cache-Control and Expires, by precedence rather than
+/// by the order they came in (nginx 1.23's rules, which nginx-tests
+/// check): a valid X-Accel-Expires decides alone (0: not cacheable);
+/// otherwise Cache-Control's `no-cache`, `no-store` or `private` forbid
+/// caching and its `s-maxage`/`max-age` give the time (0: not
+/// cacheable); otherwise Expires does (a past date: not cacheable). The
+/// `stale-while-revalidate` and `stale-if-error` extensions are taken
+/// whatever gave the time. None: not cacheable. The first X-Accel-Expires
+/// counts; every Cache-Control line does.
+fn header_fresh(conf: &UpstreamConf, hs: &[(String, Vec<u8>)], now: i64) -> Option<HeaderFresh> {
     let ign = conf.ignore_headers.unwrap_or(0);
-    let mut from_headers: Option<i64> = None;
+    let mut out = HeaderFresh::default();
+    let mut accel: Option<i64> = None;
     if ign & IGN_X_ACCEL_EXPIRES == 0 {
         if let Some(v) = header(hs, "x-accel-expires") {
-            let s = std::str::from_utf8(v).ok()?.trim();
-            let t = match s.strip_prefix('@') {
-                Some(abs) => abs.parse::<i64>().ok()?,
-                None => {
-                    let n = s.parse::<i64>().ok()?;
-                    if n == 0 {
-                        return None;
-                    }
-                    now.saturating_add(n)
-                }
-            };
-            from_headers = Some(t);
-        }
-    }
-    if from_headers.is_none() && ign & IGN_CACHE_CONTROL == 0 {
-        if let Some(v) = header(hs, "cache-control") {
-            let l = v.to_ascii_lowercase();
-            for bad in ["no-cache", "no-store", "private"] {
-                if has_token(&l, bad) || l.windows(bad.len()).any(|w| w == bad.as_bytes()) {
-                    return None;
-                }
-            }
-            let age = |name: &str| -> Option<i64> {
-                let i = l.windows(name.len()).position(|w| w == name.as_bytes())?;
-                let digits: Vec<u8> = l[i + name.len()..]
-                    .iter()
-                    .take_while(|c| c.is_ascii_digit())
-                    .copied()
-                    .collect();
-                std::str::from_utf8(&digits).ok()?.parse().ok()
-            };
-            if let Some(n) = age("s-maxage=").or_else(|| age("max-age=")) {
-                if n == 0 {
-                    return None;
-                }
-                from_headers = Some(now.saturating_add(n));
+            let s = std::str::from_utf8(v).unwrap_or("").trim();
+            match s.strip_prefix('@') {
+                Some(abs) => accel = abs.parse::<i64>().ok(),
+                None => match s.parse::<i64>() {
+                    Ok(0) => return None,
+                    Ok(n) if n > 0 => accel = Some(now.saturating_add(n)),
+                    // Not a number: as if absent (nginx's NGX_ERROR).
+                    _ => {}
+                },
             }
         }
     }
-    if from_headers.is_none() && ign & IGN_EXPIRES == 0 {
+    let cc: Vec<Vec<u8>> = if ign & IGN_CACHE_CONTROL == 0 {
+        hs.iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("cache-control"))
+            .map(|(_, v)| v.to_ascii_lowercase())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let secs = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    for l in &cc {
+        if let Some(n) = cc_number(l, "stale-while-revalidate=") {
+            out.updating = secs(n);
+        }
+        if let Some(n) = cc_number(l, "stale-if-error=") {
+            out.error = secs(n);
+        }
+    }
+    if accel.is_some() {
+        out.valid = accel;
+        return Some(out);
+    }
+    for l in &cc {
+        for bad in ["no-cache", "no-store", "private"] {
+            if l.windows(bad.len()).any(|w| w == bad.as_bytes()) {
+                return None;
+            }
+        }
+    }
+    let age = cc
+        .iter()
+        .find_map(|l| cc_number(l, "s-maxage="))
+        .or_else(|| cc.iter().find_map(|l| cc_number(l, "max-age=")));
+    if let Some(n) = age {
+        if n == 0 {
+            return None;
+        }
+        out.valid = Some(now.saturating_add(i64::try_from(n).unwrap_or(i64::MAX)));
+        return Some(out);
+    }
+    if ign & IGN_EXPIRES == 0 {
         if let Some(v) = header(hs, "expires") {
             let t = std::str::from_utf8(v)
                 .ok()
@@ -595,12 +764,96 @@ fn header_validity(conf: &UpstreamConf, hs: &[(String, Vec<u8>)], now: i64) -> O
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map(|d| d.as_secs() as i64);
             match t {
-                Some(t) if t > now => from_headers = Some(t),
+                Some(t) if t > now => out.valid = Some(t),
                 _ => return None,
             }
         }
     }
-    Some(from_headers)
+    Some(out)
+}
+
+/// The response's Vary names: every Vary line, comma-joined (nginx from
+/// 1.23 on; ticket #1423), empty when there is none or it is ignored.
+pub(super) fn response_vary(conf: &UpstreamConf, hs: &[(String, Vec<u8>)]) -> Vec<u8> {
+    if conf.ignore_headers.unwrap_or(0) & IGN_VARY != 0 {
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    for (_, val) in hs.iter().filter(|(n, _)| n.eq_ignore_ascii_case("vary")) {
+        if !v.is_empty() {
+            v.extend_from_slice(b", ");
+        }
+        v.extend_from_slice(val);
+    }
+    v
+}
+
+/// A request's headers, as [`variant`] reads them.
+pub(super) type ReqHeaders<'a> = Vec<(&'a [u8], &'a [u8])>;
+
+/// The variant hash of a request for an entry that varies on `vary` (a
+/// Vary value): over the key's hash and, for each name Vary lists, the
+/// values of the request's headers of that name. As nginx, only
+/// whitespace is normalised: elements are trimmed and empty ones dropped
+/// (`foo, bar` and `foo,,bar ,` match; `bar,foo` and `foobar` do not).
+pub(super) fn variant(main: &[u8; 16], vary: &[u8], req: &[(&[u8], &[u8])]) -> [u8; 16] {
+    let mut buf = main.to_vec();
+    let names = vary
+        .split(|&c| c == b',' || c == b' ' || c == b'\t')
+        .filter(|n| !n.is_empty());
+    for name in names {
+        buf.extend(name.iter().map(u8::to_ascii_lowercase));
+        buf.push(b':');
+        for (_, v) in req.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            for el in v.split(|&c| c == b',') {
+                let el = el.trim_ascii();
+                if !el.is_empty() {
+                    buf.extend_from_slice(el);
+                    buf.push(b',');
+                }
+            }
+        }
+        buf.extend_from_slice(b"\r\n");
+    }
+    cache::md5::digest(&buf)
+}
+
+/// The request's headers for [`variant`].
+pub(super) fn req_headers<'a>(cx: &'a Ctx<'_>) -> ReqHeaders<'a> {
+    cx.req.headers().map(|h| (h.name, h.value)).collect()
+}
+
+/// Where a response is stored, and the Vary it is stored with.
+pub(super) struct Target {
+    pub(super) md5: [u8; 16],
+    pub(super) vary: Vec<u8>,
+    pub(super) variant: [u8; 16],
+}
+
+/// nginx's ngx_http_file_cache_update_variant: a response looked up
+/// under the key's own hash is stored there; one looked up under a
+/// variant's hash (the main entry varied differently) stays there only
+/// when it varies the same way, else it replaces the main entry.
+pub(super) fn store_target(
+    c: &CacheReq,
+    conf: &UpstreamConf,
+    resp_headers: &[(String, Vec<u8>)],
+    req: &[(&[u8], &[u8])],
+) -> Target {
+    let vary = response_vary(conf, resp_headers);
+    let variant = if vary.is_empty() {
+        [0u8; 16]
+    } else {
+        self::variant(&c.main, &vary, req)
+    };
+    // Varies as the variant it was looked up under: stays there.
+    let same_variant = !vary.is_empty() && variant == c.md5;
+    let md5 = if c.secondary && !same_variant {
+        c.main
+    } else {
+        c.md5
+    };
+    Target { md5, vary, variant }
 }
 
 #[cfg(test)]
@@ -619,6 +872,9 @@ mod tests {
                 .collect()
         };
         let now = cache::now_secs();
+        let cache_validity = |c: &UpstreamConf, s: u16, h: &[(String, Vec<u8>)]| {
+            freshness(c, s, h).map(|f| f.valid_until)
+        };
         let v = cache_validity(&conf, 200, &[]).unwrap();
         assert!((now + 599..=now + 601).contains(&v));
         assert_eq!(cache_validity(&conf, 404, &[]), None);
@@ -648,5 +904,96 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// nginx 1.23's precedence, whatever the order of the lines, and the
+    /// extensions kept under X-Accel-Expires.
+    #[test]
+    fn header_precedence_and_extensions() {
+        let conf = UpstreamConf::default();
+        let h = |v: &[(&str, &str)]| -> Vec<(String, Vec<u8>)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.as_bytes().to_vec()))
+                .collect()
+        };
+        let now = cache::now_secs();
+        let past = ("Expires", "Thu, 01 Jan 1970 00:00:01 GMT");
+        let cached = |hs: &[(&str, &str)]| freshness(&conf, 200, &h(hs)).is_some();
+        assert!(cached(&[("Cache-Control", "max-age=60"), past]));
+        assert!(cached(&[past, ("Cache-Control", "max-age=60")]));
+        assert!(!cached(&[
+            ("Cache-Control", "no-cache"),
+            ("Cache-Control", "max-age=60")
+        ]));
+        assert!(cached(&[
+            ("X-Accel-Expires", "60"),
+            past,
+            ("Cache-Control", "no-cache")
+        ]));
+        assert!(cached(&[
+            past,
+            ("Cache-Control", "no-cache"),
+            ("X-Accel-Expires", "60")
+        ]));
+        assert!(!cached(&[
+            ("Cache-Control", "max-age=60"),
+            ("X-Accel-Expires", "0")
+        ]));
+        // Only the first X-Accel-Expires counts.
+        assert!(cached(&[
+            ("X-Accel-Expires", "60"),
+            ("X-Accel-Expires", "0")
+        ]));
+        assert!(!cached(&[("Vary", "*"), ("Cache-Control", "max-age=60")]));
+        let f = freshness(
+            &conf,
+            200,
+            &h(&[
+                ("X-Accel-Expires", "@1"),
+                (
+                    "Cache-Control",
+                    "stale-while-revalidate=5, stale-if-error=9999999999",
+                ),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            Fresh {
+                valid_until: 1,
+                updating: 5,
+                error: u32::MAX
+            }
+        );
+        let f = freshness(&conf, 200, &h(&[("Cache-Control", "max-age=10")])).unwrap();
+        assert!((now + 9..=now + 11).contains(&f.valid_until));
+        assert_eq!((f.updating, f.error), (0, 0));
+    }
+
+    #[test]
+    fn variants() {
+        let main = cache::md5::digest(b"/k");
+        let v = |vary: &str, hs: &[(&str, &str)]| {
+            let hs: Vec<(&[u8], &[u8])> = hs
+                .iter()
+                .map(|(a, b)| (a.as_bytes(), b.as_bytes()))
+                .collect();
+            variant(&main, vary.as_bytes(), &hs)
+        };
+        let ae = |x: &str| v("Accept-Encoding", &[("accept-encoding", x)]);
+        assert_eq!(ae("foo, bar"), ae("foo,bar"));
+        assert_eq!(ae("foo, bar"), ae("foo,,  ,bar , "));
+        assert_ne!(ae("foo, bar"), ae("foobar"));
+        assert_ne!(ae("foo, bar"), ae("bar,foo"));
+        assert_eq!(
+            ae("gzip"),
+            v(",, Accept-encoding , ,", &[("Accept-Encoding", "gzip")])
+        );
+        assert_ne!(ae("gzip"), ae("deflate"));
+        // Two lines of a header are one list.
+        assert_eq!(v("X", &[("x", "a"), ("x", "b")]), v("X", &[("x", "a, b")]));
+        // Absent and empty are the same; another name is not.
+        assert_eq!(v("X", &[]), v("X", &[("x", "")]));
+        assert_ne!(v("X", &[]), v("Y", &[]));
     }
 }

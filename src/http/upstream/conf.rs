@@ -789,7 +789,11 @@ pub fn set_ignore_headers<S: Slot>(
             _ => return Err(crate::config::registry::invalid_value(d, a)),
         };
     }
-    set_once(&mut S::conf(l).ignore_headers, m, d)
+    // nginx's bitmask slot: a second line adds to the first (no
+    // "is duplicate").
+    let slot = &mut S::conf(l).ignore_headers;
+    *slot = Some(slot.unwrap_or(0) | m);
+    Ok(())
 }
 
 /// `PREFIX_cache_path PATH [levels=] keys_zone=NAME:SIZE [inactive=]

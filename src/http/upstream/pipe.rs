@@ -579,8 +579,8 @@ async fn temp_file(dir: &Path, policy: &Policy) -> io::Result<Arc<File>> {
         std::process::id(),
         TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let f = match create_file(path.clone(), policy).await {
-        Ok(f) => f,
+    let unlinked = || crate::http::body::create(path.clone(), true, policy);
+    match unlinked().await {
         Err(e)
             if matches!(
                 e.kind(),
@@ -588,12 +588,10 @@ async fn temp_file(dir: &Path, policy: &Policy) -> io::Result<Arc<File>> {
             ) =>
         {
             cache::prepare_dir(dir).await?;
-            create_file(path.clone(), policy).await?
+            unlinked().await
         }
-        Err(e) => return Err(e),
-    };
-    cache::blocking(policy, move || std::fs::remove_file(&path)).await?;
-    Ok(f)
+        r => r,
+    }
 }
 
 /// Completes a cache entry: its header, the rename into place, the node.
@@ -618,6 +616,12 @@ async fn commit(mut c: CacheOut, policy: &Policy) -> Result<(), (io::Error, Cach
         c.eh.valid_until,
         super::cache::disk_bytes(c.base + c.written),
     );
+    if !c.eh.vary.is_empty() {
+        let main = cache::md5::digest(&c.eh.key);
+        if main != c.md5 {
+            c.zone.add_variant(main, c.md5);
+        }
+    }
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! ```text
 //! location ~ /purge(/.*) { proxy_cache_purge zone $1; }
 //!   KEY rendered ── md5 ── the zone's node removed, the file unlinked
+//!     (with the key's Vary variants, which live under hashes of their own)
 //!     ├─ there was an entry ──▶ 200 "Successful purge" page (Key, Path)
 //!     └─ none ──▶ 404
 //!   KEY ending in `*` (tern's addition: a key prefix) ── every entry of
@@ -98,7 +99,13 @@ async fn handle(cx: &mut Ctx<'_>, p: Option<Arc<Purge>>) -> Response {
         None => {
             let md5 = md5::digest(&key);
             let path = z.file_path(&md5);
-            if !purge_one(cx, &z, &md5, &policy).await {
+            let mut any = purge_one(cx, &z, &md5, &policy).await;
+            // The key's Vary variants (files named by their variant hash)
+            // go with it.
+            for v in z.take_variants(&md5) {
+                any |= purge_one(cx, &z, &v, &policy).await;
+            }
+            if !any {
                 return Response::status(404);
             }
             path

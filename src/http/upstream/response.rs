@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::cache::{cache_validity, entry_head, start_cache_file, CacheReq};
+use super::cache::{entry_head, freshness, req_headers, start_cache_file, store_target, CacheReq};
 use super::conf::*;
 use super::fetch::{log_upstream, UpLog, UpResp};
 use super::peers::Upstream;
@@ -128,7 +128,7 @@ pub(super) async fn respond(
     let store = creq
         .as_ref()
         .filter(|c| !c.no_store)
-        .and_then(|c| cache_validity(conf, resp.status, &resp.headers).map(|v| (c, v)));
+        .and_then(|c| freshness(conf, resp.status, &resp.headers).map(|v| (c, v)));
 
     // The body: what came with the head is decoded now; a body complete
     // with it (and not being cached) is answered from memory, anything
@@ -169,8 +169,27 @@ pub(super) async fn respond(
             && conf.intercept_errors.unwrap_or(false)
             && has_error_page(&cx.loc, resp.status))
     {
-        // PREFIX_intercept_errors: let error_page answer instead.
-        return Response::status(resp.status);
+        // PREFIX_intercept_errors: let error_page answer instead. A
+        // cacheable error is remembered in the zone (nginx's
+        // ngx_http_upstream_intercept_errors; PREFIX_no_cache is not
+        // consulted there, as in nginx).
+        if let Some(c) = &creq {
+            if let Some(f) = freshness(conf, resp.status, &resp.headers) {
+                c.zone.set_error(c.main, resp.status, f.valid_until);
+            }
+        }
+        let mut r = Response::status(resp.status);
+        if resp.status == 401 {
+            // The challenge goes with the page error_page makes (every
+            // WWW-Authenticate line, as nginx from 1.23 on).
+            r.headers.extend(
+                relayed
+                    .iter()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
+                    .map(|(n, v)| (Cow::Owned(n.clone()), v.clone())),
+            );
+        }
+        return r;
     }
     if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_REDIRECT == 0 {
         if let Some(v) = header(&resp.headers, "x-accel-redirect") {
@@ -203,8 +222,9 @@ pub(super) async fn respond(
     // nginx does not cache what it does not buffer.
     let store = store.filter(|_| buffering);
     let cache_out = match &store {
-        Some((c, valid_until)) => {
-            let mut eh = entry_head(c, &resp, &relayed, *valid_until, 0);
+        Some((c, fresh)) => {
+            let target = store_target(c, conf, &resp.headers, &req_headers(cx));
+            let mut eh = entry_head(c, &resp, &relayed, *fresh, &target, 0);
             if let Some(n) = resp.declared_len.filter(|_| head_only) {
                 // A HEAD response stored as such (PREFIX_cache_convert_head
                 // off): its entry keeps the length it announced.
@@ -212,10 +232,10 @@ pub(super) async fn respond(
                     .push(("Content-Length".into(), n.to_string().into_bytes()));
             }
             let base = eh.header_len() as u64;
-            match start_cache_file(c, &policy).await {
+            match start_cache_file(c, &target.md5, &policy).await {
                 Ok((file, path)) => Some(CacheOut {
                     zone: c.zone.clone(),
-                    md5: c.md5,
+                    md5: target.md5,
                     file,
                     path,
                     eh,
@@ -435,14 +455,18 @@ pub(super) async fn respond(
         out.body = Body::Bytes(Vec::new());
         return out;
     }
-    tokio::spawn(producer.run(first));
     if resp.no_body {
         // Stored all the same (an empty entry); the client needs nothing.
+        // The entry is in place before the answer goes, as with nginx: a
+        // request that follows finds it (no last piece of a body holds
+        // the answer back here).
+        producer.run(first).await;
         out.content_length = if head_only { resp.declared_len } else { None };
         out.force_close = false;
         out.body = Body::Bytes(Vec::new());
         return out;
     }
+    tokio::spawn(producer.run(first));
     out.body = Body::Stream(Box::new(Consumer { pipe, policy }));
     out.watch_client = !conf.ignore_client_abort.unwrap_or(false);
     out

@@ -119,6 +119,8 @@ async fn run_inner<'c>(
     let mut creq: Option<CacheReq> = None;
     // The expired entry, kept for PREFIX_cache_use_stale and _revalidate.
     let mut stale: Option<Stale> = None;
+    // Within the expired entry's stale-if-error window.
+    let mut stale_error = false;
     // This request's `updating` mark on the key (PREFIX_cache_lock, and
     // the UPDATING state of PREFIX_cache_use_stale): released when the
     // entry is stored or the request is done with it.
@@ -153,7 +155,11 @@ async fn run_inner<'c>(
                 Some(t) => t.render_vec(&*cx),
                 None => proto.cache_key(cx),
             };
-            let md5 = md5::digest(&key);
+            let main = md5::digest(&key);
+            // Where the entry is looked up: the key's hash, or a
+            // variant's when the entry there varies otherwise.
+            let mut md5 = main;
+            let mut secondary = false;
             let bypass = any_true(cx, conf.cache_bypass.as_deref());
             let mut scarce = false;
             let mut no_store = any_true(cx, conf.no_cache.as_deref());
@@ -164,16 +170,32 @@ async fn run_inner<'c>(
             let status: &[u8] = if bypass {
                 b"BYPASS"
             } else {
+                // A cached error (nginx's node->error): answered as is,
+                // for error_page to catch.
+                if let Some(status) = z.cached_error(&main) {
+                    cx.set_note("upstream_cache_status", b"HIT".to_vec());
+                    return Response::status(status);
+                }
                 loop {
-                    match lookup(cx, &z, &md5, &key, &policy).await {
+                    match lookup(cx, &z, (&md5, &main, secondary), &key, &policy).await {
                         Lookup::Hit(r) => return cache_answer(cx, &*proto, *r, b"HIT"),
+                        Lookup::Vary(v) => {
+                            md5 = v;
+                            secondary = true;
+                        }
                         Lookup::Expired(st) => {
                             // The first request to find it expired updates
                             // it (nginx's STALE); others meanwhile find it
                             // UPDATING.
                             let g = z.try_update(&md5, None);
                             if let Some(st) = st {
-                                if use_stale & ft::UPDATING != 0 {
+                                // The entry's Cache-Control extensions.
+                                let now = store::now_secs();
+                                let until =
+                                    |secs: u32| st.eh.valid_until.saturating_add(i64::from(secs));
+                                let stale_updating = until(st.eh.updating_secs) >= now;
+                                stale_error = until(st.eh.error_secs) >= now;
+                                if use_stale & ft::UPDATING != 0 || stale_updating {
                                     match g {
                                         None => {
                                             let r = entry_response(st.eh, st.file, &policy);
@@ -186,6 +208,8 @@ async fn run_inner<'c>(
                                                 zone: z.clone(),
                                                 key,
                                                 md5,
+                                                main,
+                                                secondary,
                                                 no_store,
                                             };
                                             cache::background_update(
@@ -254,6 +278,8 @@ async fn run_inner<'c>(
                     zone: z,
                     key,
                     md5,
+                    main,
+                    secondary,
                     no_store,
                 });
             }
@@ -312,10 +338,18 @@ async fn run_inner<'c>(
             r
         }
         Err(e) => {
-            // PREFIX_cache_use_stale: the expired entry instead of an error.
-            if let Some(st) = stale.filter(|_| use_stale & e.ft != 0) {
+            // PREFIX_cache_use_stale (or the entry's stale-if-error): the
+            // expired entry instead of an error.
+            if let Some(st) = stale.filter(|_| use_stale & e.ft != 0 || stale_error) {
                 let r = entry_response(st.eh, st.file, &policy);
                 return cache_answer(cx, &*proto, r, b"STALE");
+            }
+            // A 502 or 504 that PREFIX_cache_valid lets be cached is, in
+            // the zone (nginx's ngx_http_upstream_finalize_request).
+            if let Some(c) = creq.as_ref().filter(|_| matches!(e.status, 502 | 504)) {
+                if let Some(until) = cache::valid_for(conf, e.status, store::now_secs()) {
+                    c.zone.set_error(c.main, e.status, until);
+                }
             }
             return Response::status(e.status);
         }

@@ -443,7 +443,7 @@ async fn request<S: Stream>(
     log_answered(&mut cx, resp.status);
     // Module state tied to the request (a limit_conn slot) lives until
     // the unread body is drained, as the request does in nginx.
-    let request_guards = std::mem::take(&mut cx.guards);
+    let mut request_guards = std::mem::take(&mut cx.guards);
     recycle_head_buf(std::mem::take(&mut cx.sent.head));
     drop(cx);
     if result.is_err() {
@@ -452,6 +452,9 @@ async fn request<S: Stream>(
         }
         return false;
     }
+    // A cache background update the request started ends before the
+    // connection goes on (nginx finalizes the request after it).
+    crate::http::upstream::cache::wait_postponed(&mut request_guards).await;
     if keepalive {
         if let Some(mut d) = discard {
             if Box::pin(d.finish(stream, buf, &loc)).await.is_err() {

@@ -58,7 +58,7 @@ fn line_reject(status: u16, log: &'static str, buf: &[u8]) -> Reject {
 /// A header name nginx accepts: letters, digits, `-`, and `_` with
 /// `underscores_in_headers`; others are invalid (left out, or kept with
 /// `ignore_invalid_headers off`).
-fn valid_header_name(name: &[u8], underscores: bool) -> bool {
+pub(crate) fn valid_header_name(name: &[u8], underscores: bool) -> bool {
     name.iter()
         .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && underscores))
 }

@@ -53,7 +53,7 @@ pub async fn serve<S: Stream>(
     };
     let srv = &addr.default.srv;
     let core = &addr.default.conf.core;
-    let (hsize, hnum) = srv.large_buffers();
+    let (hnum, hsize) = srv.large_buffers();
     let mut b = h2::server::Builder::new();
     b.max_concurrent_streams(srv.http2.max_streams())
         .initial_window_size(srv.http2.preread())
@@ -65,9 +65,17 @@ pub async fn serve<S: Stream>(
                 .clamp(65535, i32::MAX as u32),
         )
         // nginx limits a request's header list by
-        // large_client_header_buffers (an HPACK bomb or a CONTINUATION
-        // flood ends there).
-        .max_header_list_size(hsize.saturating_mul(hnum).min(u32::MAX as usize) as u32)
+        // large_client_header_buffers, counting names and values (see
+        // `too_large`); h2 counts 32 bytes more per field (RFC 9113), so
+        // its bound is looser, and still ends an HPACK bomb or a
+        // CONTINUATION flood.
+        .max_header_list_size(
+            hsize
+                .saturating_mul(hnum)
+                .saturating_mul(2)
+                .saturating_add(8192)
+                .min(u32::MAX as usize) as u32,
+        )
         // Rapid reset (CVE-2023-44487): streams the client opens and
         // cancels before they are served are bounded, past that GOAWAY.
         .max_pending_accept_reset_streams(20)
@@ -307,14 +315,23 @@ impl BodyIo for H2Body {
     }
 }
 
-/// Reads the body to its end, dropping it; the reset reason when the
-/// peer broke the stream (or `PROTOCOL_ERROR` when it went quiet too
-/// long, as nginx).
-async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
-    loop {
+/// How much of an unread body is read before the answer goes without
+/// waiting for the rest: more than one DATA frame of the default size is
+/// an upload, not the small body of a protocol check (h2spec sends such a
+/// body, then a malformed end or frames on the stream, and expects the
+/// stream to be open until then; nginx answers at once).
+const UPLOAD: usize = 16 * 1024;
+
+/// Reads the body and drops it, to its end or until more than `enough`
+/// bytes came; the reset reason when the peer broke the stream (or
+/// `PROTOCOL_ERROR` when it went quiet longer than `each`, as nginx).
+async fn drain(body: &H2Body, each: Duration, enough: usize) -> Result<(), h2::Reason> {
+    let mut taken = 0;
+    while taken <= enough {
         let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().rx.poll_data(cx))).await;
         match next {
             Ok(Some(Ok(d))) => {
+                taken += d.len();
                 let _ = body
                     .st
                     .borrow_mut()
@@ -328,57 +345,70 @@ async fn drain(body: &H2Body, each: Duration) -> Result<(), h2::Reason> {
             Err(_) => return Err(h2::Reason::PROTOCOL_ERROR),
         }
     }
+    Ok(())
 }
 
-/// `:authority` and a Host field that name different hosts (nginx
-/// refuses the request with 400).
-fn authority_differs(parts: &http::request::Parts) -> bool {
-    match (parts.uri.authority(), parts.headers.get(http::header::HOST)) {
-        (Some(a), Some(h)) => !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()),
-        _ => false,
+/// nginx's limits on an HTTP/2 request's header list, from
+/// large_client_header_buffers `num` x `size`: the names and values of
+/// all its fields (pseudo-headers included) at most `num` x `size` bytes,
+/// each string at most `size` bytes as sent. h2 hands over the strings
+/// decoded, and a Huffman-coded string is at least 5/8 of its text, so a
+/// field is refused only when its text is longer than 8/5 x `size` (never
+/// one that nginx would take). The error-log line when one is exceeded.
+fn too_large(parts: &http::request::Parts, size: usize, num: usize) -> Option<&'static str> {
+    let field_max = size.saturating_mul(8) / 5;
+    let pseudo = [
+        Some((":method".len(), parts.method.as_str().len())),
+        parts.uri.scheme_str().map(|s| (":scheme".len(), s.len())),
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| (":path".len(), p.as_str().len())),
+        parts
+            .uri
+            .authority()
+            .map(|a| (":authority".len(), a.as_str().len())),
+    ];
+    let fields = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().len(), v.len()));
+    let mut total = 0usize;
+    for (n, v) in pseudo.into_iter().flatten().chain(fields) {
+        if n > field_max || v > field_max {
+            return Some("client sent too large header field");
+        }
+        total += n + v;
+    }
+    (total > size.saturating_mul(num)).then_some("client sent too large header")
+}
+
+/// The pseudo-headers of a request as the h2 crate hands it over.
+pub(crate) fn pseudo(parts: &http::request::Parts) -> crate::http::fields::Pseudo<'_> {
+    crate::http::fields::Pseudo {
+        method: parts.method.as_str().as_bytes(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or(&b""[..], |p| p.as_str().as_bytes()),
+        authority: parts.uri.authority().map(|a| a.as_str().as_bytes()),
     }
 }
 
-/// The head an HTTP/2 request amounts to, as HTTP/1 bytes for the head
-/// parser (so that nginx's checks on the method, target and host apply
-/// alike): the pseudo-headers become the request line and Host, cookies
-/// are joined as nginx joins them.
-fn head_of(parts: &http::request::Parts) -> Vec<u8> {
-    let mut h = Vec::with_capacity(256);
-    h.extend_from_slice(parts.method.as_str().as_bytes());
-    h.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    h.extend_from_slice(if target.is_empty() {
-        b"/"
-    } else {
-        target.as_bytes()
-    });
-    h.extend_from_slice(b" HTTP/1.1\r\n");
-    if !parts.headers.contains_key(http::header::HOST) {
-        if let Some(a) = parts.uri.authority() {
-            h.extend_from_slice(b"host: ");
-            h.extend_from_slice(a.as_str().as_bytes());
-            h.extend_from_slice(b"\r\n");
-        }
-    }
-    let mut cookies: Vec<&[u8]> = Vec::new();
-    for (n, v) in parts.headers.iter() {
-        if n == http::header::COOKIE {
-            cookies.push(v.as_bytes());
-            continue;
-        }
-        h.extend_from_slice(n.as_str().as_bytes());
-        h.extend_from_slice(b": ");
-        h.extend_from_slice(v.as_bytes());
-        h.extend_from_slice(b"\r\n");
-    }
-    if !cookies.is_empty() {
-        h.extend_from_slice(b"cookie: ");
-        h.extend_from_slice(&cookies.join(&b"; "[..]));
-        h.extend_from_slice(b"\r\n");
-    }
-    h.extend_from_slice(b"\r\n");
-    h
+/// The fields of a request as `fields::request` walks them.
+pub(crate) type FieldIter<'a> = std::iter::Map<
+    http::header::Iter<'a, http::HeaderValue>,
+    fn((&'a http::HeaderName, &'a http::HeaderValue)) -> (&'a [u8], &'a [u8]),
+>;
+
+/// The fields of a request in the order h2 (or h3) keeps them (each
+/// name's values together, names in the order they first came).
+pub(crate) fn fields<'a>(parts: &'a http::request::Parts) -> impl Fn() -> FieldIter<'a> + 'a {
+    move || parts.headers.iter().map(field as fn(_) -> _)
+}
+
+fn field<'a>((n, v): (&'a http::HeaderName, &'a http::HeaderValue)) -> (&'a [u8], &'a [u8]) {
+    (n.as_str().as_bytes(), v.as_bytes())
 }
 
 async fn stream_task(
@@ -413,39 +443,33 @@ async fn stream_task(
         respond.send_reset(h2::Reason::PROTOCOL_ERROR);
         return;
     }
+    let (parts, rx) = req.into_parts();
+    let (hnum, hsize) = addr.default.srv.large_buffers();
+    if let Some(log) = too_large(&parts, hsize, hnum) {
+        // A connection error for nginx: GOAWAY ENHANCE_YOUR_CALM (the
+        // connection loop logs it).
+        guard.refuse(h2::Reason::ENHANCE_YOUR_CALM, log);
+        return;
+    }
     shared.stats.request();
     let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
-    let (parts, rx) = req.into_parts();
     let has_body = !rx.is_end_stream();
-    let parsed = if authority_differs(&parts) {
-        Err(crate::http::v1::parse::Reject {
-            status: 400,
-            log: "client sent \":authority\" and \"Host\" headers with different values",
-            line: None,
-            in_headers: true,
-            host: None,
-            http09: false,
-            detail: None,
-            pipelined: false,
-        })
-    } else {
-        crate::http::v1::parse::parse_head(head_of(&parts), &addr.default.srv)
-    };
+    let parsed = crate::http::fields::request(
+        pseudo(&parts),
+        fields(&parts),
+        b"HTTP/2.0",
+        &addr.default.srv,
+    );
     let mut req: Request = match parsed {
         Ok(r) => r,
-        Err(rej) => {
-            // What nginx would refuse in an HTTP/1 head: its status,
-            // and the stream ends.
-            let conf = addr.default.conf.clone();
-            log_conn(&conf, Level::Info, &info, rej.log);
-            let mut resp = Response::status(rej.status);
-            response::special_response(&mut resp, &conf);
-            let mut sent = phases::Sent::default();
-            let _ = send(&mut respond, &mut resp, &conf, false, &mut sent).await;
+        Err(mut rej) => {
+            if rej.host.is_none() {
+                rej.host = host_of(&parts).map(<[u8]>::to_vec);
+            }
+            refuse(&mut respond, rej, http, &addr, &info, &shared).await;
             return;
         }
     };
-    req.set_protocol(b"HTTP/2.0");
     // $request_length: the header block as it came (HPACK bytes).
     req.head_len = block_len;
     if has_body && req.content_length.is_none() {
@@ -494,13 +518,16 @@ async fn stream_task(
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }
-    // A body nobody read is read to its end (and dropped) before the
-    // answer, each wait bounded by client_body_timeout: a malformed end
-    // of it (a length that does not match, pseudo-headers in trailers, a
-    // reset) then resets the stream rather than being answered.
+    // A body nobody read is read (and dropped) before the answer, each
+    // wait bounded by client_body_timeout, so that a malformed end of it
+    // (a length that does not match, pseudo-headers in trailers, a reset)
+    // resets the stream rather than being answered. An upload, past
+    // UPLOAD bytes, is not waited for to its end, as nginx: the answer
+    // goes, and when the stream's handles are dropped after it h2 tells
+    // the client to stop sending with RST_STREAM(NO_ERROR) (RFC 9113 8.1).
     if has_body && body_end == crate::http::body::End::Unread {
         let to = Duration::from_millis(loc.core.client_body_timeout.unwrap_or(60_000));
-        if let Err(reason) = drain(&body_io, to).await {
+        if let Err(reason) = drain(&body_io, to, UPLOAD).await {
             cx.sent.status = resp.status;
             respond.send_reset(reason);
             return;
@@ -514,6 +541,54 @@ async fn stream_task(
         guard.served();
     }
     cx.sent.status = resp.status;
+    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
+    crate::http::modules::log_phase(&cx);
+}
+
+/// The host a request names: its Host field, else `:authority`.
+fn host_of(parts: &http::request::Parts) -> Option<&[u8]> {
+    parts
+        .headers
+        .get(http::header::HOST)
+        .map(|h| h.as_bytes())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str().as_bytes()))
+}
+
+/// Answers a request refused as it was read (400, 405), as nginx
+/// finalises one: the error log says why, `error_page` applies (an
+/// internal redirect, a redirect, `return 444` resetting the stream), the
+/// access log has the request as far as it was read.
+async fn refuse(
+    respond: &mut SendResponse<Bytes>,
+    rej: crate::http::v1::parse::Reject,
+    http: &Arc<crate::http::conf::HttpConf>,
+    addr: &crate::http::conf::AddrConf,
+    info: &ConnInfo,
+    shared: &Arc<WorkerShared>,
+) {
+    let line = rej.line.as_deref().unwrap_or_default();
+    let req = Request::refused(line, rej.host.as_deref());
+    // The server the host names, else the address's default one.
+    let server = match req.host() {
+        Some(h) => addr.select(Some(h)).clone(),
+        None => addr.default.clone(),
+    };
+    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    cx.log(Level::Info, rej.log);
+    let mut resp = phases::conclude(&mut cx, Response::status(rej.status)).await;
+    cx.sent.status = crate::http::status::wire_code(resp.status);
+    if resp.close_silently {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+    } else {
+        let loc = cx.loc.clone();
+        let head_only = line.starts_with(b"HEAD ");
+        if send(respond, &mut resp, &loc, head_only, &mut cx.sent)
+            .await
+            .is_err()
+        {
+            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        }
+    }
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
 }

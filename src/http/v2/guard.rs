@@ -189,6 +189,12 @@ impl Guard {
         self.served.set(self.served.get() + 1);
     }
 
+    /// The connection must end with GOAWAY `reason` (a stream found
+    /// what nginx treats as a connection error).
+    pub fn refuse(&self, reason: Reason, log: &'static str) {
+        self.stop(reason, log);
+    }
+
     fn stop(&self, reason: Reason, log: &'static str) {
         if self.trip.get().is_none() {
             self.trip.set(Some(Trip { reason, log }));

@@ -188,7 +188,7 @@ pub fn alpn(srv: &H3Srv) -> Vec<Vec<u8>> {
 pub fn server_config(addr: &Arc<AddrConf>) -> Result<quinn::ServerConfig, String> {
     let def = &addr.default.srv;
     let h3 = &def.http3;
-    let provider = rustls::crypto::ring::default_provider();
+    let provider = crate::tls::default_provider();
     let builder = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?;

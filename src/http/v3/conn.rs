@@ -490,47 +490,6 @@ impl BodyIo for H3Body {
     }
 }
 
-/// The head an HTTP/3 request amounts to, as HTTP/1 bytes for the head
-/// parser (nginx's checks on the method, target and host apply alike):
-/// `:authority` becomes Host when there is none, cookies are joined.
-fn head_of(parts: &http::request::Parts) -> Vec<u8> {
-    let mut h = Vec::with_capacity(256);
-    h.extend_from_slice(parts.method.as_str().as_bytes());
-    h.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    h.extend_from_slice(if target.is_empty() {
-        b"/"
-    } else {
-        target.as_bytes()
-    });
-    h.extend_from_slice(b" HTTP/1.1\r\n");
-    if !parts.headers.contains_key(http::header::HOST) {
-        if let Some(a) = parts.uri.authority() {
-            h.extend_from_slice(b"host: ");
-            h.extend_from_slice(a.as_str().as_bytes());
-            h.extend_from_slice(b"\r\n");
-        }
-    }
-    let mut cookies: Vec<&[u8]> = Vec::new();
-    for (n, v) in parts.headers.iter() {
-        if n == http::header::COOKIE {
-            cookies.push(v.as_bytes());
-            continue;
-        }
-        h.extend_from_slice(n.as_str().as_bytes());
-        h.extend_from_slice(b": ");
-        h.extend_from_slice(v.as_bytes());
-        h.extend_from_slice(b"\r\n");
-    }
-    if !cookies.is_empty() {
-        h.extend_from_slice(b"cookie: ");
-        h.extend_from_slice(&cookies.join(&b"; "[..]));
-        h.extend_from_slice(b"\r\n");
-    }
-    h.extend_from_slice(b"\r\n");
-    h
-}
-
 async fn stream_task(
     req: http::Request<()>,
     stream: ReqStream,
@@ -573,22 +532,25 @@ async fn stream_task(
         let s = body.st.borrow();
         !(s.eof && s.pending.is_empty())
     };
-    let mut req: Request =
-        match crate::http::v1::parse::parse_head(head_of(&parts), &addr.default.srv) {
-            Ok(r) => r,
-            Err(rej) => {
-                let conf = addr.default.conf.clone();
-                log_conn(&conf, Level::Info, &info, rej.log);
-                let mut resp = Response::status(rej.status);
-                response::special_response(&mut resp, &conf);
-                let mut sent = phases::Sent::default();
-                if let Some(mut rx) = body.st.into_inner().rx {
-                    let _ = send(&mut rx, &mut resp, &conf, false, &mut sent).await;
-                }
-                return;
+    let mut req: Request = match crate::http::fields::request(
+        crate::http::v2::conn::pseudo(&parts),
+        crate::http::v2::conn::fields(&parts),
+        b"HTTP/3.0",
+        &addr.default.srv,
+    ) {
+        Ok(r) => r,
+        Err(rej) => {
+            let conf = addr.default.conf.clone();
+            log_conn(&conf, Level::Info, &info, rej.log);
+            let mut resp = Response::status(rej.status);
+            response::special_response(&mut resp, &conf);
+            let mut sent = phases::Sent::default();
+            if let Some(mut rx) = body.st.into_inner().rx {
+                let _ = send(&mut rx, &mut resp, &conf, false, &mut sent).await;
             }
-        };
-    req.set_protocol(b"HTTP/3.0");
+            return;
+        }
+    };
     let has_body = has_body && req.content_length != Some(0);
     if has_body && req.content_length.is_none() {
         req.chunked = true;
