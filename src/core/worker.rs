@@ -529,7 +529,7 @@ fn serve_stream(
         .load()
         .stream
         .as_ref()
-        .and_then(|c| c.server_for(addr));
+        .and_then(|c| c.addr_for(addr));
     // None: a reload removed this listener and its Unlisten has not
     // reached us yet; dropping the socket closes the connection.
     let Some(srv) = srv else { return };

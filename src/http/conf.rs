@@ -109,6 +109,67 @@ impl ServerName {
     }
 }
 
+/// The server among `servers` (in configuration order) that `host`
+/// names, as nginx looks a name up (for `Host` in http, for the SNI name
+/// in stream): exact, longest leading wildcard, longest trailing
+/// wildcard, first matching regex; None: the address's default server.
+/// `host` is compared lowercased and without a trailing dot.
+pub fn select_by_name<'a, T>(
+    servers: &'a [T],
+    names: impl Fn(&T) -> &[ServerName],
+    host: &[u8],
+) -> Option<&'a T> {
+    let host = std::str::from_utf8(host).unwrap_or("");
+    let host = host.strip_suffix('.').unwrap_or(host);
+    // The engine's hosts are lowercase already (request::validate_host).
+    let lower: std::borrow::Cow<'_, str> = if host.bytes().any(|c| c.is_ascii_uppercase()) {
+        host.to_ascii_lowercase().into()
+    } else {
+        host.into()
+    };
+    let lower: &str = &lower;
+    for s in servers {
+        if names(s)
+            .iter()
+            .any(|n| matches!(n, ServerName::Exact(e) if e == lower))
+        {
+            return Some(s);
+        }
+    }
+    let mut best: Option<(&T, usize)> = None;
+    for s in servers {
+        for n in names(s) {
+            if let ServerName::Leading { suffix, also_bare } = n {
+                let hit = lower.ends_with(suffix.as_str()) || (*also_bare && lower == &suffix[1..]);
+                if hit && best.is_none_or(|(_, l)| suffix.len() > l) {
+                    best = Some((s, suffix.len()));
+                }
+            }
+        }
+    }
+    if let Some((s, _)) = best {
+        return Some(s);
+    }
+    for s in servers {
+        for n in names(s) {
+            if let ServerName::Trailing(prefix) = n {
+                if lower.starts_with(prefix.as_str()) && best.is_none_or(|(_, l)| prefix.len() > l)
+                {
+                    best = Some((s, prefix.len()));
+                }
+            }
+        }
+    }
+    if let Some((s, _)) = best {
+        return Some(s);
+    }
+    servers.iter().find(|s| {
+        names(s)
+            .iter()
+            .any(|n| matches!(n, ServerName::Regex(re) if re.is_match(lower.as_bytes())))
+    })
+}
+
 /// Server-level configuration (also set at http level as the default).
 #[derive(Debug, Clone, Default)]
 pub struct SrvConf {
@@ -480,63 +541,7 @@ impl AddrConf {
         let Some(host) = host else {
             return self.by_empty_name();
         };
-        let host = std::str::from_utf8(host).unwrap_or("");
-        let host = host.strip_suffix('.').unwrap_or(host);
-        // The engine's hosts are lowercase already (request::validate_host).
-        let lower: std::borrow::Cow<'_, str> = if host.bytes().any(|c| c.is_ascii_uppercase()) {
-            host.to_ascii_lowercase().into()
-        } else {
-            host.into()
-        };
-        let lower: &str = &lower;
-        for s in &self.servers {
-            if s.srv
-                .names
-                .iter()
-                .any(|n| matches!(n, ServerName::Exact(e) if e == lower))
-            {
-                return s;
-            }
-        }
-        let mut best: Option<(&Arc<Server>, usize)> = None;
-        for s in &self.servers {
-            for n in &s.srv.names {
-                if let ServerName::Leading { suffix, also_bare } = n {
-                    let hit =
-                        lower.ends_with(suffix.as_str()) || (*also_bare && lower == &suffix[1..]);
-                    if hit && best.is_none_or(|(_, l)| suffix.len() > l) {
-                        best = Some((s, suffix.len()));
-                    }
-                }
-            }
-        }
-        if let Some((s, _)) = best {
-            return s;
-        }
-        for s in &self.servers {
-            for n in &s.srv.names {
-                if let ServerName::Trailing(prefix) = n {
-                    if lower.starts_with(prefix.as_str())
-                        && best.is_none_or(|(_, l)| prefix.len() > l)
-                    {
-                        best = Some((s, prefix.len()));
-                    }
-                }
-            }
-        }
-        if let Some((s, _)) = best {
-            return s;
-        }
-        for s in &self.servers {
-            for n in &s.srv.names {
-                if let ServerName::Regex(re) = n {
-                    if re.is_match(host.as_bytes()) {
-                        return s;
-                    }
-                }
-            }
-        }
-        &self.default
+        select_by_name(&self.servers, |s| &s.srv.names, host).unwrap_or(&self.default)
     }
 
     fn by_empty_name(&self) -> &Arc<Server> {
@@ -1250,15 +1255,26 @@ pub fn port_range(a: &str) -> Option<Result<(&str, u16, u16), ()>> {
 }
 
 fn set_server_name(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    parse_server_names(d, cx, &mut s.names, &mut s.primary_name)
+}
+
+/// The names of a `server_name` directive (http's and stream's), appended
+/// to `names`; the first name ever given becomes `primary` (`$server_name`).
+pub fn parse_server_names(
+    d: &Directive,
+    cx: &mut Compiler,
+    names: &mut Vec<ServerName>,
+    primary: &mut Option<String>,
+) -> ConfResult<()> {
     for a in &d.args {
         let n = a.value.as_str();
-        if s.primary_name.is_none() {
+        if primary.is_none() {
             // `.example.com` names the server `example.com` ($server_name).
-            let primary = match n.strip_prefix('.') {
+            let p = match n.strip_prefix('.') {
                 Some(rest) if !rest.is_empty() => rest,
                 _ => n,
             };
-            s.primary_name = Some(primary.to_string());
+            *primary = Some(p.to_string());
         }
         let entry = if let Some(r) = n.strip_prefix('~') {
             // nginx compiles a name caseless when it has an uppercase letter
@@ -1289,7 +1305,7 @@ fn set_server_name(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfRes
         } else {
             ServerName::Exact(n.to_ascii_lowercase())
         };
-        s.names.push(entry);
+        names.push(entry);
     }
     Ok(())
 }

@@ -21,12 +21,13 @@ use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
 use crate::core::log::{Level, Logger};
-use crate::http::conf::{Listen, ListenAddr};
+use crate::http::conf::{Listen, ListenAddr, ServerName};
 use crate::http::modules::access::{Addr, Rule};
 use crate::http::modules::access_log::LogSpec;
 use crate::http::modules::limit_conn::{ConnState, ConnZone, ZoneKind};
 use crate::http::vars::{Template, VarTable};
 use crate::stream::upstream::{Balance, Peer, PeerAddr, Upstream};
+use crate::tls::var_certs::{CertName, VarCerts};
 
 /// nginx's defaults for the stream proxy.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -39,16 +40,44 @@ const DEFAULT_BUFFER_SIZE: usize = 16 * 1024;
 #[derive(Debug, Default)]
 pub struct StreamConf {
     pub servers: Vec<Arc<StreamServer>>,
-    /// Which server a listening address belongs to.
-    pub by_addr: HashMap<ListenAddr, Arc<StreamServer>>,
-    /// Every listening address, in file order, for the master to bind.
+    /// The servers of each listening address.
+    pub by_addr: HashMap<ListenAddr, Arc<StreamAddr>>,
+    /// Every listening address once, in file order, for the master to bind.
     pub listens: Vec<Listen>,
 }
 
 impl StreamConf {
-    /// The server that owns a listening address (None once a reload removed it).
-    pub fn server_for(&self, addr: &ListenAddr) -> Option<Arc<StreamServer>> {
+    /// The servers of a listening address (None once a reload removed it).
+    pub fn addr_for(&self, addr: &ListenAddr) -> Option<Arc<StreamAddr>> {
         self.by_addr.get(addr).cloned()
+    }
+
+    /// The default server of a listening address.
+    pub fn server_for(&self, addr: &ListenAddr) -> Option<Arc<StreamServer>> {
+        self.by_addr.get(addr).map(|a| a.default.clone())
+    }
+}
+
+/// The servers sharing one listening address (nginx 1.25.5's stream
+/// virtual servers): a session starts in the default one, and moves to
+/// the one whose `server_name` matches the SNI name, found by the TLS
+/// handshake of an `ssl` address or by `ssl_preread`.
+#[derive(Debug)]
+pub struct StreamAddr {
+    /// The options of the address: the `default_server` listen's, with
+    /// `ssl` and `proxy_protocol` set when any server's listen says so.
+    pub listen: Listen,
+    /// In configuration order.
+    pub servers: Vec<Arc<StreamServer>>,
+    /// The `default_server`, else the first server.
+    pub default: Arc<StreamServer>,
+}
+
+impl StreamAddr {
+    /// The server an SNI name selects, as http selects by `Host`.
+    pub fn select(&self, name: &[u8]) -> &Arc<StreamServer> {
+        crate::http::conf::select_by_name(&self.servers, |s| &s.names, name)
+            .unwrap_or(&self.default)
     }
 }
 
@@ -62,6 +91,8 @@ pub enum Content {
     /// `proxy_pass` with variables: the rendered value names an upstream
     /// block or is an `ip:port` / `unix:path` address.
     ProxyVar(Template, Arc<HashMap<String, Arc<Upstream>>>),
+    /// `pass ADDRESS`: the connection goes to another listener.
+    Pass(crate::stream::pass::Target),
 }
 
 /// One `limit_conn ZONE N` of a server.
@@ -75,8 +106,10 @@ pub struct Limit {
 #[derive(Debug)]
 pub struct StreamServer {
     pub listen: Vec<Listen>,
-    /// Listening addresses of this server with `proxy_protocol`.
-    pub pp_listens: Vec<ListenAddr>,
+    /// `server_name`s, matched against the SNI name.
+    pub names: Vec<ServerName>,
+    /// The first of them (`$server_name`; empty without one).
+    pub server_name: String,
     pub content: Content,
     /// The block's variables (shared by its servers).
     pub vars: Arc<VarTable>,
@@ -104,13 +137,17 @@ pub struct StreamServer {
     pub preread_timeout: Duration,
     /// The TLS configuration of `listen ... ssl` addresses.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Listening addresses of this server with `ssl`.
-    pub ssl_listens: Vec<ListenAddr>,
+    /// `ssl_certificate` with variables: pairs loaded per handshake.
+    pub var_certs: Option<Arc<crate::tls::var_certs::VarCerts>>,
+    /// `ssl_reject_handshake on`.
+    pub reject_handshake: bool,
     /// `ssl_verify_client` and its certificates (None: off).
     pub client_auth: Option<Arc<crate::tls::client_auth::ClientAuth>>,
     pub ssl_handshake_timeout: Duration,
     /// `proxy_ssl on`: the TLS client configuration toward the upstream.
     pub proxy_ssl: Option<Arc<rustls::ClientConfig>>,
+    /// `proxy_ssl_certificate` with variables: loaded per connection.
+    pub proxy_ssl_var_certs: Option<Arc<VarCerts>>,
     /// `proxy_ssl_name` (None: the host of `proxy_pass`).
     pub proxy_ssl_name: Option<Template>,
     pub connect_timeout: Duration,
@@ -176,9 +213,10 @@ pub struct ProxyConf {
     pub proxy_ssl_protocols: Option<(bool, bool)>,
     pub proxy_ssl_ciphers: Option<String>,
     pub proxy_ssl_verify_depth: Option<u64>,
-    /// `proxy_ssl_certificate`, `_key`, `proxy_ssl_password_file` (paths).
-    pub proxy_ssl_certificate: Option<String>,
-    pub proxy_ssl_certificate_key: Option<String>,
+    /// `proxy_ssl_certificate`, `_key` (files, `data:`, or names with
+    /// variables), `proxy_ssl_password_file` (a path).
+    pub proxy_ssl_certificate: Option<CertName>,
+    pub proxy_ssl_certificate_key: Option<CertName>,
     pub proxy_ssl_password_file: Option<String>,
     pub requests: Option<u64>,
     pub responses: Option<u64>,
@@ -242,10 +280,14 @@ pub struct SrvBuild {
     /// `proxy_pass` target as written, with its directive for error locations.
     pub pass: Option<(String, Directive)>,
     pub ret: Option<Template>,
-    /// `return` came after `proxy_pass`.
-    pub ret_last: bool,
+    /// `pass ADDRESS` (the pass module).
+    pub pass_to: Option<crate::stream::pass::Target>,
+    /// The content directive written last (`return`, `proxy_pass`,
+    /// `pass`): it is the server's handler, as in nginx.
+    pub last_content: &'static str,
     pub sets: Vec<(usize, Template)>,
-    pub pp_listens: Vec<ListenAddr>,
+    pub names: Vec<ServerName>,
+    pub primary_name: Option<String>,
     /// Each `listen` with whether it says `ssl` (for error locations).
     pub listen_dirs: Vec<(bool, Directive)>,
     pub proxy: ProxyConf,
@@ -329,6 +371,31 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         ctx::STREAM_SRV,
         Args::AtLeast(1),
         StreamSetter::Srv(set_listen)
+    ),
+    row!(
+        "pass",
+        ctx::STREAM_SRV,
+        Args::take(1),
+        StreamSetter::Srv(crate::stream::pass::set_pass)
+    ),
+    row!(
+        "server_name",
+        ctx::STREAM_SRV,
+        Args::AtLeast(1),
+        StreamSetter::Srv(set_server_name)
+    ),
+    // Names are matched without a hash table: nothing to size.
+    row!(
+        "server_names_hash_max_size",
+        ctx::STREAM,
+        Args::take(1),
+        StreamSetter::Ignored(check_number)
+    ),
+    row!(
+        "server_names_hash_bucket_size",
+        ctx::STREAM,
+        Args::take(1),
+        StreamSetter::Ignored(check_number)
     ),
     row!(
         "proxy_pass",
@@ -701,19 +768,28 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!("ssl_verify_depth", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_crl", SS, Args::take(1), StreamSetter::Ssl),
     row!("ssl_password_file", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_conf_command", SS, Args::Any, StreamSetter::Unsupported),
+    // As http's (tls::config builds them): OpenSSL commands tern maps,
+    // ticket keys, OCSP stapling, OCSP checks of client certificates.
+    row!("ssl_conf_command", SS, Args::take(2), StreamSetter::Ssl),
     row!(
         "ssl_session_ticket_key",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
+    row!("ssl_stapling", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_stapling_verify", SS, Args::Flag, StreamSetter::Ssl),
+    row!("ssl_stapling_file", SS, Args::take(1), StreamSetter::Ssl),
     row!(
-        "ssl_reject_handshake",
+        "ssl_stapling_responder",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(1),
+        StreamSetter::Ssl
     ),
+    row!("ssl_ocsp", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_ocsp_responder", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_ocsp_cache", SS, Args::take(1), StreamSetter::Ssl),
+    row!("ssl_reject_handshake", SS, Args::Flag, StreamSetter::Ssl),
     row!(
         "set_real_ip_from",
         SS,
@@ -890,11 +966,23 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
     let mut out = StreamConf::default();
     let keys = &mut crate::tls::config::KeyCache::default();
     let mut implicit: HashMap<String, Arc<Upstream>> = HashMap::new();
+    let mut grouped = Grouped::default();
     let all_upstreams = Arc::new(m.upstreams.clone());
+    // `ssl` on one server's listen makes the address TLS for every
+    // server on it (nginx ORs the listen options of an address).
+    let ssl_addrs: std::collections::HashSet<ListenAddr> = builds
+        .iter()
+        .flat_map(|(sb, _)| sb.listen.iter().filter(|l| l.ssl).map(|l| l.addr.clone()))
+        .collect();
     for (mut sb, sd) in builds {
         sb.proxy.merge(&m.proxy);
         let content = match (sb.ret.take(), sb.pass.take()) {
             (Some(t), _) => Content::Return(t),
+            (None, None) if sb.pass_to.is_some() => Content::Pass(
+                sb.pass_to
+                    .take()
+                    .ok_or_else(|| ConfError::at("no handler for server", &sd))?,
+            ),
             (None, Some((target, pd))) if target.contains('$') => {
                 let t = Template::compile_existing(&target, &vars)
                     .map_err(|msg| ConfError::at(msg, &pd))?;
@@ -924,38 +1012,25 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             None => None,
         };
         let mut client_auth = None;
-        let tls = if sb.listen.iter().any(|l| l.ssl) {
+        let (mut tls, mut var_certs, mut reject_handshake) = (None, None, false);
+        if sb.listen.iter().any(|l| ssl_addrs.contains(&l.addr)) {
             let mut ssl = p.ssl.clone();
             crate::tls::config::build(&mut ssl, keys)?;
-            if ssl.var_certs.is_some() {
-                // http loads such pairs per handshake (tls::var_certs);
-                // the stream handshake does not yet.
-                return Err(ConfError::at(
-                    "\"ssl_certificate\" with variables is not supported in stream by tern yet",
-                    &sd,
-                ));
-            }
             client_auth = ssl.client_auth.clone();
-            let Some(cfg) = ssl.tls else {
-                let l = sb
-                    .listen_dirs
-                    .iter()
-                    .find(|(ssl, _)| *ssl)
-                    .map(|(_, d)| d)
-                    .unwrap_or(&sd);
-                return Err(ConfError::at(
-                    "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
-                    l,
-                ));
-            };
-            // http's build offers http/1.1; a stream server offers what
-            // `ssl_alpn` lists (nothing by default).
-            let mut c = (*cfg).clone();
-            c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
-            Some(Arc::new(c))
-        } else {
-            None
-        };
+            reject_handshake = ssl.reject_handshake == Some(true);
+            var_certs = ssl.var_certs.clone();
+            // Without a certificate (None), a server answers with its
+            // address's default server's, whose own is checked once the
+            // addresses are grouped.
+            if let Some(cfg) = ssl.tls {
+                // http's build offers http/1.1; a stream server offers
+                // what `ssl_alpn` lists (nothing by default).
+                let mut c = (*cfg).clone();
+                c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
+                tls = Some(Arc::new(c));
+            }
+        }
+        let mut proxy_ssl_var_certs = None;
         let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
             let up = crate::tls::client::UpSsl {
                 verify: p.proxy_ssl_verify.unwrap_or(false),
@@ -979,7 +1054,9 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             }
             let cfg = crate::tls::client::client_config(&up)
                 .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?;
-            Some(with_client_cert(cfg, p, &sd)?)
+            let (cfg, vars) = with_client_cert(cfg, p, &sd)?;
+            proxy_ssl_var_certs = vars;
+            Some(cfg)
         } else {
             None
         };
@@ -996,7 +1073,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         }
         let srv = Arc::new(StreamServer {
             listen: sb.listen.clone(),
-            pp_listens: sb.pp_listens.clone(),
+            names: std::mem::take(&mut sb.names),
+            server_name: sb.primary_name.take().unwrap_or_default(),
             content,
             vars: vars.clone(),
             sets: std::mem::take(&mut sb.sets),
@@ -1021,15 +1099,12 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             preread_buffer_size: p.preread_buffer_size.unwrap_or(16384),
             preread_timeout: p.preread_timeout.unwrap_or(Duration::from_secs(30)),
             tls,
-            ssl_listens: sb
-                .listen
-                .iter()
-                .filter(|l| l.ssl)
-                .map(|l| l.addr.clone())
-                .collect(),
+            var_certs,
+            reject_handshake,
             client_auth,
             ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
             proxy_ssl,
+            proxy_ssl_var_certs,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
@@ -1044,19 +1119,86 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             tcp_nodelay: p.tcp_nodelay.unwrap_or(true),
             logger,
         });
-        for l in &sb.listen {
-            if out.by_addr.contains_key(&l.addr) {
-                return Err(ConfError::at(
-                    format!("duplicate \"{}\" address and port pair", l.addr),
-                    &sd,
-                ));
-            }
-            out.by_addr.insert(l.addr.clone(), srv.clone());
-            out.listens.push(l.clone());
+        for (l, (_, ld)) in sb.listen.iter().zip(&sb.listen_dirs) {
+            grouped.add(l, &srv, ld)?;
         }
         out.servers.push(srv);
     }
+    for a in grouped.order {
+        let Some((listen, servers, default, dirs)) = grouped.by.remove(&a) else {
+            continue;
+        };
+        let Some(default) = default.or_else(|| servers.first().cloned()) else {
+            continue;
+        };
+        // As nginx 1.25.5 checks an `ssl` address: its default server
+        // (the one a handshake without SNI gets) must have a certificate.
+        if listen.ssl && default.tls.is_none() && !default.reject_handshake {
+            let at = servers
+                .iter()
+                .position(|s| Arc::ptr_eq(s, &default))
+                .and_then(|i| dirs.get(i))
+                .or(dirs.first());
+            if let Some(d) = at {
+                return Err(ConfError::at(
+                    "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive",
+                    d,
+                ));
+            }
+        }
+        out.listens.push(listen.clone());
+        out.by_addr.insert(
+            a,
+            Arc::new(StreamAddr {
+                listen,
+                servers,
+                default,
+            }),
+        );
+    }
     Ok(out)
+}
+
+/// Servers gathered per listening address, in file order.
+#[derive(Default)]
+struct Grouped {
+    order: Vec<ListenAddr>,
+    #[allow(clippy::type_complexity)]
+    by: HashMap<
+        ListenAddr,
+        (
+            Listen,
+            Vec<Arc<StreamServer>>,
+            Option<Arc<StreamServer>>,
+            Vec<Directive>,
+        ),
+    >,
+}
+
+impl Grouped {
+    fn add(&mut self, l: &Listen, srv: &Arc<StreamServer>, d: &Directive) -> ConfResult<()> {
+        let e = self.by.entry(l.addr.clone()).or_insert_with(|| {
+            self.order.push(l.addr.clone());
+            (l.clone(), Vec::new(), None, Vec::new())
+        });
+        let (ssl, pp) = (e.0.ssl || l.ssl, e.0.proxy_protocol || l.proxy_protocol);
+        if l.default_server {
+            if e.2.is_some() {
+                return Err(ConfError::at(
+                    format!("a duplicate default server for {}", l.addr),
+                    d,
+                ));
+            }
+            e.2 = Some(srv.clone());
+            // Socket options come from the default_server's listen.
+            e.0 = l.clone();
+        }
+        e.0.ssl = ssl;
+        e.0.proxy_protocol = pp;
+        e.1.push(srv.clone());
+        e.3.push(d.clone());
+        Ok(())
+    }
 }
 
 fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
@@ -1076,13 +1218,15 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
             }
         }
     }
-    // Both set the server's content handler in nginx: the later one wins.
-    if sb.ret.is_some() && sb.pass.is_some() {
-        if sb.ret_last {
-            sb.pass = None;
-        } else {
-            sb.ret = None;
-        }
+    // Each sets the server's content handler in nginx: the last one wins.
+    if sb.last_content != "return" {
+        sb.ret = None;
+    }
+    if sb.last_content != "proxy_pass" {
+        sb.pass = None;
+    }
+    if sb.last_content != "pass" {
+        sb.pass_to = None;
     }
     Ok(sb)
 }
@@ -1202,7 +1346,7 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
                 ))
             }
             // http-only parameters that the shared parser knows.
-            "default_server" | "default" | "deferred" | "http2" | "quic" => {
+            "default" | "deferred" | "http2" | "quic" => {
                 return Err(ConfError::at(format!("invalid parameter \"{}\"", p), d))
             }
             _ => {}
@@ -1255,12 +1399,14 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
             d,
         ));
     }
-    if d.args.iter().skip(1).any(|a| a.value == "proxy_protocol") {
-        sb.pp_listens.push(l.addr.clone());
-    }
+    l.proxy_protocol = d.args.iter().skip(1).any(|a| a.value == "proxy_protocol");
     sb.listen_dirs.push((l.ssl, d.clone()));
     sb.listen.push(l);
     Ok(())
+}
+
+fn set_server_name(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    crate::http::conf::parse_server_names(d, cx, &mut sb.names, &mut sb.primary_name)
 }
 
 fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1268,7 +1414,7 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
         return Err(registry::duplicate(d));
     }
     sb.pass = Some((arg(d, 0).to_string(), d.clone()));
-    sb.ret_last = false;
+    sb.last_content = "proxy_pass";
     Ok(())
 }
 
@@ -1362,8 +1508,8 @@ fn set_proxy_ssl_certificate(
     d: &Directive,
     cx: &mut Compiler,
 ) -> ConfResult<()> {
-    let f = ssl_file(d, cx)?;
-    set_once(&mut p.proxy_ssl_certificate, f, d)
+    let n = cert_name(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate, n, d)
 }
 
 fn set_proxy_ssl_certificate_key(
@@ -1371,8 +1517,15 @@ fn set_proxy_ssl_certificate_key(
     d: &Directive,
     cx: &mut Compiler,
 ) -> ConfResult<()> {
-    let f = ssl_file(d, cx)?;
-    set_once(&mut p.proxy_ssl_certificate_key, f, d)
+    let n = cert_name(d, cx)?;
+    set_once(&mut p.proxy_ssl_certificate_key, n, d)
+}
+
+/// A `proxy_ssl_certificate*` name as http's proxy takes it: a file,
+/// `data:`, or a name with variables (loaded per upstream connection).
+fn cert_name(d: &Directive, cx: &mut Compiler) -> ConfResult<CertName> {
+    let prefix = cx.conf_prefix.clone();
+    CertName::parse(arg(d, 0), &prefix, |v| cx.template(v, d))
 }
 
 fn set_proxy_ssl_password_file(
@@ -1385,20 +1538,9 @@ fn set_proxy_ssl_password_file(
 }
 
 /// A file argument of a `proxy_ssl_*` directive, relative to the
-/// directory of nginx.conf. nginx 1.21+ also takes variables in
-/// `proxy_ssl_certificate` (a certificate loaded per connection); tern
-/// takes files only.
+/// directory of nginx.conf.
 fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
     let a = arg(d, 0);
-    if a.contains('$') || a.starts_with("data:") {
-        return Err(ConfError::at(
-            format!(
-                "\"{}\" with variables or \"data:\" is not supported by tern yet",
-                d.name
-            ),
-            d,
-        ));
-    }
     Ok(if a.starts_with('/') {
         a.to_string()
     } else {
@@ -1407,20 +1549,22 @@ fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
 }
 
 /// `proxy_ssl_certificate`: the client certificate offered to upstreams
-/// (whatever CA names the upstream hints, as OpenSSL does for nginx).
+/// (whatever CA names the upstream hints, as OpenSSL does for nginx),
+/// read now, or, when a name has variables, the pair to load per
+/// connection (`tls::var_certs`, as http's proxy).
 fn with_client_cert(
     cfg: Arc<rustls::ClientConfig>,
     p: &ProxyConf,
     sd: &Directive,
-) -> ConfResult<Arc<rustls::ClientConfig>> {
+) -> ConfResult<(Arc<rustls::ClientConfig>, Option<Arc<VarCerts>>)> {
     let Some(cert) = &p.proxy_ssl_certificate else {
-        return Ok(cfg);
+        return Ok((cfg, None));
     };
     let Some(key) = &p.proxy_ssl_certificate_key else {
         return Err(ConfError::at(
             format!(
                 "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
-                cert
+                cert.shown()
             ),
             sd,
         ));
@@ -1429,26 +1573,16 @@ fn with_client_cert(
         Some(f) => crate::tls::keys::read_passwords(f)?,
         None => Vec::new(),
     };
-    let pair = crate::tls::config::load_pair(cert, key, &passwords)?;
-    let mut c = (*cfg).clone();
-    c.client_auth_cert_resolver = Arc::new(ClientCert(pair));
-    Ok(Arc::new(c))
-}
-
-#[derive(Debug)]
-struct ClientCert(Arc<rustls::sign::CertifiedKey>);
-
-impl rustls::client::ResolvesClientCert for ClientCert {
-    fn resolve(
-        &self,
-        _: &[&[u8]],
-        _: &[rustls::SignatureScheme],
-    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.clone())
+    if cert.has_vars() || key.has_vars() {
+        let v = VarCerts {
+            pairs: vec![(cert.clone(), key.clone())],
+            passwords,
+            negotiate: None,
+        };
+        return Ok((cfg, Some(Arc::new(v))));
     }
-    fn has_certs(&self) -> bool {
-        true
-    }
+    let pair = crate::tls::config::load_named(cert, key, &passwords)?;
+    Ok((crate::tls::var_certs::client_config(&cfg, pair), None))
 }
 
 fn set_proxy_ssl_verify_depth(
@@ -1504,7 +1638,7 @@ fn set_return(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult
         return Err(registry::duplicate(d));
     }
     sb.ret = Some(cx.template(arg(d, 0), d)?);
-    sb.ret_last = true;
+    sb.last_content = "return";
     Ok(())
 }
 

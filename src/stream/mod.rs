@@ -52,6 +52,7 @@
 //! sends can panic the worker.
 
 pub mod conf;
+pub mod pass;
 pub mod proxy;
 pub use crate::core::proxy_protocol;
 pub mod session;

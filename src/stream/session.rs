@@ -34,7 +34,7 @@ use crate::http::modules::access_log::{write_one, ErrCtx, ScriptCtx};
 use crate::http::modules::limit_conn::{ConnState, Take, ZoneState};
 use crate::http::response::push_num;
 use crate::http::vars::{Var, VarCtx};
-use crate::stream::conf::{Content, StreamServer};
+use crate::stream::conf::{Content, StreamAddr, StreamServer};
 use crate::stream::proxy::{self, Sock};
 use crate::stream::proxy_protocol::{self as pp, Parsed};
 use crate::stream::ssl_preread::{self, Hello, Preread};
@@ -88,7 +88,14 @@ pub struct Session {
     pub conn_remote: Option<SocketAddr>,
     pub local: Option<SocketAddr>,
     pub listen: ListenAddr,
+    /// The server whose settings apply now: the address's default until
+    /// an SNI name selects another (see [`Session::select_server`]).
     pub srv: Arc<StreamServer>,
+    /// The servers of the listening address (None: UDP, one server).
+    pub vaddr: Option<Arc<StreamAddr>>,
+    /// The SNI name of the handshake in progress (`$ssl_server_name` of
+    /// certificates with variables).
+    pub sni: Option<String>,
     pub status: u16,
     pub bytes_received: u64,
     pub bytes_sent: u64,
@@ -104,6 +111,8 @@ pub struct Session {
     pub tls: Option<TlsInfo>,
     /// The protocol ALPN settled on (`$ssl_alpn_protocol`).
     pub alpn: Option<Vec<u8>>,
+    /// How many times `pass` has handed this connection on.
+    pub passes: u32,
 }
 
 impl Session {
@@ -128,6 +137,8 @@ impl Session {
                 .unwrap_or_else(crate::core::log::main_logger),
             set_vals: vec![None; srv.vars.len()],
             srv,
+            vaddr: None,
+            sni: None,
             status: 200,
             bytes_received: 0,
             bytes_sent: 0,
@@ -137,6 +148,55 @@ impl Session {
             hello: None,
             tls: None,
             alpn: None,
+            passes: 0,
+        }
+    }
+
+    /// Moves the session to the server of its address that `name` (an
+    /// SNI name) selects, as nginx does in its servername callback and in
+    /// ssl_preread; the named captures of a `server_name` regex become
+    /// variables. From here on the new server's settings apply.
+    pub fn select_server(&mut self, name: &[u8]) {
+        let Some(a) = &self.vaddr else { return };
+        let srv = a.select(name).clone();
+        let lower = name.to_ascii_lowercase();
+        let lower = lower.strip_suffix(b".").unwrap_or(&lower);
+        let exact = srv.names.iter().any(|n| {
+            !matches!(n, crate::http::conf::ServerName::Regex(_))
+                && n.matches(std::str::from_utf8(lower).unwrap_or(""))
+        });
+        if !exact {
+            for n in &srv.names {
+                let crate::http::conf::ServerName::Regex(re) = n else {
+                    continue;
+                };
+                let Some(caps) = re.captures(lower) else {
+                    continue;
+                };
+                for (i, cn) in re.capture_names().iter().enumerate() {
+                    let Some(cn) = cn else { continue };
+                    if let Some(Var::User(v)) = srv.vars.lookup(cn) {
+                        let val = caps
+                            .get(i)
+                            .copied()
+                            .flatten()
+                            .and_then(|(s, e)| lower.get(s..e))
+                            .unwrap_or_default()
+                            .to_vec();
+                        if let Some(slot) = self.set_vals.get_mut(v) {
+                            *slot = Some(val);
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        if !Arc::ptr_eq(&srv, &self.srv) {
+            self.logger = srv
+                .logger
+                .clone()
+                .unwrap_or_else(crate::core::log::main_logger);
+            self.srv = srv;
         }
     }
 
@@ -205,6 +265,7 @@ impl VarCtx for Session {
                 out.extend_from_slice(crate::http::response::NGINX_VERSION.as_bytes())
             }
             Var::TernVersion => out.extend_from_slice(crate::http::response::VERSION.as_bytes()),
+            Var::ServerName => out.extend_from_slice(self.srv.server_name.as_bytes()),
             Var::TimeLocal => out.extend_from_slice(&crate::http::date::time_local()),
             Var::TimeIso8601 => out.extend_from_slice(&crate::http::date::time_iso8601()),
             Var::Msec => push_secs(
@@ -214,6 +275,12 @@ impl VarCtx for Session {
                     .unwrap_or_default(),
             ),
             Var::Stream(s) => return self.stream_var(*s, out),
+            Var::ProxyProtocol(p) => return self.pp.as_ref().is_some_and(|h| h.render(p, out)),
+            // During the handshake (certificates with variables).
+            Var::SslServerName if self.tls.is_none() => match &self.sni {
+                Some(n) => out.extend_from_slice(n.as_bytes()),
+                None => return false,
+            },
             Var::SslProtocol | Var::SslCipher | Var::SslServerName | Var::SslSessionReused => {
                 let Some(t) = &self.tls else { return false };
                 match v {
@@ -246,18 +313,6 @@ impl VarCtx for Session {
 
 impl Session {
     fn stream_var(&self, v: SVar, out: &mut Vec<u8>) -> bool {
-        let pp_part = |src: bool, port: bool, out: &mut Vec<u8>| {
-            let Some(h) = &self.pp else { return false };
-            let Some((ip, p)) = (if src { h.src } else { h.dst }) else {
-                return false;
-            };
-            if port {
-                push_num(out, u64::from(p));
-            } else {
-                out.extend_from_slice(ip.to_string().as_bytes());
-            }
-            true
-        };
         match v {
             SVar::BytesReceived => push_num(out, self.bytes_received),
             SVar::SessionTime => push_secs(out, self.start.elapsed()),
@@ -279,10 +334,6 @@ impl Session {
                 return self.up.list(out, |t, o| opt_secs(o, t.first_byte))
             }
             SVar::UpstreamSessionTime => return self.up.list(out, |t, o| opt_secs(o, t.session)),
-            SVar::ProxyProtocolAddr => return pp_part(true, false, out),
-            SVar::ProxyProtocolPort => return pp_part(true, true, out),
-            SVar::ProxyProtocolServerAddr => return pp_part(false, false, out),
-            SVar::ProxyProtocolServerPort => return pp_part(false, true, out),
             SVar::SslPrereadServerName => match &self.hello {
                 Some(h) => out.extend_from_slice(&h.server_name),
                 None => return false,
@@ -325,10 +376,10 @@ impl Drop for Held {
 /// `slot` is the `worker_connections` slot for the upstream side (None:
 /// none was free).
 pub async fn serve(
-    mut client: Sock,
+    client: Sock,
     remote: Option<SocketAddr>,
     listen: ListenAddr,
-    srv: Arc<StreamServer>,
+    vaddr: Arc<StreamAddr>,
     slot: Option<Slot>,
     shared: Arc<WorkerShared>,
     id: u64,
@@ -339,7 +390,27 @@ pub async fn serve(
         (_, Sock::Tcp(t)) => t.local_addr().ok(),
         _ => None,
     };
+    serve_passed(client, remote, local, listen, vaddr, slot, shared, id, 0).await
+}
+
+/// [`serve`] for a connection that `pass` handed over (`passes` times):
+/// its local address is the one it was passed to.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_passed(
+    mut client: Sock,
+    remote: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+    listen: ListenAddr,
+    vaddr: Arc<StreamAddr>,
+    slot: Option<Slot>,
+    shared: Arc<WorkerShared>,
+    id: u64,
+    passes: u32,
+) {
+    let srv = vaddr.default.clone();
     let mut s = Session::new(id, remote, local, listen.clone(), srv);
+    s.vaddr = Some(vaddr);
+    s.passes = passes;
     if s.logger.enabled(Level::Info) {
         s.log(
             Level::Info,
@@ -355,7 +426,10 @@ pub async fn serve(
     let mut held: Vec<Held> = Vec::new();
     if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
         if let Some((client, pre)) = tls_and_preread(&mut s, client, pre).await {
-            content(&mut s, client, pre, slot, &shared).await;
+            if content(&mut s, client, pre, slot, &shared).await {
+                // Passed to another listener: logged there, not here.
+                return;
+            }
         }
     }
     log_phase(&s);
@@ -367,7 +441,7 @@ pub async fn serve(
 async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Option<Vec<u8>> {
     let srv = s.srv.clone();
     let mut pre = Vec::new();
-    if srv.pp_listens.contains(&s.listen) {
+    if s.vaddr.as_ref().is_some_and(|a| a.listen.proxy_protocol) {
         match read_pp(client, srv.proxy_protocol_timeout).await {
             Ok((h, rest)) => {
                 s.bytes_received += rest.len() as u64;
@@ -472,9 +546,9 @@ async fn tls_and_preread(
     client: Sock,
     mut pre: Vec<u8>,
 ) -> Option<(Sock, Vec<u8>)> {
-    let srv = s.srv.clone();
     let mut client = client;
-    if let (Some(cfg), true) = (&srv.tls, srv.ssl_listens.contains(&s.listen)) {
+    if s.vaddr.as_ref().is_some_and(|a| a.listen.ssl) {
+        let default = s.srv.clone();
         // Bytes read ahead of the handshake (after a PROXY header) belong
         // to it: the handshake reads them first.
         let inner = if pre.is_empty() {
@@ -482,31 +556,34 @@ async fn tls_and_preread(
         } else {
             Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
         };
-        let hs = async {
-            let start =
-                tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
-                    .await
-                    .ok()?;
-            let ch = start.client_hello();
-            let hello = Offered {
-                server_name: ch.server_name().map(str::to_string),
-                ciphers: ch.cipher_suites().into(),
-                groups: ch.named_groups().unwrap_or_default().into(),
-            };
-            let mut id = [0u8; 32];
-            let t = start
-                .into_stream_with(cfg.clone(), |c| id = crate::tls::session_id(c))
-                .await
-                .ok()?;
-            Some((t, hello, id))
-        };
-        match tokio::time::timeout(srv.ssl_handshake_timeout, hs).await {
-            Ok(Some((t, hello, id))) => {
+        let hs = handshake(s, inner, &default);
+        let r = tokio::time::timeout(default.ssl_handshake_timeout, hs).await;
+        match r {
+            Ok(Some((t, hello, id, auth))) => {
                 let (_, c) = t.get_ref();
-                let info = tls_info(c, hello, id, srv.client_auth.as_deref());
+                let mut info = tls_info(c, hello, id, auth.as_deref());
+                // `ssl_ocsp`: the responders are asked about a chain found
+                // good (as http's handshake does).
+                if let (Some(a), Some(chain), Ok(())) =
+                    (auth.as_deref(), &info.client_chain, info.verify)
+                {
+                    if let Some(o) = &a.ocsp {
+                        let ctx = s.client_ctx();
+                        let logger = s.logger.clone();
+                        let id = s.id;
+                        let log = |m: &str| {
+                            logger.log(Level::Info, Some(id), format_args!("{}, {}", m, ctx))
+                        };
+                        // Boxed: the check's future is large (~12 KB), and
+                        // inline it would grow every session's future, which
+                        // tokio moves several times when it spawns it.
+                        info.verify =
+                            Box::pin(crate::tls::ocsp::check(o, chain, a.store(), &log)).await;
+                    }
+                }
                 s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
                 client = Sock::Tls(Box::new(t));
-                let refused = client_cert_refused(srv.client_auth.as_deref(), &info);
+                let refused = client_cert_refused(auth.as_deref(), &info);
                 s.tls = Some(info);
                 if let Some(why) = refused {
                     s.log(Level::Info, format_args!("{}, {}", why, s.client_ctx()));
@@ -538,18 +615,33 @@ async fn tls_and_preread(
             }
         }
     }
+    let srv = s.srv.clone();
     if !srv.ssl_preread {
         return Some((client, pre));
     }
+    // A plain TCP socket is only peeked at, as nginx 1.25.5 does: the
+    // ClientHello stays in the socket for whoever comes next (`proxy_pass`
+    // relays it, `pass` hands it over untouched). Through TLS, or after
+    // bytes were read ahead, it is read.
+    let peek = matches!(client, Sock::Tcp(_)) && pre.is_empty();
+    let mut peeked: Vec<u8> = Vec::new();
     let read = async {
         loop {
-            match ssl_preread::parse(&pre) {
+            let seen = if peek { &peeked } else { &pre };
+            match ssl_preread::parse(seen) {
                 Preread::Done(h) => return Ok(Some(h)),
                 Preread::NotTls => return Ok(None),
                 Preread::Partial => {}
             }
-            if pre.len() >= srv.preread_buffer_size {
+            if seen.len() >= srv.preread_buffer_size {
                 return Err(());
+            }
+            if let (true, Sock::Tcp(t)) = (peek, &client) {
+                match peek_more(t, peeked.len(), srv.preread_buffer_size).await {
+                    Some(v) => peeked = v,
+                    None => return Ok(None),
+                }
+                continue;
             }
             let mut chunk = vec![0u8; srv.preread_buffer_size - pre.len()];
             match client.read(&mut chunk).await {
@@ -563,6 +655,12 @@ async fn tls_and_preread(
     };
     match tokio::time::timeout(srv.preread_timeout, read).await {
         Ok(Ok(h)) => {
+            // The SNI name selects the server, as in a handshake.
+            if let Some(name) = h.as_ref().map(|h| h.server_name.clone()) {
+                if !name.is_empty() && s.tls.is_none() {
+                    s.select_server(&name);
+                }
+            }
             s.hello = h;
             Some((client, pre))
         }
@@ -577,6 +675,107 @@ async fn tls_and_preread(
         // nginx ends the session when the preread times out, with 200.
         Err(_) => None,
     }
+}
+
+/// Peeks at what a TCP client has sent (up to `size` bytes) once more
+/// than `seen` bytes are there; None at the end of the stream or on an
+/// error. Readiness is cleared when nothing new has come, so the wait is
+/// for new bytes, not a spin over the old ones.
+async fn peek_more(t: &tokio::net::TcpStream, seen: usize, size: usize) -> Option<Vec<u8>> {
+    use std::task::{Context, Poll, Waker};
+    let mut buf = vec![0u8; size];
+    loop {
+        let ready = t.ready(tokio::io::Interest::READABLE).await.ok()?;
+        let r = t.try_io(tokio::io::Interest::READABLE, || {
+            let mut rb = tokio::io::ReadBuf::new(&mut buf);
+            match t.poll_peek(&mut Context::from_waker(Waker::noop()), &mut rb) {
+                Poll::Ready(Ok(n)) if n == 0 || n > seen => Ok(n),
+                Poll::Ready(Ok(_)) | Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+                Poll::Ready(Err(e)) => Err(e),
+            }
+        });
+        match r {
+            Ok(0) => return None,
+            Ok(n) => {
+                buf.truncate(n);
+                return Some(buf);
+            }
+            // Nothing new, and the client has finished sending.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && ready.is_read_closed() => {
+                return None
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+type Handshaken = (
+    tokio_rustls::server::TlsStream<Sock>,
+    Offered,
+    [u8; 32],
+    Option<Arc<crate::tls::client_auth::ClientAuth>>,
+);
+
+/// The TLS handshake of an `ssl` address: the SNI name selects the
+/// server (its certificate, or the default server's when it has none),
+/// `ssl_reject_handshake` refuses it with nginx's "unrecognized_name"
+/// alert, and certificates with variables are loaded for it. None: the
+/// handshake failed.
+async fn handshake(
+    s: &mut Session,
+    inner: Sock,
+    default: &Arc<StreamServer>,
+) -> Option<Handshaken> {
+    let mut start =
+        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
+            .await
+            .ok()?;
+    let ch = start.client_hello();
+    let hello = Offered {
+        server_name: ch.server_name().map(str::to_string),
+        ciphers: ch.cipher_suites().into(),
+        groups: ch.named_groups().unwrap_or_default().into(),
+    };
+    if let Some(n) = &hello.server_name {
+        s.select_server(n.as_bytes());
+    }
+    s.sni = hello.server_name.clone();
+    let chosen = s.srv.clone();
+    let src = if chosen.tls.is_some() || chosen.reject_handshake {
+        chosen
+    } else {
+        default.clone()
+    };
+    if src.reject_handshake {
+        let _ = start
+            .io
+            .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70])
+            .await;
+        return None;
+    }
+    let mut cfg = src.tls.clone()?;
+    if let Some(v) = &src.var_certs {
+        // Loaded for this handshake; one that cannot be loaded fails it
+        // (no certificate to offer).
+        let pairs = match v.load(&*s).await {
+            Ok(p) => p,
+            Err(msg) => {
+                s.log(
+                    Level::Error,
+                    format_args!("{} while SSL handshaking, {}", msg, s.client_ctx()),
+                );
+                Vec::new()
+            }
+        };
+        cfg = v.server_config(&cfg, pairs);
+    }
+    let mut id = [0u8; 32];
+    let t = start
+        .into_stream_with(cfg, |c| id = crate::tls::session_id(c))
+        .await
+        .ok()?;
+    Some((t, hello, id, src.client_auth.clone()))
 }
 
 /// What a ClientHello offered (for `$ssl_server_name`, `$ssl_ciphers`,
@@ -683,13 +882,14 @@ async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Ve
     }
 }
 
+/// The content phase; true when `pass` handed the connection over.
 async fn content(
     s: &mut Session,
     mut client: Sock,
     pre: Vec<u8>,
     slot: Option<Slot>,
     shared: &Arc<WorkerShared>,
-) {
+) -> bool {
     let srv = s.srv.clone();
     let upstream = match &srv.content {
         Content::Return(t) => {
@@ -698,11 +898,14 @@ async fn content(
                 s.bytes_sent += v.len() as u64;
             }
             let _ = client.shutdown().await;
-            return;
+            return false;
+        }
+        Content::Pass(t) => {
+            return crate::stream::pass::run(s, client, pre, t, slot, shared).await;
         }
         Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s) {
             Some(u) => u,
-            None => return,
+            None => return false,
         },
     };
     // The upstream connection is a connection of this worker too: nginx's
@@ -717,9 +920,10 @@ async fn content(
             ),
         );
         s.status = 502;
-        return;
+        return false;
     };
     proxy::run(s, client, pre, upstream, shared).await;
+    false
 }
 
 /// The upstream of `proxy_pass` for this session (a variable target is
@@ -728,7 +932,7 @@ async fn content(
 pub fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
     let srv = s.srv.clone();
     match &srv.content {
-        Content::Return(_) => None,
+        Content::Return(_) | Content::Pass(_) => None,
         Content::Proxy(u) => Some(u.clone()),
         Content::ProxyVar(t, ups) => {
             let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();

@@ -285,6 +285,17 @@ async fn content(s: &mut Session, ctx: &Ctx, shared: &Arc<WorkerShared>) {
         }
         return;
     }
+    if let Content::Pass(_) = &srv.content {
+        s.log(
+            Level::Error,
+            format_args!(
+                "cannot pass udp connection, {} while passing connection to port",
+                s.client_ctx()
+            ),
+        );
+        s.status = 500;
+        return;
+    }
     let Some(upstream) = session::proxy_target(s) else {
         return;
     };

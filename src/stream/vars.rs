@@ -23,10 +23,6 @@ pub enum SVar {
     UpstreamConnectTime,
     UpstreamFirstByteTime,
     UpstreamSessionTime,
-    ProxyProtocolAddr,
-    ProxyProtocolPort,
-    ProxyProtocolServerAddr,
-    ProxyProtocolServerPort,
     LimitConnStatus,
     SslPrereadServerName,
     SslPrereadAlpnProtocols,
@@ -63,10 +59,6 @@ pub fn builtin(name: &str) -> Option<Var> {
         "upstream_connect_time" => Var::Stream(SVar::UpstreamConnectTime),
         "upstream_first_byte_time" => Var::Stream(SVar::UpstreamFirstByteTime),
         "upstream_session_time" => Var::Stream(SVar::UpstreamSessionTime),
-        "proxy_protocol_addr" => Var::Stream(SVar::ProxyProtocolAddr),
-        "proxy_protocol_port" => Var::Stream(SVar::ProxyProtocolPort),
-        "proxy_protocol_server_addr" => Var::Stream(SVar::ProxyProtocolServerAddr),
-        "proxy_protocol_server_port" => Var::Stream(SVar::ProxyProtocolServerPort),
         "limit_conn_status" => Var::Stream(SVar::LimitConnStatus),
         "ssl_preread_server_name" => Var::Stream(SVar::SslPrereadServerName),
         "ssl_preread_alpn_protocols" => Var::Stream(SVar::SslPrereadAlpnProtocols),
@@ -76,7 +68,14 @@ pub fn builtin(name: &str) -> Option<Var> {
         "ssl_cipher" => Var::SslCipher,
         "ssl_server_name" => Var::SslServerName,
         "ssl_session_reused" => Var::SslSessionReused,
-        _ => return crate::tls::vars::by_name(name).map(Var::Ssl),
+        "server_name" => Var::ServerName,
+        _ => {
+            // `$proxy_protocol_*`, with `_tlv_NAME` (nginx 1.23.2), as http.
+            if let Some(p) = crate::core::proxy_protocol::PpVar::by_name(name) {
+                return Some(Var::ProxyProtocol(p));
+            }
+            return crate::tls::vars::by_name(name).map(Var::Ssl);
+        }
     })
 }
 

@@ -75,6 +75,7 @@ mod stream;
 mod stream_modules;
 mod stream_tls;
 mod stream_udp;
+mod stream_vhosts;
 mod sub_filter;
 mod subrequest;
 mod syslog;

@@ -397,8 +397,9 @@ fn config_errors_worded_as_nginx() {
             "no port in \"127.0.0.1\" of the \"listen\" directive in",
         ),
         (
-            "stream { server { listen 1234 default_server; proxy_pass 127.0.0.1:1; } }",
-            "invalid parameter \"default_server\" in",
+            "stream { server { listen 1234 default_server; proxy_pass 127.0.0.1:1; }\n\
+             server { listen 1234 default_server; proxy_pass 127.0.0.1:2; } }",
+            "a duplicate default server for 0.0.0.0:1234 in",
         ),
         (
             "stream { server { listen 1234; proxy_pass 127.0.0.1:1; location / {} } }",

@@ -19,7 +19,7 @@ struct Pki {
     ca_key: rcgen::KeyPair,
 }
 
-struct Leaf {
+pub(crate) struct Leaf {
     cert: rcgen::Certificate,
     key: rcgen::KeyPair,
 }
@@ -54,7 +54,7 @@ impl Pki {
 
 /// A client that trusts anything (the server's certificate is not what
 /// these tests are about) and presents `leaf`, if any.
-fn client(leaf: Option<&Leaf>) -> Arc<ClientConfig> {
+pub(crate) fn client(leaf: Option<&Leaf>) -> Arc<ClientConfig> {
     #[derive(Debug)]
     struct AnyServer;
     impl rustls::client::danger::ServerCertVerifier for AnyServer {
