@@ -276,6 +276,7 @@ fn to_http(
         started: std::time::Instant::now(),
         proxy: None,
         proxy_pending: false,
+        keepalive_ms: 0,
     };
     let wait = crate::http::serve::first_wait(shared, &mut info);
     let sock = match client {
