@@ -347,16 +347,6 @@ pub fn compile(
         Some(d) => Some(Arc::new(crate::stream::conf::compile_stream(&d, &mut cx)?)),
         None => None,
     };
-    // nginx's check: a connection for each listening socket, plus one.
-    let listening =
-        http.as_ref().map_or(0, |h| h.addrs.len()) + stream.as_ref().map_or(0, |s| s.listens.len());
-    if main.connections() < listening + 1 {
-        return Err(ConfError::new(format!(
-            "{} worker_connections are not enough for {} listening sockets",
-            main.connections(),
-            listening
-        )));
-    }
     let lint = crate::core::lint::check(&tree.directives);
     Ok(Config {
         main,

@@ -223,6 +223,7 @@ pub fn run(src: Source, cfg: Config, mut inherited: Inherited) -> i32 {
     for w in cfg.warnings.iter().chain(&cfg.lint) {
         crate::elog!(Warn, "{}", w);
     }
+    warn_connections_over_nofile(&cfg);
     if let Some(n) = cfg.main.worker_rlimit_nofile {
         let r = libc::rlimit {
             rlim_cur: n,
@@ -789,4 +790,29 @@ fn daemonize() -> std::io::Result<()> {
         unsafe { libc::dup2(null.as_raw_fd(), fd) };
     }
     Ok(())
+}
+
+/// nginx's start-up warning when worker_connections cannot all get a
+/// descriptor: over the current limit, and over worker_rlimit_nofile when
+/// that is set (the limit named is the one that will hold).
+fn warn_connections_over_nofile(cfg: &Config) {
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct passed by pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) } != 0 {
+        crate::elog!(Alert, "getrlimit(RLIMIT_NOFILE) failed, ignored");
+        return;
+    }
+    let conns = cfg.main.connections() as u64;
+    let set = cfg.main.worker_rlimit_nofile;
+    if conns > cur.rlim_cur && set.is_none_or(|n| conns > n) {
+        crate::elog!(
+            Warn,
+            "{} worker_connections exceed open file resource limit: {}",
+            conns,
+            set.unwrap_or(cur.rlim_cur)
+        );
+    }
 }

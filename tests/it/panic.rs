@@ -45,7 +45,8 @@ fn http1_panic_closes_only_its_connection() {
     );
     assert_eq!(s.get("/").body, b"ok");
 
-    let log = s.error_log();
+    // Log lines are written by a writer thread: wait for it.
+    let log = s.wait_error_log("panic in tern-worker-0");
     let alert = log
         .lines()
         .find(|l| l.contains("[alert]") && l.contains("panic in tern-worker-0"))

@@ -93,7 +93,12 @@ fn temp_files(pid: i32) -> Vec<u64> {
     d.flatten()
         .filter(|e| {
             std::fs::read_link(e.path())
-                .map(|t| t.to_string_lossy().contains("tern-proxy-"))
+                .map(|t| {
+                    // Named and unlinked, or made without a name
+                    // (O_TMPFILE: the link reads "DIR/#INODE (deleted)").
+                    let t = t.to_string_lossy();
+                    t.contains("tern-proxy-") || t.contains("temp/#")
+                })
                 .unwrap_or(false)
         })
         .filter_map(|e| std::fs::metadata(e.path()).ok().map(|m| m.len()))
