@@ -551,11 +551,6 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
         let start = dst.len();
         dst.resize(start + want, 0);
         let got = rb.io.try_read(&mut dst[start..]);
-        let dst = if direct {
-            sink.read_buffer(0)
-        } else {
-            &mut rb.buf
-        };
         dst.truncate(start + *got.as_ref().unwrap_or(&0));
         match got {
             Ok(n) if n > 0 && direct => {
