@@ -15,6 +15,7 @@ pub mod brotli;
 pub mod cgi;
 pub mod charset;
 pub mod compress_cache;
+pub mod dav;
 pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
@@ -103,6 +104,7 @@ pub const TABLES: &[&[Spec]] = &[
     empty_gif::DIRECTIVES,
     secure_link::DIRECTIVES,
     random_index::DIRECTIVES,
+    dav::DIRECTIVES,
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
@@ -135,7 +137,7 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
 /// The content phase: try_files, then mirror (nginx's precontent phase,
 /// in its order), then the location's content handler (the slot a `*_pass`
 /// fills), then status pages,
-/// then files.
+/// then dav (PUT, DELETE, MKCOL, COPY, MOVE), then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
     match try_files::run(cx).await {
         Step::Next => {}
@@ -157,6 +159,11 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
         return step;
     }
     if let Some(step) = empty_gif::content(cx) {
+        return step;
+    }
+    // nginx's dav handler runs before the static one (index, autoindex
+    // and random_index decline these methods).
+    if let Some(step) = dav::content(cx).await {
         return step;
     }
     static_file::handle(cx).await
@@ -250,6 +257,7 @@ pub struct ModLoc {
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub secure_link: secure_link::SecureLinkLoc,
     pub random_index: random_index::RandomIndexLoc,
+    pub dav: dav::DavLoc,
     pub userid: userid::UseridLoc,
     pub mirror: mirror::MirrorLoc,
     pub addition: addition::AdditionLoc,
@@ -324,6 +332,7 @@ impl ModLoc {
         self.auth_basic.merge(&p.auth_basic);
         self.secure_link.merge(&p.secure_link);
         self.random_index.merge(&p.random_index);
+        self.dav.merge(&p.dav);
         self.userid.merge(&p.userid);
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);
