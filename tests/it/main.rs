@@ -18,6 +18,8 @@ mod compress_cache;
 mod conf_semantics;
 mod core_directives;
 mod core_msie_chunked;
+mod dav;
+mod flv;
 mod differential;
 mod disk_full;
 mod empty_gif;

@@ -779,7 +779,9 @@ async fn delete(cx: &mut Ctx<'_>) -> Response {
         }
         false
     };
-    let target = if dir { trim_slash(&path) } else { p };
+    // A directory keeps its `/`: nginx removes (and names in its log)
+    // "DIR/" last.
+    let target = p;
     let status = run(cx, move |fs| match delete_path(fs, &target, dir) {
         0 => 204,
         s => s,
@@ -1174,7 +1176,7 @@ impl CopyMove {
             });
             if ok {
                 if self.is_move {
-                    let rc = delete_path(fs, &from, true);
+                    let rc = delete_path(fs, &src, true);
                     if rc != 0 {
                         return rc;
                     }

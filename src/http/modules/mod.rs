@@ -19,6 +19,7 @@ pub mod dav;
 pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
+pub mod flv;
 pub mod geo;
 pub mod grpc;
 pub mod gzip;
@@ -105,6 +106,7 @@ pub const TABLES: &[&[Spec]] = &[
     secure_link::DIRECTIVES,
     random_index::DIRECTIVES,
     dav::DIRECTIVES,
+    flv::DIRECTIVES,
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
@@ -154,6 +156,10 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
             return step;
         }
         return Step::done(r);
+    }
+    // `flv` is its location's content handler (it declines a directory).
+    if let Some(step) = flv::content(cx).await {
+        return step;
     }
     if let Some(step) = stub_status::content(cx) {
         return step;
@@ -258,6 +264,7 @@ pub struct ModLoc {
     pub secure_link: secure_link::SecureLinkLoc,
     pub random_index: random_index::RandomIndexLoc,
     pub dav: dav::DavLoc,
+    pub flv: flv::FlvLoc,
     pub userid: userid::UseridLoc,
     pub mirror: mirror::MirrorLoc,
     pub addition: addition::AdditionLoc,
@@ -275,6 +282,7 @@ impl ModLoc {
         self.grpc.pass = None;
         self.uwsgi.pass = None;
         self.memcached.pass = None;
+        self.flv.drop_inherited();
     }
 
     /// The checks of a merged location (`PREFIX_cache` needs a key where
@@ -333,6 +341,7 @@ impl ModLoc {
         self.secure_link.merge(&p.secure_link);
         self.random_index.merge(&p.random_index);
         self.dav.merge(&p.dav);
+        self.flv.merge(&p.flv);
         self.userid.merge(&p.userid);
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);
