@@ -17,6 +17,7 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("http_random_index_module", false, true),
     ("http_dav_module", false, true),
     ("http_flv_module", false, true),
+    ("http_mp4_module", false, true),
     ("http_addition_module", false, true),
     ("http_auth_request_module", false, true),
     ("http_slice_module", false, true),

@@ -78,8 +78,16 @@ fn flv_as_nginx() {
         ours[1]
     );
     assert!(ours[2].starts_with("HTTP/1.1 206 "), "{}", ours[2]);
-    assert!(ours[2].contains("Content-Range: bytes 0-9/913\r\n"), "{}", ours[2]);
-    assert!(ours[3].contains("Content-Range: bytes 903-912/913\r\n"), "{}", ours[3]);
+    assert!(
+        ours[2].contains("Content-Range: bytes 0-9/913\r\n"),
+        "{}",
+        ours[2]
+    );
+    assert!(
+        ours[3].contains("Content-Range: bytes 903-912/913\r\n"),
+        "{}",
+        ours[3]
+    );
     assert!(ours[3].ends_with("\r\n\r\nX099XXXXXX"), "{:?}", ours[3]);
     // Not a number, or past the end: the whole file, without a header.
     for i in [7, 8, 9] {

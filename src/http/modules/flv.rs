@@ -112,6 +112,12 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
     if start > 0 {
         let len = size - start;
         r.content_length = Some(FLV_HEADER.len() as u64 + len);
+        super::static_file::set_etag_len(
+            cx,
+            &mut r,
+            file.meta.mtime,
+            FLV_HEADER.len() as u64 + len,
+        );
         r.body = Body::Multi(vec![
             Piece::Bytes(FLV_HEADER.to_vec()),
             Piece::File {

@@ -32,6 +32,7 @@ pub mod limit_req;
 pub mod map;
 pub mod memcached;
 pub mod mirror;
+pub mod mp4;
 pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
@@ -107,6 +108,7 @@ pub const TABLES: &[&[Spec]] = &[
     random_index::DIRECTIVES,
     dav::DIRECTIVES,
     flv::DIRECTIVES,
+    mp4::DIRECTIVES,
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
@@ -159,6 +161,9 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
     }
     // `flv` is its location's content handler (it declines a directory).
     if let Some(step) = flv::content(cx).await {
+        return step;
+    }
+    if let Some(step) = mp4::content(cx).await {
         return step;
     }
     if let Some(step) = stub_status::content(cx) {
@@ -265,6 +270,7 @@ pub struct ModLoc {
     pub random_index: random_index::RandomIndexLoc,
     pub dav: dav::DavLoc,
     pub flv: flv::FlvLoc,
+    pub mp4: mp4::Mp4Loc,
     pub userid: userid::UseridLoc,
     pub mirror: mirror::MirrorLoc,
     pub addition: addition::AdditionLoc,
@@ -283,6 +289,7 @@ impl ModLoc {
         self.uwsgi.pass = None;
         self.memcached.pass = None;
         self.flv.drop_inherited();
+        self.mp4.drop_inherited();
     }
 
     /// The checks of a merged location (`PREFIX_cache` needs a key where
@@ -342,6 +349,7 @@ impl ModLoc {
         self.random_index.merge(&p.random_index);
         self.dav.merge(&p.dav);
         self.flv.merge(&p.flv);
+        self.mp4.merge(&p.mp4);
         self.userid.merge(&p.userid);
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);
