@@ -174,7 +174,7 @@ fn dav_as_nginx() {
     // PUT: created, then replaced; a collection, a directory: conflict.
     assert_eq!(status(0), "201", "{}", ours[0]);
     assert!(
-        ours[0].contains(&format!("Location: http://localhost:PORT/p.txt\r\n")),
+        ours[0].contains("Location: http://localhost:PORT/p.txt\r\n"),
         "{}",
         ours[0]
     );
