@@ -110,9 +110,16 @@ fn flv_as_nginx() {
     };
     let theirs = answers(port);
     for (i, t) in targets().iter().enumerate() {
-        // Multipart boundaries are random on both sides.
+        // Two ranges over the header and the file: nginx 1.22.1 sends
+        // nothing ("range in overlapped buffers" alert); tern answers
+        // with the multipart body (DIFFERENCES.md).
         if t.contains(",40-50") {
-            assert_eq!(ours[i].lines().next(), theirs[i].lines().next(), "{}", t);
+            assert!(ours[i].starts_with("HTTP/1.1 206 "), "{}", ours[i]);
+            assert!(
+                ours[i].contains("Content-Range: bytes 5-20/913\r\n\r\n\0\0\0\x09\0\0\0\0X010XXX"),
+                "{:?}",
+                ours[i]
+            );
             continue;
         }
         assert_eq!(ours[i], theirs[i], "{}", t);
