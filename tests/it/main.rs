@@ -76,6 +76,7 @@ mod static_headers;
 mod status;
 mod stream;
 mod stream_modules;
+mod stream_resolver;
 mod stream_tls;
 mod stream_udp;
 mod stream_vhosts;
