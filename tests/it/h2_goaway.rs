@@ -202,3 +202,51 @@ fn graceful_stop_sends_one_goaway_naming_the_stream_in_flight() {
     );
     assert!(!f.iter().any(|x| x.0 == 3), "no reset: {:?}", f);
 }
+
+/// The last answer `keepalive_requests` allows, larger than the client's
+/// receive buffer, then a PING from the client after the server has
+/// written it all and closed its side: the close lingers (the PING is
+/// read and dropped), so the answer arrives whole. Without the lingering
+/// close the PING meets a closed socket, whose reset drops the part of
+/// the answer still in the server's send buffer (nginx-tests
+/// h2_keepalive.t "max requests limited - all data received"). The
+/// connection can end by two paths (h2 reporting the connection closed,
+/// or the loop seeing the last stream end), so it is tried a few times.
+#[test]
+fn the_last_answer_survives_a_ping_sent_after_the_goaway() {
+    let p = Prefix::new();
+    p.write("html/index.html", "SEE-THAT".repeat(50_000));
+    let conf = CONF
+        .replace("http2;", "http2 sndbuf=1m;")
+        .replace("keepalive_requests 2;", "keepalive_requests 1;");
+    let server = Server::start_in(p, &conf);
+    for round in 0..8 {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.set_recv_buffer_size(64 * 1024).expect("rcvbuf");
+        let to: std::net::SocketAddr = ([127, 0, 0, 1], server.port).into();
+        sock.connect(&to.into()).expect("connect");
+        let mut s: TcpStream = sock.into();
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS_INITIAL_WINDOW_SIZE 2^20, the connection's window
+        // 2^21 more: flow control never holds the answer back.
+        hello.extend(frame(4, 0, 0, &[0, 4, 0, 0x10, 0, 0]));
+        hello.extend(frame(8, 0, 0, &(1u32 << 21).to_be_bytes()));
+        hello.extend(frame(1, 0x5, 1, &get()));
+        s.write_all(&hello).expect("request");
+        // The server writes the answer into its socket buffer at once and
+        // closes its side; the client reads nothing meanwhile.
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(&frame(6, 0, 0, b"SEE-THIS")).expect("ping");
+        let f = frames(&mut s);
+        let data: usize = f
+            .iter()
+            .filter(|x| x.0 == 0 && x.2 == 1)
+            .map(|x| x.3.len())
+            .sum();
+        assert_eq!(data, 400_000, "round {}: the whole answer", round);
+        assert_eq!(goaways(&f).0, vec![goaway_payload(1)], "round {}", round);
+    }
+}

@@ -91,6 +91,7 @@ pub async fn serve<S: Stream>(
     let max_requests = core.keepalive_requests.unwrap_or(1000);
     let keepalive_time = core.keepalive_time.map(Duration::from_millis);
     let reset_timedout = core.reset_timedout_connection.unwrap_or(false);
+    let send_to = Duration::from_millis(core.send_timeout.unwrap_or(60_000));
     let default_conf = addr.default.conf.clone();
     let max_streams = srv.http2.max_streams();
     drop((addr, http, config));
@@ -122,6 +123,7 @@ pub async fn serve<S: Stream>(
     let mut quit = shared.quit.clone();
     let mut closing = false;
     let mut requests: u64 = 0;
+    let mut lingering = false;
     loop {
         let idle = streams.active.get() == 0 && !closing;
         // keepalive_timeout (0: GOAWAY as soon as a stream ends; before
@@ -163,7 +165,13 @@ pub async fn serve<S: Stream>(
                     }
                     break;
                 }
-                None => break,
+                // h2 has closed the connection after a GOAWAY (ours, or
+                // the peer's) with no stream left: its last bytes are
+                // out, and the close lingers as below.
+                None => {
+                    lingering = true;
+                    break;
+                }
             },
             _ = ended => {}
             _ = guard.tripped.notified() => {
@@ -191,19 +199,24 @@ pub async fn serve<S: Stream>(
             }
         }
         if closing && streams.active.get() == 0 {
-            // Let the GOAWAY (and anything queued) go out, briefly.
+            // Let the GOAWAY and what h2 still holds of the last answers
+            // go out (a stream's task ends once its last DATA is queued,
+            // not sent), bounded by send_timeout.
             let _ = timeout(
-                Duration::from_secs(1),
+                send_to,
                 poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
             )
             .await;
-            // Then, as nginx, a lingering close: what the client still
-            // sends (a PING, a WINDOW_UPDATE) is read and dropped, so
-            // that it does not turn the close into a reset that loses
-            // the end of the last response.
-            crate::http::v1::conn::linger(stream, &default_conf).await;
+            lingering = true;
             break;
         }
+    }
+    if lingering {
+        // As nginx, a lingering close: what the client still sends (a
+        // PING, a WINDOW_UPDATE) is read and dropped, so that it does not
+        // turn the close into a reset that loses the end of the last
+        // response (still in the socket's buffers) on the client's side.
+        crate::http::v1::conn::linger(stream, &default_conf).await;
     }
 }
 
