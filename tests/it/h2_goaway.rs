@@ -250,3 +250,51 @@ fn the_last_answer_survives_a_ping_sent_after_the_goaway() {
         assert_eq!(goaways(&f).0, vec![goaway_payload(1)], "round {}", round);
     }
 }
+
+/// A graceful stop with `worker_shutdown_timeout`: the GOAWAY names the
+/// stream in flight at once; when the timeout runs out with the stream
+/// still waiting on its upstream, the connection closes and the request
+/// is logged as one the client closed, 499, as nginx logs it (nginx-tests
+/// worker_shutdown_timeout_h2.t; tern used to drop the stream unlogged).
+#[test]
+fn shutdown_timeout_logs_the_stream_in_flight() {
+    // An upstream that takes the request and never answers.
+    let origin = crate::origin::Origin::serve(|mut c| {
+        if let Some(req) = c.next(false) {
+            c.record(&req);
+            let mut b = [0u8; 1024];
+            while matches!(c.stream.read(&mut b), Ok(n) if n > 0) {}
+        }
+    });
+    let conf = format!(
+        r#"
+worker_processes 1;
+worker_shutdown_timeout 10ms;
+error_log logs/error.log info;
+http {{
+    access_log logs/access.log;
+    server {{
+        listen 127.0.0.1:@PORT@ http2;
+        location / {{
+            proxy_pass http://127.0.0.1:{};
+            proxy_read_timeout 30s;
+        }}
+    }}
+}}
+"#,
+        origin.port
+    );
+    let mut server = Server::start_in(Prefix::new(), &conf);
+    let mut s = connect(server.port);
+    s.write_all(&frame(1, 0x5, 1, &get())).expect("request");
+    harness::eventually(10, "the request at the upstream", || {
+        !origin.requests().is_empty()
+    });
+    server.signal(libc::SIGQUIT);
+    let f = frames(&mut s);
+    assert_eq!(goaways(&f).0, vec![goaway_payload(1)], "{:?}", f);
+    assert!(!f.iter().any(|x| x.0 == 1), "no answer: {:?}", f);
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    let log = server.prefix.read("logs/access.log");
+    assert!(log.contains("\"GET / HTTP/2.0\" 499 "), "{}", log);
+}

@@ -121,6 +121,7 @@ pub async fn serve<S: Stream>(
         ended: tokio::sync::Notify::new(),
     });
     let mut quit = shared.quit.clone();
+    let mut expired = shared.expired.clone();
     let mut closing = false;
     let mut requests: u64 = 0;
     let mut lingering = false;
@@ -196,6 +197,11 @@ pub async fn serve<S: Stream>(
                 // Graceful stop: GOAWAY; streams in flight finish.
                 conn.graceful_shutdown();
                 closing = true;
+            }
+            _ = expired.wait_for(|e| *e) => {
+                // worker_shutdown_timeout ran out: the connection closes
+                // now, as nginx closes it (its streams log themselves).
+                break;
             }
         }
         if closing && streams.active.get() == 0 {
@@ -515,7 +521,17 @@ async fn stream_task(
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body_io, Vec::new()));
     }
-    let mut resp = phases::run(&mut cx).await;
+    let mut expired = shared.expired.clone();
+    let mut resp = tokio::select! {
+        biased;
+        r = phases::run(&mut cx) => r,
+        _ = expired.wait_for(|e| *e) => {
+            // worker_shutdown_timeout ran out before the answer: the
+            // request ends as one the client closed (nginx logs 499).
+            end_expired(&mut cx, &mut respond, 499);
+            return;
+        }
+    };
     let mut scratch = Vec::new();
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
@@ -550,7 +566,16 @@ async fn stream_task(
         }
     }
     let head_only = req.method == crate::http::request::Method::Head;
-    let r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent).await;
+    let r = tokio::select! {
+        biased;
+        r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent) => r,
+        _ = expired.wait_for(|e| *e) => {
+            // worker_shutdown_timeout ran out while the answer was going
+            // out: logged with its status and the bytes sent so far.
+            end_expired(&mut cx, &mut respond, resp.status);
+            return;
+        }
+    };
     if r.is_err() {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
     } else {
@@ -559,6 +584,15 @@ async fn stream_task(
     cx.sent.status = resp.status;
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
+}
+
+/// Ends a stream cut short by worker_shutdown_timeout: reset (the
+/// connection closes anyway), logged with `status`.
+fn end_expired(cx: &mut phases::Ctx<'_>, respond: &mut SendResponse<Bytes>, status: u16) {
+    respond.send_reset(h2::Reason::INTERNAL_ERROR);
+    cx.sent.status = status;
+    crate::http::modules::stub_status::metrics::record_response(status, cx.sent.bytes);
+    crate::http::modules::log_phase(cx);
 }
 
 /// The host a request names: its Host field, else `:authority`.
