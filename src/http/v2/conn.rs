@@ -207,12 +207,23 @@ pub async fn serve<S: Stream>(
         if closing && streams.active.get() == 0 {
             // Let the GOAWAY and what h2 still holds of the last answers
             // go out (a stream's task ends once its last DATA is queued,
-            // not sent), bounded by send_timeout.
-            let _ = timeout(
-                send_to,
-                poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
-            )
-            .await;
+            // not sent): while the socket takes bytes, up to
+            // send_timeout; a second with nothing written ends the wait
+            // (a client that stopped reading, or h2 waiting for the rest
+            // of a frame the client began before it ends).
+            let until = tokio::time::Instant::now() + send_to;
+            loop {
+                let before = out.written();
+                let closed = timeout(
+                    Duration::from_secs(1),
+                    poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
+                )
+                .await;
+                if closed.is_ok() || out.written() == before || tokio::time::Instant::now() >= until
+                {
+                    break;
+                }
+            }
             lingering = true;
             break;
         }
