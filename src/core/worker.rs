@@ -82,6 +82,10 @@ impl Drop for StateGuard<'_> {
 pub struct WorkerShared {
     pub config: Arc<ArcSwap<Config>>,
     pub quit: watch::Receiver<bool>,
+    /// Set when worker_shutdown_timeout runs out after a graceful stop:
+    /// the connections still open close now, and the requests still in
+    /// flight on them are logged as they end (as nginx's 499).
+    pub expired: watch::Receiver<bool>,
     pub stats: Arc<Stats>,
     pub pools: Arc<ArcSwap<crate::io::Pools>>,
     pub worker: usize,
@@ -183,9 +187,11 @@ pub fn run(
         }
     };
     let (quit_tx, quit_rx) = watch::channel(false);
+    let (expired_tx, expired_rx) = watch::channel(false);
     let shared = Arc::new(WorkerShared {
         config,
         quit: quit_rx,
+        expired: expired_rx,
         stats,
         pools,
         worker,
@@ -261,6 +267,18 @@ pub fn run(
             match deadline {
                 Some(d) => {
                     if tokio::time::timeout_at(d, wait).await.is_err() {
+                        // worker_shutdown_timeout ran out: connections
+                        // that watch for it end their requests (logged)
+                        // and close; they are given a few turns of the
+                        // loop for that (no waiting on a peer is left in
+                        // it), the rest close with the worker.
+                        let _ = expired_tx.send(true);
+                        for _ in 0..64 {
+                            if shared.active.load(Ordering::Acquire) == 0 {
+                                break;
+                            }
+                            tokio::task::yield_now().await;
+                        }
                         break;
                     }
                 }
