@@ -607,6 +607,11 @@ async fn read_head<S: Stream>(
 /// a large buffer is 414, a header line longer than one is 494, and the
 /// whole head may not exceed all the large buffers.
 fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
+    // No line of it can be longer than a large buffer, nor the whole
+    // longer than all of them (`limit` >= `large`): the usual head.
+    if buf.len() <= large && buf.len() <= limit {
+        return None;
+    }
     let first_nl = memchr::memchr(b'\n', buf);
     let line_len = first_nl.unwrap_or(buf.len());
     if line_len > large {
