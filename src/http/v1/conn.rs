@@ -104,8 +104,12 @@ async fn serve_on<S: Stream>(
     mut buf: Vec<u8>,
 ) -> Option<IdleWait> {
     let mut quit = shared.quit.clone();
+    // Bytes were left in the buffer behind the previous request: the next
+    // one is pipelined (nginx's `$pipe`). Bytes read after a wait are not.
+    let mut leftover = false;
     loop {
         let first = info.requests == 0;
+        let pipelined = std::mem::take(&mut leftover) && !buf.is_empty();
         // Wait for the first byte: keepalive_timeout between requests.
         if buf.is_empty() {
             let (wait_ms, reset, size) = idle_params(&shared, info, first)?;
@@ -176,9 +180,10 @@ async fn serve_on<S: Stream>(
                 }
             }
         }
-        if !request(stream, &mut buf, info, &shared, &quit).await {
+        if !request(stream, &mut buf, info, &shared, &quit, pipelined).await {
             return None;
         }
+        leftover = !buf.is_empty();
         if buf.is_empty() {
             buf = Vec::new();
         }
@@ -211,17 +216,19 @@ fn first_read<S: Stream>(stream: &S, size: usize) -> io::Result<Option<Vec<u8>>>
 }
 
 /// Reads, runs and answers one request whose first bytes are in `buf`.
-/// Returns whether the connection stays open for another.
+/// Returns whether the connection stays open for another. `pipelined`:
+/// its first bytes were already here behind the previous request's
+/// (until this was told apart, every keep-alive request after the first
+/// logged `$pipe` as `p`).
 async fn request<S: Stream>(
     stream: &S,
     buf: &mut Vec<u8>,
     info: &mut ConnInfo,
     shared: &Arc<WorkerShared>,
     quit: &tokio::sync::watch::Receiver<bool>,
+    pipelined: bool,
 ) -> bool {
     let first = info.requests == 0;
-    // Bytes already here behind the previous request: a pipelined one.
-    let pipelined = !first && !buf.is_empty();
     // Loaded once the request has started: a reload while this
     // connection idled applies to this request.
     let config = shared.config.load_full();
