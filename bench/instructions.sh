@@ -24,7 +24,8 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: $0 [--ocf on|off] [--size 1k|16k] [--conn] [--port N] BIN..." >&2; exit 2; }
 W=$(mktemp -d /var/tmp/tern-ir.XXXXXX)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
+# KEEP=PREFIX keeps each callgrind dump as PREFIX.BIN.OCF.SIZE.MODE.
+trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/www" "$W/logs"
 chmod 755 "$W" "$W/www"
 case "$SIZE" in 1k) N=1024 ;; 16k) N=16384 ;; *) N=$(numfmt --from=iec "${SIZE^^}") ;; esac
@@ -48,19 +49,39 @@ CONF
 H=()
 [ "$MODE" = conn ] && H=(-H "Connection: close")
 URL="http://127.0.0.1:$PORT/f.bin"
+# callgrind_control waits until the server runs again, which an idle
+# server under valgrind may never do by itself (seen: the dump hung for
+# minutes): poke it with requests until the command is through. The few
+# requests of a poke after `-z` add ~0.1 % to the counted total.
+ctl() {
+  callgrind_control "$@" $V >/dev/null 2>&1 &
+  local C=$!
+  for _ in $(seq 300); do
+    kill -0 $C 2>/dev/null || break
+    sleep 0.3
+    kill -0 $C 2>/dev/null || break
+    curl -s -o /dev/null --max-time 2 "$URL" || true
+  done
+  wait $C 2>/dev/null || true
+}
 for BIN in "$@"; do
   rm -f "$W"/cg.out*
   valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" --instr-atstart=no \
     "$BIN" -p "$W/" -c "$W/nginx.conf" -g 'daemon off; master_process off;' 2>"$W/vg.err" &
   V=$!
   for _ in $(seq 100); do curl -s -o /dev/null "$URL" && break; kill -0 $V 2>/dev/null || { cat "$W/vg.err" >&2; exit 1; }; sleep 0.2; done
-  callgrind_control -i on $V >/dev/null 2>&1
+  ctl -i on
   wrk -t1 -c4 -d2s "${H[@]}" "$URL" >/dev/null
-  callgrind_control -z $V >/dev/null 2>&1
+  ctl -z
   R=$(wrk -t1 -c4 -d5s "${H[@]}" "$URL" | awk '/requests in/{print $1}')
-  callgrind_control -d $V >/dev/null 2>&1
-  callgrind_control -i off $V >/dev/null 2>&1
-  kill $V; wait $V 2>/dev/null || true
+  ctl -d
+  ctl -i off
+  # A TERM can be lost while valgrind runs the server (seen with nginx in
+  # epoll_wait): repeat it, then KILL; the dump is already written.
+  for _ in $(seq 50); do kill $V 2>/dev/null || break; sleep 0.2; done
+  kill -9 $V 2>/dev/null || true
+  wait $V 2>/dev/null || true
+  [ -n "${KEEP:-}" ] && cp "$(ls "$W"/cg.out.* | sort | head -1)" "$KEEP.$(basename "$BIN").$OCF.$SIZE.$MODE"
   F=$(ls "$W"/cg.out.* | sort | head -1)
   IR=$(awk '/^summary:/{print $2; exit}' "$F")
   printf '%-28s ocf=%-3s %-4s %-4s requests %6d  instructions/request %7d\n' \

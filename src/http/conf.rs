@@ -236,7 +236,7 @@ pub struct CoreLoc {
     /// whole name to it).
     pub alias_len: Option<usize>,
     pub default_type: Option<String>,
-    pub types: Option<Arc<HashMap<String, String>>>,
+    pub types: Option<Arc<TypesMap>>,
     pub sendfile: Option<bool>,
     pub tcp_nopush: Option<bool>,
     pub tcp_nodelay: Option<bool>,
@@ -307,7 +307,7 @@ impl CoreLoc {
         }
         self.default_type.get_or_insert_with(|| "text/plain".into());
         self.types.get_or_insert_with(|| {
-            let mut m = HashMap::new();
+            let mut m = TypesMap::default();
             m.insert("html".into(), "text/html".into());
             m.insert("gif".into(), "image/gif".into());
             m.insert("jpg".into(), "image/jpeg".into());
@@ -533,6 +533,11 @@ pub struct Server {
 }
 
 /// The servers reachable through one listening address.
+/// `types`: lowercase extension to MIME type. Built from the
+/// configuration and only read per request, so a fast unkeyed hash
+/// (a request cannot add keys to collide).
+pub type TypesMap = HashMap<String, String, rustc_hash::FxBuildHasher>;
+
 #[derive(Debug)]
 pub struct AddrConf {
     pub listen: Listen,
@@ -544,6 +549,13 @@ impl AddrConf {
     /// Server selection by `Host` as nginx: exact, longest leading wildcard,
     /// longest trailing wildcard, first matching regex, else the default.
     pub fn select(&self, host: Option<&[u8]>) -> &Arc<Server> {
+        // One server on the address: whatever the Host, it is the one
+        // (the usual case; saves the name's UTF-8 check and the lookups).
+        if let [only] = &self.servers[..] {
+            if Arc::ptr_eq(only, &self.default) {
+                return &self.default;
+            }
+        }
         let Some(host) = host else {
             return self.by_empty_name();
         };
@@ -1557,9 +1569,9 @@ fn set_default_type(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfRes
 }
 
 fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let mut m: HashMap<String, String> = match &l.core.types {
+    let mut m: TypesMap = match &l.core.types {
         Some(t) => (**t).clone(),
-        None => HashMap::new(),
+        None => TypesMap::default(),
     };
     for e in d.block.as_deref().unwrap_or(&[]) {
         if e.block.is_some() {

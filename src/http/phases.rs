@@ -851,17 +851,24 @@ impl Ctx<'_> {
 
     /// `$request_filename`: root + uri, or alias + the rest of the uri.
     pub fn request_filename(&self) -> Vec<u8> {
-        let mut p = self.root();
-        if self.alias {
+        let rest: &[u8] = if self.alias {
             let n = match self.loc.core.alias_len {
                 Some(usize::MAX) if self.add_uri_to_alias => 0,
                 n => n.unwrap_or(self.loc_prefix_len),
             };
-            let rest = self.uri.get(n..).unwrap_or(b"");
-            p.extend_from_slice(rest);
+            self.uri.get(n..).unwrap_or(b"")
         } else {
-            p.extend_from_slice(&self.uri);
-        }
+            &self.uri
+        };
+        // Sized once (root's literal text, room for variables, the uri):
+        // this runs for every file answered, and growing the root's
+        // buffer for the uri cost a realloc.
+        let Some((t, _)) = &self.loc.core.root else {
+            return rest.to_vec();
+        };
+        let mut p = Vec::with_capacity(t.literal_len() + 64 + rest.len());
+        t.render(self, &mut p);
+        p.extend_from_slice(rest);
         p
     }
 }

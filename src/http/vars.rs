@@ -484,6 +484,17 @@ impl Template {
         }
     }
 
+    /// The bytes of the literal parts (what a render writes at least).
+    pub fn literal_len(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Lit(l) => l.len(),
+                Part::Var(_) => 0,
+            })
+            .sum()
+    }
+
     pub fn render_vec(&self, cx: &dyn VarCtx) -> Vec<u8> {
         let mut v = Vec::new();
         self.render(cx, &mut v);

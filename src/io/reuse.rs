@@ -106,15 +106,16 @@ pub async fn open_reusing(path: &Path, policy: &Policy) -> io::Result<Arc<OpenFi
     let found = TABLE.with(|t| {
         let mut t = t.borrow_mut();
         let i = t.kept.iter().position(|k| *k.path == *key)?;
-        let mut k = t.kept.remove(i);
-        if sys::stat(path).is_ok_and(|st| unchanged(&Meta::of_stat(&st), &k.file)) {
+        if sys::stat(path).is_ok_and(|st| unchanged(&Meta::of_stat(&st), &t.kept[i].file)) {
+            // Moved to the front (already there when the same file is
+            // asked again and again: no shifting then).
+            t.kept[..=i].rotate_right(1);
+            let k = &mut t.kept[0];
             k.used_ms = sys::coarse_ms();
-            let file = Arc::clone(&k.file);
-            t.kept.insert(0, k);
-            Some(Ok(file))
+            Some(Ok(Arc::clone(&k.file)))
         } else {
             // Closed once the borrow ends.
-            Some(Err(k))
+            Some(Err(t.kept.remove(i)))
         }
     });
     match found {

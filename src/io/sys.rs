@@ -9,7 +9,7 @@
 //! into `io::Error`. Which syscalls the running kernel lacks is remembered
 //! in process-wide flags so a missing one is tried once, not per request.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -42,8 +42,28 @@ fn cvt(r: libc::ssize_t) -> io::Result<usize> {
 }
 
 pub fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| nul_in_path())
+}
+
+fn nul_in_path() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte")
+}
+
+/// Paths shorter than this are made NUL-terminated on the stack.
+const STACK_PATH: usize = 384;
+
+/// Calls `f` with `path` as a C string: copied to the stack when short
+/// (the usual case, as std does for its own path calls), so a `stat` per
+/// request costs no allocation; allocated otherwise.
+fn with_cpath<R>(path: &Path, f: impl FnOnce(&CStr) -> io::Result<R>) -> io::Result<R> {
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= STACK_PATH {
+        return f(&cpath(path)?);
+    }
+    let mut buf = [0u8; STACK_PATH];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    let c = CStr::from_bytes_with_nul(&buf[..=bytes.len()]).map_err(|_| nul_in_path())?;
+    f(c)
 }
 
 /// Kernel ABI of `struct open_how`.
@@ -71,23 +91,25 @@ pub fn open_cached(path: &Path, flags: libc::c_int) -> io::Result<Nowait<File>> 
     if NO_OPENAT2_CACHED.load(Ordering::Relaxed) {
         return Ok(Nowait::Unsupported);
     }
-    let c = cpath(path)?;
     let how = OpenHow {
         flags: flags as u64,
         mode: 0,
         resolve: RESOLVE_CACHED,
     };
-    // SAFETY: `c` is a NUL-terminated string and `how` a properly laid out
-    // `struct open_how`, both alive across the call; the size passed is its size.
-    let r = unsafe {
-        libc::syscall(
-            SYS_OPENAT2,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
+    let r = with_cpath(path, |c| {
+        // SAFETY: `c` is a NUL-terminated string and `how` a properly laid
+        // out `struct open_how`, both alive across the call; the size
+        // passed is its size.
+        Ok(unsafe {
+            libc::syscall(
+                SYS_OPENAT2,
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        })
+    })?;
     if r < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
@@ -133,11 +155,10 @@ fn stat_with(
     path: &Path,
     call: unsafe extern "C" fn(*const libc::c_char, *mut libc::stat) -> libc::c_int,
 ) -> io::Result<libc::stat> {
-    let c = cpath(path)?;
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `call` is stat or lstat; `c` is NUL-terminated and outlives
     // the call; `st` has room for one `struct stat`, filled on success.
-    let r = unsafe { call(c.as_ptr(), st.as_mut_ptr()) };
+    let r = with_cpath(path, |c| Ok(unsafe { call(c.as_ptr(), st.as_mut_ptr()) }))?;
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

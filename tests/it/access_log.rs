@@ -452,3 +452,32 @@ fn uninitialized_set_variable_is_empty_and_warned_once() {
         ]
     );
 }
+
+/// `$pipe` is `p` only for a request whose bytes came behind the previous
+/// one's; a keep-alive request sent after the previous answer is `.`
+/// (nginx 1.22.1 on the same config and requests: `. 1`, `. 2`, then
+/// `. 1`, `p 2` for the pipelined pair).
+#[test]
+fn pipe_only_for_pipelined_requests() {
+    use std::io::Write;
+    let s = start(
+        r#"http {
+          log_format p '$pipe $connection_requests';
+          server { listen 127.0.0.1:@PORT@; root html; access_log logs/p.log p; } }"#,
+    );
+    let get = b"GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut c = s.connect();
+    for _ in 0..2 {
+        c.write_all(get).unwrap();
+        assert_eq!(read_response(&mut c).expect("a response").status, 200);
+    }
+    drop(c);
+    assert_eq!(wait_for(&s, "logs/p.log", 2), ". 1\n. 2\n");
+    let mut c = s.connect();
+    c.write_all(&[&get[..], &get[..]].concat()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(read_response(&mut c).expect("a response").status, 200);
+    }
+    drop(c);
+    assert_eq!(wait_for(&s, "logs/p.log", 4), ". 1\n. 2\n. 1\np 2\n");
+}

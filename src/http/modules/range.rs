@@ -129,8 +129,7 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
                 .iter()
                 .position(|(n, _)| n.eq_ignore_ascii_case("accept-ranges"))
             {
-                let h = resp.headers.remove(i);
-                resp.headers.push(h);
+                resp.headers[i..].rotate_left(1);
             }
         }
         Parsed::Unsatisfiable => unsatisfiable(cx, resp, len),

@@ -94,6 +94,10 @@ pub(crate) async fn serve<S: Stream>(
 /// sent its next request sees the connection reset.
 const QUIT_GRACE: Duration = Duration::from_millis(1000);
 
+/// How much earlier than [`PARK_AFTER`] an idle connection may be parked
+/// so that its timer need not be re-armed for every request.
+const PARK_SLACK: Duration = Duration::from_millis(250);
+
 /// [`serve`]'s loop: None when the connection is done, else the idle wait
 /// to park it with.
 async fn serve_on<S: Stream>(
@@ -103,9 +107,23 @@ async fn serve_on<S: Stream>(
     mut resume: Option<IdleWait>,
     mut buf: Vec<u8>,
 ) -> Option<IdleWait> {
-    let mut quit = shared.quit.clone();
+    let quit = shared.quit.clone();
+    // The waits between requests share one timer and one quit watcher,
+    // each registered once for the connection rather than once per
+    // request (a timer entry and a watch waiter added and removed per
+    // wait cost ~800 instructions a request under keep-alive load).
+    let mut quit_rx = shared.quit.clone();
+    let quit_changed = quit_rx.changed();
+    tokio::pin!(quit_changed);
+    let mut quit_seen = false;
+    let idle_timer = tokio::time::sleep_until(tokio::time::Instant::now() + PARK_AFTER);
+    tokio::pin!(idle_timer);
+    // Bytes were left in the buffer behind the previous request: the next
+    // one is pipelined (nginx's `$pipe`). Bytes read after a wait are not.
+    let mut leftover = false;
     loop {
         let first = info.requests == 0;
+        let pipelined = std::mem::take(&mut leftover) && !buf.is_empty();
         // Wait for the first byte: keepalive_timeout between requests.
         if buf.is_empty() {
             let (wait_ms, reset, size) = idle_params(&shared, info, first)?;
@@ -139,24 +157,40 @@ async fn serve_on<S: Stream>(
             loop {
                 // An unregistered socket reads before its first wait.
                 if !std::mem::take(&mut read_now) {
+                    // The timer set before for a park up to PARK_SLACK
+                    // earlier is kept: parking a little early is harmless,
+                    // and re-arming it costs more than the wait. The
+                    // close deadline (keepalive_timeout, the quit grace)
+                    // is always kept exactly.
+                    let set = idle_timer.deadline();
+                    let close_at = park_at >= wait.deadline;
+                    if close_at
+                        || set > park_at
+                        || park_at.duration_since(set) > PARK_SLACK
+                        || idle_timer.is_elapsed()
+                    {
+                        idle_timer.as_mut().reset(park_at);
+                    }
                     tokio::select! {
                         // Bytes first: polling the quit watch first would
-                        // register a waiter on it for every request.
+                        // wake it for nothing.
                         biased;
-                        r = tokio::time::timeout_at(park_at, stream.readable()) => match r {
-                            Ok(Ok(())) => {}
-                            Ok(Err(_)) => return None,
-                            Err(_) if park_at < wait.deadline => {
+                        r = stream.readable() => match r {
+                            Ok(()) => {}
+                            Err(_) => return None,
+                        },
+                        () = &mut idle_timer => {
+                            if idle_timer.deadline() < wait.deadline {
                                 return Some(wait);
                             }
-                            Err(_) => {
-                                if wait.first && wait.reset {
-                                    stream.set_linger_zero();
-                                }
-                                return None;
+                            if wait.first && wait.reset {
+                                stream.set_linger_zero();
                             }
+                            return None;
                         },
-                        _ = quit.changed(), if !first && !quitting => {
+                        _ = &mut quit_changed, if !first && !quitting && !quit_seen => {
+                            // (Done once: a finished future is not polled again.)
+                            quit_seen = true;
                             quitting = true;
                             let grace = tokio::time::Instant::now() + QUIT_GRACE;
                             wait.deadline = wait.deadline.min(grace);
@@ -176,9 +210,10 @@ async fn serve_on<S: Stream>(
                 }
             }
         }
-        if !request(stream, &mut buf, info, &shared, &quit).await {
+        if !request(stream, &mut buf, info, &shared, &quit, pipelined).await {
             return None;
         }
+        leftover = !buf.is_empty();
         if buf.is_empty() {
             buf = Vec::new();
         }
@@ -211,17 +246,19 @@ fn first_read<S: Stream>(stream: &S, size: usize) -> io::Result<Option<Vec<u8>>>
 }
 
 /// Reads, runs and answers one request whose first bytes are in `buf`.
-/// Returns whether the connection stays open for another.
+/// Returns whether the connection stays open for another. `pipelined`:
+/// its first bytes were already here behind the previous request's
+/// (until this was told apart, every keep-alive request after the first
+/// logged `$pipe` as `p`).
 async fn request<S: Stream>(
     stream: &S,
     buf: &mut Vec<u8>,
     info: &mut ConnInfo,
     shared: &Arc<WorkerShared>,
     quit: &tokio::sync::watch::Receiver<bool>,
+    pipelined: bool,
 ) -> bool {
     let first = info.requests == 0;
-    // Bytes already here behind the previous request: a pipelined one.
-    let pipelined = !first && !buf.is_empty();
     // Loaded once the request has started: a reload while this
     // connection idled applies to this request.
     let config = shared.config.load_full();
@@ -610,6 +647,11 @@ async fn read_head<S: Stream>(
 /// a large buffer is 414, a header line longer than one is 494, and the
 /// whole head may not exceed all the large buffers.
 fn check_limits(buf: &[u8], large: usize, limit: usize) -> Option<Reject> {
+    // No line of it can be longer than a large buffer, nor the whole
+    // longer than all of them (`limit` >= `large`): the usual head.
+    if buf.len() <= large && buf.len() <= limit {
+        return None;
+    }
     let first_nl = memchr::memchr(b'\n', buf);
     let line_len = first_nl.unwrap_or(buf.len());
     if line_len > large {
