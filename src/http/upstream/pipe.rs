@@ -382,7 +382,15 @@ impl Producer {
         // nginx reads a buffered body with readv() into its pipe's
         // buffers, an unbuffered one with recv(); its error line says so.
         let call = if self.buffered { "readv()" } else { "recv()" };
-        while !self.decoder.done() {
+        loop {
+            // A body found short (also with the head) fails once what
+            // came before is placed.
+            if let Some(f) = self.decoder.broken() {
+                return Err(f.into());
+            }
+            if self.decoder.done() {
+                break;
+            }
             let pipe = self.pipe.clone();
             // A response being cached or stored is read whole.
             let caching = self.cache.is_some() || self.store.is_some();
