@@ -188,6 +188,10 @@ pub struct CacheOut {
     /// Where the body starts (the header's length).
     pub(super) base: u64,
     pub(super) written: u64,
+    /// The length upstream declared: a body that ends with the
+    /// connection at another length is not stored (nginx checks it on
+    /// upstream_eof before ngx_http_file_cache_update).
+    pub(super) declared: Option<u64>,
     /// The last range written, shown to the client only after the entry
     /// is committed, so that a request made once this response is
     /// complete finds the entry.
@@ -319,6 +323,12 @@ impl Producer {
     pub async fn run(mut self, first: Vec<u8>) {
         match self.pump(first).await {
             Ok(()) => {
+                let by_close = self.decoder.by_close();
+                let short =
+                    |c: &mut CacheOut| by_close && c.declared.is_some_and(|d| d != c.written);
+                if let Some(c) = self.cache.take_if(short) {
+                    self.abandon_cache(c).await;
+                }
                 if let Some(c) = self.cache.take() {
                     let held = c.held;
                     if let Err((e, c)) = commit(c, &self.policy).await {
