@@ -803,3 +803,114 @@ fn cache_matches_nginx() {
     assert_eq!(t, n);
     assert_eq!(resp.take().len(), 2);
 }
+
+/// Answers whose `Content-Length` disagrees with the STDOUT that follows.
+fn length_script(g: &Got) -> Vec<u8> {
+    let uri = g.param("REQUEST_URI").unwrap_or("").to_string();
+    let path = uri.split('?').next().unwrap_or("");
+    let path = path.strip_prefix("/unbuf").unwrap_or(path);
+    let big = |declared: usize, sent: usize| {
+        let mut o =
+            format!("Content-Type: text/plain\r\nContent-Length: {declared}\r\n\r\n").into_bytes();
+        o.extend((0..sent).map(|i| b'a' + (i % 26) as u8));
+        reply(&o)
+    };
+    match path {
+        "/extra" => reply(b"Content-Type: text/html\nContent-Length: 8\n\nSEE-THIS-BUT-NOT-THIS\n"),
+        "/zero" => reply(b"Content-Type: text/html\nContent-Length: 0\n\nNOT-THIS\n"),
+        "/short" => reply(b"Content-Type: text/html\nContent-Length: 100\n\nSEE-THIS-TOO-SHORT\n"),
+        "/empty" => reply(b"Content-Type: text/html\nContent-Length: 100\n\n"),
+        // The excess, and the end, in records of their own.
+        "/records" => {
+            let mut o = rec(6, b"Content-Type: text/html\nContent-Length: 8\n\nSEE-");
+            o.extend(rec(6, b"THIS"));
+            o.extend(rec(6, b"-BUT-NOT-THIS"));
+            o.extend(reply(b""));
+            o
+        }
+        "/bigextra" => big(70_000, 100_000),
+        "/bigshort" => big(200_000, 100_000),
+        // No blank line before the output ends (fastcgi_split.t).
+        "/bad" => reply(b"BAD"),
+        _ => reply(b"Content-Type: text/plain\r\n\r\nok"),
+    }
+}
+
+/// nginx's FastCGI reading honours the script's `Content-Length`: what
+/// comes after it is dropped with a warning, and an output that ends
+/// short of it breaks the answer (the client gets what came, then the
+/// connection closes: no `add_after_body`), buffered or not
+/// (fastcgi_extra_data.t). An output that ends before its header block
+/// is an invalid header, which `fastcgi_next_upstream invalid_header`
+/// moves past (fastcgi_split.t).
+#[test]
+fn content_length_bounds_the_body() {
+    let (fport, bad) = (free_port(), free_port());
+    let resp = Responder::tcp(fport, Arc::new(length_script));
+    let _bad = Responder::tcp(bad, Arc::new(|_: &Got| reply(b"BAD")));
+    let c = format!(
+        "http {{ access_log off;\n\
+         upstream split {{ server 127.0.0.1:{bad}; server 127.0.0.1:{fport}; }}\n\
+         fastcgi_param REQUEST_URI $request_uri;\n\
+         server {{ listen 127.0.0.1:@PORT@;\n\
+           location / {{ fastcgi_pass 127.0.0.1:{fport}; add_after_body /after; }}\n\
+           location /unbuf/ {{ fastcgi_pass 127.0.0.1:{fport}; fastcgi_buffering off; add_after_body /after; }}\n\
+           location /split/ {{ fastcgi_pass split; fastcgi_next_upstream invalid_header; }}\n\
+           location = /after {{ return 200 \":after\\n\"; }}\n\
+         }} }}\n"
+    );
+    let reqs: Vec<String> = [
+        "/extra",
+        "/zero",
+        "/short",
+        "/empty",
+        "/records",
+        "/bigextra",
+        "/bigshort",
+        "/unbuf/extra",
+        "/unbuf/zero",
+        "/unbuf/short",
+        "/unbuf/empty",
+        "/unbuf/bigextra",
+        "/unbuf/bigshort",
+        "/split/",
+    ]
+    .iter()
+    .map(|p| format!("GET {p} HTTP/1.0\r\n\r\n"))
+    .collect();
+    let tern = if nginx_installed() {
+        compare_with_nginx(&c, &reqs)
+    } else {
+        Server::start(&c)
+    };
+    let body = |p: &str| {
+        let bytes = raw(tern.port, format!("GET {p} HTTP/1.0\r\n\r\n").as_bytes());
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{p}: {text}");
+        text.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default()
+    };
+    for pre in ["", "/unbuf"] {
+        assert_eq!(body(&format!("{pre}/extra")), "SEE-THIS:after\n", "{pre}");
+        assert_eq!(body(&format!("{pre}/zero")), ":after\n", "{pre}");
+        assert_eq!(
+            body(&format!("{pre}/short")),
+            "SEE-THIS-TOO-SHORT\n",
+            "{pre}"
+        );
+        assert_eq!(body(&format!("{pre}/empty")), "", "{pre}");
+        // The excess is dropped; nginx ends this answer there, without
+        // the after-body (compared above), and so does tern.
+        assert_eq!(body(&format!("{pre}/bigextra")).len(), 70_000, "{pre}");
+        assert_eq!(body(&format!("{pre}/bigshort")).len(), 100_000, "{pre}");
+    }
+    assert_eq!(body("/records"), "SEE-THIS:after\n");
+    // (The excess is a warning, below the default error_log level.)
+    tern.wait_error_log("upstream prematurely closed FastCGI request while reading upstream");
+    assert_eq!(body("/split/"), "ok");
+    tern.wait_error_log(
+        "upstream prematurely closed FastCGI stdout while reading response header from upstream",
+    );
+    drop(resp);
+}

@@ -120,3 +120,52 @@ fn answers_match_nginx() {
     // The log goes through the writer thread: waited for.
     tern.wait_error_log("the \"$memcached_key\" variable is not set");
 }
+
+/// memcached's `total_connections`.
+fn connections(port: u16) -> u64 {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("memcached");
+    s.write_all(b"stats\r\nquit\r\n").expect("stats");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines()
+        .find_map(|l| l.strip_prefix("STAT total_connections "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_connections")
+}
+
+/// With `keepalive`, a missing key (`END`, nginx's 404 page), also with
+/// `memcached_next_upstream not_found`, leaves its connection to the
+/// next request, as a value does; HEAD reads no value, so its connection
+/// is closed (memcached_keepalive.t).
+#[test]
+fn keepalive_as_nginx() {
+    let Some((_b, mport)) = backend() else {
+        return;
+    };
+    set(mport, "/k/v", 0, b"SEE-THIS");
+    let c = format!(
+        "http {{ access_log off;\n\
+         upstream memd {{ server 127.0.0.1:{mport}; keepalive 1; }}\n\
+         server {{ listen 127.0.0.1:@PORT@;\n\
+           location /k/ {{ set $memcached_key $uri; memcached_pass memd; }}\n\
+           location /next/ {{ set $memcached_key $uri; memcached_next_upstream not_found; memcached_pass memd; }}\n\
+         }} }}\n"
+    );
+    let tern = Server::start(&c);
+    // Each stats call is a connection of its own.
+    let before = connections(mport);
+    assert_eq!(tern.get("/k/v").body_str(), "SEE-THIS");
+    assert_eq!(tern.get("/k/missing").status, 404);
+    assert_eq!(tern.get("/next/missing").status, 404);
+    assert_eq!(tern.get("/k/v").body_str(), "SEE-THIS");
+    assert_eq!(
+        connections(mport),
+        before + 2,
+        "one for tern, one for stats"
+    );
+    let before = connections(mport);
+    let r = raw(tern.port, b"HEAD /k/v HTTP/1.0\r\n\r\n");
+    assert!(!String::from_utf8_lossy(&r).contains("SEE-THIS"));
+    assert_eq!(tern.get("/k/v").body_str(), "SEE-THIS");
+    assert_eq!(connections(mport), before + 2, "a new one after HEAD");
+}

@@ -47,6 +47,14 @@ def handle(c):
         out = b'Content-Type: text/plain\r\n\r\n' + bytes(b'abcdefghijklmnopqrstuvwxyz'[i % 26] for i in range(100000))
     elif uri.startswith(b'/cache'):
         out = b'Content-Type: text/plain\r\nCache-Control: max-age=60\r\n\r\nanswer %d\n' % count[uri]
+    elif uri.startswith(b'/hc/'):
+        # A Content-Length the body may disagree with; nothing after the
+        # head for HEAD in the 'empty' case.
+        kind = uri[4:]
+        head = d.get(b'REQUEST_METHOD') == b'HEAD'
+        out = b'Content-Type: text/html\nContent-Length: %s\n\n' % (b'100' if kind == b'short' else b'8')
+        out += {b'empty': b'' if head else b'SEE-THIS', b'matching': b'SEE-THIS',
+                b'extra': b'SEE-THIS-BUT-NOT-THIS\n', b'short': b'SEE-THIS\n'}.get(kind, b'')
     elif uri.startswith(b'/bad'):
         out = b'Status: abc\r\n\r\n'
     else:
@@ -114,6 +122,10 @@ fn conf(bport: u16, cache: &str) -> String {
            location /nohdr/ {{ scgi_param ONLY 1; scgi_param REQUEST_URI $request_uri; scgi_pass_request_headers off; scgi_pass 127.0.0.1:{bport}; }}\n\
            location /nobody/ {{ scgi_param REQUEST_URI $request_uri; scgi_pass_request_body off; scgi_pass 127.0.0.1:{bport}; }}\n\
            location /hide/ {{ scgi_param REQUEST_URI /x; scgi_hide_header X-Powered-By; scgi_pass 127.0.0.1:{bport}; }}\n\
+           location /hc/ {{ scgi_param REQUEST_URI $request_uri; scgi_param REQUEST_METHOD $request_method;\n\
+             scgi_cache sc; scgi_cache_key $request_uri; scgi_cache_valid any 1m; add_after_body /after;\n\
+             scgi_pass 127.0.0.1:{bport}; }}\n\
+           location = /after {{ return 200 \":after\\n\"; }}\n\
            location /cache {{\n\
              scgi_param REQUEST_URI $request_uri;\n\
              scgi_cache sc; scgi_cache_key $request_uri;\n\
@@ -256,4 +268,55 @@ fn config_checks() {
         "scgi_pass 127.0.0.1:9000;\nscgi_pass 127.0.0.1:9001;",
     ));
     t.assert_says("emerg", "\"scgi_pass\" directive is duplicate", 6);
+}
+
+/// An answer to HEAD is read to the close for the cache, which keeps it
+/// only when its length agrees with its Content-Length (nginx's check on
+/// upstream_eof): a HEAD answered without its body, or with more or less
+/// than declared, is not stored, and the GET that follows goes upstream
+/// (scgi_extra_data.t).
+#[test]
+fn head_answers_cached_only_when_whole() {
+    let p = Prefix::new();
+    let Some((_b, bport)) = backend(&p) else {
+        return;
+    };
+    let ask = |port: u16, m: &str, path: &str| {
+        let r = format!("{m} {path} HTTP/1.0\r\nHost: scgi.test\r\n\r\n");
+        norm(&raw(port, r.as_bytes()), port)
+    };
+    let kinds = ["empty", "matching", "extra", "short"];
+    let run = |port: u16| {
+        let mut out = Vec::new();
+        for k in kinds {
+            out.push(ask(port, "HEAD", &format!("/hc/{k}")));
+        }
+        for k in kinds {
+            out.push(ask(port, "GET", &format!("/hc/{k}")));
+        }
+        out
+    };
+    let pt = Prefix::new();
+    let c = conf(bport, &pt.path("cache").display().to_string());
+    let tern = Server::start_in(pt, &c);
+    let t = run(tern.port);
+    let body = |a: &str| a.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    // Not cached: the GET gets the script's whole answer.
+    assert_eq!(body(&t[4]).as_deref(), Some("SEE-THIS:after\n"), "{}", t[4]);
+    // Cached from the HEAD (the lengths agree).
+    assert_eq!(body(&t[5]).as_deref(), Some("SEE-THIS:after\n"), "{}", t[5]);
+    // Not cached; the GET's answer is cut at its Content-Length.
+    assert_eq!(body(&t[6]).as_deref(), Some("SEE-THIS:after\n"), "{}", t[6]);
+    // Not cached; the GET's answer ends short: no after-body.
+    assert_eq!(body(&t[7]).as_deref(), Some("SEE-THIS\n"), "{}", t[7]);
+    drop(tern);
+    if nginx_installed() {
+        let pn = Prefix::new();
+        let nport = free_port();
+        let c = conf(bport, &pn.path("cache").display().to_string());
+        let nginx = start_nginx(&pn, &c, nport).expect("nginx starts");
+        let n = run(nport);
+        drop(nginx);
+        assert_eq!(t, n);
+    }
 }

@@ -217,7 +217,7 @@ impl CgiHead {
 
     fn head(&self, status: u16, status_line: Vec<u8>, headers: Headers, end: usize) -> Head {
         let declared_len = crate::http::modules::proxy::head::content_length(&headers);
-        let no_body = self.head_only || status == 204 || status == 304;
+        let none = status == 204 || status == 304;
         Head {
             status,
             status_line,
@@ -225,11 +225,14 @@ impl CgiHead {
             early: self.buf[end..].to_vec(),
             body: Vec::new(),
             declared_len,
-            no_body,
+            no_body: none || self.head_only,
             keep: false,
+            // An answer to HEAD is read (when it is, for the cache) to the
+            // close whatever its Content-Length, as nginx does; the cache
+            // then keeps it only if the two agree.
             decoder: Box::new(ToClose {
-                none: no_body,
-                left: declared_len,
+                none,
+                left: declared_len.filter(|_| !self.head_only),
                 extra: false,
             }),
         }
@@ -279,7 +282,7 @@ impl HeadReader for CgiHead {
 
 /// A body of the declared Content-Length (nginx then takes the close
 /// before its end as premature), else one that ends with the connection;
-/// none at all for HEAD, 204, 304.
+/// none at all for 204, 304.
 struct ToClose {
     none: bool,
     /// Bytes still expected with a Content-Length.

@@ -377,6 +377,7 @@ impl Background {
                 eh,
                 base,
                 written: 0,
+                declared: resp.declared_len,
                 held: None,
                 _guard: Some(g),
             }),

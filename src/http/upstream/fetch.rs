@@ -356,8 +356,10 @@ pub async fn fetch<E: FetchEnv, B: BodyFeed>(
             Ok(mut r) => {
                 let bit = ft::of_status(r.status).unwrap_or(0);
                 if may_retry(bit, true, tries_left) {
-                    // The answer goes unread; 403 and 404 do not count
-                    // against the peer, the others do.
+                    // The answer goes unread (its connection kept when
+                    // nothing of it is left to read); 403 and 404 do not
+                    // count against the peer, the others do.
+                    super::response::release_unread(up, &mut r);
                     slot.finish();
                     if bit & (ft::HTTP_403 | ft::HTTP_404) == 0 && up.failed(pid) {
                         cx.log_up(

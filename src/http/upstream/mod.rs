@@ -260,6 +260,15 @@ pub trait BodyDecoder: Send {
         false
     }
 
+    /// The body ended short of what upstream declared (FastCGI's
+    /// END_REQUEST before `Content-Length` bytes), once: what was decoded
+    /// goes to the client, then the connection closes as after any
+    /// failure once the head is out (nginx's `p->upstream_error`). A
+    /// broken body is never `done`.
+    fn broken(&mut self) -> Option<Fail> {
+        None
+    }
+
     /// Error-log lines (at `error`) produced so far, taken.
     fn logs(&mut self) -> Vec<String> {
         Vec::new()

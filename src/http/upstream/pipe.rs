@@ -188,6 +188,10 @@ pub struct CacheOut {
     /// Where the body starts (the header's length).
     pub(super) base: u64,
     pub(super) written: u64,
+    /// The length upstream declared: a body that ends with the
+    /// connection at another length is not stored (nginx checks it on
+    /// upstream_eof before ngx_http_file_cache_update).
+    pub(super) declared: Option<u64>,
     /// The last range written, shown to the client only after the entry
     /// is committed, so that a request made once this response is
     /// complete finds the entry.
@@ -319,6 +323,12 @@ impl Producer {
     pub async fn run(mut self, first: Vec<u8>) {
         match self.pump(first).await {
             Ok(()) => {
+                let by_close = self.decoder.by_close();
+                let short =
+                    |c: &mut CacheOut| by_close && c.declared.is_some_and(|d| d != c.written);
+                if let Some(c) = self.cache.take_if(short) {
+                    self.abandon_cache(c).await;
+                }
                 if let Some(c) = self.cache.take() {
                     let held = c.held;
                     if let Err((e, c)) = commit(c, &self.policy).await {
@@ -382,7 +392,15 @@ impl Producer {
         // nginx reads a buffered body with readv() into its pipe's
         // buffers, an unbuffered one with recv(); its error line says so.
         let call = if self.buffered { "readv()" } else { "recv()" };
-        while !self.decoder.done() {
+        loop {
+            // A body found short (also with the head) fails once what
+            // came before is placed.
+            if let Some(f) = self.decoder.broken() {
+                return Err(f.into());
+            }
+            if self.decoder.done() {
+                break;
+            }
             let pipe = self.pipe.clone();
             // A response being cached or stored is read whole.
             let caching = self.cache.is_some() || self.store.is_some();

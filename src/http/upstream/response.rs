@@ -150,6 +150,18 @@ pub fn reusable(r: &UpResp) -> bool {
     r.keep && !r.decoder.extra() && !r.decoder.by_close()
 }
 
+/// An answer that is not relayed (retried, or replaced by an error page)
+/// whose body came whole with its head leaves its connection to the
+/// keepalive cache, as nginx's keepalive peer takes it back when the
+/// protocol set `u->keepalive` with the head (memcached's `END`).
+pub fn release_unread(up: &Upstream, r: &mut UpResp) {
+    if r.early.is_empty() && r.decoder.done() && reusable(r) {
+        if let Some(s) = r.stream.take() {
+            up.put_idle(r.peer.clone(), s, r.requests);
+        }
+    }
+}
+
 pub fn header<'h>(hs: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
     hs.iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -246,6 +258,7 @@ pub(super) async fn respond(
                 c.zone.set_error(c.main, resp.status, f.valid_until);
             }
         }
+        release_unread(up, &mut resp);
         let mut r = Response::status(resp.status);
         if resp.status == 401 {
             // The challenge goes with the page error_page makes (every
@@ -309,6 +322,7 @@ pub(super) async fn respond(
                     eh,
                     base,
                     written: 0,
+                    declared: resp.declared_len,
                     held: None,
                     _guard: guard.take(),
                 }),

@@ -30,7 +30,9 @@
 //!   └─ the rest of STDOUT is the body: the engine's Producer streams it
 //!      while the Decoder strips the framing; END_REQUEST ends it, and with
 //!      fastcgi_keep_conn the connection goes back to the upstream's
-//!      keepalive cache
+//!      keepalive cache. The script's Content-Length bounds it, as nginx's
+//!      `f->rest`: more is dropped (a warning, the connection not reused),
+//!      an output that ends short breaks the answer after what came
 //! ```
 //!
 //! Every record is padded to a multiple of 8 bytes, as nginx pads them.

@@ -135,6 +135,8 @@ pub(crate) struct Decoder {
     pub(crate) done: bool,
     /// Bytes came after END_REQUEST.
     pub(super) extra: bool,
+    /// An empty STDOUT record arrived (the script's output ended).
+    pub(super) stdout_closed: bool,
 }
 
 impl Decoder {
@@ -147,6 +149,7 @@ impl Decoder {
             cur_err: Vec::new(),
             done: false,
             extra: false,
+            stdout_closed: false,
         }
     }
 
@@ -183,6 +186,9 @@ impl Decoder {
                     }
                     let left = usize::from(h[4]) << 8 | usize::from(h[5]);
                     let pad = usize::from(h[6]);
+                    if h[1] == STDOUT && left == 0 {
+                        self.stdout_closed = true;
+                    }
                     self.part = Part::Content {
                         kind: h[1],
                         left,
@@ -322,6 +328,25 @@ impl HeadReader for FcgiHead {
             let declared_len = header(&headers, "content-length")
                 .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
             let dec = std::mem::replace(&mut self.dec, Decoder::new());
+            // nginx's `f->rest`: nothing after a 204 or 304; for HEAD the
+            // length counts only once body bytes come.
+            let rest = if status == 204 || status == 304 {
+                Rest::Left(0)
+            } else if self.head_only {
+                Rest::Head
+            } else {
+                declared_len.map_or(Rest::Any, Rest::Left)
+            };
+            let mut decoder = FcgiBody {
+                dec,
+                rest,
+                declared: declared_len,
+                cut: false,
+                short: false,
+                reported: false,
+            };
+            let mut body = self.out[body_at..].to_vec();
+            decoder.limit(&mut body, 0);
             return Ok(Some(Head {
                 status,
                 status_line,
@@ -332,8 +357,8 @@ impl HeadReader for FcgiHead {
                 keep: self.keep_conn,
                 headers,
                 early: Vec::new(),
-                body: self.out[body_at..].to_vec(),
-                decoder: Box::new(FcgiBody(dec)),
+                body,
+                decoder: Box::new(decoder),
             }));
         }
         if self.out.len() > self.head_max {
@@ -342,12 +367,13 @@ impl HeadReader for FcgiHead {
                 WHILE_HEAD
             )));
         }
-        if self.dec.done {
-            return Err(fail(
-                502,
-                format!("upstream prematurely closed FastCGI stdout {}", WHILE_HEAD),
-                true,
-            ));
+        if self.dec.done || self.dec.stdout_closed {
+            // nginx's invalid header (fastcgi_next_upstream invalid_header
+            // moves on).
+            return Err(invalid_header(&format!(
+                "upstream prematurely closed FastCGI stdout {}",
+                WHILE_HEAD
+            )));
         }
         Ok(None)
     }
@@ -357,27 +383,110 @@ impl HeadReader for FcgiHead {
     }
 }
 
-/// The rest of the records after the head: STDOUT is the body,
-/// END_REQUEST ends it.
-struct FcgiBody(Decoder);
+/// How much body `Content-Length` still allows (nginx's `f->rest`).
+#[derive(Debug, Clone, Copy)]
+enum Rest {
+    /// No length declared: STDOUT until END_REQUEST.
+    Any,
+    /// An answer to HEAD: the declared length counts once body bytes come
+    /// (a script that sends none is not short).
+    Head,
+    Left(u64),
+}
+
+/// The rest of the records after the head: STDOUT is the body, up to
+/// `Content-Length` (more is dropped with nginx's warning, and ends the
+/// body); END_REQUEST ends it, and before the declared length breaks it.
+struct FcgiBody {
+    dec: Decoder,
+    rest: Rest,
+    declared: Option<u64>,
+    /// More than `Content-Length` arrived: the body ended there.
+    cut: bool,
+    /// The script's output ended short of `Content-Length`.
+    short: bool,
+    /// `short` was told to the engine.
+    reported: bool,
+}
+
+impl FcgiBody {
+    /// Applies the declared length to `out[from..]`, the STDOUT content
+    /// just decoded, and notes a body that ended short.
+    fn limit(&mut self, out: &mut Vec<u8>, from: usize) {
+        let got = out.len().saturating_sub(from) as u64;
+        if got > 0 {
+            if let Rest::Head = self.rest {
+                self.rest = self.declared.map_or(Rest::Any, Rest::Left);
+            }
+        }
+        if let Rest::Left(left) = self.rest {
+            if got > left {
+                out.truncate(from + left as usize);
+                self.cut = true;
+                self.rest = Rest::Left(0);
+            } else {
+                self.rest = Rest::Left(left - got);
+            }
+        }
+        let ended = self.dec.done || self.dec.stdout_closed;
+        if ended && !self.cut && matches!(self.rest, Rest::Left(n) if n > 0) {
+            self.short = true;
+        }
+    }
+}
 
 impl BodyDecoder for FcgiBody {
     fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), Fail> {
-        self.0
+        if self.cut {
+            // What follows the declared length is dropped.
+            self.dec.extra |= !buf.is_empty();
+            return Ok(());
+        }
+        let from = out.len();
+        self.dec
             .feed(buf, out)
-            .map_err(|m| fail(502, format!("{} while reading upstream", m), false))
+            .map_err(|m| fail(502, format!("{} while reading upstream", m), false))?;
+        self.limit(out, from);
+        Ok(())
     }
 
     fn done(&self) -> bool {
-        self.0.done
+        self.cut || (self.dec.done && !self.short)
     }
 
     fn extra(&self) -> bool {
-        self.0.extra
+        self.dec.extra || self.cut
+    }
+
+    fn extra_warning(&self) -> Option<&'static str> {
+        self.cut
+            .then_some("upstream sent more data than specified in \"Content-Length\" header")
+    }
+
+    fn broken(&mut self) -> Option<Fail> {
+        if !self.short || self.reported {
+            return None;
+        }
+        self.reported = true;
+        // The empty STDOUT record ends the output first (nginx's buffered
+        // reading names it); a bare END_REQUEST ends the request.
+        let what = if self.dec.stdout_closed {
+            "stdout"
+        } else {
+            "request"
+        };
+        Some(fail(
+            502,
+            format!(
+                "upstream prematurely closed FastCGI {} while reading upstream",
+                what
+            ),
+            false,
+        ))
     }
 
     fn logs(&mut self) -> Vec<String> {
-        self.0
+        self.dec
             .stderr
             .drain(..)
             .map(|e| stderr_msg(&e, false))

@@ -320,7 +320,9 @@ impl HeadReader for McHead {
             body: Vec::new(),
             declared_len: Some(len),
             no_body: self.head_only,
-            keep: true,
+            // nginx reads no value for HEAD, and so does not know the
+            // connection clean: it is closed (memcached_keepalive.t).
+            keep: !self.head_only,
             decoder: Box::new(McBody {
                 left: len,
                 trailer: 0,
