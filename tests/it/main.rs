@@ -36,6 +36,7 @@ mod io;
 mod limit_rate_var;
 mod limits;
 mod lint;
+mod mail;
 mod map;
 mod memcached;
 mod next_upstream;
