@@ -26,7 +26,10 @@ pub enum Verdict {
         passwd: Option<Vec<u8>>,
     },
     /// Refused: the line for the client, and `Auth-Wait` if sent.
-    Refused { msg: Vec<u8>, wait: Option<Duration> },
+    Refused {
+        msg: Vec<u8>,
+        wait: Option<Duration>,
+    },
     /// The auth server failed or answered nonsense (logged).
     Error,
 }
@@ -143,7 +146,11 @@ pub async fn ask(s: &Session, a: &Auth) -> Verdict {
         Err(_) => {
             s.log(
                 Level::Error,
-                format_args!("auth http server {} timed out{}", peer, s.ctx(Some(&a.login))),
+                format_args!(
+                    "auth http server {} timed out{}",
+                    peer,
+                    s.ctx(Some(&a.login))
+                ),
             );
             return Verdict::Error;
         }
@@ -177,7 +184,9 @@ fn parse(s: &Session, a: &Auth, resp: &[u8]) -> Verdict {
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .unwrap_or(resp.len());
-    let mut lines = resp[..end].split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let mut lines = resp[..end]
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
     let status = lines.next().unwrap_or_default();
     if !status.starts_with(b"HTTP/1.") || status.len() < 12 {
         return invalid();
@@ -260,7 +269,17 @@ fn parse(s: &Session, a: &Auth, resp: &[u8]) -> Verdict {
         .map(<[u8]>::to_vec);
     // APOP and CRAM-MD5 give a digest, not the password: the auth server
     // must send the password for the backend.
-    if passwd.is_none() && matches!(a.method, Method::Apop | Method::CramMd5) {
+    let no_passwd = match srv.protocol {
+        // XCLIENT needs no password; AUTH PLAIN to the backend does.
+        Protocol::Smtp => {
+            srv.proxy_smtp_auth
+                && a.method != Method::None
+                && passwd.is_none()
+                && (a.passwd.is_empty() || matches!(a.method, Method::CramMd5))
+        }
+        _ => passwd.is_none() && matches!(a.method, Method::Apop | Method::CramMd5),
+    };
+    if no_passwd {
         s.log(
             Level::Error,
             format_args!(

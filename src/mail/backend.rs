@@ -51,7 +51,10 @@ impl Up {
                 }
             }
         };
-        tokio::time::timeout(s.srv.timeout, read).await.ok().flatten()
+        tokio::time::timeout(s.srv.timeout, read)
+            .await
+            .ok()
+            .flatten()
     }
 
     async fn send(&mut self, s: &Session, b: &[u8]) -> bool {
@@ -103,6 +106,13 @@ pub async fn login(
         sock,
         buf: Vec::new(),
     };
+    if s.srv.proxy_protocol {
+        let h = crate::stream::proxy_protocol::v1_line(s.remote, s.local);
+        if !up.send(s, &h).await {
+            let _ = client.send(internal_error(s.srv.protocol)).await;
+            return None;
+        }
+    }
     let done = match s.srv.protocol {
         Protocol::Pop3 => pop3(s, &mut up, a).await,
         Protocol::Imap => imap(s, &mut up, a).await,
@@ -174,7 +184,12 @@ async fn imap(s: &Session, up: &mut Up, a: &Auth) -> Done {
     expect(s, up, |l| l.starts_with(b"* OK"), false).await?;
     let tag = s.tag.clone();
     let cont = |l: &[u8]| l.starts_with(b"+");
-    let first = line(&[&tag, b" LOGIN {", a.login.len().to_string().as_bytes(), b"}"]);
+    let first = line(&[
+        &tag,
+        b" LOGIN {",
+        a.login.len().to_string().as_bytes(),
+        b"}",
+    ]);
     if !up.send(s, &first).await {
         return Err((Vec::new(), false));
     }
@@ -253,8 +268,9 @@ async fn smtp(s: &Session, up: &mut Up, a: &Auth) -> Done {
         if !up.send(s, &line(&[&s.smtp_to])).await {
             return Err((Vec::new(), false));
         }
-        // The backend's answer to RCPT TO is the client's.
-        return expect(s, up, code(b"250"), true).await;
+        // The backend's answer to RCPT TO is the client's, whatever it
+        // is: the session goes on to the relay either way.
+        return expect(s, up, |_| true, true).await;
     }
     if srv.proxy_smtp_auth {
         let mut plain = vec![0u8];

@@ -106,6 +106,8 @@ pub struct MailServer {
     pub client_buffer: usize,
     pub smtp_greeting_delay: Duration,
     pub xclient: bool,
+    /// `proxy_protocol on`: a PROXY v1 header to the backend first.
+    pub proxy_protocol: bool,
     pub proxy_smtp_auth: bool,
     pub max_errors: u32,
     pub realip_from: Vec<Addr>,
@@ -139,6 +141,7 @@ pub struct Common {
     smtp_client_buffer: Option<usize>,
     smtp_greeting_delay: Option<Duration>,
     xclient: Option<bool>,
+    proxy_protocol: Option<bool>,
     proxy_smtp_auth: Option<bool>,
     max_errors: Option<u32>,
     realip_from: Option<Vec<Addr>>,
@@ -173,6 +176,7 @@ impl Common {
             smtp_client_buffer,
             smtp_greeting_delay,
             xclient,
+            proxy_protocol,
             proxy_smtp_auth,
             max_errors,
             realip_from,
@@ -231,7 +235,12 @@ macro_rules! row {
 /// smtp, ssl, realip).
 pub const DIRECTIVES: &[MailSpec] = &[
     row!("server", M, Args::take(0), MailSetter::Block),
-    row!("listen", ctx::MAIL_SRV, Args::AtLeast(1), MailSetter::Listen),
+    row!(
+        "listen",
+        ctx::MAIL_SRV,
+        Args::AtLeast(1),
+        MailSetter::Listen
+    ),
     row!(
         "protocol",
         ctx::MAIL_SRV,
@@ -244,7 +253,12 @@ pub const DIRECTIVES: &[MailSpec] = &[
         Args::take(1),
         MailSetter::Common(set_server_name)
     ),
-    row!("timeout", MS, Args::take(1), MailSetter::Common(set_timeout)),
+    row!(
+        "timeout",
+        MS,
+        Args::take(1),
+        MailSetter::Common(set_timeout)
+    ),
     row!(
         "resolver",
         MS,
@@ -293,12 +307,7 @@ pub const DIRECTIVES: &[MailSpec] = &[
         Args::Flag,
         MailSetter::Common(set_pass_client_cert)
     ),
-    row!(
-        "proxy",
-        MS,
-        Args::Flag,
-        MailSetter::Common(check_flag)
-    ),
+    row!("proxy", MS, Args::Flag, MailSetter::Common(check_flag)),
     row!(
         "proxy_buffer",
         MS,
@@ -324,6 +333,12 @@ pub const DIRECTIVES: &[MailSpec] = &[
         MailSetter::Common(set_proxy_smtp_auth)
     ),
     row!("xclient", MS, Args::Flag, MailSetter::Common(set_xclient)),
+    row!(
+        "proxy_protocol",
+        MS,
+        Args::Flag,
+        MailSetter::Common(set_proxy_protocol)
+    ),
     row!(
         "pop3_auth",
         MS,
@@ -398,20 +413,10 @@ pub const DIRECTIVES: &[MailSpec] = &[
     row!("ssl_ecdh_curve", MS, Args::take(1), MailSetter::Ssl),
     row!("ssl_protocols", MS, Args::AtLeast(1), MailSetter::Ssl),
     row!("ssl_ciphers", MS, Args::take(1), MailSetter::Ssl),
-    row!(
-        "ssl_prefer_server_ciphers",
-        MS,
-        Args::Flag,
-        MailSetter::Ssl
-    ),
+    row!("ssl_prefer_server_ciphers", MS, Args::Flag, MailSetter::Ssl),
     row!("ssl_session_cache", MS, Args::take12(), MailSetter::Ssl),
     row!("ssl_session_tickets", MS, Args::Flag, MailSetter::Ssl),
-    row!(
-        "ssl_session_ticket_key",
-        MS,
-        Args::take(1),
-        MailSetter::Ssl
-    ),
+    row!("ssl_session_ticket_key", MS, Args::take(1), MailSetter::Ssl),
     row!("ssl_session_timeout", MS, Args::take(1), MailSetter::Ssl),
     row!("ssl_verify_client", MS, Args::take(1), MailSetter::Ssl),
     row!("ssl_verify_depth", MS, Args::take(1), MailSetter::Ssl),
@@ -636,7 +641,9 @@ fn finish_server(
         match ssl.tls {
             Some(cfg) => {
                 let mut cfg = (*cfg).clone();
-                cfg.alpn_protocols = Vec::new();
+                // nginx's mail ALPN: the protocol's own name only; a
+                // client offering none of it fails the handshake.
+                cfg.alpn_protocols = vec![protocol.name().as_bytes().to_vec()];
                 tls = Some(Arc::new(cfg));
             }
             None => {
@@ -673,6 +680,7 @@ fn finish_server(
         client_buffer,
         smtp_greeting_delay: c.smtp_greeting_delay.unwrap_or_default(),
         xclient: c.xclient.unwrap_or(true),
+        proxy_protocol: c.proxy_protocol.unwrap_or(false),
         proxy_smtp_auth: c.proxy_smtp_auth.unwrap_or(false),
         max_errors: c.max_errors.unwrap_or(5),
         realip_from: c.realip_from.clone().unwrap_or_default(),
@@ -728,12 +736,7 @@ fn set_protocol(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<(
         "pop3" => Protocol::Pop3,
         "imap" => Protocol::Imap,
         "smtp" => Protocol::Smtp,
-        v => {
-            return Err(ConfError::at(
-                format!("unknown protocol \"{}\"", v),
-                d,
-            ))
-        }
+        v => return Err(ConfError::at(format!("unknown protocol \"{}\"", v), d)),
     };
     set_once(&mut c.protocol, p, d)
 }
@@ -802,7 +805,10 @@ fn set_auth_http(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<
         .and_then(|mut a| a.next())
         .ok_or_else(|| {
             ConfError::at(
-                format!("host not found in \"{}\" of the \"auth_http\" directive", url),
+                format!(
+                    "host not found in \"{}\" of the \"auth_http\" directive",
+                    url
+                ),
                 d,
             )
         })?;
@@ -853,6 +859,11 @@ fn set_proxy_smtp_auth(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfR
     set_once(&mut c.proxy_smtp_auth, v, d)
 }
 
+fn set_proxy_protocol(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut c.proxy_protocol, v, d)
+}
+
 fn set_xclient(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = flag(d)?;
     set_once(&mut c.xclient, v, d)
@@ -865,12 +876,7 @@ fn auth_bits(d: &Directive, words: &[(&str, u32)]) -> ConfResult<u32> {
         let w = a.value.to_ascii_lowercase();
         match words.iter().find(|(n, _)| *n == w) {
             Some((_, b)) => m |= b,
-            None => {
-                return Err(ConfError::at(
-                    format!("invalid value \"{}\"", a.value),
-                    d,
-                ))
-            }
+            None => return Err(ConfError::at(format!("invalid value \"{}\"", a.value), d)),
         }
     }
     Ok(m)

@@ -95,7 +95,10 @@ async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
                             Some(n) => (n, false),
                             None => (inner, true),
                         };
-                        match std::str::from_utf8(num).ok().and_then(|n| n.parse::<usize>().ok()) {
+                        match std::str::from_utf8(num)
+                            .ok()
+                            .and_then(|n| n.parse::<usize>().ok())
+                        {
                             Some(n) => literal = Some((n, sync)),
                             None => {
                                 bad = true;
@@ -203,7 +206,10 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             continue;
         };
         s.tag = tag.clone();
-        let cmd = toks.get(1).map(|c| c.to_ascii_uppercase()).unwrap_or_default();
+        let cmd = toks
+            .get(1)
+            .map(|c| c.to_ascii_uppercase())
+            .unwrap_or_default();
         let args = toks.get(2..).unwrap_or_default();
         let only = s.srv.starttls == StartTls::Only && !s.tls;
         let ok = |s: &Session| {

@@ -168,9 +168,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
                     b"USER" if args.len() == 1 && !only => {
                         (OK.to_vec(), State::User(args[0].to_vec()))
                     }
-                    b"APOP"
-                        if args.len() == 2 && s.srv.auth_methods & auth::APOP != 0 && !only =>
-                    {
+                    b"APOP" if args.len() == 2 && s.srv.auth_methods & auth::APOP != 0 && !only => {
                         return Next::Auth(Auth {
                             method: Method::Apop,
                             login: args[0].to_vec(),
@@ -232,7 +230,9 @@ fn auth_cmd(s: &mut Session, args: &[&[u8]]) -> Step<State> {
     let mech = args[0].to_ascii_uppercase();
     let m = s.srv.auth_methods;
     let r = match (mech.as_slice(), args.len()) {
-        (b"LOGIN", 1) if m & auth::LOGIN != 0 => Step::Send(USERNAME.to_vec(), State::LoginUsername),
+        (b"LOGIN", 1) if m & auth::LOGIN != 0 => {
+            Step::Send(USERNAME.to_vec(), State::LoginUsername)
+        }
         (b"LOGIN", 2) if m & auth::LOGIN != 0 => match session::decode(s, args[1], "AUTH LOGIN") {
             Some(u) => Step::Send(PASSWORD.to_vec(), State::LoginPassword(u)),
             None => Step::Invalid,
@@ -269,10 +269,7 @@ pub fn ended(s: &Session, e: ReadErr) -> bool {
     let c = s.ctx(None);
     match e {
         ReadErr::Closed => {
-            s.log(
-                Level::Info,
-                format_args!("client closed connection{}", c),
-            );
+            s.log(Level::Info, format_args!("client closed connection{}", c));
             false
         }
         ReadErr::TimedOut => {
@@ -283,7 +280,10 @@ pub fn ended(s: &Session, e: ReadErr) -> bool {
             false
         }
         ReadErr::TooLong => {
-            s.log(Level::Info, format_args!("client sent too long command{}", c));
+            s.log(
+                Level::Info,
+                format_args!("client sent too long command{}", c),
+            );
             true
         }
     }

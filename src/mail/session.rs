@@ -98,7 +98,10 @@ impl Client {
     /// Reads more bytes into the buffer (at most up to `limit`).
     pub async fn fill(&mut self) -> Result<(), ReadErr> {
         let mut chunk = [0u8; 4096];
-        let room = self.limit.saturating_sub(self.buf.len()).clamp(1, chunk.len());
+        let room = self
+            .limit
+            .saturating_sub(self.buf.len())
+            .clamp(1, chunk.len());
         let Some(sock) = self.sock.as_mut() else {
             return Err(ReadErr::Closed);
         };
@@ -219,7 +222,11 @@ impl Session {
         let salt = self.salt();
         let bare = &salt[..salt.len().saturating_sub(2)];
         let mut out = prefix.as_bytes().to_vec();
-        out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(bare).as_bytes());
+        out.extend_from_slice(
+            base64::engine::general_purpose::STANDARD
+                .encode(bare)
+                .as_bytes(),
+        );
         out.extend_from_slice(b"\r\n");
         out
     }
@@ -241,7 +248,10 @@ pub fn decode(s: &Session, arg: &[u8], what: &str) -> Option<Vec<u8>> {
             let c = s.ctx(None);
             s.log(
                 Level::Info,
-                format_args!("client sent invalid base64 encoding in {} command{}", what, c),
+                format_args!(
+                    "client sent invalid base64 encoding in {} command{}",
+                    what, c
+                ),
             );
             None
         }
@@ -283,7 +293,10 @@ pub fn sasl_cram(s: &Session, arg: &[u8]) -> Option<Auth> {
             let c = s.ctx(None);
             s.log(
                 Level::Info,
-                format_args!("client sent invalid CRAM-MD5 hash in AUTH CRAM-MD5 command{}", c),
+                format_args!(
+                    "client sent invalid CRAM-MD5 hash in AUTH CRAM-MD5 command{}",
+                    c
+                ),
             );
             None
         }
@@ -351,7 +364,11 @@ pub async fn serve(
         limit: srv.client_buffer,
         timeout: srv.timeout,
     };
-    if srv.listen.iter().any(|l| l.addr == listen && l.proxy_protocol) {
+    if srv
+        .listen
+        .iter()
+        .any(|l| l.addr == listen && l.proxy_protocol)
+    {
         s.action = "reading PROXY protocol";
         match read_pp(&mut client, srv.timeout).await {
             Ok(h) => {
@@ -362,10 +379,7 @@ pub async fn serve(
                 if trusted {
                     if let Some((ip, port)) = h.src {
                         s.remote = Some(SocketAddr::new(ip, port));
-                        s.log(
-                            Level::Info,
-                            format_args!("realip client {}", ip),
-                        );
+                        s.log(Level::Info, format_args!("realip client {}", ip));
                     }
                 }
                 s.pp = Some(h);
@@ -562,12 +576,7 @@ async fn relay(s: &mut Session, client: Client, up: Sock, login: &[u8]) {
             Level::Info,
             format_args!(
                 "{} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}{}",
-                who,
-                bytes.from_client,
-                bytes.to_client,
-                bytes.from_upstream,
-                bytes.to_upstream,
-                c
+                who, bytes.from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream, c
             ),
         ),
         _ => s.log(Level::Info, format_args!("proxied session done{}", c)),

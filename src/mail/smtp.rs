@@ -36,9 +36,6 @@ fn ehlo(s: &Session) -> Vec<u8> {
     let only = srv.starttls == StartTls::Only && !s.tls;
     let mut lines: Vec<String> = vec![srv.server_name.clone()];
     lines.extend(srv.capabilities.iter().cloned());
-    if srv.starttls != StartTls::Off && !s.tls {
-        lines.push("STARTTLS".into());
-    }
     if !only {
         let mechs: Vec<&str> = SASL
             .iter()
@@ -49,9 +46,16 @@ fn ehlo(s: &Session) -> Vec<u8> {
             lines.push(format!("AUTH {}", mechs.join(" ")));
         }
     }
+    if srv.starttls != StartTls::Off && !s.tls {
+        lines.push("STARTTLS".into());
+    }
     let mut out = Vec::new();
     for (i, l) in lines.iter().enumerate() {
-        out.extend_from_slice(if i + 1 == lines.len() { b"250 " } else { b"250-" });
+        out.extend_from_slice(if i + 1 == lines.len() {
+            b"250 "
+        } else {
+            b"250-"
+        });
         out.extend_from_slice(l.as_bytes());
         out.extend_from_slice(b"\r\n");
     }

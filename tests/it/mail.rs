@@ -99,7 +99,8 @@ struct C {
 impl C {
     fn new(port: u16) -> C {
         let s = connect(port);
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
         C {
             w: s.try_clone().expect("clone"),
             r: BufReader::new(s),
@@ -111,7 +112,9 @@ impl C {
         l
     }
     fn send(&mut self, l: &str) {
-        self.w.write_all(format!("{}\r\n", l).as_bytes()).expect("send");
+        self.w
+            .write_all(format!("{}\r\n", l).as_bytes())
+            .expect("send");
     }
     fn ask(&mut self, l: &str) -> String {
         self.send(l);
@@ -166,7 +169,10 @@ fn mail_pop3_refused_login_waits_then_retries() {
     ));
     let mut c = C::new(srv.port);
     let g = c.line();
-    assert!(g.starts_with("+OK POP3 ready <") && g.ends_with(">\r\n"), "{g}");
+    assert!(
+        g.starts_with("+OK POP3 ready <") && g.ends_with(">\r\n"),
+        "{g}"
+    );
     // AUTH PLAIN with an initial response, a wrong password.
     let bad = base64("\0test@example.com\0bad");
     assert_eq!(
@@ -189,7 +195,11 @@ fn mail_pop3_refused_login_waits_then_retries() {
     let heads = auth_log.lock().unwrap().clone();
     assert_eq!(heads.len(), 2);
     assert!(heads[0].contains("Auth-Login-Attempt: 1\r\n"));
-    assert!(heads[1].contains("Auth-Login-Attempt: 2\r\n"), "{}", heads[1]);
+    assert!(
+        heads[1].contains("Auth-Login-Attempt: 2\r\n"),
+        "{}",
+        heads[1]
+    );
     assert!(heads[1].contains("Auth-Method: plain\r\nAuth-User: test@example.com\r\n"));
 }
 
@@ -203,7 +213,10 @@ fn mail_pop3_capa_and_apop_salt() {
     ));
     let mut c = C::new(srv.port);
     let g = c.line();
-    let salt = g.trim_start_matches("+OK POP3 ready ").trim_end().to_string();
+    let salt = g
+        .trim_start_matches("+OK POP3 ready ")
+        .trim_end()
+        .to_string();
     c.send("CAPA");
     let mut capa = String::new();
     loop {
@@ -261,7 +274,10 @@ fn mail_smtp_ehlo_auth_xclient_and_relay() {
         e,
         "250-mx.test\r\n250-SIZE\r\n250-8BITMIME\r\n250 AUTH PLAIN LOGIN\r\n"
     );
-    assert_eq!(c.ask("MAIL FROM:<a@b>"), "530 5.7.1 Authentication required\r\n");
+    assert_eq!(
+        c.ask("MAIL FROM:<a@b>"),
+        "530 5.7.1 Authentication required\r\n"
+    );
     assert_eq!(c.ask("BLAH"), "500 5.5.1 Invalid command\r\n");
     assert_eq!(
         c.ask(&format!("AUTH PLAIN {}", base64("\0u@test\0wrong"))),
@@ -299,13 +315,20 @@ fn mail_smtp_auth_none_passes_the_envelope() {
     let mut c = C::new(srv.port);
     c.line();
     assert_eq!(c.ask("HELO client.test"), "250 mx.test\r\n");
-    assert_eq!(c.ask("RCPT TO:<x@y>"), "503 5.5.1 Bad sequence of commands\r\n");
+    assert_eq!(
+        c.ask("RCPT TO:<x@y>"),
+        "503 5.5.1 Bad sequence of commands\r\n"
+    );
     assert_eq!(c.ask("MAIL FROM:<a@b>"), "250 2.0.0 OK\r\n");
     // The backend's answer to RCPT TO is the client's.
     assert_eq!(c.ask("RCPT TO:<x@y>"), "250 2.1.0 ok\r\n");
     assert_eq!(
         be_log.lock().unwrap().clone(),
-        vec!["HELO mx.test\r\n", "MAIL FROM:<a@b>\r\n", "RCPT TO:<x@y>\r\n"]
+        vec![
+            "HELO mx.test\r\n",
+            "MAIL FROM:<a@b>\r\n",
+            "RCPT TO:<x@y>\r\n"
+        ]
     );
     let heads = auth_log.lock().unwrap().clone();
     assert!(heads[0].contains("Auth-Method: none\r\nAuth-User: \r\nAuth-Pass: \r\n"));
@@ -350,15 +373,25 @@ fn mail_imap_login_literals_and_capability() {
     ));
     let mut c = C::new(srv.port);
     assert_eq!(c.line(), "* OK IMAP4 ready\r\n");
-    assert_eq!(c.ask("a0 CAPABILITY"), "* CAPABILITY IMAP4 IMAP4rev1 UIDPLUS AUTH=PLAIN AUTH=CRAM-MD5\r\n");
+    assert_eq!(
+        c.ask("a0 CAPABILITY"),
+        "* CAPABILITY IMAP4 IMAP4rev1 UIDPLUS AUTH=PLAIN AUTH=CRAM-MD5\r\n"
+    );
     assert_eq!(c.line(), "a0 OK completed\r\n");
     assert_eq!(c.ask("a0 LOGIN"), "a0 BAD invalid command\r\n");
     assert_eq!(c.ask("a1 LOGIN {7}"), "+ OK\r\n");
     c.w.write_all(b"te\"st@x \"se\\\"cret\"\r\n").expect("send");
     assert_eq!(c.line(), "a1 NO Invalid login or password\r\n");
-    assert_eq!(c.ask("a1 LOGIN {7+}\r\nte\"st@x secret"), "a1 OK login ok\r\n");
+    assert_eq!(
+        c.ask("a1 LOGIN {7+}\r\nte\"st@x secret"),
+        "a1 OK login ok\r\n"
+    );
     let heads = auth_log.lock().unwrap().clone();
-    assert!(heads[0].contains("Auth-User: te\"st@x\r\nAuth-Pass: se\"cret\r\n"), "{}", heads[0]);
+    assert!(
+        heads[0].contains("Auth-User: te\"st@x\r\nAuth-Pass: se\"cret\r\n"),
+        "{}",
+        heads[0]
+    );
     assert_eq!(
         be_log.lock().unwrap().clone(),
         vec!["a1 LOGIN {7}\r\n", "te\"st@x {6}\r\n", "secret\r\n"]
@@ -374,7 +407,10 @@ fn mail_config_errors_and_version() {
     );
     let out = p.run(&["-t"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no \"auth_http\" is defined for server in "), "{err}");
+    assert!(
+        err.contains("no \"auth_http\" is defined for server in "),
+        "{err}"
+    );
     p.write(
         "conf/nginx.conf",
         "events {}\nmail {\n    auth_http 127.0.0.1:9/a;\n    server {\n        listen 127.0.0.1:1025;\n        protocol pop4;\n    }\n}\n",
