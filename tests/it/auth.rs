@@ -335,3 +335,45 @@ fn auth_basic_same_as_nginx() {
     }
     eprintln!("{} requests, all identical to nginx", reqs.len());
 }
+
+/// `auth_delay`: a refused password is answered only after the delay (a
+/// lower bound, which load cannot break); an accepted one is answered.
+#[test]
+fn auth_delay_holds_back_401() {
+    let p = Prefix::new();
+    p.write("conf/htpasswd", "user:{PLAIN}good\n");
+    p.write("html/d/f.txt", "delayed file\n");
+    let s = Server::start_in(
+        p,
+        "events {}\nhttp {\n access_log off;\n server {\n  listen 127.0.0.1:@PORT@;\n  root html;\n  auth_delay 1500ms;\n  location /d/ { auth_basic \"closed\"; auth_basic_user_file htpasswd; }\n }\n}\n",
+    );
+    let started = std::time::Instant::now();
+    let bad = exchange(
+        s.port,
+        get("/d/f.txt", Some(&format!("Basic {}", basic("user", "bad")))).as_bytes(),
+    );
+    let waited = started.elapsed();
+    assert!(
+        bad.starts_with(b"HTTP/1.1 401 "),
+        "{}",
+        String::from_utf8_lossy(&bad)
+    );
+    assert!(
+        waited >= std::time::Duration::from_millis(1500),
+        "{:?}",
+        waited
+    );
+    let good = exchange(
+        s.port,
+        get(
+            "/d/f.txt",
+            Some(&format!("Basic {}", basic("user", "good"))),
+        )
+        .as_bytes(),
+    );
+    assert!(
+        good.starts_with(b"HTTP/1.1 200 ") && good.ends_with(b"delayed file\n"),
+        "{}",
+        String::from_utf8_lossy(&good)
+    );
+}

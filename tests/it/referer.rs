@@ -14,11 +14,16 @@ const CONF: &str = "http {\n\
       }\n\
       location /b/ { valid_referers example.com; return 200 \"[$invalid_referer]\"; }\n\
       location /c/ { return 200 \"[$invalid_referer]\"; }\n\
+      location /d/ { valid_referers ~.*; return 200 \"[$invalid_referer]\"; }\n\
     }\n\
     }\n";
 
 fn answers(port: u16) -> Vec<String> {
     let long = format!("http://{}.com/", "h".repeat(300));
+    // nginx copies at most 256 bytes of host: 256 is still looked up, 257 is invalid.
+    let host255 = format!("http://{}", "a".repeat(255));
+    let host256 = format!("http://{}", "a".repeat(256));
+    let host257 = format!("http://{}/", "a".repeat(257));
     let referers: Vec<Option<&str>> = vec![
         None,
         Some(""),
@@ -42,9 +47,12 @@ fn answers(port: u16) -> Vec<String> {
         Some("ftp://example.com/"),
         Some("http://i.r"),
         Some(long.as_str()),
+        Some(host255.as_str()),
+        Some(host256.as_str()),
+        Some(host257.as_str()),
     ];
     let mut out = Vec::new();
-    for path in ["/a/", "/b/", "/c/"] {
+    for path in ["/a/", "/b/", "/c/", "/d/"] {
         for r in &referers {
             let h = r.map(|v| format!("Referer: {}\r\n", v)).unwrap_or_default();
             let req = format!(
@@ -72,6 +80,19 @@ fn invalid_referer_is_what_nginx_computes() {
     let text = ours.join("\n");
     assert!(text.contains("/a/ None -> 200 []"), "{}", text);
     assert!(text.contains("/b/ None -> 200 [1]"), "{}", text);
+    let host256 = format!(
+        "/d/ Some({:?}) -> 200 []",
+        format!("http://{}", "a".repeat(256))
+    );
+    let host257 = format!(
+        "/d/ Some({:?}) -> 200 [1]",
+        format!("http://{}/", "a".repeat(257))
+    );
+    assert!(
+        text.contains(&host256) && text.contains(&host257),
+        "{}",
+        text
+    );
     assert!(
         text.contains("/a/ Some(\"http://pics.com/other\") -> 200 [1]"),
         "{}",

@@ -34,6 +34,15 @@ http {
             if ($secure_link = "") { return 403; }
             return 200 "link=$secure_link\n";
         }
+        location /i/ {
+            secure_link_secret sekrit;
+            location /i/new/ {
+                secure_link $arg_md5;
+                secure_link_md5 "$uri secret";
+                return 200 "new [$secure_link]\n";
+            }
+            return 200 "old [$secure_link]\n";
+        }
     }
 }
 "#;
@@ -86,6 +95,8 @@ fn targets() -> Vec<String> {
         format!("/p/{}/", hex(b"sekrit", false)),
         "/p/abc/file".to_string(),
         "/p/".to_string(),
+        format!("/i/new/x?md5={}", b64(b"/i/new/x secret")),
+        format!("/i/{}/x", hex(b"xsekrit", false)),
     ];
     // A hash with a '+' where hex digits belong.
     let mut h = hex(b"xsekrit", false);
@@ -124,6 +135,9 @@ fn secure_link_as_nginx() {
         "{:?}",
         ours[14]
     );
+    // A nested location with the new style does not inherit the old one.
+    assert!(ours[21].ends_with("\r\n\r\nnew [1]\n"), "{:?}", ours[21]);
+    assert!(ours[22].ends_with("\r\n\r\nold [x]\n"), "{:?}", ours[22]);
     if !nginx_installed() {
         return;
     }

@@ -49,6 +49,11 @@ fn auth_conf(b: u16) -> String {
       auth_request_set $user $upstream_http_x_user;
       add_header X-User "[$user]";
     }}
+    location /s/ {{
+      auth_request /authu;
+      auth_request_set $args "set$upstream_status";
+      add_header X-Args "[$args][$arg_orig]";
+    }}
     location = /authu {{ internal; log_subrequest on; proxy_pass http://127.0.0.1:{b}/user; }}
     location = /deny {{ internal; auth_request off; return 403; }}
     location /missing/ {{ auth_request /nothing-here; }}
@@ -64,7 +69,9 @@ fn auth_conf(b: u16) -> String {
 }
 
 fn auth_files(p: &Prefix) {
-    for d in ["a", "u", "local", "missing", "any", "any2", "off", "deep"] {
+    for d in [
+        "a", "u", "s", "local", "missing", "any", "any2", "off", "deep",
+    ] {
         p.write(&format!("html/{}/x.txt", d), format!("{} file\n", d));
     }
 }
@@ -79,6 +86,7 @@ fn auth_series(port: u16) -> Vec<String> {
         ("POST", "/a/x.txt", "good"),
         ("HEAD", "/a/x.txt", ""),
         ("GET", "/u/x.txt", ""),
+        ("GET", "/s/x.txt?orig=1", ""),
         ("GET", "/local/x.txt", ""),
         ("GET", "/missing/x.txt", ""),
         ("GET", "/any/x.txt", ""),
@@ -114,7 +122,7 @@ fn auth_series(port: u16) -> Vec<String> {
             b
         };
         out.push(format!(
-            "{} {} {} -> {} {:?} | www-auth {:?} | user {:?} | conn {:?}",
+            "{} {} {} -> {} {:?} | www-auth {:?} | user {:?} | args {:?} | conn {:?}",
             method,
             path,
             token,
@@ -122,6 +130,7 @@ fn auth_series(port: u16) -> Vec<String> {
             b,
             r.header("WWW-Authenticate"),
             r.header("X-User"),
+            r.header("X-Args"),
             r.header("Connection"),
         ));
     }
@@ -153,8 +162,10 @@ fn auth_request_answers_as_nginx_does() {
         "{}",
         text
     );
-    assert!(ours[7].contains("-> 403"), "{}", text);
-    assert!(ours[14].contains("-> 404"), "{}", text);
+    // auth_request_set may set $args, as `set` can (nginx's set_handler).
+    assert!(ours[7].contains("args Some(\"[set204][]\")"), "{}", text);
+    assert!(ours[8].contains("-> 403"), "{}", text);
+    assert!(ours[15].contains("-> 404"), "{}", text);
     let log = tern.wait_error_log("auth request unexpected status: 302");
     assert!(
         log.contains("auth request unexpected status: 302, client: 127.0.0.1, server: , request: \"GET /a/x.txt HTTP/1.1\", host: \"x\""),
@@ -168,7 +179,7 @@ fn auth_request_answers_as_nginx_does() {
     );
     // The subrequest skips the access phase (as nginx's does): /deep/'s
     // own auth_request does not guard it, the directory index does.
-    assert!(ours[15].contains("-> 403"), "{}", text);
+    assert!(ours[16].contains("-> 403"), "{}", text);
     let our_access = wait_log(&tern.prefix, "logs/access.log", "/deep/x.txt");
     // log_subrequest on in /authu: its line comes before the main one;
     // the other subrequests are not logged.

@@ -1,4 +1,4 @@
-//! `allow`, `deny`, `satisfy` and `limit_except`: the access phase.
+//! `allow`, `deny`, `satisfy`, `auth_delay` and `limit_except`: the access phase.
 //!
 //! Rules are checked in order and the first match decides; no match
 //! says nothing. [`phase`] runs nginx's access phase: the address rules,
@@ -94,6 +94,9 @@ pub struct AccessLoc {
     pub satisfy_any: Option<bool>,
     /// Not inherited by nested locations (per location, as in nginx).
     pub limit_except: Option<Arc<LimitExcept>>,
+    /// `auth_delay`, in milliseconds: how long a 401 from this phase is
+    /// held back (against timing attacks on passwords); 0 by default.
+    pub auth_delay_ms: Option<u64>,
 }
 
 impl AccessLoc {
@@ -103,6 +106,9 @@ impl AccessLoc {
         }
         if self.satisfy_any.is_none() {
             self.satisfy_any = p.satisfy_any;
+        }
+        if self.auth_delay_ms.is_none() {
+            self.auth_delay_ms = p.auth_delay_ms;
         }
     }
 }
@@ -158,8 +164,19 @@ pub enum Verdict {
 }
 
 /// nginx's access phase: allow/deny, auth_basic, auth_request, under `satisfy`.
-/// `None` lets the request go on to the content phase.
+/// `None` lets the request go on to the content phase. A 401 waits
+/// `auth_delay` first (nginx holds the request on a timer the same way).
 pub async fn phase(cx: &mut Ctx<'_>) -> Option<Response> {
+    let r = decide(cx).await?;
+    if r.status == 401 {
+        if let Some(ms) = cx.loc.modules.access.auth_delay_ms.filter(|&ms| ms > 0) {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+    }
+    Some(r)
+}
+
+async fn decide(cx: &mut Ctx<'_>) -> Option<Response> {
     // Most locations check nothing: leave before the checks' futures are
     // built (this phase runs for every request).
     let m = &cx.loc.modules;
@@ -220,6 +237,12 @@ fn check(cx: &Ctx<'_>, rules: Option<&[Rule]>) -> Verdict {
         }
     }
     Verdict::Declined
+}
+
+fn set_auth_delay(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let ms = crate::config::value::time_ms(arg(d, 0))
+        .ok_or_else(|| crate::config::registry::slot_invalid(d))?;
+    crate::config::registry::set_once(&mut l.modules.access.auth_delay_ms, ms, d)
 }
 
 fn set_satisfy(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -340,6 +363,12 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: ctx::HSL,
         args: Args::take(1),
         set: Setter::Loc(set_satisfy),
+    },
+    Spec {
+        name: "auth_delay",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_auth_delay),
     },
     Spec {
         name: "limit_except",

@@ -48,7 +48,17 @@ pub struct AuthRequestLoc {
     pub uri: Option<Option<Arc<[u8]>>>,
     /// `auth_request_set $var value` lines of one level (not added up
     /// across levels: a level with its own replaces the inherited ones).
-    pub vars: Option<Arc<Vec<(usize, Template)>>>,
+    pub vars: Option<Arc<Vec<(SetTarget, Template)>>>,
+}
+
+/// What an `auth_request_set` line assigns: a variable of the
+/// configuration, or one of the two builtins nginx lets `set` change
+/// (`$args`, `$limit_rate`: the request's own state).
+#[derive(Debug, Clone, Copy)]
+pub enum SetTarget {
+    User(usize),
+    Args,
+    LimitRate,
 }
 
 impl AuthRequestLoc {
@@ -80,7 +90,11 @@ fn set_var(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
             d,
         ));
     };
-    let i = cx.vars.define(var);
+    let target = match var {
+        "args" => SetTarget::Args,
+        "limit_rate" => SetTarget::LimitRate,
+        _ => SetTarget::User(cx.vars.define(var)),
+    };
     let value = cx.template(arg(d, 1), d)?;
     let mut list = l
         .modules
@@ -89,13 +103,13 @@ fn set_var(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> 
         .take()
         .map(|v| (*v).clone())
         .unwrap_or_default();
-    list.push((i, value));
+    list.push((target, value));
     l.modules.auth_request.vars = Some(Arc::new(list));
     Ok(())
 }
 
 /// The access check: `Declined` when no `auth_request` applies.
-pub async fn check(cx: &Ctx<'_>) -> Verdict {
+pub async fn check(cx: &mut Ctx<'_>) -> Verdict {
     if !matches!(cx.loc.modules.auth_request.uri, Some(Some(_))) {
         return Verdict::Declined;
     }
@@ -110,11 +124,17 @@ pub async fn check(cx: &Ctx<'_>) -> Verdict {
     };
     let resp = crate::http::subrequest::run(&mut sub).await;
     let status = resp.status;
+    let mut builtins = Vec::new();
     if let Some(vars) = &conf.vars {
-        for (i, t) in vars.iter() {
+        for (target, t) in vars.iter() {
             let v = t.render_vec(&sub);
-            if let Some(slot) = sub.user_vars.borrow_mut().get_mut(*i) {
-                *slot = Some(v);
+            match target {
+                SetTarget::User(i) => {
+                    if let Some(slot) = sub.user_vars.borrow_mut().get_mut(*i) {
+                        *slot = Some(v);
+                    }
+                }
+                _ => builtins.push((*target, v)),
             }
         }
     }
@@ -128,6 +148,24 @@ pub async fn check(cx: &Ctx<'_>) -> Verdict {
     // one is dropped unread.
     drop(resp);
     crate::http::subrequest::finish(cx, sub);
+    for (target, v) in builtins {
+        match target {
+            SetTarget::Args => cx.args = (!v.is_empty()).then(|| v.into()),
+            SetTarget::LimitRate => {
+                match std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(crate::config::value::size)
+                {
+                    Some(n) => cx.set_note(super::rewrite::LIMIT_RATE, n.to_string()),
+                    None => cx.log(
+                        Level::Error,
+                        &format!("invalid $limit_rate \"{}\"", String::from_utf8_lossy(&v)),
+                    ),
+                }
+            }
+            SetTarget::User(_) => {}
+        }
+    }
     match status {
         200..=299 => Verdict::Allow,
         401 => {

@@ -6,7 +6,7 @@
 //! prefix, and `~regex`es). `$invalid_referer` is computed when used, as
 //! nginx computes it: no `Referer` is valid only with `none`; one that does
 //! not start with `http://` or `https://` (case-insensitive) only with
-//! `blocked`; otherwise its host (up to `/` or `:`, lowercased, at most 255
+//! `blocked`; otherwise its host (up to `/` or `:`, lowercased, at most 256
 //! bytes) is looked up exactly, then among leading, then trailing
 //! wildcards (the entry's URI prefix, if any, must then start the path),
 //! then the server's regex names (on the host) and the regex entries (on
@@ -154,7 +154,8 @@ fn invalid(cx: &Ctx<'_>, v: &Valid) -> bool {
         .iter()
         .position(|&b| b == b'/' || b == b':')
         .unwrap_or(rest.len());
-    if end > 255 {
+    // nginx copies the host into a 256-byte buffer; a longer one is invalid.
+    if end > 256 {
         return true;
     }
     let host = String::from_utf8_lossy(&rest[..end]).to_ascii_lowercase();

@@ -56,14 +56,21 @@ pub struct SecureLinkLoc {
 }
 
 impl SecureLinkLoc {
+    /// nginx's rule: a location with its own `secure_link_secret` takes
+    /// nothing from outside; otherwise `secure_link` and `secure_link_md5`
+    /// are inherited, and the outer secret only when neither is set here
+    /// (the new style set in a nested location wins over an outer old one).
     pub fn merge(&mut self, p: &SecureLinkLoc) {
+        if self.secret.is_some() {
+            return;
+        }
         if self.variable.is_none() {
             self.variable = p.variable.clone();
         }
         if self.md5.is_none() {
             self.md5 = p.md5.clone();
         }
-        if self.secret.is_none() {
+        if self.variable.is_none() && self.md5.is_none() {
             self.secret = p.secret.clone();
         }
     }
