@@ -88,8 +88,44 @@ pub fn request(s: &Session, a: &Auth) -> Vec<u8> {
         escape(&mut r, &s.smtp_to);
         r.extend_from_slice(b"\r\n");
     }
-    if s.tls {
+    if let Some(t) = &s.tls_info {
+        use crate::tls::vars::{eval, SslVar};
         r.extend_from_slice(b"Auth-SSL: on\r\n");
+        r.extend_from_slice(format!("Auth-SSL-Protocol: {}\r\n", t.protocol).as_bytes());
+        r.extend_from_slice(format!("Auth-SSL-Cipher: {}\r\n", t.cipher).as_bytes());
+        let verifying = srv
+            .client_auth
+            .as_ref()
+            .is_some_and(|a| a.mode != crate::tls::client_auth::VerifyMode::Off);
+        let mut fields: Vec<(&str, SslVar)> = Vec::new();
+        if verifying {
+            fields.extend([
+                ("Auth-SSL-Verify", SslVar::ClientVerify),
+                ("Auth-SSL-Subject", SslVar::ClientSDn),
+                ("Auth-SSL-Issuer", SslVar::ClientIDn),
+                ("Auth-SSL-Serial", SslVar::ClientSerial),
+                ("Auth-SSL-Fingerprint", SslVar::ClientFingerprint),
+            ]);
+        }
+        if srv.auth_http_pass_client_cert {
+            fields.push(("Auth-SSL-Cert", SslVar::ClientEscapedCert));
+        }
+        for (name, v) in fields {
+            let mut val = Vec::new();
+            eval(Some(t), v, &mut val);
+            // Empty values (no certificate) are left out, as nginx does.
+            if !val.is_empty() {
+                r.extend_from_slice(name.as_bytes());
+                r.extend_from_slice(b": ");
+                // As nginx, the values go as they are (the certificate
+                // is already escaped); a line break is never let through.
+                r.extend(
+                    val.iter()
+                        .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+                );
+                r.extend_from_slice(b"\r\n");
+            }
+        }
     }
     if let Some(h) = &s.pp {
         if let Some((ip, port)) = h.src {

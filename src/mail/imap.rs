@@ -14,6 +14,16 @@ const NEXT: &[u8] = b"+ \r\n";
 const USERNAME: &[u8] = b"+ VXNlcm5hbWU6\r\n";
 const PASSWORD: &[u8] = b"+ UGFzc3dvcmQ6\r\n";
 
+/// The commands nginx's IMAP parser knows (others count toward max_errors).
+const KNOWN: &[&[u8]] = &[
+    b"LOGIN",
+    b"LOGOUT",
+    b"CAPABILITY",
+    b"NOOP",
+    b"STARTTLS",
+    b"AUTHENTICATE",
+];
+
 const SASL: &[(u32, &str)] = &[
     (auth::PLAIN, "AUTH=PLAIN"),
     (auth::LOGIN, "AUTH=LOGIN"),
@@ -180,7 +190,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             match got {
                 Some(a) => return Next::Auth(a),
                 None => {
-                    if !bad(s, c).await {
+                    if !bad(s, c, true).await {
                         return Next::Quit;
                     }
                     continue;
@@ -192,7 +202,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             Err(e) => return quit_on(s, c, e).await,
         };
         let Some(toks) = toks else {
-            if !bad(s, c).await {
+            if !bad(s, c, false).await {
                 return Next::Quit;
             }
             continue;
@@ -200,7 +210,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
         let Some(tag) = toks.first() else {
             // An empty line.
             s.tag.clear();
-            if !bad(s, c).await {
+            if !bad(s, c, false).await {
                 return Next::Quit;
             }
             continue;
@@ -294,7 +304,8 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             _ => Vec::new(),
         };
         if out.is_empty() {
-            if !bad(s, c).await {
+            let known = KNOWN.contains(&cmd.as_slice());
+            if !bad(s, c, known).await {
                 return Next::Quit;
             }
             continue;
@@ -306,8 +317,8 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
 }
 
 /// `TAG BAD invalid command`; false when the session ends (max_errors).
-async fn bad(s: &mut Session, c: &mut Client) -> bool {
-    let quit = s.invalid();
+async fn bad(s: &mut Session, c: &mut Client, known: bool) -> bool {
+    let quit = s.invalid(known);
     let mut v = if s.tag.is_empty() {
         b"*".to_vec()
     } else {
@@ -319,7 +330,7 @@ async fn bad(s: &mut Session, c: &mut Client) -> bool {
 
 async fn quit_on(s: &mut Session, c: &mut Client, e: ReadErr) -> Next {
     if ended(s, e) {
-        let _ = bad(s, c).await;
+        let _ = bad(s, c, false).await;
     }
     Next::Quit
 }

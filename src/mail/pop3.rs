@@ -12,6 +12,12 @@ const NEXT: &[u8] = b"+ \r\n";
 const USERNAME: &[u8] = b"+ VXNlcm5hbWU6\r\n";
 const PASSWORD: &[u8] = b"+ UGFzc3dvcmQ6\r\n";
 
+/// The commands nginx's POP3 parser knows: only others count as errors
+/// toward `max_errors`.
+const KNOWN: &[&[u8]] = &[
+    b"USER", b"PASS", b"APOP", b"QUIT", b"CAPA", b"AUTH", b"NOOP", b"STLS",
+];
+
 /// The SASL mechanisms POP3 names, with their bits.
 const SASL: &[(u32, &str)] = &[
     (auth::PLAIN, "PLAIN"),
@@ -53,7 +59,7 @@ fn capa(s: &Session) -> Vec<u8> {
 
 /// The `AUTH` answer without arguments: the mechanisms, one a line.
 fn auth_list(s: &Session) -> Vec<u8> {
-    let mut out = OK.to_vec();
+    let mut out = b"+OK methods supported:\r\n".to_vec();
     for (bit, name) in SASL {
         if s.srv.auth_methods & bit != 0 {
             out.extend_from_slice(name.as_bytes());
@@ -99,6 +105,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
     }
     let mut st = State::Start;
     loop {
+        let mut known = true;
         let line = match c.line().await {
             Ok(l) => l,
             Err(e) => {
@@ -144,6 +151,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             },
             State::User(login) => {
                 let (cmd, args) = split(&line);
+                known = KNOWN.contains(&cmd.as_slice());
                 match cmd.as_slice() {
                     b"PASS" if args.len() == 1 => {
                         return Next::Auth(Auth {
@@ -163,6 +171,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             }
             State::Start => {
                 let (cmd, args) = split(&line);
+                known = KNOWN.contains(&cmd.as_slice());
                 let only = s.srv.starttls == StartTls::Only && !s.tls;
                 match cmd.as_slice() {
                     b"USER" if args.len() == 1 && !only => {
@@ -201,7 +210,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
         };
         if out.is_empty() {
             // An invalid command.
-            let quit = s.invalid();
+            let quit = s.invalid(known);
             if !c.send(INVALID).await || quit {
                 return Next::Quit;
             }

@@ -147,6 +147,9 @@ pub struct Session {
     pub attempt: u32,
     /// The client connection is TLS.
     pub tls: bool,
+    /// Its handshake: protocol, cipher, the client's certificate and the
+    /// verdict on it (for the `Auth-SSL-*` headers).
+    pub tls_info: Option<crate::tls::TlsInfo>,
     pub pp: Option<pp::Header>,
     /// SMTP: HELO/EHLO argument, the MAIL FROM and RCPT TO lines.
     pub smtp_helo: Vec<u8>,
@@ -182,9 +185,15 @@ impl Session {
         s
     }
 
-    /// An invalid command: counts toward `max_errors`; true when that
-    /// many were sent and the session must end after the answer.
-    pub fn invalid(&mut self) -> bool {
+    /// An invalid command: an unknown one (`known` false) counts toward
+    /// `max_errors`, as nginx counts only what its parser refuses (a
+    /// known command with wrong arguments, or in the wrong state, does
+    /// not); true when that many were sent and the session must end
+    /// after the answer.
+    pub fn invalid(&mut self, known: bool) -> bool {
+        if known {
+            return false;
+        }
         self.errors += 1;
         if self.errors >= self.srv.max_errors {
             let c = self.ctx(None);
@@ -339,6 +348,7 @@ pub async fn serve(
         errors: 0,
         attempt: 1,
         tls: false,
+        tls_info: None,
         pp: None,
         smtp_helo: Vec::new(),
         esmtp: false,
@@ -437,8 +447,21 @@ pub async fn starttls(s: &mut Session, c: &mut Client) -> bool {
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
     match tokio::time::timeout(c.timeout, acceptor.accept(sock)).await {
         Ok(Ok(t)) => {
+            let info = tls_info(t.get_ref().1, s.srv.client_auth.as_deref());
             c.sock = Some(Sock::Tls(Box::new(t)));
             s.tls = true;
+            let refused = cert_refused(s.srv.client_auth.as_deref(), &info);
+            s.tls_info = Some(info);
+            if let Some((log, msg)) = refused {
+                s.log(Level::Info, format_args!("{}{}", log, s.ctx(None)));
+                let line = match s.srv.protocol {
+                    Protocol::Pop3 => format!("-ERR {}\r\n", msg),
+                    Protocol::Imap => format!("* BYE {}\r\n", msg),
+                    Protocol::Smtp => format!("421 4.7.1 {}\r\n", msg),
+                };
+                let _ = c.send(line.as_bytes()).await;
+                return false;
+            }
             true
         }
         _ => {
@@ -449,6 +472,70 @@ pub async fn starttls(s: &mut Session, c: &mut Client) -> bool {
             false
         }
     }
+}
+
+/// What the handshake settled, with the verdict on the client's
+/// certificate by the server's `ssl_verify_client` settings.
+fn tls_info(
+    c: &rustls::ServerConnection,
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+) -> crate::tls::TlsInfo {
+    let client_chain = c.peer_certificates().map(<[_]>::to_vec);
+    let verify = match (&client_chain, auth) {
+        (Some(ch), Some(a)) => a.verify(ch),
+        _ => Ok(()),
+    };
+    crate::tls::TlsInfo {
+        protocol: match c.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            _ => "unknown",
+        },
+        cipher: c
+            .negotiated_cipher_suite()
+            .and_then(|s| {
+                crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
+            })
+            .unwrap_or("unknown"),
+        server_name: c.server_name().map(str::to_string),
+        reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        session_id: [0; 32],
+        curve: c.negotiated_key_exchange_group().map(|g| g.name()),
+        client_ciphers: Box::new([]),
+        client_groups: Box::new([]),
+        client_chain,
+        verify,
+        h2: false,
+        early_data: false,
+    }
+}
+
+/// nginx's `ngx_mail_verify_cert`: (the log line, the client's message)
+/// when the certificate ends the session.
+fn cert_refused(
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+    info: &crate::tls::TlsInfo,
+) -> Option<(String, &'static str)> {
+    use crate::tls::client_auth::VerifyMode;
+    let a = auth?;
+    if a.mode == VerifyMode::Off {
+        return None;
+    }
+    if let Err(e) = info.verify {
+        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
+            return Some((
+                format!("client SSL certificate verify error: {}", e),
+                "SSL certificate error",
+            ));
+        }
+    }
+    if a.mode == VerifyMode::On && info.client_chain.is_none() {
+        return Some((
+            "client sent no required SSL certificate".to_string(),
+            "No required SSL certificate",
+        ));
+    }
+    None
 }
 
 async fn read_pp(client: &mut Client, timeout: Duration) -> Result<pp::Header, String> {

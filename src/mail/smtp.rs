@@ -22,6 +22,22 @@ const INVALID_ARG: &[u8] = b"501 5.5.4 Invalid argument\r\n";
 const AUTH_REQUIRED: &[u8] = b"530 5.7.1 Authentication required\r\n";
 const BAD_SEQUENCE: &[u8] = b"503 5.5.1 Bad sequence of commands\r\n";
 
+/// The commands nginx's SMTP parser knows (others count toward max_errors).
+const KNOWN: &[&[u8]] = &[
+    b"HELO",
+    b"EHLO",
+    b"AUTH",
+    b"QUIT",
+    b"NOOP",
+    b"MAIL",
+    b"RSET",
+    b"RCPT",
+    b"VRFY",
+    b"EXPN",
+    b"HELP",
+    b"STARTTLS",
+];
+
 const SASL: &[(u32, &str)] = &[
     (auth::PLAIN, "PLAIN"),
     (auth::LOGIN, "LOGIN"),
@@ -133,7 +149,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             match got {
                 Some(a) => return Next::Auth(a),
                 None => {
-                    if !invalid(s, c).await {
+                    if !invalid(s, c, true).await {
                         return Next::Quit;
                     }
                     continue;
@@ -262,7 +278,8 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             _ => Vec::new(),
         };
         if out.is_empty() {
-            if !invalid(s, c).await {
+            let known = KNOWN.contains(&cmd.as_slice());
+            if !invalid(s, c, known).await {
                 return Next::Quit;
             }
             continue;
@@ -274,8 +291,8 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
 }
 
 /// `500 5.5.1 Invalid command`; false when the session ends (max_errors).
-async fn invalid(s: &mut Session, c: &mut Client) -> bool {
-    let quit = s.invalid();
+async fn invalid(s: &mut Session, c: &mut Client, known: bool) -> bool {
+    let quit = s.invalid(known);
     c.send(INVALID).await && !quit
 }
 

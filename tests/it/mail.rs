@@ -179,7 +179,7 @@ fn mail_pop3_refused_login_waits_then_retries() {
         c.ask(&format!("AUTH PLAIN {}", bad)),
         "-ERR Invalid login or password\r\n"
     );
-    assert_eq!(c.ask("AUTH"), "+OK\r\n");
+    assert_eq!(c.ask("AUTH"), "+OK methods supported:\r\n");
     let mut list = String::new();
     loop {
         let l = c.line();
@@ -396,6 +396,72 @@ fn mail_imap_login_literals_and_capability() {
         be_log.lock().unwrap().clone(),
         vec!["a1 LOGIN {7}\r\n", "te\"st@x {6}\r\n", "secret\r\n"]
     );
+}
+
+#[test]
+fn mail_pop3_stls_then_login_sends_auth_ssl() {
+    let (be, be_log) = backend("+OK fake pop3\r\n", pop3_answer);
+    let (auth, auth_log) = auth_server(be);
+    let p = Prefix::new();
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["mail.test".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    p.write("conf/mail.crt", cert.pem());
+    p.write("conf/mail.key", key.serialize_pem());
+    let srv = Server::start_in(
+        p,
+        &mail_conf(
+            "    ssl_certificate mail.crt;\n    ssl_certificate_key mail.key;\n    server { listen 127.0.0.1:@PORT@; protocol pop3; starttls only; }",
+            auth,
+        ),
+    );
+    let mut c = C::new(srv.port);
+    assert_eq!(c.line(), "+OK POP3 ready\r\n");
+    c.send("CAPA");
+    let mut capa = String::new();
+    loop {
+        let l = c.line();
+        capa.push_str(&l);
+        if l == ".\r\n" || l.is_empty() {
+            break;
+        }
+    }
+    // starttls only: no USER and no SASL before TLS. nginx 1.22 offers
+    // TLSv1 to TLSv1.2 by default, so the session is TLSv1.2.
+    assert_eq!(
+        capa,
+        "+OK Capability list follows\r\nTOP\r\nUIDL\r\nSTLS\r\n.\r\n"
+    );
+    assert_eq!(c.ask("USER test@example.com"), "-ERR invalid command\r\n");
+    assert_eq!(c.ask("STLS"), "+OK\r\n");
+    let name = rustls::pki_types::ServerName::try_from("mail.test").expect("name");
+    let conn =
+        rustls::ClientConnection::new(crate::tls_client_cert::client(None), name).expect("tls");
+    let mut t = rustls::StreamOwned::new(conn, c.w);
+    let mut ask = |l: &str| {
+        t.write_all(format!("{}\r\n", l).as_bytes()).expect("send");
+        let mut got = Vec::new();
+        let mut b = [0u8; 1];
+        while !got.ends_with(b"\n") {
+            match t.read(&mut b) {
+                Ok(1) => got.push(b[0]),
+                _ => break,
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    assert_eq!(ask("USER test@example.com"), "+OK\r\n");
+    assert_eq!(ask("PASS secret"), "+OK pass ok\r\n");
+    assert_eq!(ask("LIST"), "+OK got LIST\r\n");
+    let heads = auth_log.lock().unwrap().clone();
+    assert!(
+        heads[0].contains("Client-IP: 127.0.0.1\r\nAuth-SSL: on\r\nAuth-SSL-Protocol: TLSv1.2\r\nAuth-SSL-Cipher: "),
+        "{}",
+        heads[0]
+    );
+    assert_eq!(be_log.lock().unwrap().len(), 3);
 }
 
 #[test]
