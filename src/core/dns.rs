@@ -136,8 +136,11 @@ fn random() -> u64 {
         .finish()
 }
 
-/// The addresses of `name` (rotated by a random offset, as nginx hands
-/// them out, so that requests spread over them).
+/// The addresses of `name`. A fresh answer keeps the server's order; one
+/// from the cache is rotated by a random offset, so that later requests
+/// spread over the addresses (nginx's `ngx_resolver_export`, which
+/// rotates only cached names: a first lookup's peers are tried in the
+/// order the server gave, which `proxy_next_upstream_tries` relies on).
 pub async fn resolve(q: &Query<'_>, cache: &Cache, name: &str) -> Result<Vec<IpAddr>, Error> {
     let key = name.to_ascii_lowercase();
     let mut r = match cache.get(&key) {
@@ -151,7 +154,7 @@ pub async fn resolve(q: &Query<'_>, cache: &Cache, name: &str) -> Result<Vec<IpA
                 Err(Error::TimedOut) => {}
                 Err(e) => cache.put(key, Err(*e), q.valid.unwrap_or(NEGATIVE_TTL)),
             }
-            r.map(|(a, _)| a)
+            return r.map(|(a, _)| a);
         }
     };
     if let Ok(a) = &mut r {

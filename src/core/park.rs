@@ -172,6 +172,9 @@ struct Lot {
     /// After a reload with worker_shutdown_timeout: (when it happened,
     /// when the connections accepted before it are closed at the latest).
     drain: std::cell::Cell<Option<(std::time::Instant, Instant)>>,
+    /// Woken when `drain` is set (a busy connection, such as an upgraded
+    /// tunnel, waits on it rather than polling).
+    reloaded: Notify,
 }
 
 /// Sets up this worker's lot and its watcher task. Called from inside the
@@ -214,6 +217,7 @@ pub fn start(quit: watch::Receiver<bool>) {
         sooner: Notify::new(),
         quit,
         drain: std::cell::Cell::new(None),
+        reloaded: Notify::new(),
     });
     LOT.with(|l| *l.borrow_mut() = Some(lot.clone()));
     tokio::task::spawn_local(watch_lot(lot));
@@ -254,6 +258,28 @@ pub fn close_after_reload(after: Duration) {
     places.deadlines.extend(sooner);
     drop(places);
     lot.sooner.notify_one();
+    lot.reloaded.notify_waiters();
+}
+
+/// Ends when a connection busy since `since` (an upgraded tunnel) must be
+/// closed because a reload with worker_shutdown_timeout happened after
+/// that and its time ran out, as nginx's old worker closes it; never
+/// ends otherwise.
+pub async fn drained_since(since: std::time::Instant) {
+    let Some(lot) = LOT.with(|l| l.borrow().clone()) else {
+        return std::future::pending().await;
+    };
+    loop {
+        // Registered before the check: a reload between the two is seen.
+        let reloaded = lot.reloaded.notified();
+        if let Some((at, until)) = lot.drain.get() {
+            if since < at {
+                tokio::time::sleep_until(until).await;
+                return;
+            }
+        }
+        reloaded.await;
+    }
 }
 
 /// Parks an idle connection whose task is ending.

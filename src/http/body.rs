@@ -90,7 +90,7 @@ impl TempDir {
 
     /// nginx's hashed path: level directories named by the name's last
     /// characters (`levels=1 2`, `0000000123` -> `3/12/0000000123`).
-    fn file_path(&self, name: &str) -> PathBuf {
+    pub(crate) fn file_path(&self, name: &str) -> PathBuf {
         let mut p = self.path.clone();
         let mut end = name.len();
         for &l in &self.levels {
@@ -385,11 +385,44 @@ pub fn length(cx: &Ctx<'_>) -> Option<u64> {
 /// read). On failure the response to give, with the connection marked
 /// broken; its error-log line is written here.
 pub async fn read(cx: &mut Ctx<'_>, default_temp: &TempDir) -> Result<(), Box<Response>> {
+    read_as(cx, default_temp, None).await
+}
+
+/// Reads the whole body into a named temp file under
+/// `client_body_temp_path`, whatever its size, without the "buffered to
+/// a temporary file" warning (nginx's `request_body_in_file_only`,
+/// `_persistent_file`, `_clean_file` and `file_log_level = 0`, which the
+/// dav module sets for PUT). The file is removed when the request ends
+/// unless its owner takes it with [`take_named_file`]. A body that an
+/// earlier handler already read stays where it is (memory or file).
+pub async fn read_to_file(cx: &mut Ctx<'_>, default_temp: &TempDir) -> Result<(), Box<Response>> {
+    read_as(cx, default_temp, Some(FileOnly::Clean)).await
+}
+
+/// The name of the body's temp file, taken over by the caller (who must
+/// rename or remove it: it is no longer removed when the request ends).
+/// None for a body in memory or in a file without a name.
+pub fn take_named_file(cx: &mut Ctx<'_>) -> Option<PathBuf> {
+    match cx.body.as_mut().and_then(|b| b.data.as_mut()) {
+        Some(Data::File { path, _clean, .. }) => {
+            let guard = _clean.take()?;
+            std::mem::forget(guard);
+            Some(path.clone())
+        }
+        _ => None,
+    }
+}
+
+async fn read_as(
+    cx: &mut Ctx<'_>,
+    default_temp: &TempDir,
+    force: Option<FileOnly>,
+) -> Result<(), Box<Response>> {
     let Some(mut rb) = cx.body.take() else {
         return Ok(());
     };
     let r = match rb.end {
-        End::Unread => read_all(cx, &mut rb, default_temp).await,
+        End::Unread => read_all(cx, &mut rb, default_temp, force).await,
         End::Read => Ok(()),
         End::Broken { .. } => Err(400),
     };
@@ -403,13 +436,18 @@ pub async fn read(cx: &mut Ctx<'_>, default_temp: &TempDir) -> Result<(), Box<Re
 /// Bytes asked of one socket read.
 const READ_SIZE: usize = 64 * 1024;
 
-async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) -> Result<(), u16> {
+async fn read_all(
+    cx: &Ctx<'_>,
+    rb: &mut ReqBody<'_>,
+    default_temp: &TempDir,
+    force: Option<FileOnly>,
+) -> Result<(), u16> {
     let loc = cx.loc.clone();
     let core = &loc.core;
     let max = core.client_max_body_size.unwrap_or(1 << 20);
     let mem_max = core.client_body_buffer_size.unwrap_or(16 << 10);
     let wait = Duration::from_millis(core.client_body_timeout.unwrap_or(60_000));
-    let keep = loc.modules.body.in_file_only.unwrap_or(FileOnly::Off);
+    let keep = force.unwrap_or(loc.modules.body.in_file_only.unwrap_or(FileOnly::Off));
     let temp = loc
         .modules
         .body
@@ -461,6 +499,7 @@ async fn read_all(cx: &Ctx<'_>, rb: &mut ReqBody<'_>, default_temp: &TempDir) ->
         stage: Vec::new(),
         stage_max: mem_max.clamp(4096, STAGE as u64) as usize,
         keep,
+        quiet: force.is_some(),
     };
     if let Some(n) = left.filter(|&n| n <= in_mem_max && keep == FileOnly::Off) {
         sink.mem.reserve_exact(n as usize);
@@ -991,6 +1030,12 @@ const STAGE: usize = 64 * 1024;
 /// process moves on to the next.
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The next temp file name (ten digits), as the body's temp files are named.
+pub(crate) fn next_temp_name() -> String {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed) + u64::from(std::process::id()) * 100_000;
+    format!("{:010}", n % 10_000_000_000)
+}
+
 /// Removes a file when dropped (`client_body_in_file_only clean`, or a
 /// named file whose body never completed). The unlink runs inline: only
 /// these explicitly configured files ever need it.
@@ -1021,6 +1066,9 @@ struct Sink {
     /// and [`STAGE`]), so a slow body holds no more than that in memory.
     stage_max: usize,
     keep: FileOnly,
+    /// No "buffered to a temporary file" warning (the caller asked for
+    /// the file).
+    quiet: bool,
 }
 
 impl Sink {
@@ -1033,9 +1081,7 @@ impl Sink {
         let keep = self.keep;
         let mut tries = 0;
         let f = loop {
-            let n = SEQ.fetch_add(1, Ordering::Relaxed) + u64::from(std::process::id()) * 100_000;
-            let name = format!("{:010}", n % 10_000_000_000);
-            let path = temp.file_path(&name);
+            let path = temp.file_path(&next_temp_name());
             match create(path.clone(), keep == FileOnly::Off, policy).await {
                 Ok(f) => break (f, path),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
@@ -1053,13 +1099,15 @@ impl Sink {
                 Err(e) => return Err(e),
             }
         };
-        cx.log(
-            Level::Warn,
-            &format!(
-                "a client request body is buffered to a temporary file {}",
-                f.1.display()
-            ),
-        );
+        if !self.quiet {
+            cx.log(
+                Level::Warn,
+                &format!(
+                    "a client request body is buffered to a temporary file {}",
+                    f.1.display()
+                ),
+            );
+        }
         let remove = (keep != FileOnly::Off).then(|| RemoveOnDrop(f.1.clone()));
         self.file = Some(TempFile {
             file: f.0,

@@ -266,6 +266,12 @@ pub struct CoreLoc {
     pub msie_padding: Option<bool>,
     pub msie_refresh: Option<bool>,
     pub postpone_output: Option<u64>,
+    /// `subrequest_output_buffer_size` (default 4k, a page): the most a
+    /// subrequest whose answer is kept in memory (SSI `include set=`) may
+    /// answer.
+    pub subrequest_output_buffer_size: Option<u64>,
+    /// `post_action URI|@name|off`: see [`crate::http::phases::post_action`].
+    pub post_action: Option<Option<Arc<[u8]>>>,
     /// `log_subrequest`: subrequests write access-log lines too.
     pub log_subrequest: Option<bool>,
     /// `keepalive_disable`: (msie6, safari); nginx's default is msie6.
@@ -283,7 +289,7 @@ impl CoreLoc {
             keepalive, keepalive_requests, keepalive_time, limit_rate, limit_rate_after,
             send_timeout, client_body_timeout,
             client_max_body_size, client_body_buffer_size, reset_timedout_connection,
-            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, log_subrequest, error_log, logger,
+            lingering_close, lingering_time, lingering_timeout, server_tokens, postpone_output, subrequest_output_buffer_size, post_action, log_subrequest, error_log, logger,
             chunked_transfer_encoding, msie_padding, msie_refresh, http2_chunk_size, keepalive_disable);
         // nginx merges keepalive_timeout's two values apart: a level that
         // gives only the timeout keeps the header time it inherits.
@@ -1480,9 +1486,6 @@ fn check_core_no_effect(_: &mut LocConf, d: &Directive, cx: &mut Compiler) -> Co
             cx.warnings
                 .push(ConfError::at("\"send_lowat\" is not supported, ignored", d).to_string());
         }
-        "subrequest_output_buffer_size" => {
-            registry::size_arg(d, 0)?;
-        }
         _ => {
             for a in &d.args {
                 if !matches!(a.value.as_str(), "none" | "msie6" | "safari") {
@@ -1592,6 +1595,24 @@ fn set_internal(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
 fn set_postpone_output(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = size_arg(d, 0)?;
     set_once(&mut l.core.postpone_output, v, d)
+}
+
+fn set_post_action(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = arg(d, 0);
+    set_once(
+        &mut l.core.post_action,
+        (v != "off").then(|| Arc::from(v.as_bytes())),
+        d,
+    )
+}
+
+fn set_subrequest_output_buffer_size(
+    l: &mut LocConf,
+    d: &Directive,
+    _: &mut Compiler,
+) -> ConfResult<()> {
+    let v = size_arg(d, 0)?;
+    set_once(&mut l.core.subrequest_output_buffer_size, v, d)
 }
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -1746,10 +1767,16 @@ pub const DIRECTIVES: &[Spec] = &[
         set: Setter::Loc(check_core_no_effect),
     },
     Spec {
+        name: "post_action",
+        ctx: ctx::HSL,
+        args: Args::take(1),
+        set: Setter::Loc(set_post_action),
+    },
+    Spec {
         name: "subrequest_output_buffer_size",
         ctx: ctx::HSL,
         args: Args::take(1),
-        set: Setter::Loc(check_core_no_effect),
+        set: Setter::Loc(set_subrequest_output_buffer_size),
     },
     Spec {
         name: "log_subrequest",

@@ -479,6 +479,30 @@ fn server_name_captures(cx: &mut Ctx<'_>) {
     }
 }
 
+/// `post_action`: once the answer has gone out, the request runs again,
+/// internally redirected to the URI or named location, and what that
+/// answers is dropped (nginx makes it header-only and sends nothing more).
+/// The access log then describes it as nginx's does: the last location's
+/// log, the client's status.
+pub async fn post_action(cx: &mut Ctx<'_>) {
+    let Some(Some(target)) = cx.loc.core.post_action.clone() else {
+        return;
+    };
+    if cx.sub_depth > 0 {
+        return;
+    }
+    let entry = if let Some(name) = target.strip_prefix(b"@") {
+        Entry::Named(format!("@{}", String::from_utf8_lossy(name)))
+    } else {
+        let mut u = target.to_vec();
+        cx.take_args(&mut u);
+        cx.uri = u.into();
+        cx.internal = true;
+        Entry::Find
+    };
+    drop(Box::pin(run_phases(cx, entry)).await);
+}
+
 /// Where phase processing starts.
 enum Entry {
     /// Server rewrite, then location lookup.

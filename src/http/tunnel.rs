@@ -11,7 +11,8 @@
 //!        client ◀──write_all (send_timeout)── buffer ◀──read── upstream
 //!          first: the client's bytes after its request head (pipelined),
 //!                 the upstream's bytes after the 101 head
-//!  either side's end of stream (or an error) ends both, as nginx does:
+//!  either side's end of stream (or an error) ends both, as nginx does,
+//!  and so does worker_shutdown_timeout running out after a reload:
 //!  there is no half-close; the request is logged then (status 101,
 //!  $body_bytes_sent = what was relayed to the client).
 //! ```
@@ -113,6 +114,7 @@ pub async fn relay<S: Stream>(
     // Progress in either direction; a write to the client in progress
     // counts as progress too (nginx holds the upstream's bytes it could
     // not pass on, and its read timer waits; send_timeout bounds the write).
+    let began = std::time::Instant::now();
     let last = Cell::new(Instant::now());
     let writing_client = Cell::new(false);
     let to_client = Cell::new(0u64);
@@ -195,6 +197,8 @@ pub async fn relay<S: Stream>(
         e = downstream => e,
         e = upstream => e,
         e = idle => Some(e),
+        // A reload with worker_shutdown_timeout: closed when it runs out.
+        () = crate::core::park::drained_since(began) => None,
     };
     Outcome {
         to_client: to_client.get(),

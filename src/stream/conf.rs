@@ -150,6 +150,11 @@ pub struct StreamServer {
     pub proxy_ssl_var_certs: Option<Arc<VarCerts>>,
     /// `proxy_ssl_name` (None: the host of `proxy_pass`).
     pub proxy_ssl_name: Option<Template>,
+    /// `proxy_ssl_alpn` with variables: the protocols rendered per
+    /// session (without variables they are in `proxy_ssl` already).
+    pub proxy_ssl_alpn: Option<Vec<Template>>,
+    /// `resolver`: names a `proxy_pass` with variables renders.
+    pub resolver: crate::http::modules::resolver::ResolverLoc,
     pub connect_timeout: Duration,
     /// Idle timeout between two successive reads or writes (`proxy_timeout`).
     pub timeout: Duration,
@@ -218,6 +223,15 @@ pub struct ProxyConf {
     pub proxy_ssl_certificate: Option<CertName>,
     pub proxy_ssl_certificate_key: Option<CertName>,
     pub proxy_ssl_password_file: Option<String>,
+    /// `proxy_ssl_crl`, read (DER).
+    pub proxy_ssl_crl: Option<Arc<Vec<Vec<u8>>>>,
+    /// `proxy_ssl_conf_command`s in order (a level that has any replaces
+    /// the inherited ones, as nginx's array).
+    pub proxy_ssl_conf_commands: Option<Vec<crate::tls::conf_command::Cmd>>,
+    /// `proxy_ssl_alpn`: the protocols, each may have variables.
+    pub proxy_ssl_alpn: Option<Vec<Template>>,
+    /// `resolver`, `resolver_timeout` (http's parsing and lookups).
+    pub resolver: crate::http::modules::resolver::ResolverLoc,
     pub requests: Option<u64>,
     pub responses: Option<u64>,
 }
@@ -266,10 +280,14 @@ impl ProxyConf {
             proxy_ssl_certificate,
             proxy_ssl_certificate_key,
             proxy_ssl_password_file,
+            proxy_ssl_crl,
+            proxy_ssl_conf_commands,
+            proxy_ssl_alpn,
             requests,
             responses
         );
         self.ssl.merge(&p.ssl);
+        self.resolver.merge(&p.resolver);
     }
 }
 
@@ -593,8 +611,18 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(2),
         StreamSetter::Srv(set_set)
     ),
-    row!("resolver", SS, Args::Any, StreamSetter::Unsupported),
-    row!("resolver_timeout", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "resolver",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_resolver)
+    ),
+    row!(
+        "resolver_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_resolver_timeout)
+    ),
     row!(
         "proxy_bind",
         SS,
@@ -704,7 +732,12 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(1),
         StreamSetter::Proxy(set_proxy_ssl_certificate_key)
     ),
-    row!("proxy_ssl_crl", SS, Args::Any, StreamSetter::Unsupported),
+    row!(
+        "proxy_ssl_crl",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_ssl_crl)
+    ),
     row!(
         "proxy_ssl_password_file",
         SS,
@@ -714,8 +747,14 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     row!(
         "proxy_ssl_conf_command",
         SS,
-        Args::Any,
-        StreamSetter::Unsupported
+        Args::take(2),
+        StreamSetter::Proxy(set_proxy_ssl_conf_command)
+    ),
+    row!(
+        "proxy_ssl_alpn",
+        SS,
+        Args::AtLeast(1),
+        StreamSetter::Proxy(set_proxy_ssl_alpn)
     ),
     row!(
         "ssl_preread",
@@ -937,8 +976,15 @@ fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
     ))
 }
 
+/// The upstream of a name `proxy_pass` with variables rendered, resolved
+/// at run time: named by the host, a peer per address in the order the
+/// resolver gave them (nginx's `ngx_stream_upstream_create_round_robin_peer`).
+pub fn resolved_upstream(host: &str, addrs: Vec<SocketAddr>) -> Arc<Upstream> {
+    implicit_upstream(host, addrs.into_iter().map(PeerAddr::Inet).collect())
+}
+
 /// An address that `proxy_pass` with variables rendered: `unix:PATH` or
-/// `ip:port` (tern resolves no names at run time).
+/// `ip:port` (a name goes to the resolver: see `session::proxy_target`).
 pub fn runtime_peer(target: &str) -> Option<Arc<Upstream>> {
     if let Some(p) = target.strip_prefix("unix:") {
         if p.is_empty() {
@@ -1031,6 +1077,18 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             }
         }
         let mut proxy_ssl_var_certs = None;
+        // `proxy_ssl_alpn`: without variables, the protocols go into the
+        // client configuration; with them, each session renders its own.
+        let alpn = p.proxy_ssl_alpn.as_deref().unwrap_or(&[]);
+        let alpn_literal: Option<Vec<Vec<u8>>> = alpn
+            .iter()
+            .map(|t| t.as_literal().map(|v| v.to_vec()))
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.into_iter().filter(|p| !p.is_empty()).collect());
+        let proxy_ssl_alpn = match alpn_literal {
+            Some(_) => None,
+            None => p.proxy_ssl_alpn.clone(),
+        };
         let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
             let up = crate::tls::client::UpSsl {
                 verify: p.proxy_ssl_verify.unwrap_or(false),
@@ -1044,8 +1102,19 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 roots: p.proxy_ssl_trusted.clone(),
                 session_reuse: p.proxy_ssl_session_reuse.unwrap_or(true),
                 verify_depth: p.proxy_ssl_verify_depth.map_or(1, |v| v as u32),
+                crls: p.proxy_ssl_crl.clone(),
+                alpn: alpn_literal.clone().unwrap_or_default(),
                 ..Default::default()
             };
+            let mut up = up;
+            if let Some(cmds) = &p.proxy_ssl_conf_commands {
+                let passwords = match &p.proxy_ssl_password_file {
+                    Some(f) => crate::tls::keys::read_passwords(f)?,
+                    None => Vec::new(),
+                };
+                up.apply_commands(cmds, &passwords)
+                    .map_err(|e| ConfError::at(e.msg, &sd))?;
+            }
             if up.verify && up.roots.is_none() {
                 return Err(ConfError::at(
                     "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
@@ -1054,7 +1123,13 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             }
             let cfg = crate::tls::client::client_config(&up)
                 .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?;
-            let (cfg, vars) = with_client_cert(cfg, p, &sd)?;
+            // A Certificate of proxy_ssl_conf_command (applied last, in
+            // `up`) stands in for proxy_ssl_certificate.
+            let (cfg, vars) = if up.certificate.is_some() {
+                (cfg, None)
+            } else {
+                with_client_cert(cfg, p, &sd)?
+            };
             proxy_ssl_var_certs = vars;
             Some(cfg)
         } else {
@@ -1106,6 +1181,8 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             proxy_ssl,
             proxy_ssl_var_certs,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
+            proxy_ssl_alpn,
+            resolver: p.resolver.clone(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
             buffer_size: p.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE),
@@ -1319,7 +1396,7 @@ fn resolve(target: &str, d: &Directive, what: &str) -> ConfResult<Vec<PeerAddr>>
 }
 
 /// Splits `host:port` / `[v6]:port`; None when there is no port.
-fn split_host_port(s: &str) -> Option<(&str, &str)> {
+pub fn split_host_port(s: &str) -> Option<(&str, &str)> {
     if s.starts_with('[') {
         let end = s.find(']')?;
         let rest = s[end + 1..].strip_prefix(':')?;
@@ -1481,13 +1558,7 @@ fn set_proxy_ssl_name(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> Co
 }
 
 fn set_proxy_ssl_trusted(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let a = arg(d, 0);
-    let path = if a.starts_with('/') {
-        a.to_string()
-    } else {
-        cx.conf_prefix.join(a).to_string_lossy().into_owned()
-    };
-    let roots = crate::tls::client::load_roots(&path)?;
+    let roots = crate::tls::client::load_roots(&ssl_file(d, cx)?)?;
     set_once(&mut p.proxy_ssl_trusted, roots, d)
 }
 
@@ -1591,6 +1662,48 @@ fn with_client_cert(
     }
     let pair = crate::tls::config::load_named(cert, key, &passwords)?;
     Ok((crate::tls::var_certs::client_config(&cfg, pair), None))
+}
+
+fn set_proxy_ssl_crl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let crls =
+        crate::tls::client::load_crls(&ssl_file(d, cx)?).map_err(|e| ConfError::at(e.msg, d))?;
+    set_once(&mut p.proxy_ssl_crl, crls, d)
+}
+
+/// `proxy_ssl_conf_command NAME VALUE`: checked as `ssl_conf_command`
+/// (tls::conf_command), applied to the client configuration last.
+fn set_proxy_ssl_conf_command(
+    p: &mut ProxyConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let cmds = crate::http::modules::ssl_settings::conf_command_of(d, cx)?;
+    p.proxy_ssl_conf_commands
+        .get_or_insert_with(Vec::new)
+        .extend(cmds);
+    Ok(())
+}
+
+/// `proxy_ssl_alpn PROTOCOL ...`: the ALPN protocols offered to the
+/// upstream; a value that renders empty is not sent.
+fn set_proxy_ssl_alpn(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if p.proxy_ssl_alpn.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    let mut v = Vec::with_capacity(d.args.len());
+    for a in &d.args {
+        v.push(cx.template(&a.value, d)?);
+    }
+    p.proxy_ssl_alpn = Some(v);
+    Ok(())
+}
+
+fn set_resolver(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::http::modules::resolver::set_resolver_in(&mut p.resolver, d)
+}
+
+fn set_resolver_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    crate::http::modules::resolver::set_timeout_in(&mut p.resolver, d)
 }
 
 fn set_proxy_ssl_verify_depth(

@@ -12,7 +12,11 @@
 //! - [`upstream`]: `upstream {}` groups, weighted round-robin, `hash`,
 //!   `least_conn`, `random`, passive health checks.
 //! - [`proxy`]: the content phase of `proxy_pass`: connect (with
-//!   `proxy_bind`, `proxy_ssl`, a PROXY header), then copy both ways.
+//!   `proxy_bind`, `proxy_ssl`, a PROXY header), then copy both ways. A
+//!   `proxy_pass` with variables is rendered first
+//!   ([`session::proxy_target`]): an upstream block, an address, or a
+//!   `host:port` looked up with the server's `resolver` (http's, shared:
+//!   [`crate::http::modules::resolver`]).
 //! - [`proxy_protocol`] (shared with http, in `core`), [`ssl_preread`]:
 //!   the two parsers of what a client sends before its data.
 //! - [`udp`]: `listen ... udp`: datagrams grouped into sessions by the

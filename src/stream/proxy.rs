@@ -150,6 +150,25 @@ pub async fn run(
         },
         (cfg, _) => cfg.clone(),
     };
+    // proxy_ssl_alpn with variables: this session's protocols (a clone of
+    // the configuration shares its session cache).
+    let tls = match (tls, &srv.proxy_ssl_alpn) {
+        (Some(cfg), Some(list)) => {
+            let alpn: Vec<Vec<u8>> = list
+                .iter()
+                .map(|t| t.render_vec(&*s))
+                .filter(|p| !p.is_empty())
+                .collect();
+            if alpn.is_empty() {
+                Some(cfg)
+            } else {
+                let mut c = (*cfg).clone();
+                c.alpn_protocols = alpn;
+                Some(Arc::new(c))
+            }
+        }
+        (tls, _) => tls,
+    };
     let how = Dial {
         bind,
         tls,

@@ -903,7 +903,7 @@ async fn content(
         Content::Pass(t) => {
             return crate::stream::pass::run(s, client, pre, t, slot, shared).await;
         }
-        Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s) {
+        Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s).await {
             Some(u) => u,
             None => return false,
         },
@@ -927,34 +927,49 @@ async fn content(
 }
 
 /// The upstream of `proxy_pass` for this session (a variable target is
-/// rendered now); None (status 500, logged) when it names nothing tern
-/// can reach, or when the server has no `proxy_pass`.
-pub fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
+/// rendered now): an `upstream` block of that name, an address, or a
+/// `host:port` whose host the server's `resolver` looks up (nginx's
+/// `ngx_stream_proxy_eval` and resolve handler). None when it names
+/// nothing to connect to (logged, status 500 as nginx 1.22 logs it, a
+/// name that did not resolve too), or when the server has no `proxy_pass`.
+pub async fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
+    use crate::http::modules::resolver::{self, Unresolved};
     let srv = s.srv.clone();
-    match &srv.content {
-        Content::Return(_) | Content::Pass(_) => None,
-        Content::Proxy(u) => Some(u.clone()),
-        Content::ProxyVar(t, ups) => {
-            let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
-            let u = ups
-                .get(&target)
-                .cloned()
-                .or_else(|| crate::stream::conf::runtime_peer(&target));
-            if u.is_none() {
-                let host = target.rsplit_once(':').map_or(&*target, |(h, _)| h);
-                s.log(
-                    Level::Error,
-                    format_args!(
-                        "no resolver defined to resolve {}, {}",
-                        host,
-                        s.client_ctx()
-                    ),
-                );
-                s.status = 500;
-            }
-            u
-        }
+    let (t, ups) = match &srv.content {
+        Content::Return(_) | Content::Pass(_) => return None,
+        Content::Proxy(u) => return Some(u.clone()),
+        Content::ProxyVar(t, ups) => (t, ups),
+    };
+    let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
+    if let Some(u) = ups
+        .get(&target)
+        .cloned()
+        .or_else(|| crate::stream::conf::runtime_peer(&target))
+    {
+        return Some(u);
     }
+    let (host, port) = match crate::stream::conf::split_host_port(&target) {
+        Some((h, p)) => (h, p.parse::<u16>().ok().filter(|p| *p != 0)),
+        None => (&*target, None),
+    };
+    let why = match port {
+        None if host.len() == target.len() => format!("no port in upstream \"{}\"", host),
+        None => format!("invalid port in upstream \"{}\"", target),
+        Some(port) => match resolver::resolve(&srv.resolver, host).await {
+            Ok(ips) => {
+                let addrs = ips
+                    .into_iter()
+                    .map(|ip| std::net::SocketAddr::new(ip, port))
+                    .collect();
+                return Some(crate::stream::conf::resolved_upstream(host, addrs));
+            }
+            Err(Unresolved::NoResolver) => format!("no resolver defined to resolve {}", host),
+            Err(Unresolved::Dns(e)) => format!("{} could not be resolved ({})", host, e),
+        },
+    };
+    s.log(Level::Error, format_args!("{}, {}", why, s.client_ctx()));
+    s.status = 500;
+    None
 }
 
 /// The log phase: every `access_log` of the server.

@@ -296,7 +296,7 @@ async fn content(s: &mut Session, ctx: &Ctx, shared: &Arc<WorkerShared>) {
         s.status = 500;
         return;
     }
-    let Some(upstream) = session::proxy_target(s) else {
+    let Some(upstream) = session::proxy_target(s).await else {
         return;
     };
     // The upstream socket is a connection of this worker too.

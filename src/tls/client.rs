@@ -44,6 +44,47 @@ pub struct UpSsl {
     /// `proxy_ssl_certificate` with its key: offered when the upstream
     /// asks for a client certificate.
     pub certificate: Option<Arc<rustls::sign::CertifiedKey>>,
+    /// From `proxy_ssl_conf_command` (see [`UpSsl::apply_commands`]): the
+    /// TLS 1.3 suites in order, the key exchange groups, and whether
+    /// session tickets are asked for.
+    pub tls13_suites: Option<Vec<rustls::CipherSuite>>,
+    pub groups: Option<String>,
+    pub tickets: bool,
+    /// `proxy_ssl_alpn` without variables: the protocols offered.
+    pub alpn: Vec<Vec<u8>>,
+}
+
+impl UpSsl {
+    /// Applies `proxy_ssl_conf_command`s after the other settings, as
+    /// nginx hands them to OpenSSL last: the protocols, ciphers, groups
+    /// and tickets they name replace the directives' values, and a
+    /// `Certificate`/`PrivateKey` pair (the last one) replaces
+    /// `proxy_ssl_certificate` (OpenSSL's client offers the one pair it
+    /// has for the server's key type; tern's client has one pair).
+    pub fn apply_commands(
+        &mut self,
+        cmds: &[crate::tls::conf_command::Cmd],
+        passwords: &[Vec<u8>],
+    ) -> ConfResult<()> {
+        let fx = crate::tls::conf_command::effect(cmds, self.protocols)?;
+        self.protocols = fx.protocols;
+        if let Some(c) = fx.ciphers {
+            self.ciphers = c;
+        }
+        if fx.tls13_suites.is_some() {
+            self.tls13_suites = fx.tls13_suites;
+        }
+        if fx.groups.is_some() {
+            self.groups = fx.groups;
+        }
+        if let Some(t) = fx.tickets {
+            self.tickets = t;
+        }
+        if let Some((c, k)) = fx.pairs.last() {
+            self.certificate = Some(load_certificate(c, k, passwords)?);
+        }
+        Ok(())
+    }
 }
 
 impl Default for UpSsl {
@@ -61,6 +102,10 @@ impl Default for UpSsl {
             verify_depth: 1,
             crls: None,
             certificate: None,
+            tls13_suites: None,
+            groups: None,
+            tickets: true,
+            alpn: Vec::new(),
         }
     }
 }
@@ -120,16 +165,28 @@ pub fn check_ciphers(list: &str) -> ConfResult<()> {
 /// The rustls client configuration for `s`.
 pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
     let tls12 = crate::tls::config::tls12_suites(&s.ciphers).unwrap_or_default();
-    let mut suites: Vec<rustls::SupportedCipherSuite> = provider::ALL_CIPHER_SUITES
+    let tls13 = provider::ALL_CIPHER_SUITES
         .iter()
-        .filter(|c| c.version() == &rustls::version::TLS13)
-        .copied()
-        .collect();
+        .filter(|c| c.version() == &rustls::version::TLS13);
+    let mut suites: Vec<rustls::SupportedCipherSuite> = match &s.tls13_suites {
+        // `Ciphersuites` of proxy_ssl_conf_command: these, in its order.
+        Some(order) => order
+            .iter()
+            .filter_map(|want| tls13.clone().find(|c| c.suite() == *want))
+            .copied()
+            .collect(),
+        None => tls13.copied().collect(),
+    };
     suites.extend(tls12.iter().copied());
-    let p = Arc::new(CryptoProvider {
+    let mut p = CryptoProvider {
         cipher_suites: suites,
         ..crate::tls::default_provider()
-    });
+    };
+    if let Some(g) = &s.groups {
+        p.kx_groups = crate::tls::config::kx_groups(g)
+            .map_err(|e| rustls::Error::General(format!("invalid groups \"{}\": {}", g, e.msg)))?;
+    }
+    let p = Arc::new(p);
     let mut versions: Vec<&'static rustls::SupportedProtocolVersion> = Vec::new();
     if s.protocols.1 {
         versions.push(&rustls::version::TLS13);
@@ -155,8 +212,13 @@ pub fn client_config(s: &UpSsl) -> Result<Arc<ClientConfig>, rustls::Error> {
         None => b.with_no_client_auth(),
     };
     cfg.enable_sni = s.server_name;
+    cfg.alpn_protocols = s.alpn.clone();
     if !s.session_reuse {
         cfg.resumption = Resumption::disabled();
+    } else if !s.tickets {
+        // `Options -SessionTicket`: TLS 1.2 sessions resume by id only.
+        cfg.resumption =
+            Resumption::default().tls12_resumption(rustls::client::Tls12Resumption::SessionIdOnly);
     }
     Ok(Arc::new(cfg))
 }

@@ -662,7 +662,7 @@ pub(crate) fn check_groups(v: &str) -> ConfResult<()> {
 }
 
 /// `ssl_ecdh_curve auto | NAME[:NAME...]`.
-fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKxGroup>> {
+pub(crate) fn kx_groups(v: &str) -> ConfResult<Vec<&'static dyn rustls::crypto::SupportedKxGroup>> {
     if v == "auto" {
         return Ok(crate::tls::default_kx_groups());
     }

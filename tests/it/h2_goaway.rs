@@ -202,3 +202,99 @@ fn graceful_stop_sends_one_goaway_naming_the_stream_in_flight() {
     );
     assert!(!f.iter().any(|x| x.0 == 3), "no reset: {:?}", f);
 }
+
+/// The last answer `keepalive_requests` allows, larger than the client's
+/// receive buffer, then a PING from the client after the server has
+/// written it all and closed its side: the close lingers (the PING is
+/// read and dropped), so the answer arrives whole. Without the lingering
+/// close the PING meets a closed socket, whose reset drops the part of
+/// the answer still in the server's send buffer (nginx-tests
+/// h2_keepalive.t "max requests limited - all data received"). The
+/// connection can end by two paths (h2 reporting the connection closed,
+/// or the loop seeing the last stream end), so it is tried a few times.
+#[test]
+fn the_last_answer_survives_a_ping_sent_after_the_goaway() {
+    let p = Prefix::new();
+    p.write("html/index.html", "SEE-THAT".repeat(50_000));
+    let conf = CONF
+        .replace("http2;", "http2 sndbuf=1m;")
+        .replace("keepalive_requests 2;", "keepalive_requests 1;");
+    let server = Server::start_in(p, &conf);
+    for round in 0..8 {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.set_recv_buffer_size(64 * 1024).expect("rcvbuf");
+        let to: std::net::SocketAddr = ([127, 0, 0, 1], server.port).into();
+        sock.connect(&to.into()).expect("connect");
+        let mut s: TcpStream = sock.into();
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS_INITIAL_WINDOW_SIZE 2^20, the connection's window
+        // 2^21 more: flow control never holds the answer back.
+        hello.extend(frame(4, 0, 0, &[0, 4, 0, 0x10, 0, 0]));
+        hello.extend(frame(8, 0, 0, &(1u32 << 21).to_be_bytes()));
+        hello.extend(frame(1, 0x5, 1, &get()));
+        s.write_all(&hello).expect("request");
+        // The server writes the answer into its socket buffer at once and
+        // closes its side; the client reads nothing meanwhile.
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(&frame(6, 0, 0, b"SEE-THIS")).expect("ping");
+        let f = frames(&mut s);
+        let data: usize = f
+            .iter()
+            .filter(|x| x.0 == 0 && x.2 == 1)
+            .map(|x| x.3.len())
+            .sum();
+        assert_eq!(data, 400_000, "round {}: the whole answer", round);
+        assert_eq!(goaways(&f).0, vec![goaway_payload(1)], "round {}", round);
+    }
+}
+
+/// A graceful stop with `worker_shutdown_timeout`: the GOAWAY names the
+/// stream in flight at once; when the timeout runs out with the stream
+/// still waiting on its upstream, the connection closes and the request
+/// is logged as one the client closed, 499, as nginx logs it (nginx-tests
+/// worker_shutdown_timeout_h2.t; tern used to drop the stream unlogged).
+#[test]
+fn shutdown_timeout_logs_the_stream_in_flight() {
+    // An upstream that takes the request and never answers.
+    let origin = crate::origin::Origin::serve(|mut c| {
+        if let Some(req) = c.next(false) {
+            c.record(&req);
+            let mut b = [0u8; 1024];
+            while matches!(c.stream.read(&mut b), Ok(n) if n > 0) {}
+        }
+    });
+    let conf = format!(
+        r#"
+worker_processes 1;
+worker_shutdown_timeout 10ms;
+error_log logs/error.log info;
+http {{
+    access_log logs/access.log;
+    server {{
+        listen 127.0.0.1:@PORT@ http2;
+        location / {{
+            proxy_pass http://127.0.0.1:{};
+            proxy_read_timeout 30s;
+        }}
+    }}
+}}
+"#,
+        origin.port
+    );
+    let mut server = Server::start_in(Prefix::new(), &conf);
+    let mut s = connect(server.port);
+    s.write_all(&frame(1, 0x5, 1, &get())).expect("request");
+    harness::eventually(10, "the request at the upstream", || {
+        !origin.requests().is_empty()
+    });
+    server.signal(libc::SIGQUIT);
+    let f = frames(&mut s);
+    assert_eq!(goaways(&f).0, vec![goaway_payload(1)], "{:?}", f);
+    assert!(!f.iter().any(|x| x.0 == 1), "no answer: {:?}", f);
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    let log = server.prefix.read("logs/access.log");
+    assert!(log.contains("\"GET / HTTP/2.0\" 499 "), "{}", log);
+}

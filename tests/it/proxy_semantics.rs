@@ -331,3 +331,89 @@ fn limit_rate_paces_a_page_from_memory() {
         text(&b[..n])
     );
 }
+
+#[test]
+fn an_upgraded_connection_ends_when_worker_shutdown_timeout_runs_out_after_a_reload() {
+    // worker_shutdown_timeout_proxy_upgrade.t: nginx's old worker closes
+    // a WebSocket when that time runs out; tern's reload is in place and
+    // closes it then too. The origin keeps its side open far longer.
+    let o = Origin::serve(|mut c| {
+        if c.next(false).is_none() {
+            return;
+        }
+        let _ = c
+            .stream
+            .write_all(b"HTTP/1.1 101 Switching\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n");
+        std::thread::sleep(Duration::from_secs(30));
+    })
+    .detach();
+    let conf = format!(
+        "worker_shutdown_timeout 200ms; error_log logs/error.log notice;
+        http {{ access_log off; server {{ listen 127.0.0.1:@PORT@;
+            location / {{ proxy_pass http://127.0.0.1:{o}; proxy_http_version 1.1;
+                proxy_set_header Upgrade foo; proxy_set_header Connection Upgrade; }}
+          }} }}"
+    );
+    let s = Server::start(&conf);
+    let mut c = s.connect();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n")
+        .expect("send");
+    c.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut head = Vec::new();
+    let mut b = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.read(&mut b).expect("101 head");
+        assert!(n > 0, "closed before the head");
+        head.extend_from_slice(&b[..n]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101 "),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s.signal(libc::SIGHUP);
+    wait_log(&s.prefix, "logs/error.log", "reconfigured");
+    // Closed by the server (EOF), well before the origin's 30 s.
+    let n = c.read(&mut b).expect("EOF, not a read timeout");
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn post_action_runs_after_the_answer_and_sends_nothing_more() {
+    // post_action.t: the client gets the location's answer only; the
+    // post action's request reaches the origin after it.
+    let o = Origin::start(|_| Some(Origin::ok("HIDDEN", "")));
+    let conf = format!(
+        "http {{ log_format t \"$uri $status\";
+          server {{ listen 127.0.0.1:@PORT@; root html; access_log logs/t.log t;
+            location / {{ post_action /post; }}
+            location /post {{ proxy_pass http://127.0.0.1:{}/seen; }}
+            location /named {{ post_action @after; }}
+            location @after {{ proxy_pass http://127.0.0.1:{}; }}
+          }} }}",
+        o.port, o.port
+    );
+    let p = Prefix::new();
+    p.write("html/index.html", "SEE-THIS");
+    p.write("html/named/index.html", "NAMED");
+    let s = Server::start_in(p, &conf);
+    let r = text(&s.raw(b"GET / HTTP/1.0\r\n\r\n"));
+    assert!(r.ends_with("\r\n\r\nSEE-THIS"), "{r}");
+    eventually(10, "the post action's request", || o.count() == 1);
+    assert!(
+        o.requests()[0].starts_with("GET /seen HTTP/1.0\r\n"),
+        "{:?}",
+        o.requests()
+    );
+    // The access log line is written after it: the last URI, the client's status.
+    assert_eq!(wait_log(&s.prefix, "logs/t.log", "/post"), "/post 200\n");
+    let r = text(&s.raw(b"GET /named/ HTTP/1.0\r\n\r\n"));
+    assert!(r.ends_with("\r\n\r\nNAMED"), "{r}");
+    eventually(10, "the named post action's request", || o.count() == 2);
+    assert!(
+        o.requests()[1].starts_with("GET /named/index.html HTTP/1.0\r\n"),
+        "{:?}",
+        o.requests()
+    );
+}

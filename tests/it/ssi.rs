@@ -14,6 +14,7 @@ const CONF: &str = "http { access_log off;
         location /silent/ { ssi on; ssi_silent_errors on; }
         location /lm/ { ssi on; ssi_last_modified on; }
         location /set/ { ssi on; set $http_foo from_set; }
+        location /small/ { subrequest_output_buffer_size 42; }
     } }";
 
 fn files(p: &Prefix) {
@@ -56,6 +57,15 @@ fn files(p: &Prefix) {
         "a<!--#foo -->b<!--#echo -->c<!--#config errmsg=\"ERR\" --><!--#echo bad=x -->d\n",
     );
     w("silent/bad.html", "a<!--#foo -->b\n");
+    // Blanks may follow `<!--#`; a `set=` answer over the subrequest's
+    // subrequest_output_buffer_size ends the whole request unanswered.
+    w("blank.html", "<!--# \techo var=\"arg_a\" -->\n");
+    w("small/long.txt", &"x".repeat(400));
+    w("small/short.txt", "short");
+    w(
+        "big.html",
+        "<!--#include virtual=\"/small/$arg_f\" set=\"x\" -->set: <!--#echo var=\"x\" -->\n",
+    );
     w("plain/t.txt", "<!--#echo var=\"arg_a\" -->\n");
     w("raw/t.txt", "<!--#echo var=\"arg_a\" -->\n");
     w("lm/t.html", "<!--#echo var=\"arg_a\" -->\n");
@@ -104,6 +114,9 @@ const PATHS: &[(&str, &str)] = &[
     ("/raw/t.txt?a=p", ""),
     ("/lm/t.html?a=l", ""),
     ("/set/t.html", "Foo: hdr\r\nBar: bar\r\n"),
+    ("/blank.html?a=b", ""),
+    ("/big.html?f=short.txt", ""),
+    ("/big.html?f=long.txt", ""),
 ];
 
 #[test]
@@ -115,6 +128,9 @@ fn ssi_commands_as_nginx() {
     assert!(got[0].ends_with("X1|(none)|d$arg_aX\n"), "{}", got[0]);
     assert!(got[3].ends_with("[part:q:(none)]\n"), "{}", got[3]);
     assert!(got[5].ends_with("aSTUBbSTUBc\n"), "{}", got[5]);
+    assert!(got[15].ends_with("\nb\n"), "{}", got[15]);
+    assert!(got[16].ends_with("\nset: short\n"), "{}", got[16]);
+    assert_eq!(got[17], "no response");
     assert!(
         got[0].starts_with("200 content-length=false last-modified=false"),
         "{}",

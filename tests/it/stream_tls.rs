@@ -93,6 +93,85 @@ fn stream_tls_v1_certificates_and_client_certificates() {
     srv.wait_error_log("client sent no required SSL certificate");
 }
 
+/// `proxy_ssl_alpn` (nginx 1.29's): the protocols offered to the
+/// upstream, literal or from variables, a value that renders empty not
+/// sent; none offered without the directive.
+#[test]
+fn stream_proxy_ssl_alpn_offers_rendered_protocols() {
+    let p = Prefix::new();
+    if !v1_cert(&p, "server") {
+        eprintln!("skipped: openssl CLI failed");
+        return;
+    }
+    let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
+    let (be, a, b, c, d) = (ports[0], ports[1], ports[2], ports[3], ports[4]);
+    let conf = format!(
+        "{HTTP}stream {{
+        ssl_certificate server.crt; ssl_certificate_key server.key;
+        proxy_ssl on;
+        map $server_port $want {{ {c} v1; default \"\"; }}
+        server {{ listen 127.0.0.1:{be} ssl; ssl_alpn v1 v2; return \"[$ssl_alpn_protocol]\"; }}
+        server {{ listen 127.0.0.1:{a}; proxy_pass 127.0.0.1:{be}; }}
+        server {{ listen 127.0.0.1:{b}; proxy_pass 127.0.0.1:{be}; proxy_ssl_alpn v2; }}
+        server {{ listen 127.0.0.1:{c}; proxy_pass 127.0.0.1:{be}; proxy_ssl_alpn $want v2; }}
+        server {{ listen 127.0.0.1:{d}; proxy_pass 127.0.0.1:{be}; proxy_ssl_alpn $want v2; }}
+    }}\n"
+    );
+    let _srv = Server::start_in(p, &conf);
+    assert_eq!(read_all(a), b"[]");
+    assert_eq!(read_all(b), b"[v2]");
+    assert_eq!(read_all(c), b"[v1]");
+    assert_eq!(read_all(d), b"[v2]");
+}
+
+/// `proxy_ssl_conf_command Certificate/PrivateKey` replaces the pair of
+/// `proxy_ssl_certificate` (applied last, as nginx hands the commands to
+/// OpenSSL after its own settings); an unknown command is nginx's error.
+#[test]
+fn stream_proxy_ssl_conf_command_overrides_the_client_certificate() {
+    let p = Prefix::new();
+    if !v1_cert(&p, "server") || !v1_cert(&p, "client") || !v1_cert(&p, "override") {
+        eprintln!("skipped: openssl CLI failed");
+        return;
+    }
+    let (be, a, b) = (free_port(), free_port(), free_port());
+    let conf = format!(
+        "{HTTP}stream {{
+        server {{
+            listen 127.0.0.1:{be} ssl;
+            ssl_certificate server.crt; ssl_certificate_key server.key;
+            ssl_verify_client optional_no_ca;
+            return \"$ssl_client_s_dn\";
+        }}
+        server {{
+            listen 127.0.0.1:{a};
+            proxy_pass 127.0.0.1:{be}; proxy_ssl on;
+            proxy_ssl_certificate client.crt; proxy_ssl_certificate_key client.key;
+            proxy_ssl_conf_command Certificate override.crt;
+            proxy_ssl_conf_command PrivateKey override.key;
+        }}
+        server {{
+            listen 127.0.0.1:{b};
+            proxy_pass 127.0.0.1:{be}; proxy_ssl on;
+            proxy_ssl_certificate client.crt; proxy_ssl_certificate_key client.key;
+        }}
+    }}\n"
+    );
+    let srv = Server::start_in(p, &conf);
+    assert_eq!(read_all(a), b"CN=override");
+    assert_eq!(read_all(b), b"CN=client");
+    drop(srv);
+    let t = ConfTest::run(
+        "events {}\nstream { server { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; \
+         proxy_ssl_conf_command Bogus x; } }\n",
+    );
+    t.assert_says(
+        "emerg",
+        "SSL_CONF_cmd(\"Bogus\", \"x\") failed (unknown cmd name:cmd=Bogus)",
+        2,
+    );
+}
+
 #[test]
 fn stream_worker_shutdown_timeout_ends_old_sessions_on_reload() {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");

@@ -15,9 +15,11 @@ pub mod brotli;
 pub mod cgi;
 pub mod charset;
 pub mod compress_cache;
+pub mod dav;
 pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
+pub mod flv;
 pub mod geo;
 pub mod grpc;
 pub mod gzip;
@@ -30,6 +32,7 @@ pub mod limit_req;
 pub mod map;
 pub mod memcached;
 pub mod mirror;
+pub mod mp4;
 pub mod not_modified;
 pub mod open_file_cache;
 pub mod proxy;
@@ -103,6 +106,9 @@ pub const TABLES: &[&[Spec]] = &[
     empty_gif::DIRECTIVES,
     secure_link::DIRECTIVES,
     random_index::DIRECTIVES,
+    dav::DIRECTIVES,
+    flv::DIRECTIVES,
+    mp4::DIRECTIVES,
     userid::DIRECTIVES,
     mirror::DIRECTIVES,
     addition::DIRECTIVES,
@@ -135,7 +141,7 @@ pub const HEADER_FILTERS: &[HeaderFilter] = &[
 /// The content phase: try_files, then mirror (nginx's precontent phase,
 /// in its order), then the location's content handler (the slot a `*_pass`
 /// fills), then status pages,
-/// then files.
+/// then dav (PUT, DELETE, MKCOL, COPY, MOVE), then files.
 pub async fn content(cx: &mut Ctx<'_>) -> Step {
     match try_files::run(cx).await {
         Step::Next => {}
@@ -153,10 +159,22 @@ pub async fn content(cx: &mut Ctx<'_>) -> Step {
         }
         return Step::done(r);
     }
+    // `flv` is its location's content handler (it declines a directory).
+    if let Some(step) = flv::content(cx).await {
+        return step;
+    }
+    if let Some(step) = mp4::content(cx).await {
+        return step;
+    }
     if let Some(step) = stub_status::content(cx) {
         return step;
     }
     if let Some(step) = empty_gif::content(cx) {
+        return step;
+    }
+    // nginx's dav handler runs before the static one (index, autoindex
+    // and random_index decline these methods).
+    if let Some(step) = dav::content(cx).await {
         return step;
     }
     static_file::handle(cx).await
@@ -250,6 +268,9 @@ pub struct ModLoc {
     pub empty_gif: empty_gif::EmptyGifLoc,
     pub secure_link: secure_link::SecureLinkLoc,
     pub random_index: random_index::RandomIndexLoc,
+    pub dav: dav::DavLoc,
+    pub flv: flv::FlvLoc,
+    pub mp4: mp4::Mp4Loc,
     pub userid: userid::UseridLoc,
     pub mirror: mirror::MirrorLoc,
     pub addition: addition::AdditionLoc,
@@ -267,6 +288,8 @@ impl ModLoc {
         self.grpc.pass = None;
         self.uwsgi.pass = None;
         self.memcached.pass = None;
+        self.flv.drop_inherited();
+        self.mp4.drop_inherited();
     }
 
     /// The checks of a merged location (`PREFIX_cache` needs a key where
@@ -324,6 +347,9 @@ impl ModLoc {
         self.auth_basic.merge(&p.auth_basic);
         self.secure_link.merge(&p.secure_link);
         self.random_index.merge(&p.random_index);
+        self.dav.merge(&p.dav);
+        self.flv.merge(&p.flv);
+        self.mp4.merge(&p.mp4);
         self.userid.merge(&p.userid);
         self.auth_request.merge(&p.auth_request);
         self.mirror.merge(&p.mirror);

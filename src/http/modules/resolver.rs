@@ -1,6 +1,8 @@
-//! `resolver` and `resolver_timeout` in http, server and location: the
-//! DNS servers (and `valid=`, `ipv4=`, `ipv6=`) that name resolution at
-//! request time uses, checked and stored as nginx checks them at start-up.
+//! `resolver` and `resolver_timeout` in http, server and location (and,
+//! through [`set_resolver_in`], [`set_timeout_in`] and [`resolve`], in
+//! stream and its servers): the DNS servers (and `valid=`, `ipv4=`,
+//! `ipv6=`) that name resolution at run time uses, checked and stored as
+//! nginx checks them at start-up.
 //!
 //! A `*_pass` with variables that names a host asks [`resolve`], which
 //! queries these servers with [`crate::core::dns`] and keeps the answers
@@ -66,7 +68,13 @@ impl ResolverLoc {
 }
 
 fn set_resolver(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    if l.modules.resolver.resolver.is_some() {
+    set_resolver_in(&mut l.modules.resolver, d)
+}
+
+/// `resolver ADDRESS ... [valid=TIME] [ipv4=on|off] [ipv6=on|off]` into
+/// `conf` (http's levels and stream's `stream`/`server` share it).
+pub fn set_resolver_in(conf: &mut ResolverLoc, d: &Directive) -> ConfResult<()> {
+    if conf.resolver.is_some() {
         return Err(crate::config::registry::duplicate(d));
     }
     let mut r = Resolver {
@@ -107,7 +115,7 @@ fn set_resolver(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<
             d,
         ));
     }
-    l.modules.resolver.resolver = Some(Arc::new(r));
+    conf.resolver = Some(Arc::new(r));
     Ok(())
 }
 
@@ -151,8 +159,13 @@ fn server_addrs(a: &str) -> Result<Vec<SocketAddr>, &'static str> {
 }
 
 fn set_timeout(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    set_timeout_in(&mut l.modules.resolver, d)
+}
+
+/// `resolver_timeout TIME` into `conf`.
+pub fn set_timeout_in(conf: &mut ResolverLoc, d: &Directive) -> ConfResult<()> {
     let v = value::time_ms(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid(d))?;
-    set_once(&mut l.modules.resolver.timeout, v, d)
+    set_once(&mut conf.timeout, v, d)
 }
 
 /// Why a host of a `*_pass` with variables has no addresses.

@@ -203,6 +203,9 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 struct Shared {
     /// `set` variables and `if` captures, by lowercase name.
     vars: HashMap<Vec<u8>, Vec<u8>>,
+    /// An included answer broke a limit that ends the whole request
+    /// (nginx finalizes it with an error: the client gets no answer).
+    failed: bool,
 }
 
 /// One document's settings (`config` changes them for the rest of it).
@@ -285,6 +288,10 @@ async fn process(cx: &mut Ctx<'_>, resp: &mut Response, shared: &mut Shared) {
     let tokens = parse(&body, doc.value_len);
     let mut out = Vec::with_capacity(body.len());
     run(cx, &tokens, &mut doc, shared, &mut out).await;
+    if shared.failed {
+        resp.close_silently = true;
+        return;
+    }
     resp.body = Body::Bytes(out);
 }
 
@@ -370,6 +377,10 @@ fn parse(b: &[u8], value_len: usize) -> Vec<Token> {
 fn command(b: &[u8], mut i: usize, value_len: usize) -> Option<(Token, usize)> {
     let close = |from: usize| memchr::memmem::find(&b[from..], b"-->").map(|o| from + o + 3);
     let bad = |why: String, from: usize| close(from).map(|e| (Token::Bad(why), e));
+    // nginx lets blanks come between `<!--#` and the command's name.
+    while matches!(b.get(i), Some(b' ' | b'\r' | b'\n' | b'\t')) {
+        i += 1;
+    }
     let name_end = b[i..]
         .iter()
         .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
@@ -492,7 +503,7 @@ fn run<'f, 'a: 'f>(
     Box::pin(async move {
         let mut cond = Cond::None;
         let mut i = 0;
-        while i < tokens.len() {
+        while i < tokens.len() && !shared.failed {
             let t = &tokens[i];
             i += 1;
             let skipping = matches!(cond, Cond::Waiting | Cond::Done);
@@ -971,6 +982,24 @@ async fn include(
         }
         other => other,
     };
+    // An answer kept in a variable lives in memory: nginx bounds it with
+    // the subrequest's `subrequest_output_buffer_size` and fails the
+    // whole request past it.
+    let limit = sub.loc.core.subrequest_output_buffer_size.unwrap_or(4096);
+    if let (Some(_), Ok(b)) = (&set_var, &body) {
+        if b.len() as u64 > limit {
+            sub.log(
+                Level::Error,
+                &format!(
+                    "too big subrequest response: {} while sending to client",
+                    b.len()
+                ),
+            );
+            crate::http::subrequest::finish(cx, sub);
+            shared.failed = true;
+            return;
+        }
+    }
     crate::http::subrequest::finish(cx, sub);
     let body = match body {
         Ok(b) => b,
@@ -1186,6 +1215,10 @@ mod tests {
             ]
         );
         assert!(matches!(parse(b"<!--#x a=b -->", 256)[0], Token::Bad(_)));
+        assert!(matches!(
+            &parse(b"<!--# \tinclude virtual=\"t\" -->", 256)[0],
+            Token::Cmd(name, _) if name == "include"
+        ));
         assert!(matches!(
             parse(b"<!--#x a=\"bbb\" -->", 2)[0],
             Token::Bad(_)

@@ -331,17 +331,29 @@ fn ocsp_cache(s: &mut SrvConf, d: &Directive, _: &mut Compiler) -> ConfResult<()
 /// here and applied last by `tls::config::build` where rustls has the
 /// setting (`tls::conf_command`); the others are warned about.
 fn conf_command(s: &mut SrvConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let (cmds, warnings) = crate::tls::conf_command::parse(arg(d, 0), arg(d, 1), &cx.conf_prefix)
-        .map_err(|e| ConfError::at(e.msg, d))?;
-    for w in warnings {
-        cx.warnings
-            .push(format!("{} in {}:{}", w, d.file.display(), d.line));
-    }
+    let cmds = conf_command_of(d, cx)?;
     s.ssl
         .conf_commands
         .get_or_insert_with(Vec::new)
         .extend(cmds);
     Ok(())
+}
+
+/// The commands of one `ssl_conf_command` (or stream's
+/// `proxy_ssl_conf_command`) directive, checked, with its warnings
+/// (named after the directive) queued for start-up.
+pub fn conf_command_of(
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<Vec<crate::tls::conf_command::Cmd>> {
+    let (cmds, warnings) = crate::tls::conf_command::parse(arg(d, 0), arg(d, 1), &cx.conf_prefix)
+        .map_err(|e| ConfError::at(e.msg, d))?;
+    for w in warnings {
+        let w = w.replacen("ssl_conf_command", &d.name, 1);
+        cx.warnings
+            .push(format!("{} in {}:{}", w, d.file.display(), d.line));
+    }
+    Ok(cmds)
 }
 
 /// `ssl on|off`: deprecated in nginx 1.15 (with a warning), still obeyed.

@@ -93,15 +93,31 @@ pub fn file_response(
 
 /// nginx's ETag: hex mtime and size.
 pub fn etag(f: &crate::io::OpenFile) -> String {
+    etag_of(f.meta.mtime, f.meta.size)
+}
+
+/// nginx's ETag of a response of `len` bytes from a file of `mtime`
+/// (flv and mp4 answer with another length than the file's).
+pub fn etag_of(mtime: i64, len: u64) -> String {
     // Written by hand: this runs for every file answered, and the
     // formatting machinery costs more than the digits.
     let mut s = String::with_capacity(2 + 16 + 1 + 16);
     s.push('"');
-    push_hex(&mut s, f.meta.mtime as u64);
+    push_hex(&mut s, mtime as u64);
     s.push('-');
-    push_hex(&mut s, f.meta.size);
+    push_hex(&mut s, len);
     s.push('"');
     s
+}
+
+/// Replaces a response's ETag with the one of `len` bytes (nginx makes
+/// it from the response's length, which flv and mp4 change).
+pub fn set_etag_len(cx: &Ctx<'_>, r: &mut Response, mtime: i64, len: u64) {
+    if cx.loc.modules.headers.etag.unwrap_or(true) {
+        r.remove_header("ETag");
+        r.headers
+            .push(("ETag".into(), etag_of(mtime, len).into_bytes()));
+    }
 }
 
 /// `{:x}` of `n`. An mtime before 1970 is negative and prints as its

@@ -478,6 +478,12 @@ pub fn set_store_access<S: Slot>(
     d: &Directive,
     _: &mut Compiler,
 ) -> ConfResult<()> {
+    set_once(&mut S::conf(l).store_access, access_mode(d)?, d)
+}
+
+/// nginx's access slot (`PREFIX_store_access`, `dav_access`):
+/// `user:rw|r group:rw|r all:rw|r`, user `rw` unless given.
+pub fn access_mode(d: &Directive) -> ConfResult<u32> {
     let mut mode = 0u32;
     let mut user = 0o600;
     for a in d.args.iter().map(|a| a.value.as_str()) {
@@ -499,7 +505,7 @@ pub fn set_store_access<S: Slot>(
         };
         mode |= bits << shift;
     }
-    set_once(&mut S::conf(l).store_access, mode | user, d)
+    Ok(mode | user)
 }
 
 /// `PREFIX_bind ADDRESS [transparent] | off`.

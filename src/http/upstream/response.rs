@@ -787,7 +787,7 @@ pub fn accel_carried(cx: &Ctx<'_>, r: &mut Response) {
 
 /// nginx's ngx_http_parse_unsafe_uri: the path (unescaped when it has
 /// `%`) and the args; None for a path with `..` segments or a NUL.
-fn unsafe_uri(v: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+pub(crate) fn unsafe_uri(v: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
     let (raw, args) = match v.iter().position(|&b| b == b'?') {
         Some(q) => (&v[..q], Some(v[q + 1..].to_vec())),
         None => (v, None),

@@ -459,6 +459,9 @@ async fn request<S: Stream>(
     )
     .await;
     cx.sent = sent;
+    if loc.core.post_action.is_some() && result.is_ok() {
+        phases::post_action(&mut cx).await;
+    }
     log_answered(&mut cx, resp.status);
     // Module state tied to the request (a limit_conn slot) lives until
     // the unread body is drained, as the request does in nginx.

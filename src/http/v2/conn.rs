@@ -91,6 +91,7 @@ pub async fn serve<S: Stream>(
     let max_requests = core.keepalive_requests.unwrap_or(1000);
     let keepalive_time = core.keepalive_time.map(Duration::from_millis);
     let reset_timedout = core.reset_timedout_connection.unwrap_or(false);
+    let send_to = Duration::from_millis(core.send_timeout.unwrap_or(60_000));
     let default_conf = addr.default.conf.clone();
     let max_streams = srv.http2.max_streams();
     drop((addr, http, config));
@@ -120,8 +121,10 @@ pub async fn serve<S: Stream>(
         ended: tokio::sync::Notify::new(),
     });
     let mut quit = shared.quit.clone();
+    let mut expired = shared.expired.clone();
     let mut closing = false;
     let mut requests: u64 = 0;
+    let mut lingering = false;
     loop {
         let idle = streams.active.get() == 0 && !closing;
         // keepalive_timeout (0: GOAWAY as soon as a stream ends; before
@@ -163,7 +166,13 @@ pub async fn serve<S: Stream>(
                     }
                     break;
                 }
-                None => break,
+                // h2 has closed the connection after a GOAWAY (ours, or
+                // the peer's) with no stream left: its last bytes are
+                // out, and the close lingers as below.
+                None => {
+                    lingering = true;
+                    break;
+                }
             },
             _ = ended => {}
             _ = guard.tripped.notified() => {
@@ -189,21 +198,42 @@ pub async fn serve<S: Stream>(
                 conn.graceful_shutdown();
                 closing = true;
             }
+            _ = expired.wait_for(|e| *e) => {
+                // worker_shutdown_timeout ran out: the connection closes
+                // now, as nginx closes it (its streams log themselves).
+                break;
+            }
         }
         if closing && streams.active.get() == 0 {
-            // Let the GOAWAY (and anything queued) go out, briefly.
-            let _ = timeout(
-                Duration::from_secs(1),
-                poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
-            )
-            .await;
-            // Then, as nginx, a lingering close: what the client still
-            // sends (a PING, a WINDOW_UPDATE) is read and dropped, so
-            // that it does not turn the close into a reset that loses
-            // the end of the last response.
-            crate::http::v1::conn::linger(stream, &default_conf).await;
+            // Let the GOAWAY and what h2 still holds of the last answers
+            // go out (a stream's task ends once its last DATA is queued,
+            // not sent): while the socket takes bytes, up to
+            // send_timeout; a second with nothing written ends the wait
+            // (a client that stopped reading, or h2 waiting for the rest
+            // of a frame the client began before it ends).
+            let until = tokio::time::Instant::now() + send_to;
+            loop {
+                let before = out.written();
+                let closed = timeout(
+                    Duration::from_secs(1),
+                    poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
+                )
+                .await;
+                if closed.is_ok() || out.written() == before || tokio::time::Instant::now() >= until
+                {
+                    break;
+                }
+            }
+            lingering = true;
             break;
         }
+    }
+    if lingering {
+        // As nginx, a lingering close: what the client still sends (a
+        // PING, a WINDOW_UPDATE) is read and dropped, so that it does not
+        // turn the close into a reset that loses the end of the last
+        // response (still in the socket's buffers) on the client's side.
+        crate::http::v1::conn::linger(stream, &default_conf).await;
     }
 }
 
@@ -502,7 +532,17 @@ async fn stream_task(
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body_io, Vec::new()));
     }
-    let mut resp = phases::run(&mut cx).await;
+    let mut expired = shared.expired.clone();
+    let mut resp = tokio::select! {
+        biased;
+        r = phases::run(&mut cx) => r,
+        _ = expired.wait_for(|e| *e) => {
+            // worker_shutdown_timeout ran out before the answer: the
+            // request ends as one the client closed (nginx logs 499).
+            end_expired(&mut cx, &mut respond, 499);
+            return;
+        }
+    };
     let mut scratch = Vec::new();
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
@@ -537,7 +577,16 @@ async fn stream_task(
         }
     }
     let head_only = req.method == crate::http::request::Method::Head;
-    let r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent).await;
+    let r = tokio::select! {
+        biased;
+        r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent) => r,
+        _ = expired.wait_for(|e| *e) => {
+            // worker_shutdown_timeout ran out while the answer was going
+            // out: logged with its status and the bytes sent so far.
+            end_expired(&mut cx, &mut respond, resp.status);
+            return;
+        }
+    };
     if r.is_err() {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
     } else {
@@ -546,6 +595,15 @@ async fn stream_task(
     cx.sent.status = resp.status;
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
+}
+
+/// Ends a stream cut short by worker_shutdown_timeout: reset (the
+/// connection closes anyway), logged with `status`.
+fn end_expired(cx: &mut phases::Ctx<'_>, respond: &mut SendResponse<Bytes>, status: u16) {
+    respond.send_reset(h2::Reason::INTERNAL_ERROR);
+    cx.sent.status = status;
+    crate::http::modules::stub_status::metrics::record_response(status, cx.sent.bytes);
+    crate::http::modules::log_phase(cx);
 }
 
 /// The host a request names: its Host field, else `:authority`.

@@ -52,6 +52,9 @@ pub struct Outbox<'a, S: Stream> {
     wr: RefCell<Option<Wait<'a>>>,
     /// h2's shutdown PING was left out: its answer is due to h2.
     pong: Cell<bool>,
+    /// Bytes written to the socket so far (the closing connection waits
+    /// while they grow).
+    written: Cell<u64>,
 }
 
 impl<'a, S: Stream> Outbox<'a, S> {
@@ -61,7 +64,13 @@ impl<'a, S: Stream> Outbox<'a, S> {
             buf: RefCell::new(Vec::new()),
             wr: RefCell::new(None),
             pong: Cell::new(false),
+            written: Cell::new(0),
         }
+    }
+
+    /// Bytes written to the socket so far.
+    pub fn written(&self) -> u64 {
+        self.written.get()
     }
 
     /// Whether h2 is owed the answer to its shutdown PING.
@@ -146,6 +155,7 @@ impl<'a, S: Stream> Outbox<'a, S> {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                 Ok(n) => {
                     b.drain(..n);
+                    self.written.set(self.written.get() + n as u64);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     drop(b);

@@ -14,6 +14,8 @@
 //!         │              through the file-I/O layer, body filters, streams)
 //!         │              log phase
 //!      QUIT: GOAWAY, streams in flight finish, then the connection closes
+//!        (lingering); worker_shutdown_timeout running out first closes
+//!        it, each stream in flight logged (499 before its answer)
 //!      keepalive_timeout with no stream open: GOAWAY and close
 //! ```
 //!

@@ -906,6 +906,7 @@ fn ssl_client(
                 verify_depth: conf.ssl_verify_depth.unwrap_or(d.verify_depth),
                 crls: conf.ssl_crl.clone(),
                 certificate: conf.ssl_certified.clone(),
+                ..d
             };
             crate::tls::client::client_config(&s).ok()
         })
