@@ -16,5 +16,6 @@ pub mod core;
 pub mod fuzzing;
 pub mod http;
 pub mod io;
+pub mod mail;
 pub mod stream;
 pub mod tls;

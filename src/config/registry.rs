@@ -24,6 +24,8 @@ pub mod ctx {
     pub const STREAM: u32 = 1 << 9;
     pub const STREAM_SRV: u32 = 1 << 10;
     pub const STREAM_UPS: u32 = 1 << 11;
+    pub const MAIL: u32 = 1 << 12;
+    pub const MAIL_SRV: u32 = 1 << 13;
     /// http, server and location: the usual home of a location-level directive.
     pub const HSL: u32 = HTTP | SRV | LOC;
 }

@@ -57,6 +57,7 @@ pub struct Config {
     pub main: MainConf,
     pub http: Option<Arc<crate::http::conf::HttpConf>>,
     pub stream: Option<Arc<crate::stream::conf::StreamConf>>,
+    pub mail: Option<Arc<crate::mail::conf::MailConf>>,
     pub tree: Tree,
     pub prefix: PathBuf,
     pub conf_file: PathBuf,
@@ -161,14 +162,14 @@ fn index() -> &'static HashMap<&'static str, Vec<Spec>> {
 
 /// Every directive name tern recognises (for `-V`-style listings and tests).
 pub fn known_directive(name: &str) -> bool {
-    index().contains_key(name) || crate::stream::conf::known(name)
+    index().contains_key(name) || crate::stream::conf::known(name) || crate::mail::conf::known(name)
 }
 
 /// Finds the registry row for `d` in context `here`, with nginx's checks.
 pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
     let Some(rows) = index().get(d.name.as_str()) else {
         // A stream-only directive outside `stream {}`.
-        if crate::stream::conf::known(&d.name) {
+        if crate::stream::conf::known(&d.name) || crate::mail::conf::known(&d.name) {
             return Err(ConfError::at(
                 format!("\"{}\" directive is not allowed here", d.name),
                 d,
@@ -270,6 +271,7 @@ pub fn compile(
     let dirs = tree.directives.clone();
     let mut http_dir: Option<Directive> = None;
     let mut stream_dir: Option<Directive> = None;
+    let mut mail_dir: Option<Directive> = None;
     cx.block(
         &dirs,
         ctx::MAIN,
@@ -310,6 +312,13 @@ pub fn compile(
                     stream_dir = Some(d.clone());
                     Ok(())
                 }
+                "mail" => {
+                    if mail_dir.is_some() {
+                        return Err(registry::duplicate(d));
+                    }
+                    mail_dir = Some(d.clone());
+                    Ok(())
+                }
                 _ => Err(ConfError::at(
                     format!("\"{}\" directive is not allowed here", d.name),
                     d,
@@ -347,11 +356,16 @@ pub fn compile(
         Some(d) => Some(Arc::new(crate::stream::conf::compile_stream(&d, &mut cx)?)),
         None => None,
     };
+    let mail = match mail_dir {
+        Some(d) => Some(Arc::new(crate::mail::conf::compile_mail(&d, &mut cx)?)),
+        None => None,
+    };
     let lint = crate::core::lint::check(&tree.directives);
     Ok(Config {
         main,
         http,
         stream,
+        mail,
         lint,
         tree,
         prefix: prefix.to_path_buf(),
@@ -521,6 +535,12 @@ const MAIN_DIRECTIVES: &[Spec] = &[
         set: Setter::Block,
     },
     Spec {
+        name: "mail",
+        ctx: ctx::MAIN,
+        args: Args::take(0),
+        set: Setter::Block,
+    },
+    Spec {
         name: "worker_connections",
         ctx: ctx::EVENTS,
         args: Args::take(1),
@@ -557,12 +577,6 @@ const MAIN_DIRECTIVES: &[Spec] = &[
 /// Directives nginx has that tern recognises but does not implement yet:
 /// a config that uses one is refused at startup, naming it.
 const UNSUPPORTED: &[Spec] = &[
-    Spec {
-        name: "mail",
-        ctx: ctx::MAIN,
-        args: Args::Any,
-        set: Setter::Unsupported,
-    },
     Spec {
         name: "env",
         ctx: ctx::MAIN,

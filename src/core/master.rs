@@ -81,6 +81,18 @@ fn listens(cfg: &Config) -> Result<Vec<(Listen, Proto)>, String> {
             out.push((l.clone(), Proto::Stream));
         }
     }
+    if let Some(m) = &cfg.mail {
+        for l in &m.listens {
+            if out.iter().any(|(h, _)| h.addr == l.addr) {
+                return Err(format!(
+                    "bind() to {} failed {}",
+                    l.addr,
+                    crate::core::errno_text(&std::io::Error::from_raw_os_error(libc::EADDRINUSE))
+                ));
+            }
+            out.push((l.clone(), Proto::Mail));
+        }
+    }
     Ok(out)
 }
 

@@ -67,6 +67,9 @@ const MODULES: &[(&str, bool, bool)] = &[
     ("stream_realip_module", false, true),
     ("stream_ssl_module", false, true),
     ("stream_ssl_preread_module", false, true),
+    // `mail {}`: pop3, imap and smtp are built with it by default.
+    ("mail", false, true),
+    ("mail_ssl_module", false, true),
 ];
 
 /// The `configure arguments:` line.

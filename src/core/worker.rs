@@ -132,6 +132,8 @@ impl Drop for Slot {
 pub enum Proto {
     Http,
     Stream,
+    /// `mail {}`: a POP3, IMAP or SMTP proxy session.
+    Mail,
 }
 
 /// A listening socket handed to a worker.
@@ -334,7 +336,7 @@ async fn accept_loop(
         // accepting it only to close it for want of that slot.
         loop {
             let limit = shared.config.load().main.connections();
-            let need = if proto == Proto::Stream {
+            let need = if proto != Proto::Http {
                 limit.min(2)
             } else {
                 1
@@ -407,6 +409,10 @@ async fn accept_loop(
                 let id = CONN_ID.fetch_add(1, Ordering::Relaxed) + 1;
                 if proto == Proto::Stream {
                     serve_stream(s, peer, &addr, &shared, id);
+                    continue;
+                }
+                if proto == Proto::Mail {
+                    serve_mail(s, peer, &addr, &shared, id);
                     continue;
                 }
                 let local = match &s {
@@ -587,6 +593,38 @@ fn serve_stream(
         // Released on drop: also when the task panics.
         let _conn_slot = conn_slot;
         crate::stream::session::serve(sock, peer, addr, srv, slot, sh, id).await;
+    });
+}
+
+/// Hands an accepted connection to the mail proxy, with the server the
+/// current configuration has for its listener.
+fn serve_mail(
+    s: Either,
+    peer: Option<std::net::SocketAddr>,
+    addr: &ListenAddr,
+    shared: &Arc<WorkerShared>,
+    id: u64,
+) {
+    let srv = shared
+        .config
+        .load()
+        .mail
+        .as_ref()
+        .and_then(|c| c.server_for(addr));
+    // None: a reload removed this listener; dropping the socket closes it.
+    let Some(srv) = srv else { return };
+    let conn_slot = ConnSlot::take(shared.clone());
+    let slot = shared.take_slot();
+    let sock = match s {
+        Either::Tcp(t) => t.into_registered().map(crate::stream::proxy::Sock::Tcp),
+        Either::Unix(u) => u.into_registered().map(crate::stream::proxy::Sock::Unix),
+        Either::TlsTcp(_) | Either::TlsUnix(_) => return,
+    };
+    let Ok(sock) = sock else { return };
+    let addr = addr.clone();
+    tokio::task::spawn_local(async move {
+        let _conn_slot = conn_slot;
+        crate::mail::session::serve(sock, peer, addr, srv, slot, id).await;
     });
 }
 

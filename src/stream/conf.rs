@@ -1413,6 +1413,22 @@ pub fn split_host_port(s: &str) -> Option<(&str, &str)> {
 // ---- setters ----------------------------------------------------------------
 
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let l = parse_stream_listen(d)?;
+    if sb.listen.iter().any(|x| x.addr == l.addr) {
+        return Err(ConfError::at(
+            format!("duplicate \"{}\" address and port pair", l.addr),
+            d,
+        ));
+    }
+    sb.listen_dirs.push((l.ssl, d.clone()));
+    sb.listen.push(l);
+    Ok(())
+}
+
+/// A `listen` of a non-http block (stream, and mail without `udp`): an
+/// address with a port (no default), http's socket options, `ssl`,
+/// `proxy_protocol`, `udp`; http-only parameters refused in nginx's words.
+pub fn parse_stream_listen(d: &Directive) -> ConfResult<Listen> {
     for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
         match p {
             "proxy_protocol" | "ssl" | "udp" => {}
@@ -1470,16 +1486,8 @@ fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<
             )),
         }
     }
-    if sb.listen.iter().any(|x| x.addr == l.addr) {
-        return Err(ConfError::at(
-            format!("duplicate \"{}\" address and port pair", l.addr),
-            d,
-        ));
-    }
     l.proxy_protocol = d.args.iter().skip(1).any(|a| a.value == "proxy_protocol");
-    sb.listen_dirs.push((l.ssl, d.clone()));
-    sb.listen.push(l);
-    Ok(())
+    Ok(l)
 }
 
 fn set_server_name(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {

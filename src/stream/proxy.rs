@@ -211,9 +211,15 @@ pub async fn run(
         .map(|ms| Drain {
             shared: shared.clone(),
             listen: s.listen.clone(),
+            srv: srv.clone(),
             after: Duration::from_millis(ms),
         });
-    let (end, bytes, first_byte) = pump(client, up, &srv, first, rates, nodelay, drain).await;
+    let opts = Relay {
+        buffer_size: srv.buffer_size,
+        timeout: srv.timeout,
+        half_close: srv.half_close,
+    };
+    let (end, bytes, first_byte) = pump(client, up, opts, first, rates, nodelay, drain).await;
     if let Some(t) = s.up.tries.last_mut() {
         let connect = t.connect.unwrap_or_default();
         t.session = Some(connected_at.elapsed() + connect);
@@ -399,21 +405,21 @@ async fn dial(
 }
 
 #[derive(Debug, Default, Clone, Copy)]
-struct Bytes {
-    from_client: u64,
-    to_client: u64,
-    from_upstream: u64,
-    to_upstream: u64,
+pub struct Bytes {
+    pub from_client: u64,
+    pub to_client: u64,
+    pub from_upstream: u64,
+    pub to_upstream: u64,
 }
 
 /// Which socket call failed, on which side, for the log line.
-struct Failed {
-    op: &'static str,
-    side: &'static str,
+pub struct Failed {
+    pub op: &'static str,
+    pub side: &'static str,
 }
 
 /// How a session ended.
-enum End {
+pub enum End {
     /// A side closed ("client" or "upstream"), all its data delivered.
     Closed(&'static str),
     TimedOut,
@@ -428,26 +434,42 @@ enum End {
 struct Drain {
     shared: Arc<WorkerShared>,
     listen: crate::http::conf::ListenAddr,
+    srv: Arc<StreamServer>,
     after: Duration,
 }
 
 impl Drain {
     const CHECK: Duration = Duration::from_secs(1);
 
-    fn replaced(&self, srv: &StreamServer) -> bool {
+    fn replaced(&self) -> bool {
         let cfg = self.shared.config.load();
         match cfg
             .stream
             .as_ref()
             .and_then(|c| c.by_addr.get(&self.listen))
         {
-            Some(now) => !now
-                .servers
-                .iter()
-                .any(|n| std::ptr::eq(Arc::as_ptr(n), srv)),
+            Some(now) => !now.servers.iter().any(|n| Arc::ptr_eq(n, &self.srv)),
             None => true,
         }
     }
+}
+
+/// The settings of a relay (a stream server's, or a mail server's).
+#[derive(Debug, Clone, Copy)]
+pub struct Relay {
+    pub buffer_size: usize,
+    /// Idle time after which the session ends.
+    pub timeout: Duration,
+    pub half_close: bool,
+}
+
+/// Copies both ways between an established client and upstream until
+/// one side closes, an error, or `timeout` passes without a byte moving
+/// (the mail proxy's relay after its login). `first` goes to the
+/// upstream before anything read from the client.
+pub async fn relay(client: Sock, upstream: Sock, opts: Relay, first: Vec<u8>) -> (End, Bytes) {
+    let (end, bytes, _) = pump(client, upstream, opts, first, (0, 0), (false, false), None).await;
+    (end, bytes)
 }
 
 /// Relay buffers of ended sessions, kept by each worker for the next
@@ -649,7 +671,7 @@ impl Dir {
 async fn pump(
     mut client: Sock,
     mut upstream: Sock,
-    srv: &StreamServer,
+    srv: Relay,
     first: Vec<u8>,
     (upload_rate, download_rate): (u64, u64),
     (nodelay_up, nodelay_client): (bool, bool),
@@ -707,7 +729,7 @@ async fn pump(
                 if draining {
                     return Poll::Ready(End::Shutdown);
                 }
-                let next = if d.replaced(srv) {
+                let next = if d.replaced() {
                     draining = true;
                     d.after
                 } else {

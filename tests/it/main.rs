@@ -38,6 +38,7 @@ mod io;
 mod limit_rate_var;
 mod limits;
 mod lint;
+mod mail;
 mod map;
 mod memcached;
 mod mp4;

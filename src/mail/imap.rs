@@ -1,0 +1,336 @@
+//! The IMAP dialogue before the login (nginx's ngx_mail_imap_module):
+//! `LOGIN`, `AUTHENTICATE PLAIN|LOGIN|CRAM-MD5|EXTERNAL`, `CAPABILITY`,
+//! `STARTTLS`, `NOOP`, `LOGOUT`. Arguments are atoms, quoted strings
+//! (backslash escapes) or literals (`{n}` answered with `+ OK`, `{n+}`
+//! without); a command is read whole, literals included, before it is
+//! judged, so a literal of an invalid command is never taken as one.
+
+use crate::mail::conf::{auth, StartTls};
+use crate::mail::pop3::ended;
+use crate::mail::session::{self, Auth, Client, Method, Next, ReadErr, Session};
+
+const GREETING: &[u8] = b"* OK IMAP4 ready\r\n";
+const NEXT: &[u8] = b"+ \r\n";
+const USERNAME: &[u8] = b"+ VXNlcm5hbWU6\r\n";
+const PASSWORD: &[u8] = b"+ UGFzc3dvcmQ6\r\n";
+
+/// The commands nginx's IMAP parser knows (others count toward max_errors).
+const KNOWN: &[&[u8]] = &[
+    b"LOGIN",
+    b"LOGOUT",
+    b"CAPABILITY",
+    b"NOOP",
+    b"STARTTLS",
+    b"AUTHENTICATE",
+];
+
+const SASL: &[(u32, &str)] = &[
+    (auth::PLAIN, "AUTH=PLAIN"),
+    (auth::LOGIN, "AUTH=LOGIN"),
+    (auth::CRAM_MD5, "AUTH=CRAM-MD5"),
+    (auth::EXTERNAL, "AUTH=EXTERNAL"),
+];
+
+fn capability(s: &Session) -> Vec<u8> {
+    let srv = &s.srv;
+    let mut out = b"* CAPABILITY".to_vec();
+    for c in &srv.capabilities {
+        out.push(b' ');
+        out.extend_from_slice(c.as_bytes());
+    }
+    let only = srv.starttls == StartTls::Only && !s.tls;
+    if !only {
+        for (bit, name) in SASL {
+            if srv.auth_methods & bit != 0 {
+                out.push(b' ');
+                out.extend_from_slice(name.as_bytes());
+            }
+        }
+    }
+    if srv.starttls != StartTls::Off && !s.tls {
+        out.extend_from_slice(b" STARTTLS");
+    }
+    if only {
+        out.extend_from_slice(b" LOGINDISABLED");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// A command as read: its words, literals and quoted strings decoded;
+/// Err(None) for a syntax error (the command is skipped).
+async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
+    let mut toks: Vec<Vec<u8>> = Vec::new();
+    let mut line = c.line().await?;
+    let mut bad = false;
+    loop {
+        let mut i = 0;
+        let mut literal = None;
+        while i < line.len() {
+            match line[i] {
+                b' ' => i += 1,
+                b'"' => {
+                    let mut t = Vec::new();
+                    i += 1;
+                    let mut closed = false;
+                    while i < line.len() {
+                        match line[i] {
+                            b'\\' if i + 1 < line.len() => {
+                                t.push(line[i + 1]);
+                                i += 2;
+                            }
+                            b'"' => {
+                                closed = true;
+                                i += 1;
+                                break;
+                            }
+                            b => {
+                                t.push(b);
+                                i += 1;
+                            }
+                        }
+                    }
+                    bad |= !closed;
+                    toks.push(t);
+                }
+                _ => {
+                    let start = i;
+                    while i < line.len() && line[i] != b' ' {
+                        i += 1;
+                    }
+                    let w = &line[start..i];
+                    if i == line.len() && w.len() > 2 && w[0] == b'{' && w.ends_with(b"}") {
+                        let inner = &w[1..w.len() - 1];
+                        let (num, sync) = match inner.strip_suffix(b"+") {
+                            Some(n) => (n, false),
+                            None => (inner, true),
+                        };
+                        match std::str::from_utf8(num)
+                            .ok()
+                            .and_then(|n| n.parse::<usize>().ok())
+                        {
+                            Some(n) => literal = Some((n, sync)),
+                            None => {
+                                bad = true;
+                                toks.push(w.to_vec());
+                            }
+                        }
+                    } else {
+                        toks.push(w.to_vec());
+                    }
+                }
+            }
+        }
+        let Some((n, sync)) = literal else {
+            break;
+        };
+        if n > c.limit {
+            return Err(ReadErr::TooLong);
+        }
+        if sync && !bad && !c.send(b"+ OK\r\n").await {
+            return Err(ReadErr::Closed);
+        }
+        while c.buf.len() < n {
+            c.fill().await?;
+        }
+        toks.push(c.buf.drain(..n).collect());
+        line = c.line().await?;
+    }
+    Ok((!bad).then_some(toks))
+}
+
+enum State {
+    Start,
+    LoginUsername,
+    LoginPassword(Vec<u8>),
+    Plain,
+    Cram,
+    External,
+}
+
+/// Runs the dialogue until the client gives credentials or leaves.
+pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
+    if greet && !c.send(GREETING).await {
+        return Next::Quit;
+    }
+    let mut st = State::Start;
+    loop {
+        if !matches!(st, State::Start) {
+            // A SASL continuation line: one base64 word, no tag.
+            let line = match c.line().await {
+                Ok(l) => l,
+                Err(e) => return quit_on(s, c, e).await,
+            };
+            let arg = line.trim_ascii();
+            let got = match std::mem::replace(&mut st, State::Start) {
+                State::LoginUsername => match session::decode(s, arg, "AUTH LOGIN") {
+                    Some(u) => {
+                        if !c.send(PASSWORD).await {
+                            return Next::Quit;
+                        }
+                        st = State::LoginPassword(u);
+                        continue;
+                    }
+                    None => None,
+                },
+                State::LoginPassword(u) => session::decode(s, arg, "AUTH LOGIN").map(|p| Auth {
+                    method: Method::Login,
+                    login: u,
+                    passwd: p,
+                }),
+                State::Plain => session::sasl_plain(s, arg),
+                State::Cram => session::sasl_cram(s, arg),
+                State::External => session::decode(s, arg, "AUTH EXTERNAL").map(|l| Auth {
+                    method: Method::External,
+                    login: l,
+                    passwd: Vec::new(),
+                }),
+                State::Start => None,
+            };
+            match got {
+                Some(a) => return Next::Auth(a),
+                None => {
+                    if !bad(s, c, true).await {
+                        return Next::Quit;
+                    }
+                    continue;
+                }
+            }
+        }
+        let toks = match command(c).await {
+            Ok(t) => t,
+            Err(e) => return quit_on(s, c, e).await,
+        };
+        let Some(toks) = toks else {
+            if !bad(s, c, false).await {
+                return Next::Quit;
+            }
+            continue;
+        };
+        let Some(tag) = toks.first() else {
+            // An empty line.
+            s.tag.clear();
+            if !bad(s, c, false).await {
+                return Next::Quit;
+            }
+            continue;
+        };
+        s.tag = tag.clone();
+        let cmd = toks
+            .get(1)
+            .map(|c| c.to_ascii_uppercase())
+            .unwrap_or_default();
+        let args = toks.get(2..).unwrap_or_default();
+        let only = s.srv.starttls == StartTls::Only && !s.tls;
+        let ok = |s: &Session| {
+            let mut v = s.tag.clone();
+            v.extend_from_slice(b" OK completed\r\n");
+            v
+        };
+        let out = match (cmd.as_slice(), args.len()) {
+            (b"LOGIN", 2) if !only => {
+                return Next::Auth(Auth {
+                    method: Method::Plain,
+                    login: args[0].clone(),
+                    passwd: args[1].clone(),
+                })
+            }
+            (b"AUTHENTICATE", 1..=2) if !only => {
+                let mech = args[0].to_ascii_uppercase();
+                let m = s.srv.auth_methods;
+                let initial = args.get(1).map(|a| a.as_slice());
+                match (mech.as_slice(), initial) {
+                    (b"LOGIN", None) => {
+                        st = State::LoginUsername;
+                        USERNAME.to_vec()
+                    }
+                    (b"LOGIN", Some(u)) => match session::decode(s, u, "AUTH LOGIN") {
+                        Some(u) => {
+                            st = State::LoginPassword(u);
+                            PASSWORD.to_vec()
+                        }
+                        None => Vec::new(),
+                    },
+                    (b"PLAIN", None) => {
+                        st = State::Plain;
+                        NEXT.to_vec()
+                    }
+                    (b"PLAIN", Some(p)) => match session::sasl_plain(s, p) {
+                        Some(a) => return Next::Auth(a),
+                        None => Vec::new(),
+                    },
+                    (b"CRAM-MD5", None) if m & auth::CRAM_MD5 != 0 => {
+                        st = State::Cram;
+                        s.cram_challenge("+ ")
+                    }
+                    (b"EXTERNAL", None) if m & auth::EXTERNAL != 0 => {
+                        st = State::External;
+                        USERNAME.to_vec()
+                    }
+                    (b"EXTERNAL", Some(l)) if m & auth::EXTERNAL != 0 => {
+                        match session::decode(s, l, "AUTH EXTERNAL") {
+                            Some(l) => {
+                                return Next::Auth(Auth {
+                                    method: Method::External,
+                                    login: l,
+                                    passwd: Vec::new(),
+                                })
+                            }
+                            None => Vec::new(),
+                        }
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            (b"CAPABILITY", 0) => {
+                let mut v = capability(s);
+                v.extend_from_slice(&ok(s));
+                v
+            }
+            (b"NOOP", 0) => ok(s),
+            (b"LOGOUT", 0) => {
+                let mut v = b"* BYE\r\n".to_vec();
+                v.extend_from_slice(&ok(s));
+                let _ = c.send(&v).await;
+                return Next::Quit;
+            }
+            (b"STARTTLS", 0) if s.srv.starttls != StartTls::Off && !s.tls => {
+                let v = ok(s);
+                if !c.send(&v).await || !session::starttls(s, c).await {
+                    return Next::Quit;
+                }
+                continue;
+            }
+            _ => Vec::new(),
+        };
+        if out.is_empty() {
+            let known = KNOWN.contains(&cmd.as_slice());
+            if !bad(s, c, known).await {
+                return Next::Quit;
+            }
+            continue;
+        }
+        if !c.send(&out).await {
+            return Next::Quit;
+        }
+    }
+}
+
+/// `TAG BAD invalid command`; false when the session ends (max_errors).
+async fn bad(s: &mut Session, c: &mut Client, known: bool) -> bool {
+    let quit = s.invalid(known);
+    let mut v = if s.tag.is_empty() {
+        b"*".to_vec()
+    } else {
+        s.tag.clone()
+    };
+    v.extend_from_slice(b" BAD invalid command\r\n");
+    c.send(&v).await && !quit
+}
+
+async fn quit_on(s: &mut Session, c: &mut Client, e: ReadErr) -> Next {
+    if ended(s, e) {
+        let _ = bad(s, c, false).await;
+    }
+    Next::Quit
+}

@@ -1,0 +1,671 @@
+//! One mail session: what every protocol shares (reading the client's
+//! command lines, the SASL exchanges, the salt, TLS, the log) and the
+//! sequence of the session (see the state diagram in [`crate::mail`]).
+//!
+//! The protocol's dialogue ([`crate::mail::pop3`], `imap`, `smtp`) reads
+//! commands through [`Client`] and ends with the credentials of an
+//! [`Auth`]; [`login`] then asks `auth_http`, logs in to the backend and
+//! relays.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::core::log::{Level, Logger};
+use crate::core::worker::Slot;
+use crate::http::conf::ListenAddr;
+use crate::http::modules::access::matches_addr;
+use crate::mail::auth_http::{self, Verdict};
+use crate::mail::conf::{MailServer, Protocol};
+use crate::stream::proxy::{self, Sock};
+use crate::stream::proxy_protocol::{self as pp, Parsed};
+
+/// The authentication method, as `Auth-Method` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Plain,
+    Login,
+    Apop,
+    CramMd5,
+    External,
+    None,
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            // AUTH LOGIN is asked as "plain", as nginx does.
+            Method::Plain | Method::Login => "plain",
+            Method::Apop => "apop",
+            Method::CramMd5 => "cram-md5",
+            Method::External => "external",
+            Method::None => "none",
+        }
+    }
+}
+
+/// Credentials a client gave, for `auth_http`.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub method: Method,
+    pub login: Vec<u8>,
+    pub passwd: Vec<u8>,
+}
+
+/// Why reading from the client stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadErr {
+    Closed,
+    TimedOut,
+    /// The client buffer filled without a line end.
+    TooLong,
+}
+
+/// The client connection and what was read from it but not yet used.
+pub struct Client {
+    /// None only while a TLS handshake has it.
+    pub sock: Option<Sock>,
+    pub buf: Vec<u8>,
+    /// `*_client_buffer`: the longest command line.
+    pub limit: usize,
+    pub timeout: Duration,
+}
+
+impl Client {
+    /// Reads up to and including the next LF; returns the line without
+    /// its CRLF (or bare LF).
+    pub async fn line(&mut self) -> Result<Vec<u8>, ReadErr> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let mut l: Vec<u8> = self.buf.drain(..=i).collect();
+                l.pop();
+                if l.last() == Some(&b'\r') {
+                    l.pop();
+                }
+                return Ok(l);
+            }
+            if self.buf.len() >= self.limit {
+                return Err(ReadErr::TooLong);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads more bytes into the buffer (at most up to `limit`).
+    pub async fn fill(&mut self) -> Result<(), ReadErr> {
+        let mut chunk = [0u8; 4096];
+        let room = self
+            .limit
+            .saturating_sub(self.buf.len())
+            .clamp(1, chunk.len());
+        let Some(sock) = self.sock.as_mut() else {
+            return Err(ReadErr::Closed);
+        };
+        match tokio::time::timeout(self.timeout, sock.read(&mut chunk[..room])).await {
+            Err(_) => Err(ReadErr::TimedOut),
+            Ok(Ok(0)) | Ok(Err(_)) => Err(ReadErr::Closed),
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(())
+            }
+        }
+    }
+
+    pub async fn send(&mut self, b: &[u8]) -> bool {
+        let Some(sock) = self.sock.as_mut() else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(self.timeout, async {
+                sock.write_all(b).await?;
+                sock.flush().await
+            })
+            .await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+/// Session-wide state shared by the protocol dialogues.
+pub struct Session {
+    pub id: u64,
+    pub srv: Arc<MailServer>,
+    pub logger: Arc<Logger>,
+    /// The client's address (after realip).
+    pub remote: Option<SocketAddr>,
+    pub local: Option<SocketAddr>,
+    pub listen: ListenAddr,
+    /// `<pid.time@server_name>` CRLF, once made (APOP, CRAM-MD5).
+    pub salt: Option<Vec<u8>>,
+    /// Invalid commands so far (`max_errors`).
+    pub errors: u32,
+    /// `Auth-Login-Attempt`.
+    pub attempt: u32,
+    /// The client connection is TLS.
+    pub tls: bool,
+    /// Its handshake: protocol, cipher, the client's certificate and the
+    /// verdict on it (for the `Auth-SSL-*` headers).
+    pub tls_info: Option<crate::tls::TlsInfo>,
+    pub pp: Option<pp::Header>,
+    /// SMTP: HELO/EHLO argument, the MAIL FROM and RCPT TO lines.
+    pub smtp_helo: Vec<u8>,
+    pub esmtp: bool,
+    pub smtp_from: Vec<u8>,
+    pub smtp_to: Vec<u8>,
+    /// IMAP: the tag of the command being answered.
+    pub tag: Vec<u8>,
+    /// What the log lines say the session is doing.
+    pub action: &'static str,
+}
+
+impl Session {
+    pub fn log(&self, level: Level, msg: std::fmt::Arguments<'_>) {
+        if self.logger.enabled(level) {
+            self.logger.log(level, Some(self.id), msg);
+        }
+    }
+
+    /// `, client: X, server: Y, login: "L"` of nginx's mail log lines.
+    pub fn ctx(&self, login: Option<&[u8]>) -> String {
+        let mut s = format!(
+            " while {}, client: {}, server: {}",
+            self.action,
+            self.remote
+                .map(|a| a.ip().to_string())
+                .unwrap_or_else(|| "unix:".into()),
+            self.listen
+        );
+        if let Some(l) = login {
+            s.push_str(&format!(", login: \"{}\"", String::from_utf8_lossy(l)));
+        }
+        s
+    }
+
+    /// An invalid command: an unknown one (`known` false) counts toward
+    /// `max_errors`, as nginx counts only what its parser refuses (a
+    /// known command with wrong arguments, or in the wrong state, does
+    /// not); true when that many were sent and the session must end
+    /// after the answer.
+    pub fn invalid(&mut self, known: bool) -> bool {
+        if known {
+            return false;
+        }
+        self.errors += 1;
+        if self.errors >= self.srv.max_errors {
+            let c = self.ctx(None);
+            self.log(
+                Level::Info,
+                format_args!("client sent too many invalid commands{}", c),
+            );
+            return true;
+        }
+        false
+    }
+
+    /// The salt, made on first use: `<pid.time@server_name>` CRLF.
+    pub fn salt(&mut self) -> Vec<u8> {
+        if self.salt.is_none() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            self.salt = Some(
+                format!(
+                    "<{}.{}@{}>\r\n",
+                    std::process::id(),
+                    now,
+                    self.srv.server_name
+                )
+                .into_bytes(),
+            );
+        }
+        self.salt.clone().unwrap_or_default()
+    }
+
+    /// The CRAM-MD5 challenge line: `PREFIX base64(salt)` CRLF.
+    pub fn cram_challenge(&mut self, prefix: &str) -> Vec<u8> {
+        let salt = self.salt();
+        let bare = &salt[..salt.len().saturating_sub(2)];
+        let mut out = prefix.as_bytes().to_vec();
+        out.extend_from_slice(
+            base64::engine::general_purpose::STANDARD
+                .encode(bare)
+                .as_bytes(),
+        );
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+}
+
+fn b64() -> GeneralPurpose {
+    GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    )
+}
+
+/// Decodes a SASL argument; logs nginx's line for `what` when it is not
+/// base64.
+pub fn decode(s: &Session, arg: &[u8], what: &str) -> Option<Vec<u8>> {
+    match b64().decode(arg) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            let c = s.ctx(None);
+            s.log(
+                Level::Info,
+                format_args!(
+                    "client sent invalid base64 encoding in {} command{}",
+                    what, c
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `AUTH PLAIN` credentials: `authzid NUL authcid NUL passwd`.
+pub fn sasl_plain(s: &Session, arg: &[u8]) -> Option<Auth> {
+    let v = decode(s, arg, "AUTH PLAIN")?;
+    let mut parts = v.splitn(3, |&b| b == 0);
+    let (_, login, passwd) = (parts.next(), parts.next(), parts.next());
+    match (login, passwd) {
+        (Some(l), Some(p)) => Some(Auth {
+            method: Method::Plain,
+            login: l.to_vec(),
+            passwd: p.to_vec(),
+        }),
+        _ => {
+            let c = s.ctx(None);
+            s.log(
+                Level::Info,
+                format_args!("client sent invalid login in AUTH PLAIN command{}", c),
+            );
+            None
+        }
+    }
+}
+
+/// A CRAM-MD5 answer: `login SP hex-digest`.
+pub fn sasl_cram(s: &Session, arg: &[u8]) -> Option<Auth> {
+    let v = decode(s, arg, "AUTH CRAM-MD5")?;
+    match v.iter().rposition(|&b| b == b' ') {
+        Some(i) if i > 0 => Some(Auth {
+            method: Method::CramMd5,
+            login: v[..i].to_vec(),
+            passwd: v[i + 1..].to_vec(),
+        }),
+        _ => {
+            let c = s.ctx(None);
+            s.log(
+                Level::Info,
+                format_args!(
+                    "client sent invalid CRAM-MD5 hash in AUTH CRAM-MD5 command{}",
+                    c
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// What the dialogue decided.
+pub enum Next {
+    /// Ask auth_http with these credentials.
+    Auth(Auth),
+    /// The session ends (after whatever was sent).
+    Quit,
+}
+
+/// Serves one accepted mail connection.
+pub async fn serve(
+    sock: Sock,
+    remote: Option<SocketAddr>,
+    listen: ListenAddr,
+    srv: Arc<MailServer>,
+    slot: Option<Slot>,
+    id: u64,
+) {
+    let local = match (&listen, &sock) {
+        (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
+        (_, Sock::Tcp(t)) => t.local_addr().ok(),
+        _ => None,
+    };
+    let logger = srv
+        .logger
+        .clone()
+        .unwrap_or_else(crate::core::log::main_logger);
+    let mut s = Session {
+        id,
+        logger,
+        remote,
+        local,
+        listen: listen.clone(),
+        salt: None,
+        errors: 0,
+        attempt: 1,
+        tls: false,
+        tls_info: None,
+        pp: None,
+        smtp_helo: Vec::new(),
+        esmtp: false,
+        smtp_from: Vec::new(),
+        smtp_to: Vec::new(),
+        tag: Vec::new(),
+        action: "in auth state",
+        srv: srv.clone(),
+    };
+    s.log(
+        Level::Info,
+        format_args!(
+            "client {} connected to {}",
+            remote
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "unix:".into()),
+            listen
+        ),
+    );
+    let mut client = Client {
+        sock: Some(sock),
+        buf: Vec::new(),
+        limit: srv.client_buffer,
+        timeout: srv.timeout,
+    };
+    if srv
+        .listen
+        .iter()
+        .any(|l| l.addr == listen && l.proxy_protocol)
+    {
+        s.action = "reading PROXY protocol";
+        match read_pp(&mut client, srv.timeout).await {
+            Ok(h) => {
+                let trusted = srv
+                    .realip_from
+                    .iter()
+                    .any(|a| matches_addr(a, remote.map(|r| r.ip())));
+                if trusted {
+                    if let Some((ip, port)) = h.src {
+                        s.remote = Some(SocketAddr::new(ip, port));
+                        s.log(Level::Info, format_args!("realip client {}", ip));
+                    }
+                }
+                s.pp = Some(h);
+            }
+            Err(msg) => {
+                s.log(Level::Error, format_args!("{}", msg));
+                return;
+            }
+        }
+    }
+    if srv.listen.iter().any(|l| l.addr == listen && l.ssl) {
+        s.action = "SSL handshaking";
+        if !starttls(&mut s, &mut client).await {
+            return;
+        }
+    }
+    s.action = "in auth state";
+    let next = match srv.protocol {
+        Protocol::Pop3 => crate::mail::pop3::dialogue(&mut s, &mut client, true).await,
+        Protocol::Imap => crate::mail::imap::dialogue(&mut s, &mut client, true).await,
+        Protocol::Smtp => crate::mail::smtp::dialogue(&mut s, &mut client, true).await,
+    };
+    let mut next = next;
+    loop {
+        let auth = match next {
+            Next::Quit => return,
+            Next::Auth(a) => a,
+        };
+        match login(&mut s, &mut client, &auth, slot.is_some()).await {
+            Login::Relay(up, login_name) => {
+                relay(&mut s, client, up, &login_name).await;
+                return;
+            }
+            Login::Quit => return,
+            Login::Again => {
+                s.attempt += 1;
+                next = match srv.protocol {
+                    Protocol::Pop3 => crate::mail::pop3::dialogue(&mut s, &mut client, false).await,
+                    Protocol::Imap => crate::mail::imap::dialogue(&mut s, &mut client, false).await,
+                    Protocol::Smtp => crate::mail::smtp::dialogue(&mut s, &mut client, false).await,
+                };
+            }
+        }
+    }
+}
+
+/// The TLS handshake with the client (`listen ... ssl`, STARTTLS, STLS).
+/// Bytes the client sent before the handshake (pipelined after
+/// STARTTLS) are dropped, as nginx does. False: the session ends.
+pub async fn starttls(s: &mut Session, c: &mut Client) -> bool {
+    let (Some(cfg), Some(sock)) = (s.srv.tls.clone(), c.sock.take()) else {
+        return false;
+    };
+    c.buf.clear();
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    match tokio::time::timeout(c.timeout, acceptor.accept(sock)).await {
+        Ok(Ok(t)) => {
+            let info = tls_info(t.get_ref().1, s.srv.client_auth.as_deref());
+            c.sock = Some(Sock::Tls(Box::new(t)));
+            s.tls = true;
+            let refused = cert_refused(s.srv.client_auth.as_deref(), &info);
+            s.tls_info = Some(info);
+            if let Some((log, msg)) = refused {
+                s.log(Level::Info, format_args!("{}{}", log, s.ctx(None)));
+                let line = match s.srv.protocol {
+                    Protocol::Pop3 => format!("-ERR {}\r\n", msg),
+                    Protocol::Imap => format!("* BYE {}\r\n", msg),
+                    Protocol::Smtp => format!("421 4.7.1 {}\r\n", msg),
+                };
+                let _ = c.send(line.as_bytes()).await;
+                return false;
+            }
+            true
+        }
+        _ => {
+            s.log(
+                Level::Info,
+                format_args!("SSL handshake failed{}", s.ctx(None)),
+            );
+            false
+        }
+    }
+}
+
+/// What the handshake settled, with the verdict on the client's
+/// certificate by the server's `ssl_verify_client` settings.
+fn tls_info(
+    c: &rustls::ServerConnection,
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+) -> crate::tls::TlsInfo {
+    let client_chain = c.peer_certificates().map(<[_]>::to_vec);
+    let verify = match (&client_chain, auth) {
+        (Some(ch), Some(a)) => a.verify(ch),
+        _ => Ok(()),
+    };
+    crate::tls::TlsInfo {
+        protocol: match c.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            _ => "unknown",
+        },
+        cipher: c
+            .negotiated_cipher_suite()
+            .and_then(|s| {
+                crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
+            })
+            .unwrap_or("unknown"),
+        server_name: c.server_name().map(str::to_string),
+        reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        session_id: [0; 32],
+        curve: c.negotiated_key_exchange_group().map(|g| g.name()),
+        client_ciphers: Box::new([]),
+        client_groups: Box::new([]),
+        client_chain,
+        verify,
+        h2: false,
+        early_data: false,
+    }
+}
+
+/// nginx's `ngx_mail_verify_cert`: (the log line, the client's message)
+/// when the certificate ends the session.
+fn cert_refused(
+    auth: Option<&crate::tls::client_auth::ClientAuth>,
+    info: &crate::tls::TlsInfo,
+) -> Option<(String, &'static str)> {
+    use crate::tls::client_auth::VerifyMode;
+    let a = auth?;
+    if a.mode == VerifyMode::Off {
+        return None;
+    }
+    if let Err(e) = info.verify {
+        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
+            return Some((
+                format!("client SSL certificate verify error: {}", e),
+                "SSL certificate error",
+            ));
+        }
+    }
+    if a.mode == VerifyMode::On && info.client_chain.is_none() {
+        return Some((
+            "client sent no required SSL certificate".to_string(),
+            "No required SSL certificate",
+        ));
+    }
+    None
+}
+
+async fn read_pp(client: &mut Client, timeout: Duration) -> Result<pp::Header, String> {
+    let read = async {
+        loop {
+            match pp::parse(&client.buf) {
+                Parsed::Done(h, n) => {
+                    client.buf.drain(..n);
+                    return Ok(h);
+                }
+                Parsed::Broken => {
+                    let end = client.buf.len().min(pp::MAX_V1);
+                    return Err(format!(
+                        "broken header: \"{}\"",
+                        String::from_utf8_lossy(&client.buf[..end])
+                    ));
+                }
+                Parsed::Partial => {}
+            }
+            let mut chunk = [0u8; 512];
+            let Some(sock) = client.sock.as_mut() else {
+                return Err("client closed connection while reading PROXY protocol header".into());
+            };
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    return Err(
+                        "client closed connection while reading PROXY protocol header".into(),
+                    )
+                }
+                Ok(n) => client.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(
+            "client timed out (110: Connection timed out) while reading PROXY protocol header"
+                .into(),
+        ),
+    }
+}
+
+/// How the login ended.
+enum Login {
+    /// Logged in to the backend: relay (the login name for the log).
+    Relay(Sock, Vec<u8>),
+    /// The auth server refused with Auth-Wait: the dialogue goes on.
+    Again,
+    Quit,
+}
+
+/// The protocol's "internal server error" line.
+pub fn internal_error(p: Protocol) -> &'static [u8] {
+    match p {
+        Protocol::Pop3 => b"-ERR internal server error\r\n",
+        Protocol::Imap => b"* BAD internal server error\r\n",
+        Protocol::Smtp => b"451 4.3.2 Internal server error\r\n",
+    }
+}
+
+async fn login(s: &mut Session, client: &mut Client, auth: &Auth, have_slot: bool) -> Login {
+    s.action = "in http auth state";
+    let v = auth_http::ask(s, auth).await;
+    let (addr, login, passwd) = match v {
+        Verdict::Ok {
+            addr,
+            login,
+            passwd,
+        } => (addr, login, passwd),
+        Verdict::Refused { msg, wait } => {
+            match wait {
+                Some(w) => {
+                    // The answer waits Auth-Wait seconds; the session goes on.
+                    tokio::time::sleep(w).await;
+                    if !client.send(&msg).await {
+                        return Login::Quit;
+                    }
+                    s.action = "in auth state";
+                    return Login::Again;
+                }
+                None => {
+                    let _ = client.send(&msg).await;
+                    return Login::Quit;
+                }
+            }
+        }
+        Verdict::Error => {
+            let _ = client.send(internal_error(s.srv.protocol)).await;
+            return Login::Quit;
+        }
+    };
+    if !have_slot {
+        let _ = client.send(internal_error(s.srv.protocol)).await;
+        return Login::Quit;
+    }
+    let auth = Auth {
+        method: auth.method,
+        login: login.unwrap_or_else(|| auth.login.clone()),
+        passwd: passwd.unwrap_or_else(|| auth.passwd.clone()),
+    };
+    s.action = "in upstream auth state";
+    match crate::mail::backend::login(s, client, addr, &auth).await {
+        Some(up) => Login::Relay(up, auth.login),
+        None => Login::Quit,
+    }
+}
+
+async fn relay(s: &mut Session, client: Client, up: Sock, login: &[u8]) {
+    s.action = "proxying";
+    let opts = proxy::Relay {
+        buffer_size: s.srv.proxy_buffer,
+        timeout: s.srv.proxy_timeout,
+        half_close: false,
+    };
+    let Client { sock, buf, .. } = client;
+    let Some(sock) = sock else { return };
+    let (end, bytes) = proxy::relay(sock, up, opts, buf).await;
+    let c = s.ctx(Some(login));
+    match end {
+        proxy::End::TimedOut => s.log(
+            Level::Info,
+            format_args!("upstream timed out (110: Connection timed out){}", c),
+        ),
+        proxy::End::Closed(who) => s.log(
+            Level::Info,
+            format_args!(
+                "{} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}{}",
+                who, bytes.from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream, c
+            ),
+        ),
+        _ => s.log(Level::Info, format_args!("proxied session done{}", c)),
+    }
+}
