@@ -115,8 +115,7 @@ pub fn etag_of(mtime: i64, len: u64) -> Vec<u8> {
 pub fn set_etag_len(cx: &Ctx<'_>, r: &mut Response, mtime: i64, len: u64) {
     if cx.loc.modules.headers.etag.unwrap_or(true) {
         r.remove_header("ETag");
-        r.headers
-            .push(("ETag".into(), etag_of(mtime, len)));
+        r.headers.push(("ETag".into(), etag_of(mtime, len)));
     }
 }
 
