@@ -36,7 +36,6 @@ use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::http::conf::LocConf;
 use crate::http::phases::{Ctx, Step};
-use crate::http::request::Method;
 use crate::http::response::{Body, Piece, Response};
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -150,24 +149,11 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
     if !cx.loc.modules.mp4.on {
         return None;
     }
-    if !matches!(cx.method, Method::Get | Method::Head) {
-        return Some(Step::done(Response::status(405)));
-    }
-    if cx.uri.ends_with(b"/") {
-        return None;
-    }
-    let policy = match cx.io_policy() {
-        Ok(p) => p,
-        Err(r) => return Some(Step::Done(r)),
-    };
-    let path = cx.request_filename();
-    let file = match super::static_file::open_checked(cx, &path, &policy).await {
-        Ok(f) => f,
-        Err(e) => return Some(Step::done(super::static_file::open_error(cx, &path, &e))),
-    };
-    if file.meta.is_dir {
-        return None;
-    }
+    let super::static_file::HandlerFile { path, file, policy } =
+        match super::static_file::open_for_handler(cx).await? {
+            Ok(f) => f,
+            Err(step) => return Some(step),
+        };
     let args = cx.args.as_deref().unwrap_or(b"");
     let mut start: Option<u64> = None;
     let mut length = 0u64;

@@ -258,6 +258,38 @@ impl StaticLoc {
     }
 }
 
+/// A file a content handler of its own (flv, mp4) answers from: the
+/// opening steps nginx's handlers share. GET and HEAD only (405); a URI
+/// ending in `/` or naming a directory falls through (None); the file is
+/// opened through the file-I/O layer, or its error page answers.
+pub(super) struct HandlerFile {
+    pub path: Vec<u8>,
+    pub file: std::sync::Arc<crate::io::OpenFile>,
+    pub policy: crate::io::Policy,
+}
+
+pub(super) async fn open_for_handler(cx: &mut Ctx<'_>) -> Option<Result<HandlerFile, Step>> {
+    if !matches!(cx.method, Method::Get | Method::Head) {
+        return Some(Err(Step::done(Response::status(405))));
+    }
+    if cx.uri.ends_with(b"/") {
+        return None;
+    }
+    let policy = match cx.io_policy() {
+        Ok(p) => p,
+        Err(r) => return Some(Err(Step::Done(r))),
+    };
+    let path = cx.request_filename();
+    let file = match open_checked(cx, &path, &policy).await {
+        Ok(f) => f,
+        Err(e) => return Some(Err(Step::done(open_error(cx, &path, &e)))),
+    };
+    if file.meta.is_dir {
+        return None;
+    }
+    Some(Ok(HandlerFile { path, file, policy }))
+}
+
 /// Opens `path` (through the location's open-file cache) after the
 /// `disable_symlinks` check: a refused path fails as nginx's open would
 /// (ELOOP, answered 403; ENOTDIR for a directory component, 404).
