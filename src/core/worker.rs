@@ -559,6 +559,23 @@ async fn accept_tcp(
     }
 }
 
+/// An accepted stream or mail connection as the relay's socket: None when
+/// registering it fails (the connection closes) or, never expected, it
+/// is TLS already (those listeners do their TLS in the session).
+fn proxy_sock(s: Either) -> Option<crate::stream::proxy::Sock> {
+    match s {
+        Either::Tcp(t) => t
+            .into_registered()
+            .map(crate::stream::proxy::Sock::Tcp)
+            .ok(),
+        Either::Unix(u) => u
+            .into_registered()
+            .map(crate::stream::proxy::Sock::Unix)
+            .ok(),
+        Either::TlsTcp(_) | Either::TlsUnix(_) => None,
+    }
+}
+
 /// Hands an accepted connection to the stream proxy, with the server the
 /// current configuration has for its listener.
 fn serve_stream(
@@ -580,13 +597,7 @@ fn serve_stream(
     let conn_slot = ConnSlot::take(shared.clone());
     // Taken now, while the accept loop's check still holds.
     let slot = shared.take_slot();
-    let sock = match s {
-        Either::Tcp(t) => t.into_registered().map(crate::stream::proxy::Sock::Tcp),
-        Either::Unix(u) => u.into_registered().map(crate::stream::proxy::Sock::Unix),
-        // Stream listeners never speak TLS.
-        Either::TlsTcp(_) | Either::TlsUnix(_) => return,
-    };
-    let Ok(sock) = sock else { return };
+    let Some(sock) = proxy_sock(s) else { return };
     let sh = shared.clone();
     let addr = addr.clone();
     tokio::task::spawn_local(async move {
@@ -615,12 +626,7 @@ fn serve_mail(
     let Some(srv) = srv else { return };
     let conn_slot = ConnSlot::take(shared.clone());
     let slot = shared.take_slot();
-    let sock = match s {
-        Either::Tcp(t) => t.into_registered().map(crate::stream::proxy::Sock::Tcp),
-        Either::Unix(u) => u.into_registered().map(crate::stream::proxy::Sock::Unix),
-        Either::TlsTcp(_) | Either::TlsUnix(_) => return,
-    };
-    let Ok(sock) = sock else { return };
+    let Some(sock) = proxy_sock(s) else { return };
     let addr = addr.clone();
     tokio::task::spawn_local(async move {
         let _conn_slot = conn_slot;
