@@ -64,6 +64,7 @@ mod random_index;
 mod referer;
 mod request_buffering;
 mod request_line;
+mod resolver;
 mod reuse_connections;
 mod routing_nginx;
 mod runtime;

@@ -7,7 +7,8 @@
 //! A `*_pass` with variables that names a host asks [`resolve`], which
 //! queries these servers with [`crate::core::dns`] and keeps the answers
 //! per `resolver` line. The values merge down like nginx's (a level
-//! without them inherits its parent's).
+//! without them inherits its parent's). The mail module's `resolver`
+//! (`crate::mail::conf`) keeps one of these too, for [`resolve_addr`].
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -176,6 +177,18 @@ pub enum Unresolved {
     Dns(crate::core::dns::Error),
 }
 
+impl Resolver {
+    fn query(&self, timeout: std::time::Duration) -> crate::core::dns::Query<'_> {
+        crate::core::dns::Query {
+            servers: &self.servers,
+            valid: self.valid,
+            ipv4: self.ipv4,
+            ipv6: self.ipv6,
+            timeout,
+        }
+    }
+}
+
 /// The addresses of `host` by the location's `resolver` (an address
 /// literal is its own answer, as nginx's).
 pub async fn resolve(conf: &ResolverLoc, host: &str) -> Result<Vec<std::net::IpAddr>, Unresolved> {
@@ -186,14 +199,18 @@ pub async fn resolve(conf: &ResolverLoc, host: &str) -> Result<Vec<std::net::IpA
     let Some(r) = conf.resolver.as_deref() else {
         return Err(Unresolved::NoResolver);
     };
-    let q = crate::core::dns::Query {
-        servers: &r.servers,
-        valid: r.valid,
-        ipv4: r.ipv4,
-        ipv6: r.ipv6,
-        timeout: conf.timeout(),
+    crate::core::dns::resolve(&r.query(conf.timeout()), &r.cache, host)
+        .await
+        .map_err(Unresolved::Dns)
+}
+
+/// The name of `ip` by `resolver` (a PTR query), as the mail module
+/// looks up an SMTP client's name.
+pub async fn resolve_addr(conf: &ResolverLoc, ip: std::net::IpAddr) -> Result<String, Unresolved> {
+    let Some(r) = conf.resolver.as_deref() else {
+        return Err(Unresolved::NoResolver);
     };
-    crate::core::dns::resolve(&q, &r.cache, host)
+    crate::core::dns::resolve_addr(&r.query(conf.timeout()), &r.cache, ip)
         .await
         .map_err(Unresolved::Dns)
 }
