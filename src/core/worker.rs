@@ -628,9 +628,10 @@ fn serve_mail(
     let slot = shared.take_slot();
     let Some(sock) = proxy_sock(s) else { return };
     let addr = addr.clone();
+    let sh = shared.clone();
     tokio::task::spawn_local(async move {
         let _conn_slot = conn_slot;
-        crate::mail::session::serve(sock, peer, addr, srv, slot, id).await;
+        crate::mail::session::serve(sock, peer, addr, srv, slot, sh, id).await;
     });
 }
 

@@ -78,8 +78,11 @@ pub fn request(s: &Session, a: &Auth) -> Vec<u8> {
     );
     r.extend_from_slice(b"\r\n");
     if srv.protocol == Protocol::Smtp {
-        // No resolver: nginx's placeholder for the client's name.
-        r.extend_from_slice(b"Client-Host: [UNAVAILABLE]\r\n");
+        // The client's name as the resolver found it, or nginx's
+        // placeholder (see `session::client_host`).
+        r.extend_from_slice(b"Client-Host: ");
+        r.extend_from_slice(&s.host);
+        r.extend_from_slice(b"\r\n");
         r.extend_from_slice(b"Auth-SMTP-Helo: ");
         escape(&mut r, &s.smtp_helo);
         r.extend_from_slice(b"\r\nAuth-SMTP-From: ");

@@ -247,7 +247,9 @@ async fn smtp(s: &Session, up: &mut Up, a: &Auth) -> Done {
             x.extend_from_slice(b" LOGIN=");
             x.extend_from_slice(&xtext(&a.login));
         }
-        x.extend_from_slice(b" NAME=[UNAVAILABLE]");
+        // nginx copies the name as it is (no xtext).
+        x.extend_from_slice(b" NAME=");
+        x.extend_from_slice(&s.host);
         if !up.send(s, &line(&[&x])).await {
             return Err((Vec::new(), false));
         }

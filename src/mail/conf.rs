@@ -17,6 +17,7 @@ use crate::core::conf::{Compiler, ErrorLogSpec};
 use crate::core::log::Logger;
 use crate::http::conf::{Listen, ListenAddr};
 use crate::http::modules::access::Addr;
+use crate::http::modules::resolver::{Resolver, ResolverLoc};
 
 /// The mail protocols (`protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +117,9 @@ pub struct MailServer {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub client_auth: Option<Arc<crate::tls::client_auth::ClientAuth>>,
     pub logger: Option<Arc<Logger>>,
+    /// `resolver` and `resolver_timeout`: how an SMTP client's name is
+    /// looked up (no resolver: it is `[UNAVAILABLE]`).
+    pub resolver: ResolverLoc,
 }
 
 /// Settings of `mail` and `server` (the server's win; unset ones inherit).
@@ -147,6 +151,9 @@ pub struct Common {
     realip_from: Option<Vec<Addr>>,
     starttls: Option<StartTls>,
     error_log: Option<Vec<ErrorLogSpec>>,
+    /// `resolver`: Some(None) for `resolver off`.
+    resolver: Option<Option<Arc<Resolver>>>,
+    resolver_timeout: Option<Duration>,
     ssl: crate::http::modules::ssl_settings::SslConf,
 }
 
@@ -181,7 +188,9 @@ impl Common {
             max_errors,
             realip_from,
             starttls,
-            error_log
+            error_log,
+            resolver,
+            resolver_timeout
         );
         self.ssl.merge(&p.ssl);
     }
@@ -269,7 +278,7 @@ pub const DIRECTIVES: &[MailSpec] = &[
         "resolver_timeout",
         MS,
         Args::take(1),
-        MailSetter::Common(check_time)
+        MailSetter::Common(set_resolver_timeout)
     ),
     row!(
         "error_log",
@@ -688,6 +697,14 @@ fn finish_server(
         tls,
         client_auth,
         logger,
+        resolver: ResolverLoc {
+            resolver: c.resolver.clone().flatten(),
+            timeout: Some(
+                c.resolver_timeout
+                    .unwrap_or(Duration::from_secs(30))
+                    .as_millis() as u64,
+            ),
+        },
     })
 }
 
@@ -750,24 +767,29 @@ fn set_timeout(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()
     set_once(&mut c.timeout, v, d)
 }
 
-fn check_time(_: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    secs(d).map(drop)
-}
-
 fn check_flag(_: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     flag(d).map(drop)
 }
 
-/// `resolver off` only: tern looks up no client names in mail (the
-/// SMTP `Client-Host` is then `[UNAVAILABLE]`, as nginx's without one).
-fn set_resolver(_: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+/// `resolver ADDRESS ... [valid=] [ipv4=] [ipv6=]` (parsed as http's)
+/// or `resolver off` (none, not inherited).
+fn set_resolver(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if c.resolver.is_some() {
+        return Err(registry::duplicate(d));
+    }
     if d.args.len() == 1 && arg(d, 0) == "off" {
+        c.resolver = Some(None);
         return Ok(());
     }
-    Err(ConfError::at(
-        "the \"resolver\" directive in mail is not supported by tern yet (only \"off\")",
-        d,
-    ))
+    let mut r = ResolverLoc::default();
+    crate::http::modules::resolver::set_resolver_in(&mut r, d)?;
+    c.resolver = Some(r.resolver);
+    Ok(())
+}
+
+fn set_resolver_timeout(c: &mut Common, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = secs(d)?;
+    set_once(&mut c.resolver_timeout, v, d)
 }
 
 fn set_error_log(c: &mut Common, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {

@@ -158,6 +158,9 @@ pub struct Session {
     pub smtp_to: Vec<u8>,
     /// IMAP: the tag of the command being answered.
     pub tag: Vec<u8>,
+    /// SMTP: the client's name (`Client-Host`, XCLIENT's `NAME=`), see
+    /// [`client_host`].
+    pub host: Vec<u8>,
     /// What the log lines say the session is doing.
     pub action: &'static str,
 }
@@ -327,6 +330,7 @@ pub async fn serve(
     listen: ListenAddr,
     srv: Arc<MailServer>,
     slot: Option<Slot>,
+    shared: Arc<crate::core::worker::WorkerShared>,
     id: u64,
 ) {
     let local = match (&listen, &sock) {
@@ -355,6 +359,7 @@ pub async fn serve(
         smtp_from: Vec::new(),
         smtp_to: Vec::new(),
         tag: Vec::new(),
+        host: UNAVAILABLE.to_vec(),
         action: "in auth state",
         srv: srv.clone(),
     };
@@ -406,6 +411,11 @@ pub async fn serve(
             return;
         }
     }
+    if srv.protocol == Protocol::Smtp {
+        // Before the greeting, as nginx's smtp_init_session; what the
+        // client sends meanwhile waits in the socket.
+        s.host = client_host(&mut s).await;
+    }
     s.action = "in auth state";
     let next = match srv.protocol {
         Protocol::Pop3 => crate::mail::pop3::dialogue(&mut s, &mut client, true).await,
@@ -420,7 +430,8 @@ pub async fn serve(
         };
         match login(&mut s, &mut client, &auth, slot.is_some()).await {
             Login::Relay(up, login_name) => {
-                relay(&mut s, client, up, &login_name).await;
+                let drain = proxy::Drain::mail(&shared, &s.listen, &srv);
+                relay(&mut s, client, up, &login_name, drain).await;
                 return;
             }
             Login::Quit => return,
@@ -643,7 +654,13 @@ async fn login(s: &mut Session, client: &mut Client, auth: &Auth, have_slot: boo
     }
 }
 
-async fn relay(s: &mut Session, client: Client, up: Sock, login: &[u8]) {
+async fn relay(
+    s: &mut Session,
+    client: Client,
+    up: Sock,
+    login: &[u8],
+    drain: Option<proxy::Drain>,
+) {
     s.action = "proxying";
     let opts = proxy::Relay {
         buffer_size: s.srv.proxy_buffer,
@@ -652,7 +669,7 @@ async fn relay(s: &mut Session, client: Client, up: Sock, login: &[u8]) {
     };
     let Client { sock, buf, .. } = client;
     let Some(sock) = sock else { return };
-    let (end, bytes) = proxy::relay(sock, up, opts, buf).await;
+    let (end, bytes) = proxy::relay(sock, up, opts, buf, drain).await;
     let c = s.ctx(Some(login));
     match end {
         proxy::End::TimedOut => s.log(
@@ -666,6 +683,67 @@ async fn relay(s: &mut Session, client: Client, up: Sock, login: &[u8]) {
                 who, bytes.from_client, bytes.to_client, bytes.from_upstream, bytes.to_upstream, c
             ),
         ),
+        // worker_shutdown_timeout ran out after a reload, as nginx's
+        // mail proxy handler logs it for a connection it closes.
+        proxy::End::Shutdown => s.log(Level::Info, format_args!("shutdown timeout{}", c)),
         _ => s.log(Level::Info, format_args!("proxied session done{}", c)),
+    }
+}
+
+/// nginx's `[UNAVAILABLE]`: the client's name is not known (no
+/// `resolver`, no name for its address, or a name whose addresses do not
+/// include the client's).
+pub const UNAVAILABLE: &[u8] = b"[UNAVAILABLE]";
+/// nginx's `[TEMPUNAVAIL]`: the look-up failed (an error other than "not
+/// found", a timeout), or the client is on a unix socket.
+pub const TEMPUNAVAIL: &[u8] = b"[TEMPUNAVAIL]";
+
+/// The SMTP client's name, as nginx's `ngx_mail_smtp_init_session`
+/// finds it before the greeting: the name of the client's address (PTR)
+/// by the server's `resolver`, kept only if its addresses (A/AAAA)
+/// include the client's. It becomes `Client-Host` for auth_http and the
+/// `NAME=` of XCLIENT.
+async fn client_host(s: &mut Session) -> Vec<u8> {
+    use crate::http::modules::resolver::{self, Unresolved};
+    let srv = s.srv.clone();
+    let conf = &srv.resolver;
+    if conf.resolver.is_none() {
+        return UNAVAILABLE.to_vec();
+    }
+    let Some(ip) = s.remote.map(|r| r.ip()) else {
+        return TEMPUNAVAIL.to_vec();
+    };
+    let placeholder = |e: crate::core::dns::Error| {
+        if e.not_found() {
+            UNAVAILABLE.to_vec()
+        } else {
+            TEMPUNAVAIL.to_vec()
+        }
+    };
+    s.action = "in resolving client address";
+    let name = match resolver::resolve_addr(conf, ip).await {
+        Ok(n) => n,
+        Err(Unresolved::NoResolver) => return UNAVAILABLE.to_vec(),
+        Err(Unresolved::Dns(e)) => {
+            let c = s.ctx(None);
+            s.log(
+                Level::Error,
+                format_args!("{} could not be resolved ({}){}", ip, e, c),
+            );
+            return placeholder(e);
+        }
+    };
+    s.action = "in resolving client hostname";
+    match resolver::resolve(conf, &name).await {
+        Ok(addrs) if addrs.contains(&ip) => name.into_bytes(),
+        Ok(_) | Err(Unresolved::NoResolver) => UNAVAILABLE.to_vec(),
+        Err(Unresolved::Dns(e)) => {
+            let c = s.ctx(None);
+            s.log(
+                Level::Error,
+                format_args!("\"{}\" could not be resolved ({}){}", name, e, c),
+            );
+            placeholder(e)
+        }
     }
 }

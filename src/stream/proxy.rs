@@ -211,7 +211,7 @@ pub async fn run(
         .map(|ms| Drain {
             shared: shared.clone(),
             listen: s.listen.clone(),
-            srv: srv.clone(),
+            srv: Served::Stream(srv.clone()),
             after: Duration::from_millis(ms),
         });
     let opts = Relay {
@@ -431,25 +431,53 @@ pub enum End {
 /// How a session notices that a reload replaced its configuration: its
 /// listening address is served by another server object now (or none).
 /// Checked once a second, only when worker_shutdown_timeout is set.
-struct Drain {
+pub struct Drain {
     shared: Arc<WorkerShared>,
     listen: crate::http::conf::ListenAddr,
-    srv: Arc<StreamServer>,
+    srv: Served,
     after: Duration,
+}
+
+/// The server object a session belongs to.
+enum Served {
+    Stream(Arc<StreamServer>),
+    Mail(Arc<crate::mail::conf::MailServer>),
 }
 
 impl Drain {
     const CHECK: Duration = Duration::from_secs(1);
 
+    /// For a mail session on `listen` served by `srv`: None without
+    /// worker_shutdown_timeout (a reload then cuts nothing).
+    pub fn mail(
+        shared: &Arc<WorkerShared>,
+        listen: &crate::http::conf::ListenAddr,
+        srv: &Arc<crate::mail::conf::MailServer>,
+    ) -> Option<Drain> {
+        let ms = shared.config.load().main.worker_shutdown_timeout_ms?;
+        Some(Drain {
+            shared: shared.clone(),
+            listen: listen.clone(),
+            srv: Served::Mail(srv.clone()),
+            after: Duration::from_millis(ms),
+        })
+    }
+
     fn replaced(&self) -> bool {
         let cfg = self.shared.config.load();
-        match cfg
-            .stream
-            .as_ref()
-            .and_then(|c| c.by_addr.get(&self.listen))
-        {
-            Some(now) => !now.servers.iter().any(|n| Arc::ptr_eq(n, &self.srv)),
-            None => true,
+        match &self.srv {
+            Served::Stream(srv) => match cfg
+                .stream
+                .as_ref()
+                .and_then(|c| c.by_addr.get(&self.listen))
+            {
+                Some(now) => !now.servers.iter().any(|n| Arc::ptr_eq(n, srv)),
+                None => true,
+            },
+            Served::Mail(srv) => match cfg.mail.as_ref().and_then(|c| c.server_for(&self.listen)) {
+                Some(now) => !Arc::ptr_eq(&now, srv),
+                None => true,
+            },
         }
     }
 }
@@ -466,9 +494,16 @@ pub struct Relay {
 /// Copies both ways between an established client and upstream until
 /// one side closes, an error, or `timeout` passes without a byte moving
 /// (the mail proxy's relay after its login). `first` goes to the
-/// upstream before anything read from the client.
-pub async fn relay(client: Sock, upstream: Sock, opts: Relay, first: Vec<u8>) -> (End, Bytes) {
-    let (end, bytes, _) = pump(client, upstream, opts, first, (0, 0), (false, false), None).await;
+/// upstream before anything read from the client. `drain`: the session
+/// ends worker_shutdown_timeout after a reload replaced its server.
+pub async fn relay(
+    client: Sock,
+    upstream: Sock,
+    opts: Relay,
+    first: Vec<u8>,
+    drain: Option<Drain>,
+) -> (End, Bytes) {
+    let (end, bytes, _) = pump(client, upstream, opts, first, (0, 0), (false, false), drain).await;
     (end, bytes)
 }
 

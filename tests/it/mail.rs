@@ -509,3 +509,93 @@ fn base64(s: &str) -> String {
     }
     out
 }
+
+/// `resolver` in mail: before the SMTP greeting the client's name is
+/// looked up (PTR of its address, then the name's A records, which must
+/// include the address) and sent as `Client-Host` and XCLIENT's `NAME=`;
+/// a name that does not lead back is `[UNAVAILABLE]`, a failed look-up
+/// `[TEMPUNAVAIL]` with nginx's error line.
+#[test]
+fn mail_smtp_client_host_from_the_resolver() {
+    use crate::resolver::{name_server, Ans};
+    let dns = |a: [u8; 4], rcode: u8| {
+        name_server(Arc::new(move |name: &str, qtype, _| match (name, qtype) {
+            ("1.0.0.127.in-addr.arpa", 12) => Ans {
+                rcode,
+                ptr: Some("client.test".into()),
+                ..Ans::default()
+            },
+            ("client.test", 1) => Ans {
+                a: vec![a],
+                ..Ans::default()
+            },
+            _ => Ans::default(),
+        }))
+        .0
+    };
+    let (good, other, failing) = (
+        dns([127, 0, 0, 1], 0),
+        dns([127, 0, 0, 9], 0),
+        dns([127, 0, 0, 1], 2),
+    );
+    let (be, be_log) = backend("220 fake esmtp\r\n", smtp_answer);
+    let (auth, auth_log) = auth_server(be);
+    let srv = Server::start(&mail_conf(
+        &format!(
+            "    resolver_timeout 5s;\n\
+             server {{ listen 127.0.0.1:@PORT@; protocol smtp; server_name mx.test; resolver 127.0.0.1:{good}; }}\n\
+             server {{ listen 127.0.0.1:{p2}; protocol smtp; server_name mx.test; resolver 127.0.0.1:{other}; }}\n\
+             server {{ listen 127.0.0.1:{p3}; protocol smtp; server_name mx.test; resolver 127.0.0.1:{failing}; }}",
+            p2 = free_port(),
+            p3 = free_port(),
+        ),
+        auth,
+    ));
+    let ports: Vec<u16> = {
+        let conf = std::fs::read_to_string(&srv.conf).expect("conf");
+        conf.match_indices("listen 127.0.0.1:")
+            .map(|(i, m)| {
+                conf[i + m.len()..]
+                    .split(';')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .expect("port")
+            })
+            .collect()
+    };
+    let mut hosts = Vec::new();
+    for port in ports {
+        let mut c = C::new(port);
+        assert_eq!(c.line(), "220 mx.test ESMTP ready\r\n");
+        assert_eq!(c.ask("HELO client.test"), "250 mx.test\r\n");
+        assert_eq!(
+            c.ask(&format!("AUTH PLAIN {}", base64("\0u@test\0secret"))),
+            "235 2.0.0 OK\r\n"
+        );
+        let head = auth_log.lock().unwrap().last().cloned().unwrap_or_default();
+        let host = head
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("Client-Host: "))
+            .unwrap_or("")
+            .to_string();
+        hosts.push(host);
+    }
+    assert_eq!(hosts, vec!["client.test", "[UNAVAILABLE]", "[TEMPUNAVAIL]"]);
+    let xclient: Vec<String> = be_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("XCLIENT"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        xclient[0],
+        "XCLIENT ADDR=127.0.0.1 LOGIN=u@test NAME=client.test\r\n"
+    );
+    let log = srv.wait_error_log("could not be resolved");
+    assert!(
+        log.contains("127.0.0.1 could not be resolved (2: Server failure) while in resolving client address, client: 127.0.0.1, server: 127.0.0.1:"),
+        "{}",
+        log
+    );
+}
