@@ -577,7 +577,28 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Response {
         for a in ACCESS {
             match a(cx) {
                 Step::Next => {}
-                Step::Delay(d) => tokio::time::sleep(d).await,
+                Step::Delay(d) => {
+                    // nginx watches the client while limit_req holds the
+                    // request (ngx_http_test_reading): one that hangs up
+                    // ends it as 499, instead of a graceful stop waiting
+                    // out the whole delay.
+                    let gone = match cx.client {
+                        Some(c) => tokio::select! {
+                            () = tokio::time::sleep(d) => false,
+                            () = c.hangup() => true,
+                        },
+                        None => {
+                            tokio::time::sleep(d).await;
+                            false
+                        }
+                    };
+                    if gone {
+                        cx.log(Level::Info, "client prematurely closed connection");
+                        let mut r = Response::status(499);
+                        r.close_silently = true;
+                        return r;
+                    }
+                }
                 Step::Done(r) => return *r,
                 Step::Redirect(u) => {
                     if let Some(r) = cx.internal_redirect(u) {
