@@ -983,6 +983,8 @@ pub fn log_phase(s: &Session) {
                 conn: s.id,
                 suffix: format!(" while logging session, {}", s.client_ctx()),
             },
+            // The session is over: nothing follows that the line must precede.
+            wait: false,
         });
     }
 }

@@ -699,6 +699,7 @@ pub fn log(cx: &Ctx<'_>) {
             root: cx.root(),
             cache: conf.cache.clone().flatten(),
             err: err_ctx(cx),
+            wait: true,
         });
     }
 }
@@ -710,6 +711,9 @@ pub(crate) struct ScriptCtx {
     pub root: Vec<u8>,
     pub cache: Option<Arc<CacheConf>>,
     pub err: ErrCtx,
+    /// The connection waits for the write ([`settled`]) before it goes
+    /// on (http's log phase).
+    pub wait: bool,
 }
 
 /// Writes one line to one `access_log` (unless its `if=` says no): the
@@ -745,14 +749,62 @@ pub(crate) fn write_one(l: &LogSpec, cx: &dyn VarCtx, script: &dyn Fn() -> Scrip
         Dest::Script(t) => {
             let path = t.render_vec(cx);
             let sc = script();
+            let done = sc.wait.then(|| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let conn = sc.err.conn;
+                SCRIPT_PENDING.with(|p| {
+                    let mut p = p.borrow_mut();
+                    // Those done (or whose connection never waited) go.
+                    p.retain_mut(|(_, rx)| {
+                        matches!(
+                            rx.try_recv(),
+                            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                        )
+                    });
+                    p.push((conn, rx));
+                });
+                tx
+            });
             submit(Job::Script(Box::new(ScriptJob {
                 path,
                 root: sc.root,
                 data: line,
                 cache: sc.cache,
                 err: sc.err,
+                done,
             })));
         }
+    }
+}
+
+thread_local! {
+    /// Lines of logs with variables in their paths handed to the writer
+    /// and not yet written, by connection id.
+    static SCRIPT_PENDING: RefCell<Vec<(u64, tokio::sync::oneshot::Receiver<()>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// Waits until the lines connection `conn` logged to logs with variables
+/// in their paths are written. nginx opens such a log in the log phase,
+/// before the connection reads its next request or closes, so a client
+/// that saw the close knows the line is in the file (and a directory
+/// renamed after that does not lose it). The open and write stay on the
+/// writer thread; the connection only awaits their end (bounded, should
+/// the disk hang).
+pub async fn settled(conn: u64) {
+    let mine: Vec<_> = SCRIPT_PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.is_empty() {
+            return Vec::new();
+        }
+        let (mine, rest) = std::mem::take(&mut *p)
+            .into_iter()
+            .partition(|(c, _)| *c == conn);
+        *p = rest;
+        mine
+    });
+    for (_, rx) in mine {
+        let _ = tokio::time::timeout(Duration::from_secs(5), rx).await;
     }
 }
 
@@ -943,6 +995,8 @@ struct ScriptJob {
     data: Vec<u8>,
     cache: Option<Arc<CacheConf>>,
     err: ErrCtx,
+    /// Told when the line is written (or failed); see [`settled`].
+    done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 enum Job {
@@ -1098,7 +1152,13 @@ impl WriterState {
                     self.report(&p.clone(), msg);
                 }
             }
-            Job::Script(s) => self.script(*s),
+            Job::Script(mut s) => {
+                let done = s.done.take();
+                self.script(*s);
+                if let Some(tx) = done {
+                    let _ = tx.send(());
+                }
+            }
         }
     }
 

@@ -504,7 +504,11 @@ async fn request<S: Stream>(
     // the unread body is drained, as the request does in nginx.
     let mut request_guards = std::mem::take(&mut cx.guards);
     recycle_head_buf(std::mem::take(&mut cx.sent.head));
+    let conn_id = cx.conn.id;
     drop(cx);
+    // A log with variables in its path is written before the connection
+    // goes on, as nginx's log phase (see access_log::settled).
+    crate::http::modules::access_log::settled(conn_id).await;
     if result.is_err() {
         if loc.core.reset_timedout_connection.unwrap_or(false) {
             stream.set_linger_zero();
