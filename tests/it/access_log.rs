@@ -482,3 +482,26 @@ fn pipe_only_for_pipelined_requests() {
     assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
     assert_eq!(wait_for(&s, "logs/p.log", 4), ". 1\n. 2\n. 1\np 2\n");
 }
+
+/// A log with variables in its path is written before the connection
+/// closes, as nginx's log phase: a client that read to the close finds
+/// its line in the file at once (access_log.t renames the log directory
+/// right after such answers). Checked without waiting, over many
+/// requests, so that a write after the close shows.
+#[test]
+fn variable_path_line_is_written_before_the_close() {
+    let s = start(
+        "http { log_format u $request_uri;
+           server { listen 127.0.0.1:@PORT@; root html;
+             location /c { open_log_file_cache max=3 min_uses=2 valid=1m; access_log vlogs/c-$arg_f.log u; return 200; }
+             location /n { access_log vlogs/n-$arg_f.log u; return 200; } } }",
+    );
+    for i in 1..=20 {
+        for l in ["c", "n"] {
+            let r = req(&s, &format!("GET /{}?f=a HTTP/1.0\r\nHost: x\r\n\r\n", l));
+            assert_eq!(r.status, 200);
+            let got = s.prefix.read(&format!("vlogs/{}-a.log", l)).lines().count();
+            assert_eq!(got, i, "/{} request {}", l, i);
+        }
+    }
+}

@@ -384,3 +384,33 @@ fn limit_conn_zone_survives_reload() {
     });
     assert_eq!(active(&s), Some(3));
 }
+
+/// A client that hangs up while limit_req delays its request ends it: 499
+/// in the access log and nginx's "client prematurely closed connection"
+/// (ngx_http_test_reading), not a request held for the whole delay.
+#[test]
+fn limit_req_delayed_request_ends_when_the_client_hangs_up() {
+    let p = Prefix::new();
+    p.write("html/first", "1\n");
+    p.write("html/second", "2\n");
+    // Not `return`: it answers in the rewrite phase, before limit_req.
+    let s = Server::start_in(
+        p,
+        "error_log logs/error.log info;
+         http { limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;
+           log_format st \"$uri $status\";
+           server { listen 127.0.0.1:@PORT@; access_log logs/st.log st; root html;
+             location / { limit_req zone=one burst=5; } } }",
+    );
+    assert_eq!(s.get("/first").status, 200);
+    // The second waits 60 s for its turn; the client leaves meanwhile.
+    let mut c = s.connect();
+    c.write_all(b"GET /second HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.wait_error_log("delaying request");
+    drop(c);
+    let log = wait_log(&s.prefix, "logs/st.log", "/second 499");
+    assert_eq!(log, "/first 200\n/second 499\n");
+    let err = s.wait_error_log("client prematurely closed connection");
+    assert!(err.contains("[info]"), "{}", err);
+}

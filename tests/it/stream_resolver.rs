@@ -159,6 +159,12 @@ fn stream_proxy_pass_resolves_names_as_nginx() {
         }
         let mut lines: Vec<&str> = named.lines().collect();
         lines.sort();
+        // Error lines are written by the log writer: they may land after
+        // the access-log lines.
+        eventually(10, "the error lines", || {
+            let e = read("logs/error.log");
+            e.contains("could not be resolved") && e.contains("no resolver defined")
+        });
         (answers, lines.join("\n"), read("logs/error.log"))
     };
     let (na, nl, ne) = run(true);
