@@ -158,8 +158,20 @@ fn key_material(srv: &H3Srv) -> Vec<u8> {
 pub fn endpoint_config(addr: &AddrConf) -> quinn::EndpointConfig {
     let km = key_material(&addr.default.srv.http3);
     let reset = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &derive(&km, b"tern quic reset"));
-    quinn::EndpointConfig::new(Arc::new(reset))
+    let mut ec = quinn::EndpointConfig::new(Arc::new(reset));
+    // Connection IDs of 20 bytes, as nginx's (quinn's own are 8): a
+    // client's short packets are then never so small that the stateless
+    // reset they may draw (smaller than the packet, RFC 9000 10.3) is too
+    // short for clients that read a reset as a packet first, as
+    // nginx-tests' does.
+    ec.cid_generator(|| -> Box<dyn quinn::ConnectionIdGenerator> {
+        Box::new(quinn_proto::RandomConnectionIdGenerator::new(CID_LEN))
+    });
+    ec
 }
+
+/// nginx's NGX_QUIC_SERVER_CID_LEN (QUIC's maximum).
+const CID_LEN: usize = 20;
 
 fn derive(km: &[u8], label: &[u8]) -> [u8; 32] {
     let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, km);
