@@ -238,6 +238,8 @@ fn tls_variables_from_the_handshake_and_refused_request_error_page() {
     // An invalid host: 400, answered by the error_page location.
     let out = h.server.prefix.path("refused");
     fetch(h.quic, &out, &["/"], &["--authority", "."]);
+    let h0 = head(&out, 0);
+    assert!(h0.contains(":status: 400\n"), "{h0}");
     assert_eq!(read(&out, "0.body"), b"one\n");
     let log = h.server.prefix.read("logs/error.log");
     assert!(log.contains("client sent invalid host"), "{log}");
