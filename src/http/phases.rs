@@ -110,6 +110,9 @@ pub struct Sent {
     pub trailers: Vec<(String, Vec<u8>)>,
     /// The file-I/O layer's decision (`$tern_io`): "", inline, offload...
     pub io: &'static str,
+    /// The whole answer went out (`$request_completion` "OK"); false
+    /// while it is going and when sending it failed.
+    pub complete: bool,
     /// The rate the body is paced by instead of the location's
     /// `limit_rate` (`set $limit_rate`, `X-Accel-Limit-Rate`), or the
     /// location's `limit_rate` given with variables, evaluated.
@@ -1135,6 +1138,11 @@ impl Ctx<'_> {
                 }
             }
             Var::BodyBytesSent => response::push_num(out, sent.body_bytes),
+            Var::RequestCompletion => {
+                if sent.complete {
+                    out.extend_from_slice(b"OK");
+                }
+            }
             Var::BytesSent => response::push_num(out, sent.bytes),
             Var::UpstreamHttp(name) => match self
                 .upstream_headers

@@ -66,6 +66,8 @@ pub enum Var {
     Status,
     BodyBytesSent,
     BytesSent,
+    /// `$request_completion`: "OK" once the whole answer was sent.
+    RequestCompletion,
     Connection,
     ConnectionRequests,
     /// `$connection_time`: seconds since accept, millisecond resolution.
@@ -145,6 +147,7 @@ fn builtin(name: &str) -> Option<Var> {
         "status" => Var::Status,
         "body_bytes_sent" => Var::BodyBytesSent,
         "bytes_sent" => Var::BytesSent,
+        "request_completion" => Var::RequestCompletion,
         "connection" => Var::Connection,
         "connection_requests" => Var::ConnectionRequests,
         "connection_time" => Var::ConnectionTime,

@@ -112,7 +112,7 @@ worker_processes 2;
 error_log logs/error.log info;
 http {{
     types {{ text/html html; application/octet-stream bin; }}
-    log_format p '$request|$server_protocol|$http3|$status|$body_bytes_sent|$ssl_protocol';
+    log_format p '$request|$server_protocol|$http3|$status|$body_bytes_sent|$ssl_protocol|$request_completion';
     access_log logs/access.log p;
     server {{
         listen 127.0.0.1:@PORT@;
@@ -179,18 +179,70 @@ fn static_proxied_and_10mib_same_bytes_as_http1() {
     assert!(!h0.contains("connection:"), "{h0}");
     let log = h.server.prefix.read("logs/access.log");
     assert!(
-        log.contains("GET / HTTP/3.0|HTTP/3.0|h3|200|9|TLSv1.3\n"),
+        log.contains("GET / HTTP/3.0|HTTP/3.0|h3|200|9|TLSv1.3|OK\n"),
         "{log}"
     );
     assert!(
         log.contains(&format!(
-            "GET /big.bin HTTP/3.0|HTTP/3.0|h3|200|{}|TLSv1.3\n",
+            "GET /big.bin HTTP/3.0|HTTP/3.0|h3|200|{}|TLSv1.3|OK\n",
             10 << 20
         )),
         "{log}"
     );
     // HTTP/1.1 requests are not HTTP/3 ones.
-    assert!(log.contains("GET / HTTP/1.1|HTTP/1.1||200|9|-\n"), "{log}");
+    assert!(
+        log.contains("GET / HTTP/1.1|HTTP/1.1||200|9|-|OK\n"),
+        "{log}"
+    );
+}
+
+/// What quinn does not tell is read from the handshake: `$ssl_cipher` is
+/// the suite the client offered alone, `$ssl_session_reused` is `r` on a
+/// connection that resumed the first one's session. A request refused as
+/// it is read (an invalid `:authority`) gets the `error_page` of its
+/// status, as over HTTP/1.1.
+#[test]
+fn tls_variables_from_the_handshake_and_refused_request_error_page() {
+    if !have_aioquic() {
+        return;
+    }
+    let h = start(
+        r#"add_header X-Cipher $ssl_cipher always;
+        add_header X-Reused "[$ssl_session_reused]" always;
+        error_page 400 /ver;"#,
+    );
+    let out = h.server.prefix.path("suite");
+    let said = fetch(h.quic, &out, &["/"], &["--cipher", "AES_256_GCM_SHA384"]);
+    assert_eq!(said.trim(), "ok 1");
+    let h0 = head(&out, 0);
+    assert!(h0.contains("x-cipher: TLS_AES_256_GCM_SHA384\n"), "{h0}");
+    assert!(h0.contains("x-reused: [.]\n"), "{h0}");
+    let out = h.server.prefix.path("chacha");
+    fetch(
+        h.quic,
+        &out,
+        &["/"],
+        &["--cipher", "CHACHA20_POLY1305_SHA256"],
+    );
+    let h0 = head(&out, 0);
+    assert!(
+        h0.contains("x-cipher: TLS_CHACHA20_POLY1305_SHA256\n"),
+        "{h0}"
+    );
+    // The second connection resumes the first's session.
+    let out = h.server.prefix.path("resumed");
+    let said = fetch(h.quic, &out, &["/"], &["--early"]);
+    assert_eq!(said.trim(), "ok 1");
+    let h0 = head(&out, 0);
+    assert!(h0.contains("x-reused: [r]\n"), "{h0}");
+    // An invalid host: 400, answered by the error_page location.
+    let out = h.server.prefix.path("refused");
+    fetch(h.quic, &out, &["/"], &["--authority", "."]);
+    let h0 = head(&out, 0);
+    assert!(h0.contains(":status: 400\n"), "{h0}");
+    assert_eq!(read(&out, "0.body"), b"one\n");
+    let log = h.server.prefix.read("logs/error.log");
+    assert!(log.contains("client sent invalid host"), "{log}");
 }
 
 #[test]

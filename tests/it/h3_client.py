@@ -3,6 +3,7 @@
 
 usage: h3_client.py HOST PORT OUTDIR PATH [PATH...] [--method M] [--data FILE]
        [--header 'name: value']... [--sni NAME] [--early] [--pause S] [--hold S]
+       [--cipher SUITE] [--authority A]
 
 Requests every PATH on one QUIC connection (certificates are not verified:
 the tests use self-signed ones). For the i-th path it writes OUTDIR/i.head
@@ -14,6 +15,9 @@ request, writes OUTDIR/paused and waits S seconds before the others (a
 test reloads meanwhile). --hold S: after the requests, prints `holding`
 and waits up to S seconds for the server to close the connection, then
 prints `closed CODE` (the CONNECTION_CLOSE's error code) or `open`.
+--cipher SUITE: offer only that TLS suite (aioquic's name, e.g.
+AES_256_GCM_SHA384). --authority A: the `:authority` sent (default: the
+SNI name, else HOST).
 """
 
 import argparse
@@ -28,6 +32,7 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent
+from aioquic.tls import CipherSuite
 
 
 class Client(QuicConnectionProtocol):
@@ -75,6 +80,8 @@ async def run(a):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
     cfg.verify_mode = ssl.CERT_NONE
     cfg.server_name = a.sni
+    if a.cipher:
+        cfg.cipher_suites = [CipherSuite[a.cipher]]
     tickets = []
     cfg.session_ticket = None
     headers = []
@@ -82,7 +89,7 @@ async def run(a):
         n, v = h.split(":", 1)
         headers.append((n.strip().lower().encode(), v.strip().encode()))
     body = open(a.data, "rb").read() if a.data else None
-    authority = a.sni or a.host
+    authority = a.authority or a.sni or a.host
     rounds = 2 if a.early else 1
     for r in range(rounds):
         if r == 1:
@@ -143,6 +150,8 @@ def main():
     p.add_argument("--early", action="store_true")
     p.add_argument("--pause", type=float, default=0)
     p.add_argument("--hold", type=float, default=0)
+    p.add_argument("--cipher")
+    p.add_argument("--authority")
     a = p.parse_args()
     try:
         rc = asyncio.run(run(a))

@@ -495,6 +495,7 @@ async fn request<S: Stream>(
         fin,
     )
     .await;
+    sent.complete = result.is_ok();
     cx.sent = sent;
     if loc.core.post_action.is_some() && result.is_ok() {
         phases::post_action(&mut cx).await;
@@ -780,7 +781,7 @@ async fn reject_and_close<S: Stream>(
     // Once the request line is known, a HEAD gets no body even here.
     let head_only = line.starts_with(b"HEAD ") && !r.http09;
     let minor = if r.http09 { 9 } else { 1 };
-    let _ = write_response(
+    let written = write_response(
         stream,
         &mut resp,
         &loc,
@@ -791,6 +792,7 @@ async fn reject_and_close<S: Stream>(
         None,
     )
     .await;
+    cx.sent.complete = written.is_ok();
     log_answered(&mut cx, r.status);
     drop(cx);
     linger(stream, &loc).await;
@@ -1141,6 +1143,13 @@ async fn write_pieces<S: Stream>(
     let mut pending: Vec<u8> = head.to_vec();
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
     let mut pacer = Pacer::new(loc, sent, 0);
+    // nginx's write filter counts the head as any other byte of the
+    // connection: under limit_rate it is paced too, and a head longer
+    // than the first second's allowance goes out in parts.
+    if let Some(p) = pacer.as_mut() {
+        write_paced(stream, &[&pending], loc, p).await?;
+        pending.clear();
+    }
     for p in pieces {
         match p {
             response::Piece::Bytes(b) => {

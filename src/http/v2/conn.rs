@@ -590,6 +590,7 @@ async fn stream_task(
     if r.is_err() {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
     } else {
+        cx.sent.complete = true;
         guard.served();
     }
     cx.sent.status = resp.status;
@@ -607,7 +608,7 @@ fn end_expired(cx: &mut phases::Ctx<'_>, respond: &mut SendResponse<Bytes>, stat
 }
 
 /// The host a request names: its Host field, else `:authority`.
-fn host_of(parts: &http::request::Parts) -> Option<&[u8]> {
+pub(crate) fn host_of(parts: &http::request::Parts) -> Option<&[u8]> {
     parts
         .headers
         .get(http::header::HOST)
@@ -648,6 +649,8 @@ async fn refuse(
             .is_err()
         {
             respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        } else {
+            cx.sent.complete = true;
         }
     }
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);

@@ -158,8 +158,20 @@ fn key_material(srv: &H3Srv) -> Vec<u8> {
 pub fn endpoint_config(addr: &AddrConf) -> quinn::EndpointConfig {
     let km = key_material(&addr.default.srv.http3);
     let reset = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &derive(&km, b"tern quic reset"));
-    quinn::EndpointConfig::new(Arc::new(reset))
+    let mut ec = quinn::EndpointConfig::new(Arc::new(reset));
+    // Connection IDs of 20 bytes, as nginx's (quinn's own are 8): a
+    // client's short packets are then never so small that the stateless
+    // reset they may draw (smaller than the packet, RFC 9000 10.3) is too
+    // short for clients that read a reset as a packet first, as
+    // nginx-tests' does.
+    ec.cid_generator(|| -> Box<dyn quinn::ConnectionIdGenerator> {
+        Box::new(quinn_proto::RandomConnectionIdGenerator::new(CID_LEN))
+    });
+    ec
 }
+
+/// nginx's NGX_QUIC_SERVER_CID_LEN (QUIC's maximum).
+const CID_LEN: usize = 20;
 
 fn derive(km: &[u8], label: &[u8]) -> [u8; 32] {
     let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, km);
@@ -226,10 +238,17 @@ pub fn server_config(addr: &Arc<AddrConf>) -> Result<quinn::ServerConfig, String
     }
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
         .map_err(|e| e.to_string())?;
+    // Watched for what the `$ssl_*` variables need (see http::v3::tls).
+    let crypto = super::tls::Config(Arc::new(crypto));
     let km = key_material(h3);
     let token_key = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"tern quic token")
         .extract(&derive(&km, b"tern quic token key"));
     let mut sc = quinn::ServerConfig::new(Arc::new(crypto), Arc::new(token_key));
+    // As nginx, a NEW_TOKEN after the handshake: the client's next
+    // connection from the same address skips Retry (`quic_retry on`).
+    let mut vt = quinn::ValidationTokenConfig::default();
+    vt.log(used_tokens()).sent(1);
+    sc.validation_token_config(vt);
     let mut tc = quinn::TransportConfig::default();
     let streams = h3.max_streams().min((1u64 << 60) - 1);
     let buf = h3.buffer().min((1u64 << 62) - 1);
@@ -265,6 +284,46 @@ pub fn server_config(addr: &Arc<AddrConf>) -> Result<quinn::ServerConfig, String
     Ok(sc)
 }
 
+/// The nonces of NEW_TOKEN tokens clients came back with, shared by all
+/// workers: a token is good once (RFC 9000 8.1.3), until its lifetime
+/// ends. (quinn's own log needs its `bloom` feature.)
+#[derive(Default)]
+struct UsedTokens(std::sync::Mutex<std::collections::HashMap<u128, std::time::SystemTime>>);
+
+/// Past this many live tokens, new ones are refused (the client then
+/// goes through Retry, or the address is validated by the handshake).
+const USED_TOKENS_MAX: usize = 1 << 16;
+
+impl quinn::TokenLog for UsedTokens {
+    fn check_and_insert(
+        &self,
+        nonce: u128,
+        issued: std::time::SystemTime,
+        lifetime: std::time::Duration,
+    ) -> Result<(), quinn::TokenReuseError> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= USED_TOKENS_MAX {
+            let now = std::time::SystemTime::now();
+            m.retain(|_, until| *until > now);
+            if m.len() >= USED_TOKENS_MAX {
+                return Err(quinn::TokenReuseError);
+            }
+        }
+        match m.entry(nonce) {
+            std::collections::hash_map::Entry::Occupied(_) => Err(quinn::TokenReuseError),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(issued.checked_add(lifetime).unwrap_or(issued));
+                Ok(())
+            }
+        }
+    }
+}
+
+fn used_tokens() -> Arc<dyn quinn::TokenLog> {
+    static LOG: OnceLock<Arc<UsedTokens>> = OnceLock::new();
+    LOG.get_or_init(Default::default).clone()
+}
+
 /// Certificates by SNI among the servers of one address, through each
 /// server's own resolver (the pairs `tls::config` loaded); a server with
 /// `ssl_reject_handshake on` fails the handshake.
@@ -275,6 +334,7 @@ impl ResolvesServerCert for BySni {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let srv = self.0.select(hello.server_name().map(str::as_bytes));
         if srv.srv.ssl.reject_handshake == Some(true) {
+            super::tls::note_rejected();
             return None;
         }
         let tls = srv

@@ -301,6 +301,9 @@ async fn connection(
                     let mut info = info.clone();
                     let started = info.started;
                     info.requests = requests;
+                    // The client's address as the connection has it now
+                    // (it may have migrated since the handshake).
+                    info.remote = Some(conn.remote_address());
                     // The connection's TLS facts are shared by its
                     // requests (one for those in 0-RTT, one after).
                     info.tls = crate::tls::TlsState::On(if done.get() {
@@ -368,12 +371,15 @@ async fn connection(
     }
 }
 
-/// The `$ssl_*` facts of a QUIC connection: TLS 1.3 always; quinn does
-/// not expose the suite, so `$ssl_cipher` names QUIC's mandatory one.
+/// The `$ssl_*` facts of a QUIC connection: TLS 1.3 always; the suite,
+/// resumption, group and the client's suites as `http::v3::tls` read them
+/// from the hello messages.
 fn tls_info(conn: &quinn::Connection) -> crate::tls::TlsInfo {
     let hd = conn
         .handshake_data()
-        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok());
+        .and_then(|h| h.downcast::<super::tls::Handshake>().ok())
+        .map(|b| *b)
+        .unwrap_or_default();
     let client_chain = conn.peer_identity().and_then(|p| {
         p.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
             .ok()
@@ -381,14 +387,22 @@ fn tls_info(conn: &quinn::Connection) -> crate::tls::TlsInfo {
     });
     let mut session_id = [0u8; 32];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut session_id);
+    let f = &hd.facts;
     crate::tls::TlsInfo {
         protocol: "TLSv1.3",
-        cipher: "TLS_AES_128_GCM_SHA256",
-        server_name: hd.as_ref().and_then(|h| h.server_name.clone()),
-        reused: false,
+        cipher: f
+            .suite
+            .and_then(|s| crate::tls::config::openssl_name(rustls::CipherSuite::from(s)))
+            .unwrap_or("TLS_AES_128_GCM_SHA256"),
+        server_name: hd.server_name,
+        reused: f.resumed,
         session_id,
-        curve: None,
-        client_ciphers: Box::new([]),
+        curve: f.group.map(rustls::NamedGroup::from),
+        client_ciphers: f
+            .client_suites
+            .iter()
+            .map(|&s| rustls::CipherSuite::from(s))
+            .collect(),
         client_groups: Box::new([]),
         client_chain,
         verify: Ok(()),
@@ -540,14 +554,12 @@ async fn stream_task(
         &addr.default.srv,
     ) {
         Ok(r) => r,
-        Err(rej) => {
-            let conf = addr.default.conf.clone();
-            log_conn(&conf, Level::Info, &info, rej.log);
-            let mut resp = Response::status(rej.status);
-            response::special_response(&mut resp, &conf);
-            let mut sent = phases::Sent::default();
+        Err(mut rej) => {
+            if rej.host.is_none() {
+                rej.host = crate::http::v2::conn::host_of(&parts).map(<[u8]>::to_vec);
+            }
             if let Some(mut rx) = body.st.into_inner().rx {
-                let _ = send(&mut rx, &mut resp, &conf, false, &mut sent).await;
+                refuse(&mut rx, rej, http, &addr, &info, &shared).await;
             }
             return;
         }
@@ -604,10 +616,55 @@ async fn stream_task(
         return;
     };
     let r = send(&mut rx, &mut resp, &loc, head_only, &mut cx.sent).await;
-    if r.is_err() {
-        rx.stop_stream(Code::H3_INTERNAL_ERROR);
-    }
     cx.sent.status = resp.status;
+    match r {
+        Ok(()) => cx.sent.complete = true,
+        Err(e) => {
+            rx.stop_stream(Code::H3_INTERNAL_ERROR);
+            if e.kind() == io::ErrorKind::NotConnected {
+                // The client stopped or reset the stream before the
+                // answer could start: as nginx, which notices that while
+                // the answer is awaited, "client closed request".
+                cx.sent.status = 499;
+            }
+        }
+    }
+    crate::http::modules::stub_status::metrics::record_response(cx.sent.status, cx.sent.bytes);
+    crate::http::modules::log_phase(&cx);
+}
+
+/// Answers a request refused as it was read (400), as nginx finalises
+/// one: the error log says why, `error_page` applies, the access log has
+/// the request as far as it was read (as `http::v2` does).
+async fn refuse(
+    rx: &mut ReqStream,
+    rej: crate::http::v1::parse::Reject,
+    http: &Arc<crate::http::conf::HttpConf>,
+    addr: &AddrConf,
+    info: &ConnInfo,
+    shared: &Arc<WorkerShared>,
+) {
+    let line = rej.line.as_deref().unwrap_or_default();
+    let req = Request::refused(line, rej.host.as_deref());
+    // The server the host names, else the address's default one.
+    let server = match req.host() {
+        Some(h) => addr.select(Some(h)).clone(),
+        None => addr.default.clone(),
+    };
+    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
+    cx.log(Level::Info, rej.log);
+    let mut resp = phases::conclude(&mut cx, Response::status(rej.status)).await;
+    cx.sent.status = crate::http::status::wire_code(resp.status);
+    if resp.close_silently {
+        rx.stop_stream(Code::H3_INTERNAL_ERROR);
+    } else {
+        let loc = cx.loc.clone();
+        let head_only = line.starts_with(b"HEAD ");
+        match send(rx, &mut resp, &loc, head_only, &mut cx.sent).await {
+            Ok(()) => cx.sent.complete = true,
+            Err(_) => rx.stop_stream(Code::H3_INTERNAL_ERROR),
+        }
+    }
     crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
     crate::http::modules::log_phase(&cx);
 }
@@ -641,7 +698,13 @@ async fn send(
         Ok(Err(e)) => Err(h3_io(e)),
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
     };
-    timed(timeout(to, tx.send_response(head)).await)?;
+    // The head not taken: the stream is gone (NotConnected tells the
+    // caller the answer never started).
+    match timeout(to, tx.send_response(head)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(io::Error::new(io::ErrorKind::NotConnected, e)),
+        Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "send_timeout")),
+    }
     // Trailers that come with the end of a streamed body (gRPC's).
     let mut late = Vec::new();
     let no_body = head_only

@@ -7,7 +7,8 @@
 //! ```text
 //!  core::worker ── a `listen ... quic` UDP socket of this worker
 //!    serve: a quinn Endpoint on it (server config from conf::server_config:
-//!      certificates by SNI from tls::config's pairs, ALPN h3/hq-interop)
+//!      certificates by SNI from tls::config's pairs, ALPN h3/hq-interop;
+//!      the rustls session wrapped by tls: $ssl_* facts from the hellos)
 //!      accept loop ── Incoming: worker_connections (refuse), quic_retry
 //!         │            (Retry until the address is validated), else accept
 //!         ▼
@@ -35,6 +36,7 @@
 
 pub mod conf;
 pub mod conn;
+pub mod tls;
 
 use std::sync::Arc;
 
