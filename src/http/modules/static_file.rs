@@ -27,14 +27,15 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         return index(cx, &policy).await;
     }
     let path = cx.request_filename();
+    // (Boxed answers: each is a future's output, moved out of it.)
     if let Some(r) = super::brotli::try_static(cx, &path).await {
-        return Step::done(r);
+        return Step::Done(r);
     }
     if let Some(r) = super::zstd::try_static(cx, &path).await {
-        return Step::done(r);
+        return Step::Done(r);
     }
     if let Some(r) = super::gzip_static::try_serve(cx, &path).await {
-        return Step::done(r);
+        return Step::Done(r);
     }
     let file = match open_checked(cx, &path, &policy).await {
         Ok(f) => f,
@@ -62,19 +63,21 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     if !super::compress_cache::apply(cx, &mut r).await {
         r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
     }
-    Step::done(r)
+    Step::Done(r)
 }
 
 /// A 200 with the whole of `file`: the type `path`'s extension maps to,
 /// its length, Last-Modified and (unless `etag off`) ETag; the body is
-/// read or sent through `policy`.
+/// read or sent through `policy`. Made in its box (where it stays on its
+/// way to the writer, see [`crate::http::phases::run`]), not moved there.
 pub fn file_response(
     cx: &Ctx<'_>,
     path: &[u8],
     file: std::sync::Arc<crate::io::OpenFile>,
     policy: crate::io::Policy,
-) -> Response {
-    let mut r = Response::status(200);
+) -> Box<Response> {
+    let mut r = Box::<Response>::default();
+    r.status = 200;
     r.content_type = Some(content_type(cx, path));
     r.content_length = Some(file.meta.size);
     r.last_modified = Some(file.meta.mtime);

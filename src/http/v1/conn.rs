@@ -769,7 +769,7 @@ async fn reject_and_close<S: Stream>(
         Level::Info,
         &format!("{}{} while reading client {}", r.log, detail, reading),
     );
-    let mut resp = phases::conclude(&mut cx, Response::status(r.status)).await;
+    let mut resp = phases::conclude(&mut cx, Box::new(Response::status(r.status))).await;
     // An error page may not keep the connection: nginx closes after these.
     resp.force_close = true;
     let loc = cx.loc.clone();
