@@ -218,7 +218,7 @@ pub fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
     Response::status(code)
 }
 
-pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
+pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> std::sync::Arc<str> {
     let ext = path.rsplit(|&c| c == b'/').next().and_then(|name| {
         let dot = name.iter().rposition(|&c| c == b'.')?;
         std::str::from_utf8(&name[dot + 1..]).ok()
