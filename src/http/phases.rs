@@ -855,6 +855,13 @@ impl Ctx<'_> {
 
     /// `$request_filename`: root + uri, or alias + the rest of the uri.
     pub fn request_filename(&self) -> Vec<u8> {
+        let mut p = Vec::new();
+        self.request_filename_into(&mut p);
+        p
+    }
+
+    /// [`Ctx::request_filename`], appended to `p`.
+    pub fn request_filename_into(&self, p: &mut Vec<u8>) {
         let rest: &[u8] = if self.alias {
             let n = match self.loc.core.alias_len {
                 Some(usize::MAX) if self.add_uri_to_alias => 0,
@@ -868,12 +875,12 @@ impl Ctx<'_> {
         // this runs for every file answered, and growing the root's
         // buffer for the uri cost a realloc.
         let Some((t, _)) = &self.loc.core.root else {
-            return rest.to_vec();
+            p.extend_from_slice(rest);
+            return;
         };
-        let mut p = Vec::with_capacity(t.literal_len() + 64 + rest.len());
-        t.render(self, &mut p);
+        p.reserve(t.literal_len() + 64 + rest.len());
+        t.render(self, p);
         p.extend_from_slice(rest);
-        p
     }
 }
 
