@@ -602,7 +602,7 @@ async fn run_phases(cx: &mut Ctx<'_>, entry: Entry) -> Box<Response> {
         }
         // nginx's access phase passes subrequests through (`r != r->main`):
         // an auth_request location is not itself guarded by auth_request.
-        if cx.sub_depth == 0 {
+        if cx.sub_depth == 0 && modules::access::checks(cx) {
             if let Some(r) = modules::access::phase(cx).await {
                 return Box::new(r);
             }
