@@ -235,7 +235,7 @@ pub struct CoreLoc {
     /// regex (the alias is the whole path, and try_files appends the
     /// whole name to it).
     pub alias_len: Option<usize>,
-    pub default_type: Option<String>,
+    pub default_type: Option<Arc<str>>,
     pub types: Option<Arc<TypesMap>>,
     pub sendfile: Option<bool>,
     pub tcp_nopush: Option<bool>,
@@ -536,7 +536,9 @@ pub struct Server {
 /// `types`: lowercase extension to MIME type. Built from the
 /// configuration and only read per request, so a fast unkeyed hash
 /// (a request cannot add keys to collide).
-pub type TypesMap = HashMap<String, String, rustc_hash::FxBuildHasher>;
+/// Extension to MIME type; the types are shared with the responses that
+/// carry them (no copy per response).
+pub type TypesMap = HashMap<String, Arc<str>, rustc_hash::FxBuildHasher>;
 
 #[derive(Debug)]
 pub struct AddrConf {
@@ -1565,7 +1567,7 @@ fn set_root(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
 }
 
 fn set_default_type(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    set_once(&mut l.core.default_type, arg(d, 0).to_string(), d)
+    set_once(&mut l.core.default_type, arg(d, 0).into(), d)
 }
 
 fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1581,12 +1583,12 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
             // nginx keeps the first type given for an extension and warns.
             let key = ext.value.to_ascii_lowercase();
             if let Some(prev) = m.get(&key) {
-                if *prev != e.name {
+                if **prev != *e.name {
                     crate::elog!(Warn, "duplicate extension \"{}\", content type: \"{}\", previous content type: \"{}\" in {}:{}", ext.value, e.name, prev, e.file.display(), e.line);
                 }
                 continue;
             }
-            m.insert(key, e.name.clone());
+            m.insert(key, e.name.as_str().into());
         }
     }
     l.core.types = Some(Arc::new(m));

@@ -24,6 +24,61 @@ pub enum Method {
     Other,
 }
 
+/// The buffers of finished requests, kept by the worker for its next
+/// ones (HTTP/1: the read buffer a head arrives in, the header list
+/// parse_head fills, the static handler's path), so a request on the hot
+/// path allocates none of them. A few of each, and none larger than
+/// [`SPARE_MAX_BYTES`]: what a worker keeps is bounded whatever its
+/// clients send. An idle connection holds no buffer either way (see
+/// `http::v1::conn`).
+#[derive(Default)]
+struct Spare {
+    bufs: Vec<Vec<u8>>,
+    headers: Vec<Vec<Hdr>>,
+}
+
+/// How many buffers of each kind a worker keeps.
+const SPARE_COUNT: usize = 16;
+/// The largest buffer kept (a head in large_client_header_buffers grows
+/// its buffer; one much larger is given back to the allocator).
+const SPARE_MAX_BYTES: usize = 16 * 1024;
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Spare> = std::cell::RefCell::new(Spare::default());
+}
+
+/// An empty byte buffer, from the spares if there is one.
+pub(crate) fn spare_buf() -> Vec<u8> {
+    SPARE
+        .try_with(|s| s.borrow_mut().bufs.pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Keeps a byte buffer no longer needed for the next request.
+pub(crate) fn give_back_buf(mut b: Vec<u8>) {
+    if b.capacity() == 0 || b.capacity() > SPARE_MAX_BYTES {
+        return;
+    }
+    b.clear();
+    let _ = SPARE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.bufs.len() < SPARE_COUNT {
+            s.bufs.push(b);
+        }
+    });
+}
+
+/// An empty header list, from the spares if there is one.
+pub(crate) fn spare_headers() -> Vec<Hdr> {
+    SPARE
+        .try_with(|s| s.borrow_mut().headers.pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// A byte range of a [`Request`]'s buffer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Span {
@@ -123,6 +178,23 @@ pub struct Request {
 }
 
 impl Request {
+    /// Ends the request, keeping its buffer and header list for the
+    /// worker's next requests (see [`spare_buf`]).
+    pub(crate) fn recycle(self) {
+        give_back_buf(self.buf);
+        let mut h = self.headers;
+        if h.capacity() == 0 || h.capacity() * std::mem::size_of::<Hdr>() > SPARE_MAX_BYTES {
+            return;
+        }
+        h.clear();
+        let _ = SPARE.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.headers.len() < SPARE_COUNT {
+                s.headers.push(h);
+            }
+        });
+    }
+
     /// The method as sent (upper-case letters, `_` and `-`: parse_head
     /// refuses anything else, so it is always valid UTF-8).
     pub fn method_raw(&self) -> &str {

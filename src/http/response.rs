@@ -136,7 +136,9 @@ pub struct Response {
     /// Once a filter changes `status` (304, 206, ...) the line is
     /// tern's own again.
     pub status_line: Option<(u16, Vec<u8>)>,
-    pub content_type: Option<String>,
+    /// Shared, not owned: a type from the configuration (the MIME map,
+    /// `default_type`) goes out with a reference count, not a copy.
+    pub content_type: Option<Arc<str>>,
     pub content_length: Option<u64>,
     pub last_modified: Option<i64>,
     /// A Location the server made absolute (written in the fixed part of

@@ -98,7 +98,7 @@ pub async fn run(sub: &mut Ctx<'_>) -> Response {
     // Boxed: a subrequest's phases may make subrequests of their own.
     let resp = Box::pin(phases::run(sub)).await;
     sub.sent.status = resp.status;
-    resp
+    *resp
 }
 
 /// Ends a subrequest: the variables go back to the parent, and with

@@ -176,14 +176,21 @@ pub async fn phase(cx: &mut Ctx<'_>) -> Option<Response> {
     Some(r)
 }
 
+/// Whether the location checks anything in the access phase. Most check
+/// nothing: the engine then skips [`phase`] without making its future
+/// (whose `Option<Response>` output alone cost three copies of a
+/// Response a request).
+pub fn checks(cx: &Ctx<'_>) -> bool {
+    let m = &cx.loc.modules;
+    m.access.rules.as_ref().is_some_and(|r| !r.is_empty())
+        || m.auth_basic.configured()
+        || matches!(m.auth_request.uri, Some(Some(_)))
+}
+
 async fn decide(cx: &mut Ctx<'_>) -> Option<Response> {
     // Most locations check nothing: leave before the checks' futures are
     // built (this phase runs for every request).
-    let m = &cx.loc.modules;
-    if m.access.rules.as_ref().is_none_or(Vec::is_empty)
-        && !m.auth_basic.configured()
-        && !matches!(m.auth_request.uri, Some(Some(_)))
-    {
+    if !checks(cx) {
         return None;
     }
     let any = cx.loc.modules.access.satisfy_any.unwrap_or(false);

@@ -284,7 +284,7 @@ pub fn accepts_br(ae: &[u8]) -> bool {
 
 /// `brotli_static`: `FILE.br` for a client that takes br (or everyone,
 /// with `always`). Called by the static handler before gzip_static.
-pub async fn try_static(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
+pub async fn try_static(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Box<Response>> {
     if !matches!(cx.req.method, Method::Get | Method::Head) {
         return None;
     }

@@ -536,7 +536,12 @@ pub fn header_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
     }
     let loc = cx.loc.clone();
     let conf = &loc.modules.charset;
-    let Some(ct) = resp.content_type.clone().filter(|c| !c.is_empty()) else {
+    let Some(ct) = resp
+        .content_type
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+    else {
         return;
     };
     let own = if resp.charset_param {
@@ -681,7 +686,7 @@ fn declare(resp: &mut Response, mut ct: String, base: Option<usize>, name: &str)
         ct.push_str("; charset=");
         ct.push_str(name);
     }
-    resp.content_type = Some(ct);
+    resp.content_type = Some(ct.into());
 }
 
 #[cfg(test)]

@@ -114,7 +114,7 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
         ]);
     }
     r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
-    Some(Step::done(r))
+    Some(Step::Done(r))
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ pub const DIRECTIVES: &[Spec] = &[
 /// Called by the static handler for a regular file at `path`: returns a
 /// response serving `path.gz` instead, when gzip_static applies. A `.gz`
 /// that exists but cannot be opened is logged and the plain file is served.
-pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
+pub async fn try_serve(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Box<Response>> {
     if !matches!(cx.req.method, Method::Get | Method::Head) {
         return None;
     }
@@ -123,13 +123,13 @@ pub async fn serve_precompressed(
     mode: Mode,
     ok: bool,
     token: &'static str,
-) -> Option<Response> {
+) -> Option<Box<Response>> {
     if !ok && !cx.loc.modules.gzip.vary.unwrap_or(false) {
         return None;
     }
     let policy = match cx.io_policy() {
         Ok(p) => p,
-        Err(r) => return Some(*r),
+        Err(r) => return Some(r),
     };
     let ext: &[u8] = match token {
         "gzip" => b".gz",
@@ -174,7 +174,7 @@ pub async fn serve_precompressed(
             Level::Crit,
             &format!("\"{}\" is not a regular file", String::from_utf8_lossy(&gz)),
         );
-        return Some(Response::status(404));
+        return Some(Box::new(Response::status(404)));
     }
     // The type is the original name's, not ".gz"'s.
     let mut r = super::static_file::file_response(cx, path, file, policy);

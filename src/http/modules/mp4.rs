@@ -173,7 +173,7 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
     let mut r = super::static_file::file_response(cx, &path, file.clone(), policy);
     r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
     let Some(start) = start else {
-        return Some(Step::done(r));
+        return Some(Step::Done(r));
     };
     r.single_range = true;
     let conf = &cx.loc.modules.mp4;
@@ -215,7 +215,7 @@ pub async fn content(cx: &mut Ctx<'_>) -> Option<Step> {
             return Some(Step::done(Response::status(500)));
         }
     }
-    Some(Step::done(r))
+    Some(Step::Done(r))
 }
 
 /// Runs the parse in the location's pool (else the `default` pool).

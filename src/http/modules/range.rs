@@ -341,7 +341,7 @@ pub(crate) fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
         part_head.extend_from_slice(b"\r\n");
     }
     part_head.extend_from_slice(b"Content-Range: bytes ");
-    resp.content_type = Some(format!("multipart/byteranges; boundary={:020}", boundary));
+    resp.content_type = Some(format!("multipart/byteranges; boundary={:020}", boundary).into());
     let body = std::mem::take(&mut resp.body);
     let mut pieces = Vec::with_capacity(r.len() * 2 + 1);
     for &(s, e) in r {

@@ -26,19 +26,31 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
         }
         return index(cx, &policy).await;
     }
-    let path = cx.request_filename();
-    if let Some(r) = super::brotli::try_static(cx, &path).await {
-        return Step::done(r);
+    // The path is built in a spare buffer of the worker's, given back
+    // once the file is answered (one allocation less per request).
+    let mut path = crate::http::request::spare_buf();
+    cx.request_filename_into(&mut path);
+    let step = file(cx, &path, policy).await;
+    crate::http::request::give_back_buf(path);
+    step
+}
+
+/// The static handler for a URI not ending in `/`, whose file is `path`.
+async fn file(cx: &mut Ctx<'_>, path: &[u8], policy: crate::io::Policy) -> Step {
+    let method = cx.method;
+    // (Boxed answers: each is a future's output, moved out of it.)
+    if let Some(r) = super::brotli::try_static(cx, path).await {
+        return Step::Done(r);
     }
-    if let Some(r) = super::zstd::try_static(cx, &path).await {
-        return Step::done(r);
+    if let Some(r) = super::zstd::try_static(cx, path).await {
+        return Step::Done(r);
     }
-    if let Some(r) = super::gzip_static::try_serve(cx, &path).await {
-        return Step::done(r);
+    if let Some(r) = super::gzip_static::try_serve(cx, path).await {
+        return Step::Done(r);
     }
-    let file = match open_checked(cx, &path, &policy).await {
+    let file = match open_checked(cx, path, &policy).await {
         Ok(f) => f,
-        Err(e) => return Step::done(open_error(cx, &path, &e)),
+        Err(e) => return Step::done(open_error(cx, path, &e)),
     };
     if file.meta.is_dir {
         // As nginx: the path is escaped, the arguments go as they are.
@@ -58,23 +70,25 @@ pub async fn handle(cx: &mut Ctx<'_>) -> Step {
     if method == Method::Post {
         return Step::done(Response::status(405));
     }
-    let mut r = file_response(cx, &path, file, policy);
+    let mut r = file_response(cx, path, file, policy);
     if !super::compress_cache::apply(cx, &mut r).await {
         r.headers.push(("Accept-Ranges".into(), b"bytes".to_vec()));
     }
-    Step::done(r)
+    Step::Done(r)
 }
 
 /// A 200 with the whole of `file`: the type `path`'s extension maps to,
 /// its length, Last-Modified and (unless `etag off`) ETag; the body is
-/// read or sent through `policy`.
+/// read or sent through `policy`. Made in its box (where it stays on its
+/// way to the writer, see [`crate::http::phases::run`]), not moved there.
 pub fn file_response(
     cx: &Ctx<'_>,
     path: &[u8],
     file: std::sync::Arc<crate::io::OpenFile>,
     policy: crate::io::Policy,
-) -> Response {
-    let mut r = Response::status(200);
+) -> Box<Response> {
+    let mut r = Box::<Response>::default();
+    r.status = 200;
     r.content_type = Some(content_type(cx, path));
     r.content_length = Some(file.meta.size);
     r.last_modified = Some(file.meta.mtime);
@@ -215,7 +229,7 @@ pub fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
     Response::status(code)
 }
 
-pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> String {
+pub fn content_type(cx: &Ctx<'_>, path: &[u8]) -> std::sync::Arc<str> {
     let ext = path.rsplit(|&c| c == b'/').next().and_then(|name| {
         let dot = name.iter().rposition(|&c| c == b'.')?;
         std::str::from_utf8(&name[dot + 1..]).ok()

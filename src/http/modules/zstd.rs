@@ -180,7 +180,7 @@ fn set_gzip_refused(cx: &mut Ctx<'_>) {
 
 /// `zstd_static`: `FILE.zst` for a client that takes zstd (or everyone
 /// with `always`).
-pub async fn try_static(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Response> {
+pub async fn try_static(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Box<Response>> {
     if !matches!(cx.req.method, Method::Get | Method::Head) {
         return None;
     }

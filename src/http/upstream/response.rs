@@ -666,7 +666,7 @@ pub fn apply_headers(r: &mut Response, headers: Vec<(String, Vec<u8>)>) {
             continue;
         }
         if n.eq_ignore_ascii_case("content-type") {
-            r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
+            r.content_type = Some(String::from_utf8_lossy(&v).into());
             r.charset_param = true;
         } else if n.eq_ignore_ascii_case("last-modified") {
             // Relayed as it came, in its place (as nginx); the filters
@@ -791,7 +791,7 @@ pub fn accel_carried(cx: &Ctx<'_>, r: &mut Response) {
     };
     for (n, v) in std::mem::take(&mut a.carried) {
         if n.eq_ignore_ascii_case("content-type") {
-            r.content_type = Some(String::from_utf8_lossy(&v).into_owned());
+            r.content_type = Some(String::from_utf8_lossy(&v).into());
         } else {
             r.headers.retain(|(h, _)| !h.eq_ignore_ascii_case(&n));
             r.headers.push((Cow::Owned(n), v));

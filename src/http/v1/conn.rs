@@ -215,34 +215,31 @@ async fn serve_on<S: Stream>(
         }
         leftover = !buf.is_empty();
         if buf.is_empty() {
-            buf = Vec::new();
+            // Idle connections hold no buffer: the next request's first
+            // read takes one from the worker's spares.
+            request::give_back_buf(std::mem::take(&mut buf));
         }
     }
 }
 
-thread_local! {
-    /// The worker's scratch for the first read of a request: a read that
-    /// finds nothing (stale readiness) then costs no allocation, and the
-    /// connection's buffer is made only for the bytes that did arrive.
-    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Reads what is there, up to `size` bytes (client_header_buffer_size),
-/// into a new buffer of that capacity. `Ok(None)`: the peer closed.
+/// into a buffer of at least that capacity: one a finished request gave
+/// back ([`request::spare_buf`]), so a request allocates none, and a read
+/// that finds nothing (stale readiness) gives it back at once.
+/// `Ok(None)`: the peer closed.
 fn first_read<S: Stream>(stream: &S, size: usize) -> io::Result<Option<Vec<u8>>> {
-    READ_SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        if scratch.len() < size {
-            scratch.resize(size, 0);
+    let mut buf = request::spare_buf();
+    buf.resize(size, 0);
+    match stream.try_read(&mut buf[..size]) {
+        Ok(n) if n > 0 => {
+            buf.truncate(n);
+            Ok(Some(buf))
         }
-        let n = stream.try_read(&mut scratch[..size])?;
-        if n == 0 {
-            return Ok(None);
+        r => {
+            request::give_back_buf(buf);
+            r.map(|_| None)
         }
-        let mut buf = Vec::with_capacity(size);
-        buf.extend_from_slice(&scratch[..n]);
-        Ok(Some(buf))
-    })
+    }
 }
 
 /// Reads, runs and answers one request whose first bytes are in `buf`.
@@ -507,6 +504,7 @@ async fn request<S: Stream>(
     recycle_head_buf(std::mem::take(&mut cx.sent.head));
     let conn_id = cx.conn.id;
     drop(cx);
+    req.recycle();
     // A log with variables in its path is written before the connection
     // goes on, as nginx's log phase (see access_log::settled).
     crate::http::modules::access_log::settled(conn_id).await;
@@ -774,7 +772,7 @@ async fn reject_and_close<S: Stream>(
         Level::Info,
         &format!("{}{} while reading client {}", r.log, detail, reading),
     );
-    let mut resp = phases::conclude(&mut cx, Response::status(r.status)).await;
+    let mut resp = phases::conclude(&mut cx, Box::new(Response::status(r.status))).await;
     // An error page may not keep the connection: nginx closes after these.
     resp.force_close = true;
     let loc = cx.loc.clone();

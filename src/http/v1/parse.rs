@@ -414,7 +414,8 @@ pub fn parse_head(mut head: Vec<u8>, srv: &SrvConf) -> Result<Request, Reject> {
             }
         })
         .chain(parsed);
-    let mut headers = Vec::with_capacity(fast.len());
+    let mut headers = crate::http::request::spare_headers();
+    headers.reserve(fast.len());
     let mut invalid = Vec::new();
     let mut content_length: Option<u64> = None;
     let mut te: Option<&[u8]> = None;

@@ -184,7 +184,7 @@ struct Memcached {
     pass: Arc<PassAddr>,
     /// `$memcached_key`, escaped.
     key: Vec<u8>,
-    content_type: String,
+    content_type: Arc<str>,
 }
 
 impl Protocol for Memcached {
@@ -250,7 +250,7 @@ struct McHead {
     head_only: bool,
     head_max: usize,
     gzip_flag: u32,
-    content_type: String,
+    content_type: Arc<str>,
 }
 
 impl HeadReader for McHead {
@@ -307,7 +307,7 @@ impl HeadReader for McHead {
         };
         let mut headers = vec![(
             "Content-Type".to_string(),
-            self.content_type.clone().into_bytes(),
+            self.content_type.as_bytes().to_vec(),
         )];
         if self.gzip_flag != 0 && flags & u64::from(self.gzip_flag) != 0 {
             headers.push(("Content-Encoding".to_string(), b"gzip".to_vec()));
