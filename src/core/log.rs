@@ -266,7 +266,21 @@ impl Logger {
         if !self.enabled(level) {
             return;
         }
-        let line = format_line(level, conn, msg);
+        self.write_line(level, format_line(level, conn, msg));
+    }
+
+    /// [`Self::log`] for a message already in one piece.
+    pub fn log_str(&self, level: Level, conn: Option<u64>, msg: &str) {
+        if !self.enabled(level) {
+            return;
+        }
+        let mut line = line_start(level, conn, msg.len() + 1);
+        line.push_str(msg);
+        line.push('\n');
+        self.write_line(level, line);
+    }
+
+    fn write_line(&self, level: Level, line: String) {
         let mut files: Vec<Arc<LogFile>> = Vec::with_capacity(self.sinks.len());
         for (sink, l) in &self.sinks {
             if level > *l {
@@ -296,21 +310,40 @@ impl Logger {
 
 /// The formatted line, for callers that also print it (e.g. `-t`).
 pub fn format_line(level: Level, conn: Option<u64>, msg: fmt::Arguments<'_>) -> String {
-    let ts = String::from_utf8_lossy(&crate::http::date::err_log_time()).into_owned();
+    use std::fmt::Write as _;
+    let mut line = line_start(level, conn, 192);
+    match msg.as_str() {
+        Some(text) => line.push_str(text),
+        None => {
+            let _ = line.write_fmt(msg);
+        }
+    }
+    line.push('\n');
+    line
+}
+
+/// `2024/01/01 00:00:00 [error] PID#TID: *CONN `, in a buffer with room
+/// for `room` more bytes (one allocation for the whole line, not
+/// `format!`'s growth by reallocation).
+fn line_start(level: Level, conn: Option<u64>, room: usize) -> String {
     // SAFETY: getpid/gettid have no preconditions.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
-    match conn {
-        Some(c) => format!(
-            "{} [{}] {}#{}: *{} {}\n",
-            ts,
-            level.name(),
-            pid,
-            tid,
-            c,
-            msg
-        ),
-        None => format!("{} [{}] {}#{}: {}\n", ts, level.name(), pid, tid, msg),
+    let mut line = String::with_capacity(64 + room);
+    let ts = crate::http::date::err_log_time();
+    line.push_str(std::str::from_utf8(&ts).unwrap_or("0000/00/00 00:00:00"));
+    line.push_str(" [");
+    line.push_str(level.name());
+    line.push_str("] ");
+    line.push_str(itoa::Buffer::new().format(pid));
+    line.push('#');
+    line.push_str(itoa::Buffer::new().format(tid));
+    line.push_str(": ");
+    if let Some(c) = conn {
+        line.push('*');
+        line.push_str(itoa::Buffer::new().format(c));
+        line.push(' ');
     }
+    line
 }
 
 fn global() -> &'static ArcSwap<Logger> {
@@ -370,6 +403,9 @@ struct Queue {
     on: bool,
     /// The writer is working on a batch taken off `jobs`.
     busy: bool,
+    /// The writer sleeps on `work`: only then does a new job need a wake-up
+    /// (a futex call per line otherwise, on every failed request).
+    idle: bool,
 }
 
 struct Shared {
@@ -423,8 +459,11 @@ fn try_queue(job: Job) -> Result<(), Job> {
     }
     q.bytes += n;
     q.jobs.push_back(job);
+    let wake = q.idle;
     drop(q);
-    sh.work.notify_one();
+    if wake {
+        sh.work.notify_one();
+    }
     Ok(())
 }
 
@@ -510,7 +549,9 @@ fn writer_loop() {
             if !q.on {
                 return;
             }
+            q.idle = true;
             q = sh.work.wait(q).unwrap_or_else(|e| e.into_inner());
+            q.idle = false;
         }
         batch.extend(q.jobs.drain(..));
         q.busy = true;

@@ -45,6 +45,23 @@ pub fn random_hex16() -> [u8; 32] {
 
 /// `strerror` text for an errno, as nginx prints it.
 pub fn strerror(errno: i32) -> String {
+    strerror_text(errno).into_owned()
+}
+
+/// [`strerror`] without a copy for the errnos Linux defines: their texts
+/// are made once per process, since a busy server logs the same few
+/// (`ENOENT` for every missing file) on every request that fails.
+pub fn strerror_text(errno: i32) -> std::borrow::Cow<'static, str> {
+    const KNOWN: usize = 134;
+    static TEXTS: [std::sync::OnceLock<Box<str>>; KNOWN] =
+        [const { std::sync::OnceLock::new() }; KNOWN];
+    match usize::try_from(errno).ok().and_then(|i| TEXTS.get(i)) {
+        Some(cell) => std::borrow::Cow::Borrowed(cell.get_or_init(|| os_text(errno).into())),
+        None => std::borrow::Cow::Owned(os_text(errno)),
+    }
+}
+
+fn os_text(errno: i32) -> String {
     let s = std::io::Error::from_raw_os_error(errno).to_string();
     // std appends " (os error N)"; nginx prints the bare text.
     match s.rfind(" (os error") {
@@ -56,7 +73,7 @@ pub fn strerror(errno: i32) -> String {
 /// nginx's `(errno: text)` suffix for an I/O error.
 pub fn errno_text(e: &std::io::Error) -> String {
     match e.raw_os_error() {
-        Some(n) => format!("({}: {})", n, strerror(n)),
+        Some(n) => format!("({}: {})", n, strerror_text(n)),
         None => format!("({})", e),
     }
 }

@@ -789,32 +789,28 @@ impl Ctx<'_> {
         if !logger.enabled(level) {
             return;
         }
-        let upstream = upstream
-            .map(|u| format!(", upstream: \"{}\"", u))
-            .unwrap_or_default();
+        // The message and its context in one buffer: an error line is
+        // written for every failed request (a 404 on a busy site), so its
+        // pieces are not each formatted into a string of their own.
+        let mut text = String::with_capacity(msg.len() + 192);
+        text.push_str(msg);
+        if self.logging.get() {
+            text.push_str(" while logging request");
+        }
+        self.write_request_ctx(&mut text);
         // nginx names a subrequest by its URI after the client's request.
-        let sub = if self.sub_depth > 0 {
-            format!(", subrequest: \"{}\"", String::from_utf8_lossy(&self.uri))
-        } else {
-            String::new()
-        };
-        logger.log(
-            level,
-            Some(self.conn.id),
-            format_args!(
-                "{}{}{}{}{}{}",
-                msg,
-                if self.logging.get() {
-                    " while logging request"
-                } else {
-                    ""
-                },
-                self.log_request_ctx(),
-                sub,
-                upstream,
-                self.log_host_ctx()
-            ),
-        );
+        if self.sub_depth > 0 {
+            text.push_str(", subrequest: \"");
+            text.push_str(&String::from_utf8_lossy(&self.uri));
+            text.push('"');
+        }
+        if let Some(u) = upstream {
+            text.push_str(", upstream: \"");
+            text.push_str(u);
+            text.push('"');
+        }
+        self.write_host_ctx(&mut text);
+        logger.log_str(level, Some(self.conn.id), &text);
     }
 
     /// Splits `?args` off the target of an internal redirect (error_page,
@@ -848,25 +844,53 @@ impl Ctx<'_> {
     /// nginx's request context of an error line:
     /// `, client: ADDR, server: NAME, request: "LINE"`.
     pub fn log_request_ctx(&self) -> String {
-        let client = self
-            .remote
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unix:".into());
-        format!(
-            ", client: {}, server: {}, request: \"{}\"",
-            client,
-            self.server_name(),
-            String::from_utf8_lossy(self.req.line())
-        )
+        let mut out = String::with_capacity(128);
+        self.write_request_ctx(&mut out);
+        out
+    }
+
+    /// [`Self::log_request_ctx`] appended to `out`.
+    pub fn write_request_ctx(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        out.push_str(", client: ");
+        match self.remote.map(|a| a.ip()) {
+            // The common case without the formatting machinery.
+            Some(std::net::IpAddr::V4(ip)) => {
+                let mut num = itoa::Buffer::new();
+                for (i, octet) in ip.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        out.push('.');
+                    }
+                    out.push_str(num.format(octet));
+                }
+            }
+            Some(ip) => {
+                let _ = write!(out, "{}", ip);
+            }
+            None => out.push_str("unix:"),
+        }
+        out.push_str(", server: ");
+        out.push_str(self.server_name());
+        out.push_str(", request: \"");
+        out.push_str(&String::from_utf8_lossy(self.req.line()));
+        out.push('"');
     }
 
     /// The end of an error line's context: `, host: "..."`, or nothing
     /// when the request has no Host.
     pub fn log_host_ctx(&self) -> String {
-        self.req
-            .header("host")
-            .map(|h| format!(", host: \"{}\"", String::from_utf8_lossy(h)))
-            .unwrap_or_default()
+        let mut out = String::new();
+        self.write_host_ctx(&mut out);
+        out
+    }
+
+    /// [`Self::log_host_ctx`] appended to `out`.
+    pub fn write_host_ctx(&self, out: &mut String) {
+        if let Some(h) = self.req.header("host") {
+            out.push_str(", host: \"");
+            out.push_str(&String::from_utf8_lossy(h));
+            out.push('"');
+        }
     }
 
     /// The document root (rendered) for the current location.

@@ -180,6 +180,9 @@ pub fn error_page(code: u16, server_tokens: bool, version: &str, out: &mut Vec<u
     let Some(p) = page(code) else {
         return false;
     };
+    // The page is ~150 bytes plus its titles: one allocation, not growth
+    // piece by piece.
+    out.reserve(160 + p.title.len() + p.h1.len() + p.detail.map_or(0, str::len));
     out.extend_from_slice(b"<html>\r\n<head><title>");
     out.extend_from_slice(p.title.as_bytes());
     out.extend_from_slice(b"</title></head>\r\n<body>\r\n<center><h1>");

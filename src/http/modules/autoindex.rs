@@ -319,7 +319,7 @@ fn list_error(cx: &Ctx<'_>, e: &ListError) -> Response {
             e.call,
             String::from_utf8_lossy(&e.path),
             errno,
-            crate::core::strerror(errno)
+            crate::core::strerror_text(errno)
         ),
     );
     Response::status(code)

@@ -518,7 +518,7 @@ fn admit(
                         "open() \"{}\" failed ({}: {})",
                         path.with_extension("tmp").display(),
                         e.raw_os_error().unwrap_or(0),
-                        crate::core::strerror(e.raw_os_error().unwrap_or(0))
+                        crate::core::strerror_text(e.raw_os_error().unwrap_or(0))
                     );
                     return;
                 }

@@ -156,7 +156,7 @@ pub async fn serve_precompressed(
                         "open() \"{}\" failed ({}: {})",
                         String::from_utf8_lossy(&gz),
                         errno,
-                        crate::core::strerror(errno)
+                        crate::core::strerror_text(errno)
                     ),
                 );
             }

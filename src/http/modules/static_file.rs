@@ -223,7 +223,7 @@ pub fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
             "open() \"{}\" failed ({}: {})",
             String::from_utf8_lossy(path),
             errno,
-            crate::core::strerror(errno)
+            crate::core::strerror_text(errno)
         ),
     );
     Response::status(code)
