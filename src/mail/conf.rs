@@ -519,16 +519,8 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
         let spec = lookup(k, ctx::MAIL_SRV)?;
         match spec.set {
             MailSetter::Listen => {
-                if k.args.iter().skip(1).any(|a| a.value == "udp") {
-                    return Err(ConfError::at("invalid parameter \"udp\"", k));
-                }
-                let l = crate::stream::conf::parse_stream_listen(k)?;
-                if sb.listen.iter().any(|(x, _)| x.addr == l.addr) {
-                    return Err(ConfError::at(
-                        format!("duplicate \"{}\" address and port pair", l.addr),
-                        k,
-                    ));
-                }
+                let taken = sb.listen.iter().map(|(l, _)| &l.addr);
+                let l = crate::stream::conf::compile_listen(k, false, taken)?;
                 sb.listen.push((l, k.clone()));
             }
             MailSetter::Common(f) => f(&mut sb.c, k, cx)?,
@@ -622,15 +614,7 @@ fn finish_server(
             c.smtp_client_buffer.unwrap_or(4096),
         ),
     };
-    let logger = match &c.error_log {
-        Some(specs) => Some(Arc::new(Logger::from_specs(specs).map_err(|e| {
-            ConfError::at(
-                format!("open() error log failed {}", crate::core::errno_text(&e)),
-                sd,
-            )
-        })?)),
-        None => None,
-    };
+    let logger = Logger::for_block(c.error_log.as_deref(), sd)?;
     let starttls = c.starttls.unwrap_or_default();
     let ssl_listen = listen.iter().any(|(l, _)| l.ssl);
     let (mut tls, mut client_auth) = (None, None);
@@ -703,28 +687,9 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
-/// Runs http's setter of an `ssl_*` directive on the block's `SslConf`.
+/// An `ssl_*` directive: http's setter, on the block's `SslConf`.
 fn set_ssl(c: &mut Common, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let spec = crate::http::modules::ssl_settings::DIRECTIVES
-        .iter()
-        .find(|s| s.name == d.name);
-    let Some(registry::Spec {
-        set: registry::Setter::Srv(f),
-        ..
-    }) = spec
-    else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not supported by tern yet", d.name),
-            d,
-        ));
-    };
-    let mut tmp = crate::http::conf::SrvConf {
-        ssl: std::mem::take(&mut c.ssl),
-        ..Default::default()
-    };
-    let r = f(&mut tmp, d, cx);
-    c.ssl = tmp.ssl;
-    r
+    crate::http::modules::ssl_settings::set_lent(&mut c.ssl, d, cx)
 }
 
 fn secs(d: &Directive) -> ConfResult<Duration> {

@@ -1048,15 +1048,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             (None, None) => return Err(ConfError::at("no handler for server", &sd)),
         };
         let p = &sb.proxy;
-        let logger = match &p.error_log {
-            Some(specs) => Some(Arc::new(Logger::from_specs(specs).map_err(|e| {
-                ConfError::at(
-                    format!("open() error log failed {}", crate::core::errno_text(&e)),
-                    &sd,
-                )
-            })?)),
-            None => None,
-        };
+        let logger = Logger::for_block(p.error_log.as_deref(), &sd)?;
         let mut client_auth = None;
         let (mut tls, mut var_certs, mut reject_handshake) = (None, None, false);
         if sb.listen.iter().any(|l| ssl_addrs.contains(&l.addr)) {
@@ -1413,16 +1405,32 @@ pub fn split_host_port(s: &str) -> Option<(&str, &str)> {
 // ---- setters ----------------------------------------------------------------
 
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let l = compile_listen(d, true, sb.listen.iter().map(|l| &l.addr))?;
+    sb.listen_dirs.push((l.ssl, d.clone()));
+    sb.listen.push(l);
+    Ok(())
+}
+
+/// `listen` in a `server {}` of stream or mail (`udp`: whether the block
+/// takes `udp`; mail does not): the address and its options
+/// ([`parse_stream_listen`]), refused when the server listens there
+/// already (`taken`).
+pub fn compile_listen<'a>(
+    d: &Directive,
+    udp: bool,
+    taken: impl IntoIterator<Item = &'a ListenAddr>,
+) -> ConfResult<Listen> {
+    if !udp && d.args.iter().skip(1).any(|a| a.value == "udp") {
+        return Err(ConfError::at("invalid parameter \"udp\"", d));
+    }
     let l = parse_stream_listen(d)?;
-    if sb.listen.iter().any(|x| x.addr == l.addr) {
+    if taken.into_iter().any(|a| *a == l.addr) {
         return Err(ConfError::at(
             format!("duplicate \"{}\" address and port pair", l.addr),
             d,
         ));
     }
-    sb.listen_dirs.push((l.ssl, d.clone()));
-    sb.listen.push(l);
-    Ok(())
+    Ok(l)
 }
 
 /// A `listen` of a non-http block (stream, and mail without `udp`): an
@@ -1503,29 +1511,9 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
     Ok(())
 }
 
-/// Runs http's setter of an `ssl_*` directive on the stream level's
-/// `SslConf` (http's setters fill a server conf; the slice is lent to one).
+/// An `ssl_*` directive: http's setter, on the block's `SslConf`.
 fn set_ssl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let spec = crate::http::modules::ssl_settings::DIRECTIVES
-        .iter()
-        .find(|s| s.name == d.name);
-    let Some(registry::Spec {
-        set: registry::Setter::Srv(f),
-        ..
-    }) = spec
-    else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not supported by tern yet", d.name),
-            d,
-        ));
-    };
-    let mut tmp = crate::http::conf::SrvConf {
-        ssl: std::mem::take(&mut p.ssl),
-        ..Default::default()
-    };
-    let r = f(&mut tmp, d, cx);
-    p.ssl = tmp.ssl;
-    r
+    crate::http::modules::ssl_settings::set_lent(&mut p.ssl, d, cx)
 }
 
 fn set_proxy_ssl(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
