@@ -1,8 +1,9 @@
 //! The `mail {}` block: its directive table ([`DIRECTIVES`]), the
 //! compiler that walks the block, and the compiled, immutable [`MailConf`].
 //!
-//! Like stream, mail keeps its own table and setters: a mail directive
-//! fills mail structs only. Every directive that nginx allows in both
+//! Like stream, mail has a setter enum of its own ([`MailSetter`]: a mail
+//! directive fills mail structs only), in registry rows looked up with
+//! the registry's index and checks. Every directive that nginx allows in both
 //! `mail` and `server` is inherited: set in `mail {}`, it is the default
 //! of each `server {}` that does not set it ([`SrvBuild::merge`]).
 
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
+use crate::config::registry::{self, arg, ctx, flag, row, set_once, Args};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
 use crate::core::log::Logger;
@@ -208,28 +209,20 @@ pub enum MailSetter {
     Ssl,
 }
 
-/// One row of the mail directive table.
-#[derive(Clone, Copy)]
-pub struct MailSpec {
-    pub name: &'static str,
-    pub ctx: u32,
-    pub args: Args,
-    pub set: MailSetter,
+impl registry::Set for MailSetter {
+    fn takes_block(&self) -> bool {
+        matches!(self, MailSetter::Block)
+    }
+    fn unsupported(&self) -> bool {
+        false
+    }
 }
+
+/// One row of the mail directive table.
+pub type MailSpec = registry::Spec<MailSetter>;
 
 const M: u32 = ctx::MAIL;
 const MS: u32 = ctx::MAIL | ctx::MAIL_SRV;
-
-macro_rules! row {
-    ($name:expr, $ctx:expr, $args:expr, $set:expr) => {
-        MailSpec {
-            name: $name,
-            ctx: $ctx,
-            args: $args,
-            set: $set,
-        }
-    };
-}
 
 /// The mail modules' directives (core, auth_http, proxy, pop3, imap,
 /// smtp, ssl, realip).
@@ -431,48 +424,19 @@ pub const DIRECTIVES: &[MailSpec] = &[
     row!("ssl_conf_command", MS, Args::take(2), MailSetter::Ssl),
 ];
 
-/// Whether `name` is a mail directive.
-pub fn known(name: &str) -> bool {
-    DIRECTIVES.iter().any(|s| s.name == name)
+fn index() -> &'static registry::Index<MailSetter> {
+    static INDEX: std::sync::OnceLock<registry::Index<MailSetter>> = std::sync::OnceLock::new();
+    INDEX.get_or_init(|| registry::Index::new([DIRECTIVES]))
 }
 
+/// Whether `name` is a mail directive.
+pub fn known(name: &str) -> bool {
+    index().knows(name)
+}
+
+/// Finds the row for `d` in context `here`, with the registry's checks and wording.
 fn lookup(d: &Directive, here: u32) -> ConfResult<MailSpec> {
-    let mut rows = DIRECTIVES.iter().filter(|s| s.name == d.name).peekable();
-    if rows.peek().is_none() {
-        if crate::core::conf::known_directive(&d.name) {
-            return Err(ConfError::at(
-                format!("\"{}\" directive is not allowed here", d.name),
-                d,
-            ));
-        }
-        return Err(ConfError::at(
-            format!("unknown directive \"{}\"", d.name),
-            d,
-        ));
-    }
-    let Some(spec) = rows.find(|s| s.ctx & here != 0) else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not allowed here", d.name),
-            d,
-        ));
-    };
-    let block = matches!(spec.set, MailSetter::Block);
-    if !block && d.block.is_some() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" is not terminated by \";\"", d.name),
-            d,
-        ));
-    }
-    if block && d.block.is_none() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" has no opening \"{{\"", d.name),
-            d,
-        ));
-    }
-    if !spec.args.accepts(d.args.len()) {
-        return Err(registry::invalid_args(d));
-    }
-    Ok(*spec)
+    index().find(d, here, crate::core::conf::known_directive)
 }
 
 /// Compiles a `mail {}` directive.
