@@ -4,10 +4,11 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
@@ -728,4 +729,56 @@ pub fn framing_blind(text: &str) -> String {
         .filter(|l| !l.starts_with("Content-Length: ") && !l.starts_with("Transfer-Encoding: "))
         .collect::<Vec<_>>()
         .join("\r\n")
+}
+
+/// A DNS responder on loopback for `resolver 127.0.0.1:PORT`: each query
+/// (name lower-cased, type) is answered as `answer` says: the RCODE and
+/// the IPv4 addresses of its A records (TTL 3600), in order. Returns the
+/// port and the number of A queries so far.
+pub fn dns_responder(
+    answer: impl Fn(&str, u16) -> (u8, Vec<[u8; 4]>) + Send + 'static,
+) -> (u16, Arc<AtomicUsize>) {
+    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let port = sock.local_addr().expect("addr").port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let a_queries = count.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            let q = &buf[..n];
+            if n < 12 {
+                continue;
+            }
+            let mut at = 12;
+            let mut labels = Vec::new();
+            while at < n && q[at] != 0 {
+                let len = q[at] as usize;
+                labels
+                    .push(String::from_utf8_lossy(&q[at + 1..(at + 1 + len).min(n)]).into_owned());
+                at += 1 + len;
+            }
+            let qend = at + 5;
+            if qend > n {
+                continue;
+            }
+            let name = labels.join(".").to_ascii_lowercase();
+            let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
+            if qtype == 1 {
+                a_queries.fetch_add(1, Ordering::SeqCst);
+            }
+            let (rcode, addrs) = answer(&name, qtype);
+            let mut r = q[..qend].to_vec();
+            r[2] = 0x81;
+            r[3] = 0x80 | rcode;
+            r[6] = 0;
+            r[7] = addrs.len() as u8;
+            r[8..12].copy_from_slice(&[0, 0, 0, 0]);
+            for a in &addrs {
+                r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0x0e, 0x10, 0, 4]);
+                r.extend_from_slice(a);
+            }
+            let _ = sock.send_to(&r, from);
+        }
+    });
+    (port, count)
 }
