@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
 
 /// A free loopback TCP port (bound then released), never handed out twice
@@ -781,4 +784,110 @@ pub fn dns_responder(
         }
     });
     (port, count)
+}
+
+/// A server certificate verifier that takes any certificate: the tests
+/// that use it are about something else than the server's certificate.
+#[derive(Debug)]
+struct AnyServer;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS client of `versions` that takes any server certificate, offers
+/// the TLS 1.2 `suites` in that order (all of rustls's when empty) and
+/// presents `client_cert` (certificate and key, DER), if any.
+pub fn tls_client(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    suites: &[rustls::CipherSuite],
+    client_cert: Option<(Vec<u8>, Vec<u8>)>,
+) -> Arc<ClientConfig> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !suites.is_empty() {
+        provider.cipher_suites = suites
+            .iter()
+            .chain([&rustls::CipherSuite::TLS13_AES_128_GCM_SHA256])
+            .filter_map(|s| {
+                rustls::crypto::ring::ALL_CIPHER_SUITES
+                    .iter()
+                    .find(|x| x.suite() == *s)
+                    .copied()
+            })
+            .collect();
+    }
+    let b = ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer));
+    Arc::new(match client_cert {
+        Some((c, k)) => b
+            .with_client_auth_cert(
+                vec![CertificateDer::from(c)],
+                PrivateKeyDer::try_from(k).expect("key"),
+            )
+            .expect("client cert"),
+        None => b.with_no_client_auth(),
+    })
+}
+
+/// Sends `req` over TLS (SNI `sni`) and reads until the server closes:
+/// what it sent and its certificate (empty when there was none).
+pub fn tls_exchange(
+    cfg: &Arc<ClientConfig>,
+    port: u16,
+    sni: &str,
+    req: &str,
+) -> (Vec<u8>, Vec<u8>) {
+    let name = ServerName::try_from(sni.to_string()).expect("name");
+    let conn = ClientConnection::new(cfg.clone(), name).expect("client");
+    let mut s = StreamOwned::new(conn, connect(port));
+    let mut out = Vec::new();
+    if s.write_all(req.as_bytes()).is_ok() {
+        let mut buf = [0u8; 16384];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+    let cert = s
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    (out, cert)
 }
