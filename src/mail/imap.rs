@@ -53,11 +53,29 @@ fn capability(s: &Session) -> Vec<u8> {
     out
 }
 
+/// nginx's IMAP tag: 1 to 32 of `A-Z a-z 0-9 - . _`, followed by a space
+/// (a quoted string, a literal, a CR or an LF is no tag, so a tag echoed
+/// in an answer can never break its line).
+fn valid_tag(line: &[u8]) -> bool {
+    match line.iter().position(|&b| b == b' ') {
+        Some(n @ 1..=32) => line[..n]
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')),
+        _ => false,
+    }
+}
+
 /// A command as read: its words, literals and quoted strings decoded;
 /// Err(None) for a syntax error (the command is skipped).
 async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
     let mut toks: Vec<Vec<u8>> = Vec::new();
     let mut line = c.line().await?;
+    if !valid_tag(&line) {
+        // nginx's parser stops at the tag: the line is one invalid
+        // command, answered with `*` (no tag), and nothing of it (a
+        // literal) is read on. An empty list is that answer.
+        return Ok(Some(Vec::new()));
+    }
     let mut bad = false;
     loop {
         let mut i = 0;
@@ -176,7 +194,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             continue;
         };
         let Some(tag) = toks.first() else {
-            // An empty line.
+            // An empty line, or one without a valid tag.
             s.tag.clear();
             if !bad(s, c, false).await {
                 return Next::Quit;

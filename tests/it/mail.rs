@@ -431,6 +431,37 @@ fn mail_imap_login_literals_and_capability() {
     );
 }
 
+/// A tag is 1 to 32 of nginx's characters before a space: a literal, a
+/// quoted string, a CR or LF, or a longer tag is an invalid command
+/// answered with `*` (and counted toward max_errors), the bytes nginx
+/// 1.22 sends; a tag echoed back can never break its line.
+#[test]
+fn mail_imap_tags_as_nginx() {
+    let mut m = Mail::start(
+        "* OK fake imap\r\n",
+        imap_answer,
+        "    server { listen 127.0.0.1:@PORT@; protocol imap; }",
+    );
+    let c = &mut m.c;
+    assert_eq!(c.line(), "* OK IMAP4 ready\r\n");
+    // No "+ OK" for the literal: the line ends at the tag.
+    assert_eq!(c.ask("{3}"), "* BAD invalid command\r\n");
+    c.w.write_all(b"a\nb NOOP\r\n").expect("send");
+    assert_eq!(c.line(), "* BAD invalid command\r\n");
+    assert_eq!(c.line(), "b OK completed\r\n");
+    assert_eq!(c.ask("a\rb NOOP"), "* BAD invalid command\r\n");
+    assert_eq!(c.ask("A-._z9 NOOP"), "A-._z9 OK completed\r\n");
+    let long = "a".repeat(32);
+    assert_eq!(
+        c.ask(&format!("{long} NOOP")),
+        format!("{long} OK completed\r\n")
+    );
+    // Five invalid commands (max_errors 5): the fifth answer, then the close.
+    assert_eq!(c.ask(&format!("a{long} NOOP")), "* BAD invalid command\r\n");
+    assert_eq!(c.ask("\"q t\" NOOP"), "* BAD invalid command\r\n");
+    assert_eq!(c.line(), "");
+}
+
 #[test]
 fn mail_pop3_stls_then_login_sends_auth_ssl() {
     let p = Prefix::new();
