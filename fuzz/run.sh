@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs=${1:-60}; shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(request_head chunked uri range config template upstream_head fastcgi_records h2_guard proxy_protocol ssl_preread cgi_head range_multipart conditional)
+[ ${#targets[@]} -gt 0 ] || targets=(request_head chunked uri range config template upstream_head fastcgi_records h2_guard proxy_protocol ssl_preread cgi_head range_multipart conditional mp4 mail)
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t" "seeds/$t"
     echo "== $t ($secs s)"

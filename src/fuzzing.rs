@@ -36,6 +36,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("cgi_head", cgi_head),
     ("range_multipart", range_multipart),
     ("conditional", conditional),
+    ("mp4", mp4),
+    ("mail", mail),
 ];
 
 /// The request line and head checks: the bytes up to the first blank line
@@ -908,6 +910,207 @@ pub fn conditional(data: &[u8]) {
         assert!(!if_range_matches(etag, None, parse_http_date(etag)));
     }
     let _ = if_range_matches(list, Some(etag), parse_http_date(etag));
+}
+
+/// The mp4 module's parser and cut (`?start=&end=` on an MP4 file): the
+/// first three bytes pick the start and length (in quarter seconds),
+/// `mp4_start_key_frame` and the buffer sizes; the rest is the file.
+/// Whatever the file, the answer is the file as it is, a cut, or a
+/// failure to log, never a panic; a cut's data lies inside the file,
+/// and the cut file (header and data) parses again.
+pub fn mp4(data: &[u8]) {
+    use crate::http::modules::mp4::{process, Outcome, Params, Slice};
+    let [start, length, sizes, file @ ..] = data else {
+        return;
+    };
+    let kib = [1, 4, 64, 512];
+    let p = Params {
+        start: u64::from(*start) * 250,
+        length: u64::from(length & 0x7f) * 250,
+        buffer_size: kib[usize::from(sizes & 3)] << 10,
+        max_buffer_size: kib[usize::from((sizes >> 2) & 3)] << 10,
+        start_key_frame: length & 0x80 != 0,
+    };
+    let _ = crate::http::modules::mp4::atofp(file.get(..24).unwrap_or(file));
+    let Ok(Outcome::Cut(cut)) = process(&Slice(file), file.len() as u64, &p, "fuzz.mp4") else {
+        return;
+    };
+    let end = cut.data_start.checked_add(cut.data_len);
+    assert!(
+        end.is_some_and(|e| e <= file.len() as u64),
+        "data {}+{} past the file's {} bytes",
+        cut.data_start,
+        cut.data_len,
+        file.len()
+    );
+    let (at, n) = (cut.data_start as usize, cut.data_len as usize);
+    let mut again = cut.header;
+    again.extend_from_slice(&file[at..at + n]);
+    // From the start for a second: a cut again (the cut file has its
+    // moov first, so a start of 0 alone would send it as it is).
+    let first = Params {
+        start: 0,
+        length: 1000,
+        ..p
+    };
+    let _ = process(&Slice(&again), again.len() as u64, &first, "cut.mp4");
+}
+
+/// The configurations the mail target picks from: each protocol's
+/// methods and `starttls` (a STARTTLS without a certificate ends the
+/// session, as a failed handshake does).
+fn mail_server(cfg: u8) -> crate::mail::conf::MailServer {
+    use crate::mail::conf::{auth, AuthHttp, MailServer, Protocol, StartTls};
+    let protocol = [Protocol::Pop3, Protocol::Imap, Protocol::Smtp][usize::from(cfg % 3)];
+    let every = auth::PLAIN | auth::LOGIN | auth::CRAM_MD5 | auth::EXTERNAL;
+    let auth_methods = match (protocol, cfg / 3 % 3) {
+        (_, 0) => auth::PLAIN | auth::LOGIN,
+        (Protocol::Pop3, 1) => every | auth::APOP,
+        (Protocol::Smtp, 1) => auth::NONE,
+        _ => every,
+    };
+    let starttls = [StartTls::Off, StartTls::On, StartTls::Only][usize::from(cfg / 9 % 3)];
+    MailServer {
+        listen: Vec::new(),
+        protocol,
+        server_name: "fuzz.test".into(),
+        auth_http: AuthHttp {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+            host: "127.0.0.1:9".into(),
+            uri: "/".into(),
+        },
+        auth_http_headers: Vec::new(),
+        auth_http_timeout: std::time::Duration::from_secs(1),
+        auth_http_pass_client_cert: false,
+        pass_error_message: false,
+        proxy_timeout: std::time::Duration::from_secs(1),
+        proxy_buffer: 4096,
+        timeout: std::time::Duration::from_secs(10),
+        auth_methods,
+        capabilities: vec!["IMAP4rev1".into(), "USER".into()],
+        // Small buffers reach "too long command" and the literal limit.
+        client_buffer: if cfg & 0x80 != 0 { 64 } else { 4096 },
+        smtp_greeting_delay: std::time::Duration::ZERO,
+        xclient: true,
+        proxy_protocol: false,
+        proxy_smtp_auth: false,
+        max_errors: u32::from((cfg >> 5) & 3) + 1,
+        realip_from: Vec::new(),
+        starttls,
+        tls: None,
+        client_auth: None,
+        logger: None,
+    }
+}
+
+thread_local! {
+    /// One runtime per fuzzing thread: building one per input would be
+    /// most of the time spent.
+    static RUNTIME: Option<tokio::runtime::Runtime> = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok();
+}
+
+/// The mail dialogues before the login (POP3, IMAP, SMTP: commands,
+/// IMAP literals and quoted strings, the SASL exchanges): the first byte
+/// picks the protocol and the configuration, the rest is what the
+/// client sends before it closes. Each time the dialogue gives
+/// credentials it starts again (as after a refused login), until the
+/// client is gone or the session ends. What must hold: the greeting
+/// comes first, every line the server writes ends in CRLF and has no
+/// bare LF (a tag or argument echoed back cannot start a line of its
+/// own).
+pub fn mail(data: &[u8]) {
+    use crate::mail::conf::Protocol;
+    use crate::mail::session::{Client, Next, Session};
+    use crate::stream::proxy::Sock;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some((&cfg, input)) = data.split_first() else {
+        return;
+    };
+    let srv = std::sync::Arc::new(mail_server(cfg));
+    let out = RUNTIME.with(|rt| {
+        let rt = rt.as_ref()?;
+        rt.block_on(async {
+            let (ours, mut peer) = tokio::net::UnixStream::pair().ok()?;
+            // The client's bytes are all there at once; then its side
+            // is closed for writing and only reads what the server says.
+            peer.shutdown().await.ok()?;
+            let sock = Sock::Prefixed(input.to_vec(), 0, Box::new(Sock::Unix(ours)));
+            let listen = crate::http::conf::ListenAddr::Inet(std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                110,
+            )));
+            let mut s = Session {
+                id: 1,
+                srv: srv.clone(),
+                logger: std::sync::Arc::new(crate::core::log::Logger::default()),
+                remote: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 40000))),
+                local: None,
+                listen,
+                salt: None,
+                errors: 0,
+                attempt: 1,
+                tls: false,
+                tls_info: None,
+                pp: None,
+                smtp_helo: Vec::new(),
+                esmtp: false,
+                smtp_from: Vec::new(),
+                smtp_to: Vec::new(),
+                tag: Vec::new(),
+                action: "in auth state",
+            };
+            let mut c = Client {
+                sock: Some(sock),
+                buf: Vec::new(),
+                limit: srv.client_buffer,
+                timeout: srv.timeout,
+            };
+            let server = async move {
+                let mut greet = true;
+                loop {
+                    let next = match srv.protocol {
+                        Protocol::Pop3 => crate::mail::pop3::dialogue(&mut s, &mut c, greet).await,
+                        Protocol::Imap => crate::mail::imap::dialogue(&mut s, &mut c, greet).await,
+                        Protocol::Smtp => crate::mail::smtp::dialogue(&mut s, &mut c, greet).await,
+                    };
+                    match next {
+                        Next::Quit => break,
+                        Next::Auth(_) => {
+                            greet = false;
+                            s.attempt += 1;
+                        }
+                    }
+                }
+                // The server's side closes: the client reads to the end.
+                drop(c);
+            };
+            let client = async move {
+                let mut out = Vec::new();
+                let _ = peer.read_to_end(&mut out).await;
+                out
+            };
+            let ((), out) = tokio::join!(server, client);
+            Some(out)
+        })
+    });
+    let Some(out) = out else {
+        return;
+    };
+    let greeting: &[u8] = match cfg % 3 {
+        0 => b"+OK POP3 ready",
+        1 => b"* OK IMAP4 ready\r\n",
+        _ => b"220 fuzz.test ESMTP ready\r\n",
+    };
+    assert!(out.starts_with(greeting), "no greeting first");
+    assert!(out.ends_with(b"\r\n"), "the last line has no CRLF");
+    for (i, &b) in out.iter().enumerate() {
+        if b == b'\n' {
+            assert!(i > 0 && out[i - 1] == b'\r', "a bare LF at {i}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,12 @@
 //! The directive registry: every module declares a table of
 //! [`Spec`] rows (name, allowed contexts, argument count, setter) beside its
 //! code, as nginx modules do. The compiler looks a directive up by name,
-//! checks context and argument count here, then calls the setter, which
-//! writes typed fields of that module's configuration struct.
+//! checks context and argument count here ([`Index::find`]), then calls
+//! the setter, which writes typed fields of that module's configuration
+//! struct. The `stream` and `mail` blocks use the same rows, index and
+//! checks with setter enums of their own ([`Spec`]'s `S`).
+
+use std::collections::HashMap;
 
 use super::{ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, MainConf};
@@ -88,14 +92,127 @@ pub enum Setter {
     Unsupported,
 }
 
-/// One row of a module's directive table.
+/// One row of a module's directive table. `S` is what the row's setter
+/// fills: [`Setter`] for the main, `events` and `http` contexts; the
+/// `stream` and `mail` blocks have setter enums of their own (their
+/// directives fill their own structs), with the same rows, lookup and
+/// checks.
 #[derive(Clone, Copy)]
-pub struct Spec {
+pub struct Spec<S = Setter> {
     pub name: &'static str,
     pub ctx: u32,
     pub args: Args,
-    pub set: Setter,
+    pub set: S,
 }
+
+/// What the lookup needs to know of a row's setter.
+pub trait Set: Copy {
+    /// The directive takes a `{}` block instead of ending with `;`.
+    fn takes_block(&self) -> bool;
+    /// nginx has the directive, tern does not yet: a startup error
+    /// naming it.
+    fn unsupported(&self) -> bool;
+}
+
+impl Set for Setter {
+    fn takes_block(&self) -> bool {
+        matches!(
+            self,
+            Setter::Block | Setter::HttpMainBlock(_) | Setter::LocBlock(_)
+        )
+    }
+    fn unsupported(&self) -> bool {
+        matches!(self, Setter::Unsupported)
+    }
+}
+
+/// The rows of a set of tables by name (a name may have a row per
+/// context), built once.
+pub struct Index<S>(HashMap<&'static str, Vec<Spec<S>>>);
+
+impl<S: Set> Index<S> {
+    /// Rows of the same name keep the order of the tables: the first
+    /// one allowed in a context wins.
+    pub fn new<'a>(tables: impl IntoIterator<Item = &'a [Spec<S>]>) -> Index<S>
+    where
+        S: 'a,
+    {
+        let mut m: HashMap<&'static str, Vec<Spec<S>>> = HashMap::new();
+        for t in tables {
+            for s in t {
+                m.entry(s.name).or_default().push(*s);
+            }
+        }
+        Index(m)
+    }
+
+    /// Whether some table has a row named `name`.
+    pub fn knows(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    /// The row for `d` in context `here`, with nginx's checks and
+    /// wording: unknown (or, when `elsewhere` knows the name, a
+    /// directive of another block: not allowed here), not allowed in
+    /// this context, not supported by tern, block or `;`, argument
+    /// count.
+    pub fn find(
+        &self,
+        d: &Directive,
+        here: u32,
+        elsewhere: impl FnOnce(&str) -> bool,
+    ) -> ConfResult<Spec<S>> {
+        let not_allowed =
+            || ConfError::at(format!("\"{}\" directive is not allowed here", d.name), d);
+        let Some(rows) = self.0.get(d.name.as_str()) else {
+            if elsewhere(&d.name) {
+                return Err(not_allowed());
+            }
+            return Err(ConfError::at(
+                format!("unknown directive \"{}\"", d.name),
+                d,
+            ));
+        };
+        let Some(spec) = rows.iter().find(|s| s.ctx & here != 0) else {
+            return Err(not_allowed());
+        };
+        if spec.set.unsupported() {
+            return Err(ConfError::at(
+                format!("\"{}\" directive is not supported by tern yet", d.name),
+                d,
+            ));
+        }
+        if !spec.set.takes_block() && d.block.is_some() {
+            return Err(ConfError::at(
+                format!("directive \"{}\" is not terminated by \";\"", d.name),
+                d,
+            ));
+        }
+        if spec.set.takes_block() && d.block.is_none() {
+            return Err(ConfError::at(
+                format!("directive \"{}\" has no opening \"{{\"", d.name),
+                d,
+            ));
+        }
+        if !spec.args.accepts(d.args.len()) {
+            return Err(invalid_args(d));
+        }
+        Ok(*spec)
+    }
+}
+
+/// A table row, as `Spec { name, ctx, args, set }` in one line.
+macro_rules! row {
+    ($name:expr, $ctx:expr, $args:expr, $set:expr) => {
+        $crate::config::registry::Spec {
+            name: $name,
+            ctx: $ctx,
+            args: $args,
+            set: $set,
+        }
+    };
+}
+pub(crate) use row;
 
 /// `on`/`off` argument of a `Flag` directive, with nginx's error wording.
 pub fn flag(d: &Directive) -> ConfResult<bool> {
@@ -188,14 +305,4 @@ pub fn set_once<T>(slot: &mut Option<T>, v: T, d: &Directive) -> ConfResult<()> 
 /// The argument at `i` (already checked by the arg count).
 pub fn arg(d: &Directive, i: usize) -> &str {
     d.args.get(i).map(|a| a.value.as_str()).unwrap_or("")
-}
-
-impl Setter {
-    /// Whether the directive takes a `{}` block instead of ending with `;`.
-    pub fn takes_block(&self) -> bool {
-        matches!(
-            self,
-            Setter::Block | Setter::HttpMainBlock(_) | Setter::LocBlock(_)
-        )
-    }
 }

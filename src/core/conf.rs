@@ -9,11 +9,10 @@
 //! hands over to [`crate::http::conf`], `stream` to [`crate::stream::conf`],
 //! which keeps its own directive table. Errors carry `file:line` in nginx wording.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use crate::config::registry::{self, arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::registry::{self, arg, ctx, flag, set_once, Args, Index, Setter, Spec};
 use crate::config::{parse, value, ConfError, ConfResult, Directive, Tree};
 
 /// An `error_log` destination and level.
@@ -119,13 +118,8 @@ impl Compiler {
         apply: &mut dyn FnMut(&mut Self, &mut T, &Directive, &Spec) -> ConfResult<()>,
     ) -> ConfResult<()> {
         for d in dirs {
+            // lookup() refuses what tern does not support.
             let spec = lookup(d, here)?;
-            if let Setter::Unsupported = spec.set {
-                return Err(ConfError::at(
-                    format!("\"{}\" directive is not supported by tern yet", d.name),
-                    d,
-                ));
-            }
             apply(self, target, d, &spec)?;
         }
         Ok(())
@@ -147,68 +141,22 @@ fn tables() -> impl Iterator<Item = &'static [Spec]> {
     .chain(crate::http::modules::TABLES.iter().copied())
 }
 
-fn index() -> &'static HashMap<&'static str, Vec<Spec>> {
-    static INDEX: OnceLock<HashMap<&'static str, Vec<Spec>>> = OnceLock::new();
-    INDEX.get_or_init(|| {
-        let mut m: HashMap<&'static str, Vec<Spec>> = HashMap::new();
-        for t in tables() {
-            for s in t.iter() {
-                m.entry(s.name).or_default().push(*s);
-            }
-        }
-        m
-    })
+fn index() -> &'static Index<Setter> {
+    static INDEX: OnceLock<Index<Setter>> = OnceLock::new();
+    INDEX.get_or_init(|| Index::new(tables()))
 }
 
 /// Every directive name tern recognises (for `-V`-style listings and tests).
 pub fn known_directive(name: &str) -> bool {
-    index().contains_key(name) || crate::stream::conf::known(name) || crate::mail::conf::known(name)
+    index().knows(name) || crate::stream::conf::known(name) || crate::mail::conf::known(name)
 }
 
-/// Finds the registry row for `d` in context `here`, with nginx's checks.
+/// Finds the registry row for `d` in context `here`, with nginx's checks
+/// (a stream or mail directive outside its block is "not allowed here").
 pub fn lookup(d: &Directive, here: u32) -> ConfResult<Spec> {
-    let Some(rows) = index().get(d.name.as_str()) else {
-        // A stream-only directive outside `stream {}`.
-        if crate::stream::conf::known(&d.name) || crate::mail::conf::known(&d.name) {
-            return Err(ConfError::at(
-                format!("\"{}\" directive is not allowed here", d.name),
-                d,
-            ));
-        }
-        return Err(ConfError::at(
-            format!("unknown directive \"{}\"", d.name),
-            d,
-        ));
-    };
-    let Some(spec) = rows.iter().find(|s| s.ctx & here != 0) else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not allowed here", d.name),
-            d,
-        ));
-    };
-    if let Setter::Unsupported = spec.set {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not supported by tern yet", d.name),
-            d,
-        ));
-    }
-    let unsupported = false;
-    if !unsupported && !spec.set.takes_block() && d.block.is_some() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" is not terminated by \";\"", d.name),
-            d,
-        ));
-    }
-    if !unsupported && spec.set.takes_block() && d.block.is_none() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" has no opening \"{{\"", d.name),
-            d,
-        ));
-    }
-    if !spec.args.accepts(d.args.len()) {
-        return Err(registry::invalid_args(d));
-    }
-    Ok(*spec)
+    index().find(d, here, |name| {
+        crate::stream::conf::known(name) || crate::mail::conf::known(name)
+    })
 }
 
 /// Reads and compiles a configuration.

@@ -257,6 +257,25 @@ impl Logger {
         Ok(Logger { sinks })
     }
 
+    /// The logger of a stream or mail `server {}` with `error_log`s of
+    /// its own or inherited (`specs`; None: the main log's), or nginx's
+    /// error naming the block `at`.
+    pub fn for_block(
+        specs: Option<&[ErrorLogSpec]>,
+        at: &Directive,
+    ) -> ConfResult<Option<Arc<Logger>>> {
+        let Some(specs) = specs else {
+            return Ok(None);
+        };
+        let l = Logger::from_specs(specs).map_err(|e| {
+            ConfError::at(
+                format!("open() error log failed {}", crate::core::errno_text(&e)),
+                at,
+            )
+        })?;
+        Ok(Some(Arc::new(l)))
+    }
+
     pub fn enabled(&self, level: Level) -> bool {
         self.sinks.iter().any(|(_, l)| level <= *l)
     }

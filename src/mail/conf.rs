@@ -1,8 +1,9 @@
 //! The `mail {}` block: its directive table ([`DIRECTIVES`]), the
 //! compiler that walks the block, and the compiled, immutable [`MailConf`].
 //!
-//! Like stream, mail keeps its own table and setters: a mail directive
-//! fills mail structs only. Every directive that nginx allows in both
+//! Like stream, mail has a setter enum of its own ([`MailSetter`]: a mail
+//! directive fills mail structs only), in registry rows looked up with
+//! the registry's index and checks. Every directive that nginx allows in both
 //! `mail` and `server` is inherited: set in `mail {}`, it is the default
 //! of each `server {}` that does not set it ([`SrvBuild::merge`]).
 
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
+use crate::config::registry::{self, arg, ctx, flag, row, set_once, Args};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
 use crate::core::log::Logger;
@@ -217,28 +218,20 @@ pub enum MailSetter {
     Ssl,
 }
 
-/// One row of the mail directive table.
-#[derive(Clone, Copy)]
-pub struct MailSpec {
-    pub name: &'static str,
-    pub ctx: u32,
-    pub args: Args,
-    pub set: MailSetter,
+impl registry::Set for MailSetter {
+    fn takes_block(&self) -> bool {
+        matches!(self, MailSetter::Block)
+    }
+    fn unsupported(&self) -> bool {
+        false
+    }
 }
+
+/// One row of the mail directive table.
+pub type MailSpec = registry::Spec<MailSetter>;
 
 const M: u32 = ctx::MAIL;
 const MS: u32 = ctx::MAIL | ctx::MAIL_SRV;
-
-macro_rules! row {
-    ($name:expr, $ctx:expr, $args:expr, $set:expr) => {
-        MailSpec {
-            name: $name,
-            ctx: $ctx,
-            args: $args,
-            set: $set,
-        }
-    };
-}
 
 /// The mail modules' directives (core, auth_http, proxy, pop3, imap,
 /// smtp, ssl, realip).
@@ -440,48 +433,19 @@ pub const DIRECTIVES: &[MailSpec] = &[
     row!("ssl_conf_command", MS, Args::take(2), MailSetter::Ssl),
 ];
 
-/// Whether `name` is a mail directive.
-pub fn known(name: &str) -> bool {
-    DIRECTIVES.iter().any(|s| s.name == name)
+fn index() -> &'static registry::Index<MailSetter> {
+    static INDEX: std::sync::OnceLock<registry::Index<MailSetter>> = std::sync::OnceLock::new();
+    INDEX.get_or_init(|| registry::Index::new([DIRECTIVES]))
 }
 
+/// Whether `name` is a mail directive.
+pub fn known(name: &str) -> bool {
+    index().knows(name)
+}
+
+/// Finds the row for `d` in context `here`, with the registry's checks and wording.
 fn lookup(d: &Directive, here: u32) -> ConfResult<MailSpec> {
-    let mut rows = DIRECTIVES.iter().filter(|s| s.name == d.name).peekable();
-    if rows.peek().is_none() {
-        if crate::core::conf::known_directive(&d.name) {
-            return Err(ConfError::at(
-                format!("\"{}\" directive is not allowed here", d.name),
-                d,
-            ));
-        }
-        return Err(ConfError::at(
-            format!("unknown directive \"{}\"", d.name),
-            d,
-        ));
-    }
-    let Some(spec) = rows.find(|s| s.ctx & here != 0) else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not allowed here", d.name),
-            d,
-        ));
-    };
-    let block = matches!(spec.set, MailSetter::Block);
-    if !block && d.block.is_some() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" is not terminated by \";\"", d.name),
-            d,
-        ));
-    }
-    if block && d.block.is_none() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" has no opening \"{{\"", d.name),
-            d,
-        ));
-    }
-    if !spec.args.accepts(d.args.len()) {
-        return Err(registry::invalid_args(d));
-    }
-    Ok(*spec)
+    index().find(d, here, crate::core::conf::known_directive)
 }
 
 /// Compiles a `mail {}` directive.
@@ -528,16 +492,8 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
         let spec = lookup(k, ctx::MAIL_SRV)?;
         match spec.set {
             MailSetter::Listen => {
-                if k.args.iter().skip(1).any(|a| a.value == "udp") {
-                    return Err(ConfError::at("invalid parameter \"udp\"", k));
-                }
-                let l = crate::stream::conf::parse_stream_listen(k)?;
-                if sb.listen.iter().any(|(x, _)| x.addr == l.addr) {
-                    return Err(ConfError::at(
-                        format!("duplicate \"{}\" address and port pair", l.addr),
-                        k,
-                    ));
-                }
+                let taken = sb.listen.iter().map(|(l, _)| &l.addr);
+                let l = crate::stream::conf::compile_listen(k, false, taken)?;
                 sb.listen.push((l, k.clone()));
             }
             MailSetter::Common(f) => f(&mut sb.c, k, cx)?,
@@ -631,15 +587,7 @@ fn finish_server(
             c.smtp_client_buffer.unwrap_or(4096),
         ),
     };
-    let logger = match &c.error_log {
-        Some(specs) => Some(Arc::new(Logger::from_specs(specs).map_err(|e| {
-            ConfError::at(
-                format!("open() error log failed {}", crate::core::errno_text(&e)),
-                sd,
-            )
-        })?)),
-        None => None,
-    };
+    let logger = Logger::for_block(c.error_log.as_deref(), sd)?;
     let starttls = c.starttls.unwrap_or_default();
     let ssl_listen = listen.iter().any(|(l, _)| l.ssl);
     let (mut tls, mut client_auth) = (None, None);
@@ -720,28 +668,9 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
-/// Runs http's setter of an `ssl_*` directive on the block's `SslConf`.
+/// An `ssl_*` directive: http's setter, on the block's `SslConf`.
 fn set_ssl(c: &mut Common, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let spec = crate::http::modules::ssl_settings::DIRECTIVES
-        .iter()
-        .find(|s| s.name == d.name);
-    let Some(registry::Spec {
-        set: registry::Setter::Srv(f),
-        ..
-    }) = spec
-    else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not supported by tern yet", d.name),
-            d,
-        ));
-    };
-    let mut tmp = crate::http::conf::SrvConf {
-        ssl: std::mem::take(&mut c.ssl),
-        ..Default::default()
-    };
-    let r = f(&mut tmp, d, cx);
-    c.ssl = tmp.ssl;
-    r
+    crate::http::modules::ssl_settings::set_lent(&mut c.ssl, d, cx)
 }
 
 fn secs(d: &Directive) -> ConfResult<Duration> {

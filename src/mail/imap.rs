@@ -7,12 +7,15 @@
 
 use crate::mail::conf::{auth, StartTls};
 use crate::mail::pop3::ended;
+use crate::mail::sasl::{self, Sasl, Step};
 use crate::mail::session::{self, Auth, Client, Method, Next, ReadErr, Session};
 
 const GREETING: &[u8] = b"* OK IMAP4 ready\r\n";
-const NEXT: &[u8] = b"+ \r\n";
-const USERNAME: &[u8] = b"+ VXNlcm5hbWU6\r\n";
-const PASSWORD: &[u8] = b"+ UGFzc3dvcmQ6\r\n";
+/// The prefix of SASL prompts.
+const PROMPT: &str = "+ ";
+/// nginx's IMAP takes AUTHENTICATE LOGIN and PLAIN whatever `imap_auth`
+/// says; CRAM-MD5 and EXTERNAL only when enabled.
+const GATED: u32 = auth::CRAM_MD5 | auth::EXTERNAL;
 
 /// The commands nginx's IMAP parser knows (others count toward max_errors).
 const KNOWN: &[&[u8]] = &[
@@ -24,13 +27,6 @@ const KNOWN: &[&[u8]] = &[
     b"AUTHENTICATE",
 ];
 
-const SASL: &[(u32, &str)] = &[
-    (auth::PLAIN, "AUTH=PLAIN"),
-    (auth::LOGIN, "AUTH=LOGIN"),
-    (auth::CRAM_MD5, "AUTH=CRAM-MD5"),
-    (auth::EXTERNAL, "AUTH=EXTERNAL"),
-];
-
 fn capability(s: &Session) -> Vec<u8> {
     let srv = &s.srv;
     let mut out = b"* CAPABILITY".to_vec();
@@ -40,9 +36,9 @@ fn capability(s: &Session) -> Vec<u8> {
     }
     let only = srv.starttls == StartTls::Only && !s.tls;
     if !only {
-        for (bit, name) in SASL {
+        for (bit, name) in sasl::MECHANISMS {
             if srv.auth_methods & bit != 0 {
-                out.push(b' ');
+                out.extend_from_slice(b" AUTH=");
                 out.extend_from_slice(name.as_bytes());
             }
         }
@@ -57,11 +53,29 @@ fn capability(s: &Session) -> Vec<u8> {
     out
 }
 
+/// nginx's IMAP tag: 1 to 32 of `A-Z a-z 0-9 - . _`, followed by a space
+/// (a quoted string, a literal, a CR or an LF is no tag, so a tag echoed
+/// in an answer can never break its line).
+fn valid_tag(line: &[u8]) -> bool {
+    match line.iter().position(|&b| b == b' ') {
+        Some(n @ 1..=32) => line[..n]
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')),
+        _ => false,
+    }
+}
+
 /// A command as read: its words, literals and quoted strings decoded;
 /// Err(None) for a syntax error (the command is skipped).
 async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
     let mut toks: Vec<Vec<u8>> = Vec::new();
     let mut line = c.line().await?;
+    if !valid_tag(&line) {
+        // nginx's parser stops at the tag: the line is one invalid
+        // command, answered with `*` (no tag), and nothing of it (a
+        // literal) is read on. An empty list is that answer.
+        return Ok(Some(Vec::new()));
+    }
     let mut bad = false;
     loop {
         let mut i = 0;
@@ -139,63 +153,35 @@ async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
     Ok((!bad).then_some(toks))
 }
 
-enum State {
-    Start,
-    LoginUsername,
-    LoginPassword(Vec<u8>),
-    Plain,
-    Cram,
-    External,
-}
-
 /// Runs the dialogue until the client gives credentials or leaves.
 pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
     if greet && !c.send(GREETING).await {
         return Next::Quit;
     }
-    let mut st = State::Start;
+    // The SASL exchange under way, if any.
+    let mut st: Option<Sasl> = None;
     loop {
-        if !matches!(st, State::Start) {
+        if let Some(waiting) = st.take() {
             // A SASL continuation line: one base64 word, no tag.
             let line = match c.line().await {
                 Ok(l) => l,
                 Err(e) => return quit_on(s, c, e).await,
             };
-            let arg = line.trim_ascii();
-            let got = match std::mem::replace(&mut st, State::Start) {
-                State::LoginUsername => match session::decode(s, arg, "AUTH LOGIN") {
-                    Some(u) => {
-                        if !c.send(PASSWORD).await {
-                            return Next::Quit;
-                        }
-                        st = State::LoginPassword(u);
-                        continue;
+            match sasl::answer(s, PROMPT, waiting, line.trim_ascii()) {
+                Step::Ask(out, next) => {
+                    if !c.send(&out).await {
+                        return Next::Quit;
                     }
-                    None => None,
-                },
-                State::LoginPassword(u) => session::decode(s, arg, "AUTH LOGIN").map(|p| Auth {
-                    method: Method::Login,
-                    login: u,
-                    passwd: p,
-                }),
-                State::Plain => session::sasl_plain(s, arg),
-                State::Cram => session::sasl_cram(s, arg),
-                State::External => session::decode(s, arg, "AUTH EXTERNAL").map(|l| Auth {
-                    method: Method::External,
-                    login: l,
-                    passwd: Vec::new(),
-                }),
-                State::Start => None,
-            };
-            match got {
-                Some(a) => return Next::Auth(a),
-                None => {
+                    st = Some(next);
+                }
+                Step::Auth(a) => return Next::Auth(a),
+                Step::Invalid => {
                     if !bad(s, c, true).await {
                         return Next::Quit;
                     }
-                    continue;
                 }
             }
+            continue;
         }
         let toks = match command(c).await {
             Ok(t) => t,
@@ -208,7 +194,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             continue;
         };
         let Some(tag) = toks.first() else {
-            // An empty line.
+            // An empty line, or one without a valid tag.
             s.tag.clear();
             if !bad(s, c, false).await {
                 return Next::Quit;
@@ -236,50 +222,14 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
                 })
             }
             (b"AUTHENTICATE", 1..=2) if !only => {
-                let mech = args[0].to_ascii_uppercase();
-                let m = s.srv.auth_methods;
                 let initial = args.get(1).map(|a| a.as_slice());
-                match (mech.as_slice(), initial) {
-                    (b"LOGIN", None) => {
-                        st = State::LoginUsername;
-                        USERNAME.to_vec()
+                match sasl::start(s, PROMPT, GATED, &args[0], initial) {
+                    Step::Ask(out, next) => {
+                        st = Some(next);
+                        out
                     }
-                    (b"LOGIN", Some(u)) => match session::decode(s, u, "AUTH LOGIN") {
-                        Some(u) => {
-                            st = State::LoginPassword(u);
-                            PASSWORD.to_vec()
-                        }
-                        None => Vec::new(),
-                    },
-                    (b"PLAIN", None) => {
-                        st = State::Plain;
-                        NEXT.to_vec()
-                    }
-                    (b"PLAIN", Some(p)) => match session::sasl_plain(s, p) {
-                        Some(a) => return Next::Auth(a),
-                        None => Vec::new(),
-                    },
-                    (b"CRAM-MD5", None) if m & auth::CRAM_MD5 != 0 => {
-                        st = State::Cram;
-                        s.cram_challenge("+ ")
-                    }
-                    (b"EXTERNAL", None) if m & auth::EXTERNAL != 0 => {
-                        st = State::External;
-                        USERNAME.to_vec()
-                    }
-                    (b"EXTERNAL", Some(l)) if m & auth::EXTERNAL != 0 => {
-                        match session::decode(s, l, "AUTH EXTERNAL") {
-                            Some(l) => {
-                                return Next::Auth(Auth {
-                                    method: Method::External,
-                                    login: l,
-                                    passwd: Vec::new(),
-                                })
-                            }
-                            None => Vec::new(),
-                        }
-                    }
-                    _ => Vec::new(),
+                    Step::Auth(a) => return Next::Auth(a),
+                    Step::Invalid => Vec::new(),
                 }
             }
             (b"CAPABILITY", 0) => {

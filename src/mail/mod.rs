@@ -7,7 +7,8 @@
 //!   header and `set_real_ip_from`, the TLS handshake of a `listen ... ssl`
 //!   address, then the protocol's login dialogue, the `auth_http` request,
 //!   the backend login and the relay. The client-side dialogues are in
-//!   [`pop3`], [`imap`], [`smtp`]; [`auth_http`] builds the request and
+//!   [`pop3`], [`imap`], [`smtp`], their SASL exchanges (`AUTH`,
+//!   `AUTHENTICATE`) in [`sasl`]; [`auth_http`] builds the request and
 //!   reads the answer; [`backend`] logs in to the backend server.
 //!
 //! # Session states
@@ -36,5 +37,6 @@ pub mod backend;
 pub mod conf;
 pub mod imap;
 pub mod pop3;
+pub mod sasl;
 pub mod session;
 pub mod smtp;

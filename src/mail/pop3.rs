@@ -4,26 +4,18 @@
 
 use crate::core::log::Level;
 use crate::mail::conf::{auth, StartTls};
+use crate::mail::sasl::{self, Sasl, Step};
 use crate::mail::session::{self, Auth, Client, Method, Next, ReadErr, Session};
 
 const OK: &[u8] = b"+OK\r\n";
 const INVALID: &[u8] = b"-ERR invalid command\r\n";
-const NEXT: &[u8] = b"+ \r\n";
-const USERNAME: &[u8] = b"+ VXNlcm5hbWU6\r\n";
-const PASSWORD: &[u8] = b"+ UGFzc3dvcmQ6\r\n";
+/// The prefix of SASL prompts.
+const PROMPT: &str = "+ ";
 
 /// The commands nginx's POP3 parser knows: only others count as errors
 /// toward `max_errors`.
 const KNOWN: &[&[u8]] = &[
     b"USER", b"PASS", b"APOP", b"QUIT", b"CAPA", b"AUTH", b"NOOP", b"STLS",
-];
-
-/// The SASL mechanisms POP3 names, with their bits.
-const SASL: &[(u32, &str)] = &[
-    (auth::PLAIN, "PLAIN"),
-    (auth::LOGIN, "LOGIN"),
-    (auth::CRAM_MD5, "CRAM-MD5"),
-    (auth::EXTERNAL, "EXTERNAL"),
 ];
 
 /// The `CAPA` answer: the capabilities, STLS when offered, the SASL
@@ -45,7 +37,7 @@ fn capa(s: &Session) -> Vec<u8> {
     }
     if !only {
         out.extend_from_slice(b"SASL");
-        for (bit, name) in SASL {
+        for (bit, name) in sasl::MECHANISMS {
             if srv.auth_methods & bit != 0 {
                 out.push(b' ');
                 out.extend_from_slice(name.as_bytes());
@@ -60,7 +52,7 @@ fn capa(s: &Session) -> Vec<u8> {
 /// The `AUTH` answer without arguments: the mechanisms, one a line.
 fn auth_list(s: &Session) -> Vec<u8> {
     let mut out = b"+OK methods supported:\r\n".to_vec();
-    for (bit, name) in SASL {
+    for (bit, name) in sasl::MECHANISMS {
         if s.srv.auth_methods & bit != 0 {
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(b"\r\n");
@@ -75,11 +67,8 @@ enum State {
     Start,
     /// After USER: the login.
     User(Vec<u8>),
-    LoginUsername,
-    LoginPassword(Vec<u8>),
-    Plain,
-    Cram,
-    External,
+    /// A SASL exchange waits for its next line.
+    Sasl(Sasl),
 }
 
 /// Splits a command line into the upper-cased command and its arguments.
@@ -117,37 +106,10 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             }
         };
         let (out, next): (Vec<u8>, State) = match std::mem::replace(&mut st, State::Start) {
-            State::LoginUsername => match session::decode(s, line.trim_ascii(), "AUTH LOGIN") {
-                Some(u) => (PASSWORD.to_vec(), State::LoginPassword(u)),
-                None => (Vec::new(), State::Start),
-            },
-            State::LoginPassword(u) => match session::decode(s, line.trim_ascii(), "AUTH LOGIN") {
-                Some(p) => {
-                    return Next::Auth(Auth {
-                        method: Method::Login,
-                        login: u,
-                        passwd: p,
-                    })
-                }
-                None => (Vec::new(), State::Start),
-            },
-            State::Plain => match session::sasl_plain(s, line.trim_ascii()) {
-                Some(a) => return Next::Auth(a),
-                None => (Vec::new(), State::Start),
-            },
-            State::Cram => match session::sasl_cram(s, line.trim_ascii()) {
-                Some(a) => return Next::Auth(a),
-                None => (Vec::new(), State::Start),
-            },
-            State::External => match session::decode(s, line.trim_ascii(), "AUTH EXTERNAL") {
-                Some(l) => {
-                    return Next::Auth(Auth {
-                        method: Method::External,
-                        login: l,
-                        passwd: Vec::new(),
-                    })
-                }
-                None => (Vec::new(), State::Start),
+            State::Sasl(waiting) => match sasl::answer(s, PROMPT, waiting, line.trim_ascii()) {
+                Step::Ask(o, n) => (o, State::Sasl(n)),
+                Step::Auth(a) => return Next::Auth(a),
+                Step::Invalid => (Vec::new(), State::Start),
             },
             State::User(login) => {
                 let (cmd, args) = split(&line);
@@ -184,10 +146,17 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
                             passwd: args[1].to_vec(),
                         });
                     }
-                    b"AUTH" if !only => match auth_cmd(s, &args) {
-                        Step::Send(o, n) => (o, n),
-                        Step::Auth(a) => return Next::Auth(a),
-                        Step::Invalid => (Vec::new(), State::Start),
+                    b"AUTH" if !only => match args[..] {
+                        [] => (auth_list(s), State::Start),
+                        [mech, ref initial @ ..] if initial.len() <= 1 => {
+                            let initial = initial.first().copied();
+                            match sasl::start(s, PROMPT, sasl::ALL, mech, initial) {
+                                Step::Ask(o, n) => (o, State::Sasl(n)),
+                                Step::Auth(a) => return Next::Auth(a),
+                                Step::Invalid => (Vec::new(), State::Start),
+                            }
+                        }
+                        _ => (Vec::new(), State::Start),
                     },
                     b"CAPA" if args.is_empty() => (capa(s), State::Start),
                     b"NOOP" if args.is_empty() => (OK.to_vec(), State::Start),
@@ -222,54 +191,6 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
         }
         st = next;
     }
-}
-
-/// What an `AUTH` command leads to.
-pub enum Step<S> {
-    Send(Vec<u8>, S),
-    Auth(Auth),
-    Invalid,
-}
-
-/// `AUTH MECH [initial]`.
-fn auth_cmd(s: &mut Session, args: &[&[u8]]) -> Step<State> {
-    if args.is_empty() {
-        return Step::Send(auth_list(s), State::Start);
-    }
-    let mech = args[0].to_ascii_uppercase();
-    let m = s.srv.auth_methods;
-    let r = match (mech.as_slice(), args.len()) {
-        (b"LOGIN", 1) if m & auth::LOGIN != 0 => {
-            Step::Send(USERNAME.to_vec(), State::LoginUsername)
-        }
-        (b"LOGIN", 2) if m & auth::LOGIN != 0 => match session::decode(s, args[1], "AUTH LOGIN") {
-            Some(u) => Step::Send(PASSWORD.to_vec(), State::LoginPassword(u)),
-            None => Step::Invalid,
-        },
-        (b"PLAIN", 1) if m & auth::PLAIN != 0 => Step::Send(NEXT.to_vec(), State::Plain),
-        (b"PLAIN", 2) if m & auth::PLAIN != 0 => match session::sasl_plain(s, args[1]) {
-            Some(a) => Step::Auth(a),
-            None => Step::Invalid,
-        },
-        (b"CRAM-MD5", 1) if m & auth::CRAM_MD5 != 0 => {
-            Step::Send(s.cram_challenge("+ "), State::Cram)
-        }
-        (b"EXTERNAL", 1) if m & auth::EXTERNAL != 0 => {
-            Step::Send(USERNAME.to_vec(), State::External)
-        }
-        (b"EXTERNAL", 2) if m & auth::EXTERNAL != 0 => {
-            match session::decode(s, args[1], "AUTH EXTERNAL") {
-                Some(l) => Step::Auth(Auth {
-                    method: Method::External,
-                    login: l,
-                    passwd: Vec::new(),
-                }),
-                None => Step::Invalid,
-            }
-        }
-        _ => Step::Invalid,
-    };
-    r
 }
 
 /// Logs why reading stopped; true when the client gets the protocol's

@@ -1,5 +1,6 @@
 //! One mail session: what every protocol shares (reading the client's
-//! command lines, the SASL exchanges, the salt, TLS, the log) and the
+//! command lines, decoding SASL answers for [`crate::mail::sasl`], the
+//! salt, TLS, the log) and the
 //! sequence of the session (see the state diagram in [`crate::mail`]).
 //!
 //! The protocol's dialogue ([`crate::mail::pop3`], `imap`, `smtp`) reads

@@ -8,14 +8,14 @@
 use crate::core::log::Level;
 use crate::mail::conf::{auth, StartTls};
 use crate::mail::pop3::{ended, split};
+use crate::mail::sasl::{self, Sasl, Step};
 use crate::mail::session::{self, Auth, Client, Method, Next, ReadErr, Session};
 
 const OK: &[u8] = b"250 2.0.0 OK\r\n";
 const BYE: &[u8] = b"221 2.0.0 Bye\r\n";
 const STARTTLS: &[u8] = b"220 2.0.0 Start TLS\r\n";
-const NEXT: &[u8] = b"334 \r\n";
-const USERNAME: &[u8] = b"334 VXNlcm5hbWU6\r\n";
-const PASSWORD: &[u8] = b"334 UGFzc3dvcmQ6\r\n";
+/// The prefix of SASL prompts.
+const PROMPT: &str = "334 ";
 const INVALID: &[u8] = b"500 5.5.1 Invalid command\r\n";
 const PIPELINING: &[u8] = b"503 5.5.0 Improper use of SMTP command pipelining\r\n";
 const INVALID_ARG: &[u8] = b"501 5.5.4 Invalid argument\r\n";
@@ -38,13 +38,6 @@ const KNOWN: &[&[u8]] = &[
     b"STARTTLS",
 ];
 
-const SASL: &[(u32, &str)] = &[
-    (auth::PLAIN, "PLAIN"),
-    (auth::LOGIN, "LOGIN"),
-    (auth::CRAM_MD5, "CRAM-MD5"),
-    (auth::EXTERNAL, "EXTERNAL"),
-];
-
 /// The EHLO answer: the server name, the capabilities, STARTTLS, AUTH;
 /// every line but the last with `250-`.
 fn ehlo(s: &Session) -> Vec<u8> {
@@ -53,7 +46,7 @@ fn ehlo(s: &Session) -> Vec<u8> {
     let mut lines: Vec<String> = vec![srv.server_name.clone()];
     lines.extend(srv.capabilities.iter().cloned());
     if !only {
-        let mechs: Vec<&str> = SASL
+        let mechs: Vec<&str> = sasl::MECHANISMS
             .iter()
             .filter(|(b, _)| srv.auth_methods & b != 0)
             .map(|(_, n)| *n)
@@ -76,15 +69,6 @@ fn ehlo(s: &Session) -> Vec<u8> {
         out.extend_from_slice(b"\r\n");
     }
     out
-}
-
-enum State {
-    Start,
-    LoginUsername,
-    LoginPassword(Vec<u8>),
-    Plain,
-    Cram,
-    External,
 }
 
 /// Runs the dialogue until the client gives credentials (or its
@@ -113,48 +97,29 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
             return Next::Quit;
         }
     }
-    let mut st = State::Start;
+    // The SASL exchange under way, if any.
+    let mut st: Option<Sasl> = None;
     loop {
         let line = match c.line().await {
             Ok(l) => l,
             Err(e) => return quit_on(s, c, e).await,
         };
-        if !matches!(st, State::Start) {
-            let arg = line.trim_ascii();
-            let got = match std::mem::replace(&mut st, State::Start) {
-                State::LoginUsername => match session::decode(s, arg, "AUTH LOGIN") {
-                    Some(u) => {
-                        if !c.send(PASSWORD).await {
-                            return Next::Quit;
-                        }
-                        st = State::LoginPassword(u);
-                        continue;
+        if let Some(waiting) = st.take() {
+            match sasl::answer(s, PROMPT, waiting, line.trim_ascii()) {
+                Step::Ask(out, next) => {
+                    if !c.send(&out).await {
+                        return Next::Quit;
                     }
-                    None => None,
-                },
-                State::LoginPassword(u) => session::decode(s, arg, "AUTH LOGIN").map(|p| Auth {
-                    method: Method::Login,
-                    login: u,
-                    passwd: p,
-                }),
-                State::Plain => session::sasl_plain(s, arg),
-                State::Cram => session::sasl_cram(s, arg),
-                State::External => session::decode(s, arg, "AUTH EXTERNAL").map(|l| Auth {
-                    method: Method::External,
-                    login: l,
-                    passwd: Vec::new(),
-                }),
-                State::Start => None,
-            };
-            match got {
-                Some(a) => return Next::Auth(a),
-                None => {
+                    st = Some(next);
+                }
+                Step::Auth(a) => return Next::Auth(a),
+                Step::Invalid => {
                     if !invalid(s, c, true).await {
                         return Next::Quit;
                     }
-                    continue;
                 }
             }
+            continue;
         }
         let (cmd, args) = split(&line);
         let only = s.srv.starttls == StartTls::Only && !s.tls;
@@ -173,56 +138,21 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
                     }
                 }
             }
-            b"AUTH" if !only => {
-                let mech = args.first().map(|a| a.to_ascii_uppercase());
-                match (mech.as_deref(), args.get(1)) {
-                    (None, _) => INVALID_ARG.to_vec(),
-                    (Some(b"LOGIN"), None) if m & auth::LOGIN != 0 => {
-                        st = State::LoginUsername;
-                        USERNAME.to_vec()
-                    }
-                    (Some(b"LOGIN"), Some(u)) if m & auth::LOGIN != 0 && args.len() == 2 => {
-                        match session::decode(s, u, "AUTH LOGIN") {
-                            Some(u) => {
-                                st = State::LoginPassword(u);
-                                PASSWORD.to_vec()
-                            }
-                            None => Vec::new(),
+            b"AUTH" if !only => match args[..] {
+                [] => INVALID_ARG.to_vec(),
+                [mech, ref initial @ ..] if initial.len() <= 1 => {
+                    let initial = initial.first().copied();
+                    match sasl::start(s, PROMPT, sasl::ALL, mech, initial) {
+                        Step::Ask(out, next) => {
+                            st = Some(next);
+                            out
                         }
+                        Step::Auth(a) => return Next::Auth(a),
+                        Step::Invalid => Vec::new(),
                     }
-                    (Some(b"PLAIN"), None) if m & auth::PLAIN != 0 => {
-                        st = State::Plain;
-                        NEXT.to_vec()
-                    }
-                    (Some(b"PLAIN"), Some(p)) if m & auth::PLAIN != 0 && args.len() == 2 => {
-                        match session::sasl_plain(s, p) {
-                            Some(a) => return Next::Auth(a),
-                            None => Vec::new(),
-                        }
-                    }
-                    (Some(b"CRAM-MD5"), None) if m & auth::CRAM_MD5 != 0 => {
-                        st = State::Cram;
-                        s.cram_challenge("334 ")
-                    }
-                    (Some(b"EXTERNAL"), None) if m & auth::EXTERNAL != 0 => {
-                        st = State::External;
-                        USERNAME.to_vec()
-                    }
-                    (Some(b"EXTERNAL"), Some(l)) if m & auth::EXTERNAL != 0 && args.len() == 2 => {
-                        match session::decode(s, l, "AUTH EXTERNAL") {
-                            Some(l) => {
-                                return Next::Auth(Auth {
-                                    method: Method::External,
-                                    login: l,
-                                    passwd: Vec::new(),
-                                })
-                            }
-                            None => Vec::new(),
-                        }
-                    }
-                    _ => Vec::new(),
                 }
-            }
+                _ => Vec::new(),
+            },
             b"MAIL" if !only => {
                 if m & auth::NONE == 0 {
                     let ctx = s.ctx(None);

@@ -1,12 +1,14 @@
 //! The `stream {}` block: its directive table, the compiler that walks the
 //! block, and the compiled, immutable [`StreamConf`].
 //!
-//! The stream module keeps its own table ([`DIRECTIVES`]) instead of
-//! adding rows to the http-shaped [`crate::config::registry::Setter`]: a
-//! stream directive fills stream structs only, so the table, its setters
-//! and its lookup live here, and the core compiler only hands over the
-//! `stream` block (see [`compile_stream`]). The checks and their wording
-//! are the registry's (context, argument count, block shape).
+//! Stream directives are registry rows ([`crate::config::registry::Spec`])
+//! with a setter enum of their own ([`StreamSetter`]: a stream directive
+//! fills stream structs only). Each stream module has its table beside
+//! its code, as http's do ([`DIRECTIVES`] here is the core module's; the
+//! list is [`crate::stream::TABLES`]), and the lookup, its checks and
+//! their wording are the registry's ([`crate::config::registry::Index`]).
+//! The core compiler only hands over the `stream` block (see
+//! [`compile_stream`]).
 //!
 //! Inheritance is nginx's: `proxy_*` and `error_log` set in `stream {}` are
 //! the defaults of every `server {}` that does not set them itself.
@@ -17,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::registry::{self, arg, ctx, flag, set_once, Args};
+use crate::config::registry::{self, arg, ctx, flag, row, set_once, Args};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::{Compiler, ErrorLogSpec};
 use crate::core::log::{Level, Logger};
@@ -358,43 +360,29 @@ pub enum StreamSetter {
     Unsupported,
 }
 
-/// One row of the stream directive table.
-#[derive(Clone, Copy)]
-pub struct StreamSpec {
-    pub name: &'static str,
-    pub ctx: u32,
-    pub args: Args,
-    pub set: StreamSetter,
+impl registry::Set for StreamSetter {
+    fn takes_block(&self) -> bool {
+        matches!(self, StreamSetter::Block | StreamSetter::VarsBlock(_))
+    }
+    fn unsupported(&self) -> bool {
+        matches!(self, StreamSetter::Unsupported)
+    }
 }
 
-const SS: u32 = ctx::STREAM | ctx::STREAM_SRV;
+/// One row of a stream module's directive table.
+pub type StreamSpec = registry::Spec<StreamSetter>;
 
-macro_rules! row {
-    ($name:expr, $ctx:expr, $args:expr, $set:expr) => {
-        StreamSpec {
-            name: $name,
-            ctx: $ctx,
-            args: $args,
-            set: $set,
-        }
-    };
-}
+/// `stream` and `server`: where most stream directives may stand.
+pub const SS: u32 = ctx::STREAM | ctx::STREAM_SRV;
 
 /// The stream module's directives.
 pub const DIRECTIVES: &[StreamSpec] = &[
     row!("server", ctx::STREAM, Args::take(0), StreamSetter::Block),
-    row!("upstream", ctx::STREAM, Args::take(1), StreamSetter::Block),
     row!(
         "listen",
         ctx::STREAM_SRV,
         Args::AtLeast(1),
         StreamSetter::Srv(set_listen)
-    ),
-    row!(
-        "pass",
-        ctx::STREAM_SRV,
-        Args::take(1),
-        StreamSetter::Srv(crate::stream::pass::set_pass)
     ),
     row!(
         "server_name",
@@ -482,20 +470,6 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         StreamSetter::Proxy(set_tcp_nodelay)
     ),
     row!(
-        "server",
-        ctx::STREAM_UPS,
-        Args::AtLeast(1),
-        StreamSetter::Ups(set_ups_server)
-    ),
-    // Peer state is ordinary shared memory of the one tern process, so a
-    // zone is always there; the name and size have nothing to size.
-    row!(
-        "zone",
-        ctx::STREAM_UPS,
-        Args::take12(),
-        StreamSetter::Ignored(check_zone)
-    ),
-    row!(
         "preread_buffer_size",
         SS,
         Args::take(1),
@@ -518,24 +492,6 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         ctx::STREAM,
         Args::take(1),
         StreamSetter::Ignored(check_number)
-    ),
-    row!(
-        "hash",
-        ctx::STREAM_UPS,
-        Args::take12(),
-        StreamSetter::Ups(set_hash)
-    ),
-    row!(
-        "least_conn",
-        ctx::STREAM_UPS,
-        Args::take(0),
-        StreamSetter::Ups(set_least_conn)
-    ),
-    row!(
-        "random",
-        ctx::STREAM_UPS,
-        Args::Take(0b111),
-        StreamSetter::Ups(set_random)
     ),
     row!(
         "access_log",
@@ -756,12 +712,6 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::AtLeast(1),
         StreamSetter::Proxy(set_proxy_ssl_alpn)
     ),
-    row!(
-        "ssl_preread",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_ssl_preread)
-    ),
     // TLS termination: http's ssl_* setters fill the same SslConf, built
     // by the same tls::config code.
     row!("ssl_certificate", SS, Args::take(1), StreamSetter::Ssl),
@@ -837,72 +787,26 @@ pub const DIRECTIVES: &[StreamSpec] = &[
     ),
 ];
 
+fn index() -> &'static registry::Index<StreamSetter> {
+    static INDEX: std::sync::OnceLock<registry::Index<StreamSetter>> = std::sync::OnceLock::new();
+    INDEX.get_or_init(|| registry::Index::new(crate::stream::TABLES.iter().copied()))
+}
+
 /// Whether `name` is a stream directive (the core compiler uses this to
 /// say "not allowed here" rather than "unknown" outside `stream {}`).
 pub fn known(name: &str) -> bool {
-    DIRECTIVES.iter().any(|s| s.name == name)
+    index().knows(name)
 }
 
 /// Finds the row for `d` in context `here`, with the registry's checks and wording.
 fn lookup(d: &Directive, here: u32) -> ConfResult<StreamSpec> {
-    let mut rows = DIRECTIVES.iter().filter(|s| s.name == d.name).peekable();
-    if rows.peek().is_none() {
-        if crate::core::conf::known_directive(&d.name) {
-            return Err(ConfError::at(
-                format!("\"{}\" directive is not allowed here", d.name),
-                d,
-            ));
-        }
-        return Err(ConfError::at(
-            format!("unknown directive \"{}\"", d.name),
-            d,
-        ));
-    }
-    let Some(spec) = rows.find(|s| s.ctx & here != 0) else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not allowed here", d.name),
-            d,
-        ));
-    };
-    if let StreamSetter::Unsupported = spec.set {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not supported by tern yet", d.name),
-            d,
-        ));
-    }
-    let block = matches!(spec.set, StreamSetter::Block | StreamSetter::VarsBlock(_));
-    if !block && d.block.is_some() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" is not terminated by \";\"", d.name),
-            d,
-        ));
-    }
-    if block && d.block.is_none() {
-        return Err(ConfError::at(
-            format!("directive \"{}\" has no opening \"{{\"", d.name),
-            d,
-        ));
-    }
-    if !spec.args.accepts(d.args.len()) {
-        return Err(registry::invalid_args(d));
-    }
-    Ok(*spec)
+    index().find(d, here, crate::core::conf::known_directive)
 }
 
 // Checks of the directives accepted without effect: a value nginx would
 // refuse is refused here too, in nginx's words.
 fn check_number(d: &Directive) -> ConfResult<()> {
     crate::config::registry::num_arg(d, 0).map(drop)
-}
-
-fn check_zone(d: &Directive) -> ConfResult<()> {
-    match d.args.get(1) {
-        Some(a) if crate::config::value::size(&a.value).is_none() => Err(ConfError::at(
-            format!("invalid zone size \"{}\"", a.value),
-            d,
-        )),
-        _ => Ok(()),
-    }
 }
 
 /// Compiles a `stream {}` directive.
@@ -1048,15 +952,7 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             (None, None) => return Err(ConfError::at("no handler for server", &sd)),
         };
         let p = &sb.proxy;
-        let logger = match &p.error_log {
-            Some(specs) => Some(Arc::new(Logger::from_specs(specs).map_err(|e| {
-                ConfError::at(
-                    format!("open() error log failed {}", crate::core::errno_text(&e)),
-                    &sd,
-                )
-            })?)),
-            None => None,
-        };
+        let logger = Logger::for_block(p.error_log.as_deref(), &sd)?;
         let mut client_auth = None;
         let (mut tls, mut var_certs, mut reject_handshake) = (None, None, false);
         if sb.listen.iter().any(|l| ssl_addrs.contains(&l.addr)) {
@@ -1345,7 +1241,7 @@ fn upstream_block(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfRe
 /// `unix:PATH`, `host:port` or `[v6]:port` (a port is required, as in
 /// nginx's stream module), resolved now, as nginx resolves at startup.
 /// `what` is the noun nginx puts in the error ("upstream").
-fn resolve(target: &str, d: &Directive, what: &str) -> ConfResult<Vec<PeerAddr>> {
+pub(crate) fn resolve(target: &str, d: &Directive, what: &str) -> ConfResult<Vec<PeerAddr>> {
     if let Some(p) = target.strip_prefix("unix:") {
         if p.is_empty() {
             return Err(ConfError::at(
@@ -1413,16 +1309,32 @@ pub fn split_host_port(s: &str) -> Option<(&str, &str)> {
 // ---- setters ----------------------------------------------------------------
 
 fn set_listen(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let l = compile_listen(d, true, sb.listen.iter().map(|l| &l.addr))?;
+    sb.listen_dirs.push((l.ssl, d.clone()));
+    sb.listen.push(l);
+    Ok(())
+}
+
+/// `listen` in a `server {}` of stream or mail (`udp`: whether the block
+/// takes `udp`; mail does not): the address and its options
+/// ([`parse_stream_listen`]), refused when the server listens there
+/// already (`taken`).
+pub fn compile_listen<'a>(
+    d: &Directive,
+    udp: bool,
+    taken: impl IntoIterator<Item = &'a ListenAddr>,
+) -> ConfResult<Listen> {
+    if !udp && d.args.iter().skip(1).any(|a| a.value == "udp") {
+        return Err(ConfError::at("invalid parameter \"udp\"", d));
+    }
     let l = parse_stream_listen(d)?;
-    if sb.listen.iter().any(|x| x.addr == l.addr) {
+    if taken.into_iter().any(|a| *a == l.addr) {
         return Err(ConfError::at(
             format!("duplicate \"{}\" address and port pair", l.addr),
             d,
         ));
     }
-    sb.listen_dirs.push((l.ssl, d.clone()));
-    sb.listen.push(l);
-    Ok(())
+    Ok(l)
 }
 
 /// A `listen` of a non-http block (stream, and mail without `udp`): an
@@ -1503,29 +1415,9 @@ fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfRes
     Ok(())
 }
 
-/// Runs http's setter of an `ssl_*` directive on the stream level's
-/// `SslConf` (http's setters fill a server conf; the slice is lent to one).
+/// An `ssl_*` directive: http's setter, on the block's `SslConf`.
 fn set_ssl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let spec = crate::http::modules::ssl_settings::DIRECTIVES
-        .iter()
-        .find(|s| s.name == d.name);
-    let Some(registry::Spec {
-        set: registry::Setter::Srv(f),
-        ..
-    }) = spec
-    else {
-        return Err(ConfError::at(
-            format!("\"{}\" directive is not supported by tern yet", d.name),
-            d,
-        ));
-    };
-    let mut tmp = crate::http::conf::SrvConf {
-        ssl: std::mem::take(&mut p.ssl),
-        ..Default::default()
-    };
-    let r = f(&mut tmp, d, cx);
-    p.ssl = tmp.ssl;
-    r
+    crate::http::modules::ssl_settings::set_lent(&mut p.ssl, d, cx)
 }
 
 fn set_proxy_ssl(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1713,11 +1605,6 @@ fn set_proxy_ssl_verify_depth(
 ) -> ConfResult<()> {
     let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
     set_once(&mut p.proxy_ssl_verify_depth, v, d)
-}
-
-fn set_ssl_preread(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.ssl_preread, v, d)
 }
 
 fn set_preread_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1931,42 +1818,6 @@ fn set_bind(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     Ok(())
 }
 
-fn set_balance(ub: &mut UpsBuild, b: Balance, d: &Directive) -> ConfResult<()> {
-    if ub.balance.is_some() {
-        return Err(ConfError::at("load balancing method redefined", d));
-    }
-    ub.balance = Some(b);
-    Ok(())
-}
-
-/// `hash KEY [consistent]`.
-fn set_hash(ub: &mut UpsBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let key = cx.template(arg(d, 0), d)?;
-    let consistent = match d.args.get(1).map(|a| a.value.as_str()) {
-        None => false,
-        Some("consistent") => true,
-        Some(o) => return Err(ConfError::at(format!("invalid parameter \"{}\"", o), d)),
-    };
-    set_balance(ub, Balance::Hash { key, consistent }, d)
-}
-
-fn set_least_conn(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    set_balance(ub, Balance::LeastConn, d)
-}
-
-/// `random [two [least_conn]]`.
-fn set_random(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let words: Vec<&str> = d.args.iter().map(|a| a.value.as_str()).collect();
-    let two = match words.as_slice() {
-        [] => false,
-        ["two"] | ["two", "least_conn"] => true,
-        ["two", bad] | [bad, ..] => {
-            return Err(ConfError::at(format!("invalid parameter \"{}\"", bad), d))
-        }
-    };
-    set_balance(ub, Balance::Random { two }, d)
-}
-
 fn msecs(d: &Directive) -> ConfResult<Duration> {
     value::time_ms(arg(d, 0))
         .map(Duration::from_millis)
@@ -2024,59 +1875,6 @@ fn set_socket_keepalive(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> C
 fn set_tcp_nodelay(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = flag(d)?;
     set_once(&mut p.tcp_nodelay, v, d)
-}
-
-/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [max_conns=N] [backup] [down]`.
-fn set_ups_server(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let mut weight = 1u32;
-    let mut max_fails = 1u32;
-    let mut fail_timeout = Duration::from_secs(10);
-    let mut max_conns = 0usize;
-    let mut backup = false;
-    let mut down = false;
-    let invalid = |p: &str| ConfError::at(format!("invalid parameter \"{}\"", p), d);
-    for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
-        if let Some(v) = p.strip_prefix("weight=") {
-            weight = v
-                .parse::<u32>()
-                .ok()
-                .filter(|w| *w > 0)
-                .ok_or_else(|| invalid(p))?;
-        } else if let Some(v) = p.strip_prefix("max_fails=") {
-            max_fails = v.parse::<u32>().map_err(|_| invalid(p))?;
-        } else if let Some(v) = p.strip_prefix("fail_timeout=") {
-            fail_timeout = value::time_secs(v)
-                .map(Duration::from_secs)
-                .ok_or_else(|| invalid(p))?;
-        } else if let Some(v) = p.strip_prefix("max_conns=") {
-            max_conns = v.parse::<usize>().map_err(|_| invalid(p))?;
-        } else if p == "backup" {
-            backup = true;
-        } else if p == "down" {
-            down = true;
-        } else {
-            return Err(invalid(p));
-        }
-    }
-    let target = arg(d, 0);
-    for addr in resolve(target, d, "upstream")? {
-        let peer = Peer {
-            name: addr.to_string(),
-            server: target.to_string(),
-            addr,
-            weight,
-            max_fails,
-            fail_timeout,
-            max_conns,
-            down,
-        };
-        if backup {
-            ub.backup.push(peer);
-        } else {
-            ub.peers.push(peer);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

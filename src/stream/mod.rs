@@ -3,7 +3,9 @@
 //! `geo`, `split_clients`, `access`, `limit_conn`, `realip`, `access_log`,
 //! `ssl`, `ssl_preread`, upstream balancing).
 //!
-//! - [`conf`]: the directive table and the compiled [`conf::StreamConf`].
+//! - [`conf`]: the core directive table, the walker of the block and the
+//!   compiled [`conf::StreamConf`]; each module's table is listed in
+//!   [`TABLES`].
 //!   The block compiles against its own variable table (stream mode), so
 //!   http's compilers of `map`, `geo`, `split_clients`, `log_format` and
 //!   `access_log`, and its `ssl_*` setters, serve stream unchanged.
@@ -64,3 +66,12 @@ pub mod ssl_preread;
 pub mod udp;
 pub mod upstream;
 pub mod vars;
+
+/// Every stream module's directive table (looked up as http's are, with
+/// the registry's index and checks: [`crate::config::registry::Index`]).
+pub const TABLES: &[&[conf::StreamSpec]] = &[
+    conf::DIRECTIVES,
+    upstream::DIRECTIVES,
+    pass::DIRECTIVES,
+    ssl_preread::DIRECTIVES,
+];

@@ -25,7 +25,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::registry::{self, arg};
+use crate::config::registry::{self, arg, ctx, row, Args};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
@@ -33,7 +33,7 @@ use crate::core::sock::LazySock;
 use crate::core::worker::{ConnSlot, Either, Slot, WorkerShared};
 use crate::http::conf::ListenAddr;
 use crate::http::vars::Template;
-use crate::stream::conf::SrvBuild;
+use crate::stream::conf::{SrvBuild, StreamSetter, StreamSpec};
 use crate::stream::proxy::Sock;
 use crate::stream::session::Session;
 
@@ -319,6 +319,14 @@ fn to_http(
     crate::core::worker::spawn_http(sock, info, ConnSlot::take(shared.clone()), wait);
     true
 }
+
+/// The pass module's directive.
+pub const DIRECTIVES: &[StreamSpec] = &[row!(
+    "pass",
+    ctx::STREAM_SRV,
+    Args::take(1),
+    StreamSetter::Srv(set_pass)
+)];
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,11 @@
 //! ClientHello leaves the variables empty (nginx's "declined"), and the
 //! session goes on.
 
+use crate::config::registry::{flag, row, set_once, Args};
+use crate::config::{ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::stream::conf::{ProxyConf, StreamSetter, StreamSpec, SS};
+
 /// What a ClientHello told.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -201,6 +206,19 @@ fn hello(body: &[u8], _record_version: u16) -> Option<Hello> {
         }
     }
     Some(h)
+}
+
+/// The ssl_preread module's directive.
+pub const DIRECTIVES: &[StreamSpec] = &[row!(
+    "ssl_preread",
+    SS,
+    Args::Flag,
+    StreamSetter::Proxy(set_ssl_preread)
+)];
+
+fn set_ssl_preread(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.ssl_preread, v, d)
 }
 
 #[cfg(test)]

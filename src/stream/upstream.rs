@@ -32,6 +32,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::config::registry::{arg, ctx, row, Args};
+use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
+use crate::stream::conf::{resolve, StreamSetter, StreamSpec, UpsBuild};
+
 /// Where a peer listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerAddr {
@@ -640,6 +645,145 @@ impl Drop for Picked {
                 .finish(self.idx, Outcome::Released, false, Instant::now());
         }
     }
+}
+
+// ---- directives ----------------------------------------------------------------
+
+/// The upstream module's directives: the `upstream {}` block (read by
+/// [`crate::stream::conf`]'s walker) and what stands in it.
+pub const DIRECTIVES: &[StreamSpec] = &[
+    row!("upstream", ctx::STREAM, Args::take(1), StreamSetter::Block),
+    row!(
+        "server",
+        ctx::STREAM_UPS,
+        Args::AtLeast(1),
+        StreamSetter::Ups(set_ups_server)
+    ),
+    // Peer state is ordinary shared memory of the one tern process, so a
+    // zone is always there; the name and size have nothing to size.
+    row!(
+        "zone",
+        ctx::STREAM_UPS,
+        Args::take12(),
+        StreamSetter::Ignored(check_zone)
+    ),
+    row!(
+        "hash",
+        ctx::STREAM_UPS,
+        Args::take12(),
+        StreamSetter::Ups(set_hash)
+    ),
+    row!(
+        "least_conn",
+        ctx::STREAM_UPS,
+        Args::take(0),
+        StreamSetter::Ups(set_least_conn)
+    ),
+    row!(
+        "random",
+        ctx::STREAM_UPS,
+        Args::Take(0b111),
+        StreamSetter::Ups(set_random)
+    ),
+];
+
+fn check_zone(d: &Directive) -> ConfResult<()> {
+    match d.args.get(1) {
+        Some(a) if crate::config::value::size(&a.value).is_none() => Err(ConfError::at(
+            format!("invalid zone size \"{}\"", a.value),
+            d,
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn set_balance(ub: &mut UpsBuild, b: Balance, d: &Directive) -> ConfResult<()> {
+    if ub.balance.is_some() {
+        return Err(ConfError::at("load balancing method redefined", d));
+    }
+    ub.balance = Some(b);
+    Ok(())
+}
+
+/// `hash KEY [consistent]`.
+fn set_hash(ub: &mut UpsBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let key = cx.template(arg(d, 0), d)?;
+    let consistent = match d.args.get(1).map(|a| a.value.as_str()) {
+        None => false,
+        Some("consistent") => true,
+        Some(o) => return Err(ConfError::at(format!("invalid parameter \"{}\"", o), d)),
+    };
+    set_balance(ub, Balance::Hash { key, consistent }, d)
+}
+
+fn set_least_conn(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    set_balance(ub, Balance::LeastConn, d)
+}
+
+/// `random [two [least_conn]]`.
+fn set_random(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let words: Vec<&str> = d.args.iter().map(|a| a.value.as_str()).collect();
+    let two = match words.as_slice() {
+        [] => false,
+        ["two"] | ["two", "least_conn"] => true,
+        ["two", bad] | [bad, ..] => {
+            return Err(ConfError::at(format!("invalid parameter \"{}\"", bad), d))
+        }
+    };
+    set_balance(ub, Balance::Random { two }, d)
+}
+
+/// `server ADDR [weight=N] [max_fails=N] [fail_timeout=T] [max_conns=N] [backup] [down]`.
+fn set_ups_server(ub: &mut UpsBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let mut weight = 1u32;
+    let mut max_fails = 1u32;
+    let mut fail_timeout = Duration::from_secs(10);
+    let mut max_conns = 0usize;
+    let mut backup = false;
+    let mut down = false;
+    let invalid = |p: &str| ConfError::at(format!("invalid parameter \"{}\"", p), d);
+    for p in d.args.iter().skip(1).map(|a| a.value.as_str()) {
+        if let Some(v) = p.strip_prefix("weight=") {
+            weight = v
+                .parse::<u32>()
+                .ok()
+                .filter(|w| *w > 0)
+                .ok_or_else(|| invalid(p))?;
+        } else if let Some(v) = p.strip_prefix("max_fails=") {
+            max_fails = v.parse::<u32>().map_err(|_| invalid(p))?;
+        } else if let Some(v) = p.strip_prefix("fail_timeout=") {
+            fail_timeout = value::time_secs(v)
+                .map(Duration::from_secs)
+                .ok_or_else(|| invalid(p))?;
+        } else if let Some(v) = p.strip_prefix("max_conns=") {
+            max_conns = v.parse::<usize>().map_err(|_| invalid(p))?;
+        } else if p == "backup" {
+            backup = true;
+        } else if p == "down" {
+            down = true;
+        } else {
+            return Err(invalid(p));
+        }
+    }
+    let target = arg(d, 0);
+    for addr in resolve(target, d, "upstream")? {
+        let peer = Peer {
+            name: addr.to_string(),
+            server: target.to_string(),
+            addr,
+            weight,
+            max_fails,
+            fail_timeout,
+            max_conns,
+            down,
+        };
+        if backup {
+            ub.backup.push(peer);
+        } else {
+            ub.peers.push(peer);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

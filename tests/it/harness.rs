@@ -4,11 +4,15 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
 
@@ -728,4 +732,162 @@ pub fn framing_blind(text: &str) -> String {
         .filter(|l| !l.starts_with("Content-Length: ") && !l.starts_with("Transfer-Encoding: "))
         .collect::<Vec<_>>()
         .join("\r\n")
+}
+
+/// A DNS responder on loopback for `resolver 127.0.0.1:PORT`: each query
+/// (name lower-cased, type) is answered as `answer` says: the RCODE and
+/// the IPv4 addresses of its A records (TTL 3600), in order. Returns the
+/// port and the number of A queries so far.
+pub fn dns_responder(
+    answer: impl Fn(&str, u16) -> (u8, Vec<[u8; 4]>) + Send + 'static,
+) -> (u16, Arc<AtomicUsize>) {
+    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let port = sock.local_addr().expect("addr").port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let a_queries = count.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            let q = &buf[..n];
+            if n < 12 {
+                continue;
+            }
+            let mut at = 12;
+            let mut labels = Vec::new();
+            while at < n && q[at] != 0 {
+                let len = q[at] as usize;
+                labels
+                    .push(String::from_utf8_lossy(&q[at + 1..(at + 1 + len).min(n)]).into_owned());
+                at += 1 + len;
+            }
+            let qend = at + 5;
+            if qend > n {
+                continue;
+            }
+            let name = labels.join(".").to_ascii_lowercase();
+            let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
+            if qtype == 1 {
+                a_queries.fetch_add(1, Ordering::SeqCst);
+            }
+            let (rcode, addrs) = answer(&name, qtype);
+            let mut r = q[..qend].to_vec();
+            r[2] = 0x81;
+            r[3] = 0x80 | rcode;
+            r[6] = 0;
+            r[7] = addrs.len() as u8;
+            r[8..12].copy_from_slice(&[0, 0, 0, 0]);
+            for a in &addrs {
+                r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0x0e, 0x10, 0, 4]);
+                r.extend_from_slice(a);
+            }
+            let _ = sock.send_to(&r, from);
+        }
+    });
+    (port, count)
+}
+
+/// A server certificate verifier that takes any certificate: the tests
+/// that use it are about something else than the server's certificate.
+#[derive(Debug)]
+struct AnyServer;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS client of `versions` that takes any server certificate, offers
+/// the TLS 1.2 `suites` in that order (all of rustls's when empty) and
+/// presents `client_cert` (certificate and key, DER), if any.
+pub fn tls_client(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    suites: &[rustls::CipherSuite],
+    client_cert: Option<(Vec<u8>, Vec<u8>)>,
+) -> Arc<ClientConfig> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !suites.is_empty() {
+        provider.cipher_suites = suites
+            .iter()
+            .chain([&rustls::CipherSuite::TLS13_AES_128_GCM_SHA256])
+            .filter_map(|s| {
+                rustls::crypto::ring::ALL_CIPHER_SUITES
+                    .iter()
+                    .find(|x| x.suite() == *s)
+                    .copied()
+            })
+            .collect();
+    }
+    let b = ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer));
+    Arc::new(match client_cert {
+        Some((c, k)) => b
+            .with_client_auth_cert(
+                vec![CertificateDer::from(c)],
+                PrivateKeyDer::try_from(k).expect("key"),
+            )
+            .expect("client cert"),
+        None => b.with_no_client_auth(),
+    })
+}
+
+/// Sends `req` over TLS (SNI `sni`) and reads until the server closes:
+/// what it sent and its certificate (empty when there was none).
+pub fn tls_exchange(
+    cfg: &Arc<ClientConfig>,
+    port: u16,
+    sni: &str,
+    req: &str,
+) -> (Vec<u8>, Vec<u8>) {
+    let name = ServerName::try_from(sni.to_string()).expect("name");
+    let conn = ClientConnection::new(cfg.clone(), name).expect("client");
+    let mut s = StreamOwned::new(conn, connect(port));
+    let mut out = Vec::new();
+    if s.write_all(req.as_bytes()).is_ok() {
+        let mut buf = [0u8; 16384];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+    let cert = s
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    (out, cert)
 }

@@ -120,6 +120,17 @@ impl C {
         self.send(l);
         self.line()
     }
+    /// Lines up to and including the `.` line of a multi-line answer.
+    fn until_dot(&mut self) -> String {
+        let mut all = String::new();
+        loop {
+            let l = self.line();
+            all.push_str(&l);
+            if l == ".\r\n" || l.is_empty() {
+                return all;
+            }
+        }
+    }
 }
 
 fn mail_conf(body: &str, auth: u16) -> String {
@@ -129,15 +140,57 @@ fn mail_conf(body: &str, auth: u16) -> String {
     )
 }
 
+/// A mail server in front of the test's auth_http server and a fake
+/// backend, and a client connected to it: what every dialogue test
+/// starts with.
+struct Mail {
+    c: C,
+    /// The auth_http server's port (its `Host` header).
+    auth: u16,
+    auth_log: Log,
+    be_log: Log,
+    _srv: Server,
+}
+
+impl Mail {
+    /// `body` follows `auth_http` in `mail {}`; the backend greets with
+    /// `greeting` and answers each line with `answer(line)`.
+    fn start(greeting: &'static str, answer: fn(&str) -> String, body: &str) -> Mail {
+        Mail::start_in(Prefix::new(), greeting, answer, body)
+    }
+
+    fn start_in(p: Prefix, greeting: &'static str, answer: fn(&str) -> String, body: &str) -> Mail {
+        let (be, be_log) = backend(greeting, answer);
+        let (auth, auth_log) = auth_server(be);
+        let srv = Server::start_in(p, &mail_conf(body, auth));
+        Mail {
+            c: C::new(srv.port),
+            auth,
+            auth_log,
+            be_log,
+            _srv: srv,
+        }
+    }
+
+    /// The auth_http request heads so far.
+    fn heads(&self) -> Vec<String> {
+        self.auth_log.lock().unwrap().clone()
+    }
+
+    /// The lines the backend got so far.
+    fn backend_got(&self) -> Vec<String> {
+        self.be_log.lock().unwrap().clone()
+    }
+}
+
 #[test]
 fn mail_pop3_user_pass_auth_http_and_relay() {
-    let (be, be_log) = backend("+OK fake pop3\r\n", pop3_answer);
-    let (auth, auth_log) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "+OK fake pop3\r\n",
+        pop3_answer,
         "    auth_http_header X-Extra yes;\n    server { listen 127.0.0.1:@PORT@; protocol pop3; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     assert_eq!(c.line(), "+OK POP3 ready\r\n");
     assert_eq!(c.ask("NOOP"), "+OK\r\n");
     assert_eq!(c.ask("FOO"), "-ERR invalid command\r\n");
@@ -145,29 +198,27 @@ fn mail_pop3_user_pass_auth_http_and_relay() {
     // The backend's answer to PASS is the client's.
     assert_eq!(c.ask("PASS secret"), "+OK pass ok\r\n");
     assert_eq!(c.ask("STAT"), "+OK got STAT\r\n");
-    let heads = auth_log.lock().unwrap().clone();
     assert_eq!(
-        heads,
+        m.heads(),
         vec![format!(
             "GET /mail/auth HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nAuth-Method: plain\r\nAuth-User: test@example.com\r\nAuth-Pass: secret\r\nAuth-Protocol: pop3\r\nAuth-Login-Attempt: 1\r\nClient-IP: 127.0.0.1\r\nX-Extra: yes\r\n\r\n",
-            auth
+            m.auth
         )]
     );
     assert_eq!(
-        be_log.lock().unwrap().clone(),
+        m.backend_got(),
         vec!["USER test@example.com\r\n", "PASS secret\r\n", "STAT\r\n"]
     );
 }
 
 #[test]
 fn mail_pop3_refused_login_waits_then_retries() {
-    let (be, _) = backend("+OK fake pop3\r\n", pop3_answer);
-    let (auth, auth_log) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "+OK fake pop3\r\n",
+        pop3_answer,
         "    server { listen 127.0.0.1:@PORT@; protocol pop3; pop3_auth plain apop cram-md5 external; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     let g = c.line();
     assert!(
         g.starts_with("+OK POP3 ready <") && g.ends_with(">\r\n"),
@@ -180,19 +231,14 @@ fn mail_pop3_refused_login_waits_then_retries() {
         "-ERR Invalid login or password\r\n"
     );
     assert_eq!(c.ask("AUTH"), "+OK methods supported:\r\n");
-    let mut list = String::new();
-    loop {
-        let l = c.line();
-        list.push_str(&l);
-        if l == ".\r\n" || l.is_empty() {
-            break;
-        }
-    }
-    assert_eq!(list, "PLAIN\r\nLOGIN\r\nCRAM-MD5\r\nEXTERNAL\r\n.\r\n");
+    assert_eq!(
+        c.until_dot(),
+        "PLAIN\r\nLOGIN\r\nCRAM-MD5\r\nEXTERNAL\r\n.\r\n"
+    );
     assert_eq!(c.ask("AUTH LOGIN"), "+ VXNlcm5hbWU6\r\n");
     assert_eq!(c.ask(&base64("test@example.com")), "+ UGFzc3dvcmQ6\r\n");
     assert_eq!(c.ask(&base64("secret")), "+OK pass ok\r\n");
-    let heads = auth_log.lock().unwrap().clone();
+    let heads = m.heads();
     assert_eq!(heads.len(), 2);
     assert!(heads[0].contains("Auth-Login-Attempt: 1\r\n"));
     assert!(
@@ -205,36 +251,27 @@ fn mail_pop3_refused_login_waits_then_retries() {
 
 #[test]
 fn mail_pop3_capa_and_apop_salt() {
-    let (be, _) = backend("+OK fake pop3\r\n", pop3_answer);
-    let (auth, auth_log) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "+OK fake pop3\r\n",
+        pop3_answer,
         "    server { listen 127.0.0.1:@PORT@; protocol pop3; pop3_auth plain apop cram-md5; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     let g = c.line();
     let salt = g
         .trim_start_matches("+OK POP3 ready ")
         .trim_end()
         .to_string();
     c.send("CAPA");
-    let mut capa = String::new();
-    loop {
-        let l = c.line();
-        capa.push_str(&l);
-        if l == ".\r\n" || l.is_empty() {
-            break;
-        }
-    }
     assert_eq!(
-        capa,
+        c.until_dot(),
         "+OK Capability list follows\r\nTOP\r\nUSER\r\nUIDL\r\nSASL PLAIN LOGIN CRAM-MD5\r\n.\r\n"
     );
     assert_eq!(
         c.ask(&format!("APOP test@example.com {}", "0".repeat(32))),
         "+OK pass ok\r\n"
     );
-    let heads = auth_log.lock().unwrap().clone();
+    let heads = m.heads();
     assert!(
         heads[0].contains(&format!("Auth-Method: apop\r\nAuth-User: test@example.com\r\nAuth-Pass: {}\r\nAuth-Salt: {}\r\n", "0".repeat(32), salt)),
         "{}",
@@ -257,13 +294,12 @@ fn smtp_answer(l: &str) -> String {
 
 #[test]
 fn mail_smtp_ehlo_auth_xclient_and_relay() {
-    let (be, be_log) = backend("220 fake esmtp\r\n", smtp_answer);
-    let (auth, auth_log) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "220 fake esmtp\r\n",
+        smtp_answer,
         "    server { listen 127.0.0.1:@PORT@; protocol smtp; server_name mx.test; smtp_capabilities SIZE 8BITMIME; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     assert_eq!(c.line(), "220 mx.test ESMTP ready\r\n");
     c.send("EHLO client.test");
     let mut e = String::new();
@@ -288,7 +324,7 @@ fn mail_smtp_ehlo_auth_xclient_and_relay() {
     assert_eq!(c.ask(&base64("secret")), "235 2.0.0 OK\r\n");
     assert_eq!(c.ask("DATA"), "250 got DATA\r\n");
     assert_eq!(
-        be_log.lock().unwrap().clone(),
+        m.backend_got(),
         vec![
             "EHLO mx.test\r\n",
             "XCLIENT ADDR=127.0.0.1 LOGIN=u@test NAME=[UNAVAILABLE]\r\n",
@@ -296,7 +332,7 @@ fn mail_smtp_ehlo_auth_xclient_and_relay() {
             "DATA\r\n"
         ]
     );
-    let heads = auth_log.lock().unwrap().clone();
+    let heads = m.heads();
     assert!(
         heads[1].contains("Auth-Protocol: smtp\r\nAuth-Login-Attempt: 2\r\nClient-IP: 127.0.0.1\r\nClient-Host: [UNAVAILABLE]\r\nAuth-SMTP-Helo: client.test\r\nAuth-SMTP-From: \r\nAuth-SMTP-To: \r\n"),
         "{}",
@@ -306,13 +342,12 @@ fn mail_smtp_ehlo_auth_xclient_and_relay() {
 
 #[test]
 fn mail_smtp_auth_none_passes_the_envelope() {
-    let (be, be_log) = backend("220 fake esmtp\r\n", smtp_answer);
-    let (auth, auth_log) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "220 fake esmtp\r\n",
+        smtp_answer,
         "    xclient off;\n    server { listen 127.0.0.1:@PORT@; protocol smtp; server_name mx.test; smtp_auth none; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     c.line();
     assert_eq!(c.ask("HELO client.test"), "250 mx.test\r\n");
     assert_eq!(
@@ -323,27 +358,26 @@ fn mail_smtp_auth_none_passes_the_envelope() {
     // The backend's answer to RCPT TO is the client's.
     assert_eq!(c.ask("RCPT TO:<x@y>"), "250 2.1.0 ok\r\n");
     assert_eq!(
-        be_log.lock().unwrap().clone(),
+        m.backend_got(),
         vec![
             "HELO mx.test\r\n",
             "MAIL FROM:<a@b>\r\n",
             "RCPT TO:<x@y>\r\n"
         ]
     );
-    let heads = auth_log.lock().unwrap().clone();
+    let heads = m.heads();
     assert!(heads[0].contains("Auth-Method: none\r\nAuth-User: \r\nAuth-Pass: \r\n"));
     assert!(heads[0].contains("Auth-SMTP-Helo: client.test\r\nAuth-SMTP-From: MAIL%20FROM:<a@b>\r\nAuth-SMTP-To: RCPT%20TO:<x@y>\r\n"), "{}", heads[0]);
 }
 
 #[test]
 fn mail_smtp_greeting_delay_refuses_early_talkers() {
-    let (be, _) = backend("220 fake esmtp\r\n", smtp_answer);
-    let (auth, _) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "220 fake esmtp\r\n",
+        smtp_answer,
         "    server { listen 127.0.0.1:@PORT@; protocol smtp; server_name mx.test; smtp_greeting_delay 2s; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     c.send("EHLO early");
     assert_eq!(
         c.line(),
@@ -365,13 +399,12 @@ fn imap_answer(l: &str) -> String {
 
 #[test]
 fn mail_imap_login_literals_and_capability() {
-    let (be, be_log) = backend("* OK fake imap\r\n", imap_answer);
-    let (auth, auth_log) = auth_server(be);
-    let srv = Server::start(&mail_conf(
+    let mut m = Mail::start(
+        "* OK fake imap\r\n",
+        imap_answer,
         "    server { listen 127.0.0.1:@PORT@; protocol imap; imap_auth plain cram-md5; }",
-        auth,
-    ));
-    let mut c = C::new(srv.port);
+    );
+    let c = &mut m.c;
     assert_eq!(c.line(), "* OK IMAP4 ready\r\n");
     assert_eq!(
         c.ask("a0 CAPABILITY"),
@@ -386,22 +419,51 @@ fn mail_imap_login_literals_and_capability() {
         c.ask("a1 LOGIN {7+}\r\nte\"st@x secret"),
         "a1 OK login ok\r\n"
     );
-    let heads = auth_log.lock().unwrap().clone();
+    let heads = m.heads();
     assert!(
         heads[0].contains("Auth-User: te\"st@x\r\nAuth-Pass: se\"cret\r\n"),
         "{}",
         heads[0]
     );
     assert_eq!(
-        be_log.lock().unwrap().clone(),
+        m.backend_got(),
         vec!["a1 LOGIN {7}\r\n", "te\"st@x {6}\r\n", "secret\r\n"]
     );
 }
 
+/// A tag is 1 to 32 of nginx's characters before a space: a literal, a
+/// quoted string, a CR or LF, or a longer tag is an invalid command
+/// answered with `*` (and counted toward max_errors), the bytes nginx
+/// 1.22 sends; a tag echoed back can never break its line.
+#[test]
+fn mail_imap_tags_as_nginx() {
+    let mut m = Mail::start(
+        "* OK fake imap\r\n",
+        imap_answer,
+        "    server { listen 127.0.0.1:@PORT@; protocol imap; }",
+    );
+    let c = &mut m.c;
+    assert_eq!(c.line(), "* OK IMAP4 ready\r\n");
+    // No "+ OK" for the literal: the line ends at the tag.
+    assert_eq!(c.ask("{3}"), "* BAD invalid command\r\n");
+    c.w.write_all(b"a\nb NOOP\r\n").expect("send");
+    assert_eq!(c.line(), "* BAD invalid command\r\n");
+    assert_eq!(c.line(), "b OK completed\r\n");
+    assert_eq!(c.ask("a\rb NOOP"), "* BAD invalid command\r\n");
+    assert_eq!(c.ask("A-._z9 NOOP"), "A-._z9 OK completed\r\n");
+    let long = "a".repeat(32);
+    assert_eq!(
+        c.ask(&format!("{long} NOOP")),
+        format!("{long} OK completed\r\n")
+    );
+    // Five invalid commands (max_errors 5): the fifth answer, then the close.
+    assert_eq!(c.ask(&format!("a{long} NOOP")), "* BAD invalid command\r\n");
+    assert_eq!(c.ask("\"q t\" NOOP"), "* BAD invalid command\r\n");
+    assert_eq!(c.line(), "");
+}
+
 #[test]
 fn mail_pop3_stls_then_login_sends_auth_ssl() {
-    let (be, be_log) = backend("+OK fake pop3\r\n", pop3_answer);
-    let (auth, auth_log) = auth_server(be);
     let p = Prefix::new();
     let key = rcgen::KeyPair::generate().expect("key");
     let cert = rcgen::CertificateParams::new(vec!["mail.test".to_string()])
@@ -410,28 +472,19 @@ fn mail_pop3_stls_then_login_sends_auth_ssl() {
         .expect("cert");
     p.write("conf/mail.crt", cert.pem());
     p.write("conf/mail.key", key.serialize_pem());
-    let srv = Server::start_in(
+    let mut m = Mail::start_in(
         p,
-        &mail_conf(
-            "    ssl_certificate mail.crt;\n    ssl_certificate_key mail.key;\n    server { listen 127.0.0.1:@PORT@; protocol pop3; starttls only; }",
-            auth,
-        ),
+        "+OK fake pop3\r\n",
+        pop3_answer,
+        "    ssl_certificate mail.crt;\n    ssl_certificate_key mail.key;\n    server { listen 127.0.0.1:@PORT@; protocol pop3; starttls only; }",
     );
-    let mut c = C::new(srv.port);
+    let c = &mut m.c;
     assert_eq!(c.line(), "+OK POP3 ready\r\n");
     c.send("CAPA");
-    let mut capa = String::new();
-    loop {
-        let l = c.line();
-        capa.push_str(&l);
-        if l == ".\r\n" || l.is_empty() {
-            break;
-        }
-    }
     // starttls only: no USER and no SASL before TLS. nginx 1.22 offers
     // TLSv1 to TLSv1.2 by default, so the session is TLSv1.2.
     assert_eq!(
-        capa,
+        c.until_dot(),
         "+OK Capability list follows\r\nTOP\r\nUIDL\r\nSTLS\r\n.\r\n"
     );
     assert_eq!(c.ask("USER test@example.com"), "-ERR invalid command\r\n");
@@ -439,7 +492,7 @@ fn mail_pop3_stls_then_login_sends_auth_ssl() {
     let name = rustls::pki_types::ServerName::try_from("mail.test").expect("name");
     let conn =
         rustls::ClientConnection::new(crate::tls_client_cert::client(None), name).expect("tls");
-    let mut t = rustls::StreamOwned::new(conn, c.w);
+    let mut t = rustls::StreamOwned::new(conn, c.w.try_clone().expect("clone"));
     let mut ask = |l: &str| {
         t.write_all(format!("{}\r\n", l).as_bytes()).expect("send");
         let mut got = Vec::new();
@@ -455,13 +508,13 @@ fn mail_pop3_stls_then_login_sends_auth_ssl() {
     assert_eq!(ask("USER test@example.com"), "+OK\r\n");
     assert_eq!(ask("PASS secret"), "+OK pass ok\r\n");
     assert_eq!(ask("LIST"), "+OK got LIST\r\n");
-    let heads = auth_log.lock().unwrap().clone();
+    let heads = m.heads();
     assert!(
         heads[0].contains("Client-IP: 127.0.0.1\r\nAuth-SSL: on\r\nAuth-SSL-Protocol: TLSv1.2\r\nAuth-SSL-Cipher: "),
         "{}",
         heads[0]
     );
-    assert_eq!(be_log.lock().unwrap().len(), 3);
+    assert_eq!(m.backend_got().len(), 3);
 }
 
 #[test]

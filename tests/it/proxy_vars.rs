@@ -11,61 +11,21 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::harness::{free_port, nginx_installed, raw, start_nginx, Prefix, Resp, Server};
+use crate::harness::{self, free_port, nginx_installed, raw, start_nginx, Prefix, Resp, Server};
 
 /// A DNS responder on loopback: `*.good.test` and `good.test` have the A
 /// record 127.0.0.1 (TTL 3600), `nx.test` is NXDOMAIN, `fail.test` a
 /// server failure; AAAA queries get no answers. Counts the A queries.
 fn dns_responder() -> (u16, Arc<AtomicUsize>) {
-    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
-    let port = sock.local_addr().expect("addr").port();
-    let count = Arc::new(AtomicUsize::new(0));
-    let c = count.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        while let Ok((n, from)) = sock.recv_from(&mut buf) {
-            let q = &buf[..n];
-            if n < 12 {
-                continue;
-            }
-            let mut at = 12;
-            let mut labels = Vec::new();
-            while at < n && q[at] != 0 {
-                let len = q[at] as usize;
-                labels
-                    .push(String::from_utf8_lossy(&q[at + 1..(at + 1 + len).min(n)]).into_owned());
-                at += 1 + len;
-            }
-            let qend = at + 5;
-            if qend > n {
-                continue;
-            }
-            let name = labels.join(".").to_ascii_lowercase();
-            let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
-            let rcode: u8 = match name.as_str() {
-                "nx.test" => 3,
-                "fail.test" => 2,
-                _ => 0,
-            };
-            let mut answers = Vec::new();
-            if qtype == 1 {
-                c.fetch_add(1, Ordering::SeqCst);
-                if rcode == 0 && name.ends_with("good.test") {
-                    answers.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0x0e, 0x10, 0, 4]);
-                    answers.extend_from_slice(&[127, 0, 0, 1]);
-                }
-            }
-            let mut r = q[..qend].to_vec();
-            r[2] = 0x81;
-            r[3] = 0x80 | rcode;
-            r[6] = 0;
-            r[7] = u8::from(!answers.is_empty());
-            r[8..12].copy_from_slice(&[0, 0, 0, 0]);
-            r.extend_from_slice(&answers);
-            let _ = sock.send_to(&r, from);
-        }
-    });
-    (port, count)
+    harness::dns_responder(|name, qtype| {
+        let rcode = match name {
+            "nx.test" => 3,
+            "fail.test" => 2,
+            _ => 0,
+        };
+        let found = qtype == 1 && rcode == 0 && name.ends_with("good.test");
+        (rcode, if found { vec![[127, 0, 0, 1]] } else { vec![] })
+    })
 }
 
 /// Answers each request with its request line and Host header.

@@ -7,10 +7,9 @@
 //! and several addresses tried in the order the DNS server gave them,
 //! bounded by `proxy_next_upstream_tries`.
 
-use std::net::UdpSocket;
 use std::time::Duration;
 
-use crate::harness::*;
+use crate::harness::{self, *};
 
 const HTTP: &str = "http { server { listen 127.0.0.1:@PORT@; } }\n";
 const STREAM_SO: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
@@ -19,48 +18,15 @@ const STREAM_SO: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
 /// starting with `many` has 127.0.0.2, 127.0.0.2, 127.0.0.1 (in that
 /// order), `nx.test` is NXDOMAIN; AAAA queries get no answers.
 fn dns_responder() -> u16 {
-    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
-    let port = sock.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        while let Ok((n, from)) = sock.recv_from(&mut buf) {
-            let q = &buf[..n];
-            if n < 12 {
-                continue;
-            }
-            let mut at = 12;
-            let mut labels = Vec::new();
-            while at < n && q[at] != 0 {
-                let len = q[at] as usize;
-                labels
-                    .push(String::from_utf8_lossy(&q[at + 1..(at + 1 + len).min(n)]).into_owned());
-                at += 1 + len;
-            }
-            let qend = at + 5;
-            if qend > n {
-                continue;
-            }
-            let name = labels.join(".").to_ascii_lowercase();
-            let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
-            let rcode: u8 = if name == "nx.test" { 3 } else { 0 };
-            let addrs: &[[u8; 4]] = match name.as_str() {
-                _ if qtype != 1 => &[],
-                "a.test" => &[[127, 0, 0, 1]],
-                n if n.starts_with("many") => &[[127, 0, 0, 2], [127, 0, 0, 2], [127, 0, 0, 1]],
-                _ => &[],
-            };
-            let mut r = q[..qend].to_vec();
-            r[2] = 0x81;
-            r[3] = 0x80 | rcode;
-            r[6] = 0;
-            r[7] = addrs.len() as u8;
-            r[8..12].copy_from_slice(&[0, 0, 0, 0]);
-            for a in addrs {
-                r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0x0e, 0x10, 0, 4]);
-                r.extend_from_slice(a);
-            }
-            let _ = sock.send_to(&r, from);
-        }
+    let (port, _) = harness::dns_responder(|name, qtype| {
+        let rcode = if name == "nx.test" { 3 } else { 0 };
+        let addrs = match name {
+            _ if qtype != 1 => vec![],
+            "a.test" => vec![[127, 0, 0, 1]],
+            n if n.starts_with("many") => vec![[127, 0, 0, 2], [127, 0, 0, 2], [127, 0, 0, 1]],
+            _ => vec![],
+        };
+        (rcode, addrs)
     });
     port
 }

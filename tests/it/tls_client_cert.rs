@@ -4,12 +4,9 @@
 //! tern process with the same key file), `ssl_password_file` with keys
 //! encrypted by the openssl CLI, `ssl_reject_handshake`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, StreamOwned};
+use rustls::ClientConfig;
 
 use crate::harness::{self, Prefix, Resp, Server};
 
@@ -55,75 +52,12 @@ impl Pki {
 /// A client that trusts anything (the server's certificate is not what
 /// these tests are about) and presents `leaf`, if any.
 pub(crate) fn client(leaf: Option<&Leaf>) -> Arc<ClientConfig> {
-    #[derive(Debug)]
-    struct AnyServer;
-    impl rustls::client::danger::ServerCertVerifier for AnyServer {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let b = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer));
-    Arc::new(match leaf {
-        Some(l) => b
-            .with_client_auth_cert(
-                vec![l.cert.der().clone()],
-                PrivateKeyDer::try_from(l.key.serialize_der()).expect("key"),
-            )
-            .expect("client cert"),
-        None => b.with_no_client_auth(),
-    })
+    let cert = leaf.map(|l| (l.cert.der().to_vec(), l.key.serialize_der()));
+    harness::tls_client(rustls::DEFAULT_VERSIONS, &[], cert)
 }
 
-type Tls = StreamOwned<ClientConnection, TcpStream>;
-
 fn get(cfg: &Arc<ClientConfig>, port: u16, sni: &str, req: &str) -> Vec<u8> {
-    let name = ServerName::try_from(sni.to_string()).expect("name");
-    let conn = ClientConnection::new(cfg.clone(), name).expect("client");
-    let mut s: Tls = StreamOwned::new(conn, harness::connect(port));
-    if s.write_all(req.as_bytes()).is_err() {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let mut buf = [0u8; 16384];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => return out,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
+    harness::tls_exchange(cfg, port, sni, req).0
 }
 
 /// The server certificate (self-signed, for both servers).

@@ -5,13 +5,12 @@
 //! `ssl_conf_command` mapped onto rustls, `ssl_verify_client` with only
 //! `ssl_trusted_certificate`, `TRUSTED CERTIFICATE` PEM files.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, StreamOwned};
+use rustls::ClientConfig;
 
 use crate::harness::{self, free_port, Prefix, Resp, Server};
 
@@ -29,43 +28,6 @@ fn self_signed(p: &Prefix, file: &str, cn: &str) -> Vec<u8> {
     c.der().to_vec()
 }
 
-#[derive(Debug)]
-struct AnyServer;
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// A client of `versions` that takes any certificate and offers the
 /// TLS 1.2 `suites` in that order (all of rustls's when empty), with
 /// `client_cert` (certificate and key DER) if any.
@@ -74,60 +36,17 @@ fn client(
     suites: &[rustls::CipherSuite],
     client_cert: Option<(Vec<u8>, Vec<u8>)>,
 ) -> Arc<ClientConfig> {
-    let mut provider = rustls::crypto::ring::default_provider();
-    if !suites.is_empty() {
-        provider.cipher_suites = suites
-            .iter()
-            .chain([&rustls::CipherSuite::TLS13_AES_128_GCM_SHA256])
-            .filter_map(|s| {
-                rustls::crypto::ring::ALL_CIPHER_SUITES
-                    .iter()
-                    .find(|x| x.suite() == *s)
-                    .copied()
-            })
-            .collect();
-    }
-    let b = ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(versions)
-        .expect("versions")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer));
-    Arc::new(match client_cert {
-        Some((c, k)) => b
-            .with_client_auth_cert(
-                vec![CertificateDer::from(c)],
-                PrivateKeyDer::try_from(k).expect("key"),
-            )
-            .expect("client cert"),
-        None => b.with_no_client_auth(),
-    })
+    harness::tls_client(versions, suites, client_cert)
 }
 
 /// One `GET /` with `Connection: close`: the response and the server's
 /// certificate.
 fn get(cfg: &Arc<ClientConfig>, port: u16, sni: &str) -> (Resp, Vec<u8>) {
-    let name = ServerName::try_from(sni.to_string()).expect("name");
-    let conn = ClientConnection::new(cfg.clone(), name).expect("client");
-    let mut s = StreamOwned::new(conn, harness::connect(port));
     let req = format!(
         "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
         sni
     );
-    s.write_all(req.as_bytes()).expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 16384];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    let cert = s
-        .conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.to_vec())
-        .unwrap_or_default();
+    let (out, cert) = harness::tls_exchange(cfg, port, sni, &req);
     (Resp::parse(&out).expect("response"), cert)
 }
 

@@ -112,7 +112,7 @@ fn set_start_key_frame(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Conf
 
 /// nginx's ngx_http_mp4_atofp: SECONDS[.FRACTION] as milliseconds, digits
 /// past the third decimal ignored; None for anything else.
-fn atofp(v: &[u8]) -> Option<u64> {
+pub(crate) fn atofp(v: &[u8]) -> Option<u64> {
     if v.is_empty() {
         return None;
     }
@@ -298,11 +298,9 @@ impl Source for FileSource<'_> {
     }
 }
 
-/// Bytes in memory as the file (the tests).
-#[cfg(test)]
+/// Bytes in memory as the file (the tests and the fuzz target).
 pub(crate) struct Slice<'a>(pub &'a [u8]);
 
-#[cfg(test)]
 impl Source for Slice<'_> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
         let d = self.0;

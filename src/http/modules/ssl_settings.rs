@@ -35,6 +35,29 @@ pub enum SessionCache {
     },
 }
 
+/// Runs this table's setter of an `ssl_*` directive on `ssl`: the
+/// `stream` and `mail` blocks keep an [`SslConf`] of their own and lend
+/// it to a server conf for the setter (which fills a server's).
+pub fn set_lent(ssl: &mut SslConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let Some(Spec {
+        set: Setter::Srv(f),
+        ..
+    }) = DIRECTIVES.iter().find(|s| s.name == d.name)
+    else {
+        return Err(ConfError::at(
+            format!("\"{}\" directive is not supported by tern yet", d.name),
+            d,
+        ));
+    };
+    let mut tmp = SrvConf {
+        ssl: std::mem::take(ssl),
+        ..Default::default()
+    };
+    let r = f(&mut tmp, d, cx);
+    *ssl = tmp.ssl;
+    r
+}
+
 /// Server-level TLS settings (set at http level as the default).
 #[derive(Debug, Clone, Default)]
 pub struct SslConf {
