@@ -987,6 +987,7 @@ fn mail_server(cfg: u8) -> crate::mail::conf::MailServer {
         proxy_buffer: 4096,
         timeout: std::time::Duration::from_secs(10),
         auth_methods,
+        resolver: crate::http::modules::resolver::ResolverLoc::default(),
         capabilities: vec!["IMAP4rev1".into(), "USER".into()],
         // Small buffers reach "too long command" and the literal limit.
         client_buffer: if cfg & 0x80 != 0 { 64 } else { 4096 },
@@ -1056,6 +1057,7 @@ pub fn mail(data: &[u8]) {
                 tls_info: None,
                 pp: None,
                 smtp_helo: Vec::new(),
+                host: b"[UNAVAILABLE]".to_vec(),
                 esmtp: false,
                 smtp_from: Vec::new(),
                 smtp_to: Vec::new(),

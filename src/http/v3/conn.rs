@@ -653,7 +653,7 @@ async fn refuse(
     };
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     cx.log(Level::Info, rej.log);
-    let mut resp = phases::conclude(&mut cx, Response::status(rej.status)).await;
+    let mut resp = phases::conclude(&mut cx, Box::new(Response::status(rej.status))).await;
     cx.sent.status = crate::http::status::wire_code(resp.status);
     if resp.close_silently {
         rx.stop_stream(Code::H3_INTERNAL_ERROR);
