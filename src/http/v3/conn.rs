@@ -578,16 +578,12 @@ async fn stream_task(
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
     if let crate::http::body::End::Broken { silent: true, .. } = body_end {
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         stop(&body, Code::H3_REQUEST_CANCELLED);
         return;
     }
     if resp.close_silently {
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         stop(&body, Code::H3_INTERNAL_ERROR);
         return;
     }
@@ -607,9 +603,8 @@ async fn stream_task(
     if r.is_err() {
         rx.stop_stream(Code::H3_INTERNAL_ERROR);
     }
-    cx.sent.status = resp.status;
-    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    drop(rx);
+    phases::wrap_up(&mut cx, resp.status, r.is_ok()).await;
 }
 
 fn stop(body: &H3Body, code: Code) {
