@@ -33,6 +33,10 @@ pub struct Directive {
     pub block: Option<Vec<Directive>>,
     pub file: Arc<PathBuf>,
     pub line: usize,
+    /// The line of its block's closing `}` (0 without a block): where
+    /// nginx stands when it reports what it finds while merging the
+    /// levels of an `http` block, once the whole block is read.
+    pub end: usize,
 }
 
 #[cfg(test)]
@@ -52,6 +56,7 @@ impl Directive {
             block: None,
             file: Arc::new(PathBuf::from(file)),
             line,
+            end: 0,
         }
     }
 }

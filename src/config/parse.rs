@@ -391,6 +391,7 @@ impl Parser<'_> {
                         return Err(lexer.err("unexpected \"}\""));
                     };
                     d.block = Some(std::mem::replace(&mut current, outer));
+                    d.end = lexer.line;
                     current.push(d);
                 }
                 Event::Directive { words, block, line } => {
@@ -402,6 +403,7 @@ impl Parser<'_> {
                         block: None,
                         file: Arc::clone(&file),
                         line,
+                        end: 0,
                     };
                     if d.name == "include" {
                         current.extend(self.include(&d, block, depth)?);

@@ -85,6 +85,11 @@ pub struct Compiler {
     pub io_main: crate::io::IoMain,
     /// See [`Config::warnings`].
     pub warnings: Vec<String>,
+    /// The first error nginx finds only when it merges the levels of the
+    /// `http` block, which it does once the whole block is read: reported
+    /// at the block's closing line after the block compiled, so that
+    /// errors in directives anywhere in it come first, as in nginx.
+    pub merge_error: Option<String>,
 }
 
 impl Compiler {
@@ -213,6 +218,7 @@ pub fn compile(
         vars: Default::default(),
         io_main: Default::default(),
         warnings: Vec::new(),
+        merge_error: None,
     };
     let mut main = MainConf::default();
     let mut http: Option<Arc<crate::http::conf::HttpConf>> = None;

@@ -96,6 +96,31 @@ pub struct WorkerShared {
 }
 
 impl WorkerShared {
+    /// Resolves when a request that began at `since` must end unfinished,
+    /// as nginx's worker_shutdown_timeout ends the requests of a worker
+    /// that is going away: after a graceful stop (QUIT) once the timeout
+    /// runs out, or after a reload that came while the request ran (tern
+    /// reloads in place; nginx's old worker would end it then). Never
+    /// without `worker_shutdown_timeout`.
+    ///
+    /// Nothing is registered until it is first polled: a request that
+    /// completes on its first poll (a static file from the page cache)
+    /// pays for none of it when it is the second branch of a biased
+    /// `select!`.
+    pub async fn cut_off(&self, since: std::time::Instant) {
+        let mut expired = self.expired.clone();
+        let stopped = async move {
+            if expired.wait_for(|e| *e).await.is_err() {
+                // The worker is gone without expiring: nothing to cut.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = stopped => {}
+            () = park::drained_since(since) => {}
+        }
+    }
+
     /// Takes one `worker_connections` slot for an outgoing connection (the
     /// upstream side of a stream session), or None when all are in use.
     pub fn take_slot(self: &Arc<Self>) -> Option<Slot> {

@@ -6,7 +6,8 @@
 //!   phases ── a content handler calls body::read(cx, default temp dir)
 //!     `Expect: 100-continue` ── "HTTP/1.1 100 Continue" (only now: the body is wanted)
 //!     buffered bytes, then the socket ── Content-Length slice | ChunkedDecoder
-//!       ├─ memory while the body fits client_body_buffer_size
+//!       ├─ memory while the body fits client_body_buffer_size (HTTP/1:
+//!       │  or 1.25 times it when the length says it will fit, as nginx)
 //!       └─ beyond (or client_body_in_file_only): a temp file under
 //!          client_body_temp_path, written with crate::io::write_at (the
 //!          pool with `aio threads` + `aio_write on`); created and unlinked
@@ -479,12 +480,15 @@ async fn read_all(
     }
     let mut left = cx.req.content_length;
     let mut dec = left.is_none().then(ChunkedDecoder::new);
-    // nginx's sizing: what came with the head stays in memory, and the
-    // buffer for the rest is client_body_buffer_size, or the rest itself
-    // when that is under 1.25 times the size; the body goes to a file only
-    // when it outgrows both.
+    // nginx's sizing. HTTP/1: what came with the head stays in memory,
+    // and the buffer for the rest is client_body_buffer_size, or the rest
+    // itself when that is under 1.25 times the size; the body goes to a
+    // file only when it outgrows both. HTTP/2 (nginx's v2 body reader):
+    // one buffer of client_body_buffer_size (of the length when that is
+    // smaller), so a body longer than the size goes to a file.
     let preread = rb.buf.len() as u64;
     let buffer = match left {
+        _ if cx.req.proto() == b"HTTP/2.0" => mem_max,
         Some(n) if n.saturating_sub(preread) < mem_max.saturating_add(mem_max / 4) => {
             n.saturating_sub(preread)
         }
@@ -1100,8 +1104,14 @@ impl Sink {
             }
         };
         if !self.quiet {
+            // nginx: `warn`, `notice` for client_body_in_file_only.
+            let level = if keep == FileOnly::Off {
+                Level::Warn
+            } else {
+                Level::Notice
+            };
             cx.log(
-                Level::Warn,
+                level,
                 &format!(
                     "a client request body is buffered to a temporary file {}",
                     f.1.display()

@@ -643,6 +643,13 @@ pub fn compile_http(d: &Directive, cx: &mut Compiler, _main: &MainConf) -> ConfR
         }
         servers.push(Arc::new(s));
     }
+    if let Some(msg) = cx.merge_error.take() {
+        return Err(ConfError {
+            msg,
+            file: Some(d.file.to_path_buf()),
+            line: d.end,
+        });
+    }
     let (addrs, specific) = group_addrs(&servers)?;
     crate::tls::config::check_addrs(addrs.iter().chain(specific.values()))?;
     cx.vars.finish()?;
@@ -942,6 +949,9 @@ fn compile_location(
     let own_content = loc.content.is_some();
     crate::http::modules::ModLoc::check_pass(&loc, hm, d.block.as_deref().unwrap_or(&[]))?;
     crate::http::modules::proxy::register_implicit(&loc, hm);
+    if let Some(e) = crate::http::modules::secure_link::check_own(&loc.modules.secure_link) {
+        cx.merge_error.get_or_insert_with(|| e.to_string());
+    }
     loc.merge(parent);
     // A content handler belongs to its location: nginx does not pass the
     // enclosing location's proxy_pass on to a nested one (only to its

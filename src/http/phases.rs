@@ -510,6 +510,34 @@ pub async fn post_action(cx: &mut Ctx<'_>) {
     drop(Box::pin(run_phases(cx, entry)).await);
 }
 
+/// The end of a request, whatever protocol carried it, once its answer
+/// went out (`answered`: whole) or failed to: `post_action` for an
+/// answered one, then [`log_done`]. A request cut by the worker's
+/// shutdown (see [`WorkerShared::cut_off`]) during its post action is
+/// logged at once.
+///
+/// [`WorkerShared::cut_off`]: crate::core::worker::WorkerShared::cut_off
+pub async fn wrap_up(cx: &mut Ctx<'_>, status: u16, answered: bool) {
+    if answered && cx.loc.core.post_action.is_some() {
+        let (shared, since) = (cx.shared, cx.start);
+        tokio::select! {
+            biased;
+            () = post_action(cx) => {}
+            () = shared.cut_off(since) => {}
+        }
+    }
+    log_done(cx, status);
+}
+
+/// The log phase of a request: `status` as the client saw it (nginx logs
+/// 494-497 as the 400 they answer with; 0 is `000`, no status chosen),
+/// counted for stub_status and the metrics with the bytes sent.
+pub fn log_done(cx: &mut Ctx<'_>, status: u16) {
+    cx.sent.status = crate::http::status::wire_code(status);
+    modules::stub_status::metrics::record_response(status, cx.sent.bytes);
+    modules::log_phase(cx);
+}
+
 /// Where phase processing starts.
 enum Entry {
     /// Server rewrite, then location lookup.

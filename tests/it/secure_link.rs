@@ -6,7 +6,7 @@ use base64::Engine;
 use md5::{Digest, Md5};
 
 use crate::differential::{exchange, normalize};
-use crate::harness::{free_port, nginx_installed, start_nginx, Prefix, Server};
+use crate::harness::{free_port, nginx_installed, start_nginx, ConfTest, Prefix, Server};
 
 const CONF: &str = r#"
 http {
@@ -150,4 +150,50 @@ fn secure_link_as_nginx() {
     for (i, t) in targets().iter().enumerate() {
         assert_eq!(ours[i], theirs[i], "GET {}", t);
     }
+}
+
+#[test]
+fn secure_link_secret_mixed_with_secure_link_is_refused_as_nginx() {
+    // nginx refuses it when it merges the http block, so it names the
+    // line of the block's closing brace (nginx -t on the same texts).
+    let mixed = "events {}
+http {
+    server {
+        listen 127.0.0.1:1;
+        location /a {
+            secure_link $arg_md5;
+            secure_link_secret foo;
+        }
+    }
+}
+";
+    let t = ConfTest::run(mixed);
+    t.assert_says(
+        "emerg",
+        "\"secure_link_secret\" cannot be mixed with \"secure_link\" and \"secure_link_md5\"",
+        10,
+    );
+    assert_eq!(t.code, Some(1));
+    let md5 = mixed.replace("secure_link $arg_md5;", "secure_link_md5 x;");
+    ConfTest::run(&md5).assert_says(
+        "emerg",
+        "\"secure_link_secret\" cannot be mixed with \"secure_link\" and \"secure_link_md5\"",
+        10,
+    );
+    // A directive error anywhere in the block is found first.
+    let later = mixed.replace("    }\n}\n", "    }\n    bogus;\n}\n");
+    ConfTest::run(&later).assert_says("emerg", "unknown directive \"bogus\"", 10);
+    // Inherited from outside: no error (the location drops them).
+    let outer = "events {}
+http {
+    secure_link $arg_md5;
+    secure_link_md5 x;
+    server {
+        listen 127.0.0.1:1;
+        location /a { secure_link_secret foo; }
+    }
+}
+";
+    let t = ConfTest::run(outer);
+    assert_eq!(t.code, Some(0), "{}", t.stderr);
 }

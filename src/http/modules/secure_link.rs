@@ -76,6 +76,15 @@ impl SecureLinkLoc {
     }
 }
 
+/// nginx's merge-time refusal of a location that sets both modes itself
+/// (an inherited `secure_link` or `secure_link_md5` is simply dropped
+/// there, see [`SecureLinkLoc::merge`]).
+pub fn check_own(own: &SecureLinkLoc) -> Option<&'static str> {
+    (own.secret.is_some() && (own.variable.is_some() || own.md5.is_some())).then_some(
+        "\"secure_link_secret\" cannot be mixed with \"secure_link\" and \"secure_link_md5\"",
+    )
+}
+
 fn set_secure_link(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
     let t = Arc::new(cx.template(arg(d, 0), d)?);
     set_once(&mut l.modules.secure_link.variable, t, d)

@@ -346,7 +346,20 @@ async fn request<S: Stream>(
     {
         cx.body = Some(crate::http::body::ReqBody::new(stream, std::mem::take(buf)));
     }
-    let mut resp = phases::run(&mut cx).await;
+    let since = cx.start;
+    let resp = tokio::select! {
+        biased;
+        r = phases::run(&mut cx) => Some(r),
+        () = shared.cut_off(since) => None,
+    };
+    let Some(mut resp) = resp else {
+        // worker_shutdown_timeout ran out before the answer: nginx
+        // terminates the request and closes the connection; nothing is
+        // sent, and the log has no status (`000`), nothing in the error
+        // log.
+        phases::log_done(&mut cx, 0);
+        return false;
+    };
     let body_end = crate::http::body::give_back(&mut cx, buf);
     let loc = cx.loc.clone();
     // A body of unknown length that goes out unframed (see
@@ -360,9 +373,7 @@ async fn request<S: Stream>(
     if let crate::http::body::End::Broken { silent: true, .. } = body_end {
         // A body timeout or a client gone mid-body: nothing is sent
         // (nginx terminates the request); the status is still logged.
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         if loc.core.reset_timedout_connection.unwrap_or(false) {
             stream.set_linger_zero();
         }
@@ -371,9 +382,7 @@ async fn request<S: Stream>(
     if resp.close_silently {
         // `return 444`, a client gone while upstream was awaited (499):
         // nothing is sent, and the log says so, as nginx's does.
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         return false;
     }
     if let Some(up) = resp.upgrade.take() {
@@ -481,23 +490,30 @@ async fn request<S: Stream>(
         t
     };
     let fin: Finish<'_> = if own > 0 { Some(&finish) } else { None };
-    let result = write_response(
-        stream,
-        &mut resp,
-        &loc,
-        if req.http09 { 9 } else { req.minor },
-        keepalive,
-        head_only,
-        &mut sent,
-        fin,
-    )
-    .await;
-    sent.complete = result.is_ok();
+    let written = tokio::select! {
+        biased;
+        r = write_response(
+            stream,
+            &mut resp,
+            &loc,
+            if req.http09 { 9 } else { req.minor },
+            keepalive,
+            head_only,
+            &mut sent,
+            fin,
+        ) => Some(r),
+        () = shared.cut_off(since) => None,
+    };
     cx.sent = sent;
-    if loc.core.post_action.is_some() && result.is_ok() {
-        phases::post_action(&mut cx).await;
-    }
-    log_answered(&mut cx, resp.status);
+    let Some(result) = written else {
+        // worker_shutdown_timeout ran out while the answer was going out:
+        // the connection closes, the request is logged with its status
+        // and the bytes sent so far, as nginx's.
+        phases::log_done(&mut cx, resp.status);
+        return false;
+    };
+    cx.sent.complete = result.is_ok();
+    phases::wrap_up(&mut cx, resp.status, result.is_ok()).await;
     // Module state tied to the request (a limit_conn slot) lives until
     // the unread body is drained, as the request does in nginx.
     let mut request_guards = std::mem::take(&mut cx.guards);
@@ -569,7 +585,7 @@ async fn upgraded<S: Stream>(
             cx.log_with_upstream(level, &msg, Some(&url));
         }
     }
-    log_answered(cx, resp.status);
+    phases::log_done(cx, resp.status);
 }
 
 /// Reads until a complete head is in `buf`; returns its length.
@@ -716,14 +732,6 @@ fn head_end(buf: &[u8], scanned: &mut usize) -> Option<usize> {
     None
 }
 
-/// After an answer was written: the status counters and the access log.
-/// nginx logs its internal 494-497 as the 400 they are sent as.
-fn log_answered(cx: &mut phases::Ctx<'_>, status: u16) {
-    cx.sent.status = crate::http::status::wire_code(status);
-    crate::http::modules::stub_status::metrics::record_response(status, cx.sent.bytes);
-    crate::http::modules::log_phase(cx);
-}
-
 /// Waits, at most send_timeout, until the socket takes more bytes.
 async fn wait_writable<S: Stream>(stream: &S, loc: &LocConf) -> io::Result<()> {
     let to = Duration::from_millis(loc.core.send_timeout.unwrap_or(60_000));
@@ -791,7 +799,7 @@ async fn reject_and_close<S: Stream>(
     )
     .await;
     cx.sent.complete = written.is_ok();
-    log_answered(&mut cx, r.status);
+    phases::log_done(&mut cx, r.status);
     drop(cx);
     linger(stream, &loc).await;
 }

@@ -532,11 +532,11 @@ async fn stream_task(
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body_io, Vec::new()));
     }
-    let mut expired = shared.expired.clone();
+    let since = cx.start;
     let mut resp = tokio::select! {
         biased;
         r = phases::run(&mut cx) => r,
-        _ = expired.wait_for(|e| *e) => {
+        () = shared.cut_off(since) => {
             // worker_shutdown_timeout ran out before the answer: the
             // request ends as one the client closed (nginx logs 499).
             end_expired(&mut cx, &mut respond, 499);
@@ -547,17 +547,13 @@ async fn stream_task(
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
     if let crate::http::body::End::Broken { silent: true, .. } = body_end {
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         // As nginx: a body that timed out resets with PROTOCOL_ERROR.
         respond.send_reset(h2::Reason::PROTOCOL_ERROR);
         return;
     }
     if resp.close_silently {
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }
@@ -580,7 +576,7 @@ async fn stream_task(
     let r = tokio::select! {
         biased;
         r = send(&mut respond, &mut resp, &loc, head_only, &mut cx.sent) => r,
-        _ = expired.wait_for(|e| *e) => {
+        () = shared.cut_off(since) => {
             // worker_shutdown_timeout ran out while the answer was going
             // out: logged with its status and the bytes sent so far.
             end_expired(&mut cx, &mut respond, resp.status);
@@ -593,18 +589,14 @@ async fn stream_task(
         cx.sent.complete = true;
         guard.served();
     }
-    cx.sent.status = resp.status;
-    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    phases::wrap_up(&mut cx, resp.status, r.is_ok()).await;
 }
 
 /// Ends a stream cut short by worker_shutdown_timeout: reset (the
 /// connection closes anyway), logged with `status`.
 fn end_expired(cx: &mut phases::Ctx<'_>, respond: &mut SendResponse<Bytes>, status: u16) {
     respond.send_reset(h2::Reason::INTERNAL_ERROR);
-    cx.sent.status = status;
-    crate::http::modules::stub_status::metrics::record_response(status, cx.sent.bytes);
-    crate::http::modules::log_phase(cx);
+    phases::log_done(cx, status);
 }
 
 /// The host a request names: its Host field, else `:authority`.
@@ -638,7 +630,6 @@ async fn refuse(
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     cx.log(Level::Info, rej.log);
     let mut resp = phases::conclude(&mut cx, Box::new(Response::status(rej.status))).await;
-    cx.sent.status = crate::http::status::wire_code(resp.status);
     if resp.close_silently {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
     } else {
@@ -653,8 +644,7 @@ async fn refuse(
             cx.sent.complete = true;
         }
     }
-    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    phases::log_done(&mut cx, resp.status);
 }
 
 /// Sends the response: HEADERS, then the body as DATA (files read through

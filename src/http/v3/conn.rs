@@ -590,16 +590,12 @@ async fn stream_task(
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
     if let crate::http::body::End::Broken { silent: true, .. } = body_end {
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         stop(&body, Code::H3_REQUEST_CANCELLED);
         return;
     }
     if resp.close_silently {
-        cx.sent.status = resp.status;
-        crate::http::modules::stub_status::metrics::record_response(resp.status, 0);
-        crate::http::modules::log_phase(&cx);
+        phases::log_done(&mut cx, resp.status);
         stop(&body, Code::H3_INTERNAL_ERROR);
         return;
     }
@@ -616,7 +612,7 @@ async fn stream_task(
         return;
     };
     let r = send(&mut rx, &mut resp, &loc, head_only, &mut cx.sent).await;
-    cx.sent.status = resp.status;
+    let mut status = resp.status;
     match r {
         Ok(()) => cx.sent.complete = true,
         Err(e) => {
@@ -625,12 +621,13 @@ async fn stream_task(
                 // The client stopped or reset the stream before the
                 // answer could start: as nginx, which notices that while
                 // the answer is awaited, "client closed request".
-                cx.sent.status = 499;
+                status = 499;
             }
         }
     }
-    crate::http::modules::stub_status::metrics::record_response(cx.sent.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    let answered = cx.sent.complete;
+    drop(rx);
+    phases::wrap_up(&mut cx, status, answered).await;
 }
 
 /// Answers a request refused as it was read (400), as nginx finalises
@@ -654,7 +651,6 @@ async fn refuse(
     let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
     cx.log(Level::Info, rej.log);
     let mut resp = phases::conclude(&mut cx, Box::new(Response::status(rej.status))).await;
-    cx.sent.status = crate::http::status::wire_code(resp.status);
     if resp.close_silently {
         rx.stop_stream(Code::H3_INTERNAL_ERROR);
     } else {
@@ -665,8 +661,7 @@ async fn refuse(
             Err(_) => rx.stop_stream(Code::H3_INTERNAL_ERROR),
         }
     }
-    crate::http::modules::stub_status::metrics::record_response(resp.status, cx.sent.bytes);
-    crate::http::modules::log_phase(&cx);
+    phases::log_done(&mut cx, resp.status);
 }
 
 fn stop(body: &H3Body, code: Code) {
