@@ -962,7 +962,7 @@ fn compile_location(
     }
     // nginx's `unknown thread pool "NAME"` for `aio threads=NAME`.
     cx.io_main.check_loc(&loc.io)?;
-    crate::http::modules::proxy::check_ssl(&mut loc)?;
+    crate::http::modules::ModLoc::check_ssl(&mut loc)?;
     crate::http::modules::ModLoc::check_merged(&loc)?;
     // The location's own error log first: its `if` blocks log there too.
     if own_error_log {

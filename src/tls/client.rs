@@ -605,7 +605,16 @@ impl AsyncRead for UpStream {
         match self.get_mut() {
             UpStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             UpStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            // A peer that closes without close_notify (uWSGI's
+            // --ssl-socket does) ends the stream as a plain close, as
+            // nginx's SSL_OP_IGNORE_UNEXPECTED_EOF: a body framed by the
+            // close is complete; one with a length is still found short.
+            UpStream::Tls(s) => match Pin::new(s.as_mut()).poll_read(cx, buf) {
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Poll::Ready(Ok(()))
+                }
+                r => r,
+            },
         }
     }
 }

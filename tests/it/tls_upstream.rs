@@ -318,3 +318,59 @@ fn tls_upstream_certificate_config_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("X509_LOOKUP_load_file(\""), "{}", err);
 }
+
+/// The `PREFIX_ssl_*` rows are one table written per prefix: the same
+/// checks, in nginx's words with the module's prefix (as nginx 1.22
+/// prints them for the same configs), for proxy, grpc and uwsgi; and none
+/// where the pass is plain.
+#[test]
+fn tls_upstream_checks_are_the_same_for_every_prefix() {
+    let p = Prefix::new();
+    let check = |inner: &str| {
+        let conf = format!(
+            "events {{}}\nhttp {{ server {{ listen 127.0.0.1:1; location / {{\n{}\n}} }} }}\n",
+            inner
+        );
+        let file = p.write("conf/t.conf", conf);
+        let o = p.run(&["-t", "-c", file.to_str().unwrap_or("")]);
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    for (prefix, tls, plain) in [
+        ("proxy", "https://127.0.0.1:2", "http://127.0.0.1:2"),
+        ("grpc", "grpcs://127.0.0.1:2", "grpc://127.0.0.1:2"),
+        ("uwsgi", "suwsgi://127.0.0.1:2", "uwsgi://127.0.0.1:2"),
+    ] {
+        let (ok, err) = check(&format!(
+            "{prefix}_pass {tls}; {prefix}_ssl_verify on; {prefix}_ssl_verify_depth 2;"
+        ));
+        assert!(!ok);
+        assert!(
+            err.contains(&format!(
+                "no {prefix}_ssl_trusted_certificate for {prefix}_ssl_verify"
+            )),
+            "{err}"
+        );
+        let (ok, err) = check(&format!(
+            "{prefix}_pass {tls}; {prefix}_ssl_certificate some.crt;"
+        ));
+        assert!(!ok);
+        assert!(
+            err.contains(&format!(
+                "no \"{prefix}_ssl_certificate_key\" is defined for certificate \"some.crt\""
+            )),
+            "{err}"
+        );
+        let (ok, err) = check(&format!(
+            "{prefix}_pass {tls}; {prefix}_ssl_crl missing.crl;"
+        ));
+        assert!(!ok);
+        assert!(err.contains("X509_LOOKUP_load_file(\""), "{err}");
+        let (ok, err) = check(&format!(
+            "{prefix}_pass {plain}; {prefix}_ssl_verify on; {prefix}_ssl_certificate some.crt;"
+        ));
+        assert!(ok, "{err}");
+    }
+}

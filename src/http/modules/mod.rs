@@ -301,6 +301,20 @@ impl ModLoc {
         check_cache_key(&l.modules.uwsgi.up, "uwsgi")
     }
 
+    /// nginx's checks of the `PREFIX_ssl_*` settings of a merged location
+    /// whose pass may use TLS, and its client certificate read
+    /// ([`crate::http::upstream::ssl::check`]); one line per protocol
+    /// that speaks TLS.
+    pub fn check_ssl(l: &mut LocConf) -> ConfResult<()> {
+        use crate::http::upstream::ssl::check;
+        let on = l.modules.proxy.pass.as_ref().is_some_and(|p| p.tls);
+        check(&mut l.modules.proxy.up.ssl, "proxy", on)?;
+        let on = grpc::may_use_tls(l);
+        check(&mut l.modules.grpc.up.ssl, "grpc", on)?;
+        let on = uwsgi::may_use_tls(l);
+        check(&mut l.modules.uwsgi.up.ssl, "uwsgi", on)
+    }
+
     /// The `*_pass` modules' checks of a compiled location (`own`: its
     /// own configuration, `block`: its directives).
     pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {

@@ -132,6 +132,8 @@ pub struct UpstreamConf {
     pub store: Option<Option<StoreTo>>,
     /// `PREFIX_store_access` as a file mode.
     pub store_access: Option<u32>,
+    /// `PREFIX_ssl_*` (for the protocols that speak TLS; see `ssl.rs`).
+    pub ssl: super::ssl::SslConf,
 }
 
 impl UpstreamConf {
@@ -145,6 +147,7 @@ impl UpstreamConf {
             cache_lock, cache_lock_timeout, cache_lock_age, cache_revalidate, cache_convert_head,
             cache_min_uses, cache_max_range_offset, ignore_client_abort, bind, socket_keepalive, limit_rate, store,
             store_access);
+        self.ssl.merge(&p.ssl);
     }
 
     /// Whether a cache is configured (`PREFIX_cache ZONE`).
@@ -256,10 +259,7 @@ pub struct Limits {
     pub next_tries: u64,
     pub next_timeout: Option<Duration>,
     /// TLS to the upstream: the client configuration and the upstream's name.
-    pub tls: Option<(
-        Arc<rustls::ClientConfig>,
-        rustls::pki_types::ServerName<'static>,
-    )>,
+    pub tls: Option<super::ssl::Tls>,
 }
 
 impl Limits {
@@ -292,11 +292,16 @@ pub trait Slot {
 }
 
 /// The shared rows of a `*_pass` module's directive table, with the
-/// module's own rows first: `upstream_directives!(Slot, "prefix", [rows])`.
+/// module's own rows first: `upstream_directives!(Slot, "prefix", [rows])`;
+/// with `tls` after the prefix, the `PREFIX_ssl_*` rows too
+/// (`upstream_directives!(Slot, "prefix", tls, [rows])`, see `ssl.rs`).
 /// The rows of a module whose answers are neither buffered to disk nor
 /// cached (memcached): `upstream_directives_core!(Slot, "prefix", [rows])`.
 #[macro_export]
 macro_rules! upstream_directives_core {
+    ($slot:ty, $p:literal, tls, [$($own:expr),* $(,)?]) => {
+        $crate::upstream_ssl_directives!(upstream_directives_core, $slot, $p, [$($own),*])
+    };
     ($slot:ty, $p:literal, [$($own:expr),* $(,)?]) => {{
         use $crate::config::registry::{ctx, Args, Setter, Spec};
         use $crate::http::upstream::conf as c;
@@ -324,6 +329,9 @@ macro_rules! upstream_directives_core {
 
 #[macro_export]
 macro_rules! upstream_directives {
+    ($slot:ty, $p:literal, tls, [$($own:expr),* $(,)?]) => {
+        $crate::upstream_ssl_directives!(upstream_directives, $slot, $p, [$($own),*])
+    };
     ($slot:ty, $p:literal, [$($own:expr),* $(,)?]) => {{
         use $crate::config::registry::{ctx, Args, Setter, Spec};
         use $crate::http::upstream::conf as c;

@@ -37,7 +37,9 @@
 //! `upstream {}` blocks, balancing and keepalive; `fetch.rs` one fetch
 //! with its retries; `cache.rs` lookup, entries, validity, background
 //! updates; `pipe.rs` the body's way to the client; `response.rs` the
-//! head turned into a Response; `run.rs` the order of it all.
+//! head turned into a Response; `run.rs` the order of it all; `ssl.rs`
+//! the `PREFIX_ssl_*` settings and the TLS client of a request, for every
+//! protocol that speaks TLS (`tls` in its `upstream_directives!` call).
 
 pub mod cache;
 pub mod conf;
@@ -47,6 +49,7 @@ pub mod pipe;
 pub mod purge;
 pub mod response;
 pub mod run;
+pub mod ssl;
 pub mod state;
 
 use std::path::Path;

@@ -38,15 +38,14 @@
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
+use crate::config::registry::{arg, ctx, Args, Setter, Spec};
 use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
-use crate::core::log::Level;
 use crate::http::body;
 use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::phases::Ctx;
@@ -81,6 +80,7 @@ impl Slot for Up {
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives_core!(
     Up,
     "grpc",
+    tls,
     [
         row("grpc_pass", LOC, Args::take(1), set_pass),
         row("grpc_set_header", HSL, Args::take(2), set_header),
@@ -108,49 +108,6 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives_core!(
             Args::AtLeast(1),
             crate::http::upstream::conf::set_ignore_headers::<Up>
         ),
-        row("grpc_ssl_verify", HSL, Args::Flag, set_ssl_flag),
-        row("grpc_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
-        row("grpc_ssl_session_reuse", HSL, Args::Flag, set_ssl_flag),
-        row("grpc_ssl_name", HSL, Args::take(1), set_ssl_name),
-        row(
-            "grpc_ssl_protocols",
-            HSL,
-            Args::AtLeast(1),
-            set_ssl_protocols
-        ),
-        row("grpc_ssl_ciphers", HSL, Args::take(1), set_ssl_ciphers),
-        row(
-            "grpc_ssl_trusted_certificate",
-            HSL,
-            Args::take(1),
-            set_ssl_trusted
-        ),
-        row(
-            "grpc_ssl_verify_depth",
-            HSL,
-            Args::take(1),
-            set_ssl_verify_depth
-        ),
-        row(
-            "grpc_ssl_certificate",
-            HSL,
-            Args::take(1),
-            set_ssl_cert_file
-        ),
-        row(
-            "grpc_ssl_certificate_key",
-            HSL,
-            Args::take(1),
-            set_ssl_cert_file
-        ),
-        row(
-            "grpc_ssl_password_file",
-            HSL,
-            Args::take(1),
-            set_ssl_cert_file
-        ),
-        unsupported("grpc_ssl_crl"),
-        unsupported("grpc_ssl_conf_command"),
     ]
 );
 
@@ -165,16 +122,6 @@ const fn row(
         ctx,
         args,
         set: Setter::Loc(f),
-    }
-}
-
-/// A directive of the module tern does not implement yet.
-const fn unsupported(name: &'static str) -> Spec {
-    Spec {
-        name,
-        ctx: HSL,
-        args: Args::Any,
-        set: Setter::Unsupported,
     }
 }
 
@@ -199,30 +146,11 @@ pub struct GrpcLoc {
     /// `grpc_set_header` entries in order (a level with any replaces the
     /// inherited list).
     pub headers: Option<Arc<Vec<(String, Template)>>>,
-    pub ssl_verify: Option<bool>,
-    pub ssl_server_name: Option<bool>,
-    pub ssl_session_reuse: Option<bool>,
-    pub ssl_name: Option<String>,
-    pub ssl_protocols: Option<(bool, bool)>,
-    pub ssl_ciphers: Option<String>,
-    pub ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
-    /// `grpc_ssl_certificate`, `_key`, `grpc_ssl_password_file` (paths
-    /// and the passwords read), and the pair loaded from them on the
-    /// master thread once the certificate and key are both known.
-    pub ssl_cert: Option<String>,
-    pub ssl_key: Option<String>,
-    pub ssl_passwords: Option<Arc<Vec<Vec<u8>>>>,
-    pub ssl_pair: Option<Arc<rustls::sign::CertifiedKey>>,
-    /// This level's TLS client configuration, made on its first
-    /// `grpcs://` call from the merged settings.
-    pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
 }
 
 impl GrpcLoc {
     pub fn merge(&mut self, p: &GrpcLoc) {
-        merge_opts!(self, p; pass, headers, ssl_verify, ssl_server_name, ssl_session_reuse,
-            ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted, ssl_cert, ssl_key, ssl_passwords,
-            ssl_pair);
+        merge_opts!(self, p; pass, headers);
         self.up.merge(&p.up);
     }
 }
@@ -258,6 +186,17 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
     Ok(())
 }
 
+/// Whether a location's `grpc_pass` may use TLS (`grpcs://`, or an
+/// address with variables, which may render one): its `grpc_ssl_*`
+/// settings are then checked, as nginx does.
+pub fn may_use_tls(l: &LocConf) -> bool {
+    l.modules
+        .grpc
+        .pass
+        .as_ref()
+        .is_some_and(|p| p.tls || matches!(p.addr.to, peers::PassTo::Var(_)))
+}
+
 /// nginx's `no port in upstream "NAME"` (see [`peers::check_pass`]).
 pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
     peers::check_pass(
@@ -273,135 +212,6 @@ fn set_header(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     let list = l.modules.grpc.headers.get_or_insert_with(Default::default);
     Arc::make_mut(list).push((arg(d, 0).to_string(), v));
     Ok(())
-}
-
-fn set_ssl_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    let g = &mut l.modules.grpc;
-    let slot = match d.name.as_str() {
-        "grpc_ssl_verify" => &mut g.ssl_verify,
-        "grpc_ssl_server_name" => &mut g.ssl_server_name,
-        _ => &mut g.ssl_session_reuse,
-    };
-    set_once(slot, v, d)
-}
-
-fn set_ssl_name(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    if arg(d, 0).contains('$') {
-        return Err(ConfError::at(
-            "grpc_ssl_name with variables is not supported by tern yet",
-            d,
-        ));
-    }
-    set_once(&mut l.modules.grpc.ssl_name, arg(d, 0).to_string(), d)
-}
-
-fn set_ssl_protocols(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = super::ssl_settings::parse_protocols(d)?;
-    set_once(&mut l.modules.grpc.ssl_protocols, v, d)
-}
-
-fn set_ssl_ciphers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    crate::tls::client::check_ciphers(arg(d, 0))?;
-    set_once(&mut l.modules.grpc.ssl_ciphers, arg(d, 0).to_string(), d)
-}
-
-fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let p = arg(d, 0);
-    let path = if p.starts_with('/') {
-        p.to_string()
-    } else {
-        cx.conf_prefix.join(p).to_string_lossy().into_owned()
-    };
-    // Read here, on the master thread, never on a worker.
-    let roots = crate::tls::client::load_roots(&path)?;
-    set_once(&mut l.modules.grpc.ssl_trusted, roots, d)
-}
-
-/// `grpc_ssl_certificate FILE`, `grpc_ssl_certificate_key FILE`,
-/// `grpc_ssl_password_file FILE`: read on the master thread; the pair is
-/// loaded when the certificate and key are both set (again when a password
-/// file follows: an encrypted key waits for it).
-fn set_ssl_cert_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let a = arg(d, 0);
-    if a.contains('$') || a.starts_with("data:") {
-        return Err(ConfError::at(
-            format!(
-                "\"{}\" with variables or \"data:\" is not supported by tern yet",
-                d.name
-            ),
-            d,
-        ));
-    }
-    let path = if a.starts_with('/') {
-        a.to_string()
-    } else {
-        cx.conf_prefix.join(a).to_string_lossy().into_owned()
-    };
-    let g = &mut l.modules.grpc;
-    match d.name.as_str() {
-        "grpc_ssl_certificate" => set_once(&mut g.ssl_cert, path, d)?,
-        "grpc_ssl_certificate_key" => set_once(&mut g.ssl_key, path, d)?,
-        _ => {
-            let pw =
-                crate::tls::keys::read_passwords(&path).map_err(|e| ConfError::at(e.msg, d))?;
-            set_once(&mut g.ssl_passwords, Arc::new(pw), d)?
-        }
-    }
-    if let (Some(c), Some(k)) = (&g.ssl_cert, &g.ssl_key) {
-        let pw = g.ssl_passwords.as_deref().map_or(&[][..], |v| v.as_slice());
-        match crate::tls::client::load_certificate(c, k, pw) {
-            Ok(p) => g.ssl_pair = Some(p),
-            Err(_) if g.ssl_passwords.is_none() => {}
-            Err(e) => return Err(ConfError::at(e.msg, d)),
-        }
-    }
-    Ok(())
-}
-
-fn set_ssl_verify_depth(_: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    crate::config::value::number(arg(d, 0))
-        .map(drop)
-        .ok_or_else(|| crate::config::registry::slot_invalid_number(d))
-}
-
-/// The TLS client of a `grpcs://` call: the location's settings, with
-/// ALPN h2 (a gRPC server speaks nothing else).
-fn ssl_client(
-    conf: &GrpcLoc,
-    authority: &str,
-) -> Option<(
-    Arc<rustls::ClientConfig>,
-    rustls::pki_types::ServerName<'static>,
-)> {
-    let cfg = conf
-        .ssl_client
-        .get_or_init(|| {
-            let s = crate::tls::client::UpSsl {
-                verify: conf.ssl_verify.unwrap_or(false),
-                server_name: conf.ssl_server_name.unwrap_or(false),
-                protocols: conf.ssl_protocols.unwrap_or((true, false)),
-                ciphers: conf.ssl_ciphers.clone().unwrap_or_else(|| "DEFAULT".into()),
-                roots: conf.ssl_trusted.clone(),
-                session_reuse: conf.ssl_session_reuse.unwrap_or(true),
-                // The shared client-certificate path (tls::client), as
-                // proxy_ssl_certificate and the stream module's.
-                certificate: conf.ssl_pair.clone(),
-                ..Default::default()
-            };
-            let base = crate::tls::client::client_config(&s).ok()?;
-            let mut c = (*base).clone();
-            c.alpn_protocols = vec![b"h2".to_vec()];
-            Some(Arc::new(c))
-        })
-        .clone()?;
-    let host = match authority.rsplit_once(':') {
-        Some((h, p)) if p.bytes().all(|c| c.is_ascii_digit()) => h,
-        _ => authority,
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = crate::tls::client::server_name(conf.ssl_name.as_deref().unwrap_or(host))?;
-    Some((cfg, name))
 }
 
 // ---- the content handler ----------------------------------------------------
@@ -489,17 +299,17 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     };
     let mut lim = Limits::of(&conf.up);
     if tls {
-        match ssl_client(conf, &authority) {
-            Some(t) => lim.tls = Some(t),
-            None => {
-                cx.log(
-                    Level::Error,
-                    "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
-                );
+        // The name to check is the authority's host; a gRPC server speaks
+        // nothing but h2, offered by ALPN.
+        let alpn: &[&[u8]] = &[b"h2"];
+        let tls = crate::http::upstream::ssl::for_request(cx, &conf.up.ssl, &authority, alpn).await;
+        match tls {
+            Ok(t) => lim.tls = Some(t),
+            Err(r) => {
                 if let Some(s) = stream {
                     s.finish(cx);
                 }
-                return Response::status(502);
+                return *r;
             }
         }
     }

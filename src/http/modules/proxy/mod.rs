@@ -69,8 +69,8 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use crate::config::registry::{arg, ctx, flag, set_once, Args, Setter, Spec};
-use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::config::registry::{arg, ctx, set_once, Args, Setter, Spec};
+use crate::config::{ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::http::body::{self, TempDir};
@@ -103,6 +103,7 @@ impl Slot for Up {
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
     Up,
     "proxy",
+    tls,
     [
         row("proxy_pass", LOC, Args::take(1), set_pass),
         row("proxy_set_header", HSL, Args::take(2), set_header),
@@ -129,56 +130,8 @@ pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
         row("proxy_method", HSL, Args::take(1), set_method),
         row("proxy_redirect", HSL, Args::take12(), redirect::set),
         row("proxy_set_body", HSL, Args::take(1), set_body),
-        row("proxy_ssl_verify", HSL, Args::Flag, set_ssl_flag),
-        row("proxy_ssl_server_name", HSL, Args::Flag, set_ssl_flag),
-        row("proxy_ssl_session_reuse", HSL, Args::Flag, set_ssl_flag),
-        row("proxy_ssl_name", HSL, Args::take(1), set_ssl_name),
-        row(
-            "proxy_ssl_protocols",
-            HSL,
-            Args::AtLeast(1),
-            set_ssl_protocols
-        ),
-        row("proxy_ssl_ciphers", HSL, Args::take(1), set_ssl_ciphers),
-        row(
-            "proxy_ssl_trusted_certificate",
-            HSL,
-            Args::take(1),
-            set_ssl_trusted
-        ),
-        row(
-            "proxy_ssl_verify_depth",
-            HSL,
-            Args::take(1),
-            set_ssl_verify_depth
-        ),
-        row("proxy_ssl_certificate", HSL, Args::take(1), set_ssl_file),
-        row(
-            "proxy_ssl_certificate_key",
-            HSL,
-            Args::take(1),
-            set_ssl_file
-        ),
-        row(
-            "proxy_ssl_password_file",
-            HSL,
-            Args::take(1),
-            set_ssl_password_file
-        ),
-        row("proxy_ssl_crl", HSL, Args::take(1), set_ssl_crl),
-        unsupported("proxy_ssl_conf_command"),
     ]
 );
-
-/// A directive of the module tern does not implement yet.
-const fn unsupported(name: &'static str) -> Spec {
-    Spec {
-        name,
-        ctx: HSL,
-        args: Args::Any,
-        set: Setter::Unsupported,
-    }
-}
 
 const fn row(
     name: &'static str,
@@ -255,34 +208,6 @@ pub struct ProxyLoc {
     /// implicit `default`).
     pub redirect: Option<Arc<Vec<redirect::Redirect>>>,
     pub set_body: Option<Template>,
-    pub ssl_verify: Option<bool>,
-    pub ssl_server_name: Option<bool>,
-    pub ssl_session_reuse: Option<bool>,
-    pub ssl_name: Option<String>,
-    pub ssl_protocols: Option<(bool, bool)>,
-    pub ssl_ciphers: Option<String>,
-    pub ssl_trusted: Option<Arc<crate::tls::client::Trusted>>,
-    pub ssl_verify_depth: Option<u32>,
-    /// `proxy_ssl_crl`, read.
-    pub ssl_crl: Option<Arc<Vec<Vec<u8>>>>,
-    /// `proxy_ssl_certificate` / `_key` paths ("" for none) and
-    /// `proxy_ssl_password_file`'s passphrases.
-    pub ssl_certificate: Option<String>,
-    pub ssl_certificate_key: Option<String>,
-    /// The same two as files, `data:` or names with variables.
-    pub ssl_certificate_name: Option<crate::tls::var_certs::CertName>,
-    pub ssl_certificate_key_name: Option<crate::tls::var_certs::CertName>,
-    /// Built after the merge when either name has variables: the pair is
-    /// loaded per upstream connection, as nginx 1.22 does.
-    pub ssl_var_certs: Option<Arc<crate::tls::var_certs::VarCerts>>,
-    pub ssl_passwords: Option<Arc<Vec<Vec<u8>>>>,
-    /// The certificate and key, read after the merge ([`check_ssl`]),
-    /// on the master thread.
-    pub ssl_certified: Option<Arc<rustls::sign::CertifiedKey>>,
-    /// The TLS client configuration of this level, made on its first
-    /// `https://` request from the merged settings (not inherited: each
-    /// level has its own).
-    pub ssl_client: Arc<OnceLock<Option<Arc<rustls::ClientConfig>>>>,
     /// `proxy_cookie_domain` / `_path` rules in order (empty: `off`).
     pub cookie_domain: Option<Arc<Vec<CookieRewrite>>>,
     pub cookie_path: Option<Arc<Vec<CookieRewrite>>>,
@@ -315,10 +240,7 @@ impl ProxyLoc {
     pub fn merge(&mut self, p: &ProxyLoc) {
         // `pass` is inherited too, so that an `if` block inside a proxied
         // location still proxies (nginx keeps the location's handler there).
-        merge_opts!(self, p; pass, headers, http_version, redirect, set_body, ssl_verify,
-            ssl_server_name, ssl_session_reuse, ssl_name, ssl_protocols, ssl_ciphers, ssl_trusted,
-            ssl_verify_depth, ssl_crl, ssl_certificate, ssl_certificate_key, ssl_passwords,
-            ssl_certificate_name, ssl_certificate_key_name,
+        merge_opts!(self, p; pass, headers, http_version, redirect, set_body,
             cookie_domain, cookie_path, cookie_flags, method);
         self.up.merge(&p.up);
     }
@@ -733,189 +655,6 @@ fn set_method(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<(
     set_once(&mut l.modules.proxy.method, t, d)
 }
 
-fn set_ssl_flag(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    let p = &mut l.modules.proxy;
-    let slot = match d.name.as_str() {
-        "proxy_ssl_verify" => &mut p.ssl_verify,
-        "proxy_ssl_server_name" => &mut p.ssl_server_name,
-        _ => &mut p.ssl_session_reuse,
-    };
-    set_once(slot, v, d)
-}
-
-fn set_ssl_name(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = arg(d, 0);
-    if v.contains('$') {
-        return Err(ConfError::at(
-            "proxy_ssl_name with variables is not supported by tern yet",
-            d,
-        ));
-    }
-    set_once(&mut l.modules.proxy.ssl_name, v.to_string(), d)
-}
-
-fn set_ssl_protocols(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = super::ssl_settings::parse_protocols(d)?;
-    set_once(&mut l.modules.proxy.ssl_protocols, v, d)
-}
-
-fn set_ssl_ciphers(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    crate::tls::client::check_ciphers(arg(d, 0))?;
-    set_once(&mut l.modules.proxy.ssl_ciphers, arg(d, 0).to_string(), d)
-}
-
-fn set_ssl_trusted(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let p = arg(d, 0);
-    let path = if p.starts_with('/') {
-        p.to_string()
-    } else {
-        cx.conf_prefix.join(p).to_string_lossy().into_owned()
-    };
-    // Read here, on the master thread, never on a worker.
-    let roots = crate::tls::client::load_roots(&path)?;
-    set_once(&mut l.modules.proxy.ssl_trusted, roots, d)
-}
-
-fn set_ssl_verify_depth(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v =
-        value::number(arg(d, 0)).ok_or_else(|| crate::config::registry::slot_invalid_number(d))?;
-    set_once(
-        &mut l.modules.proxy.ssl_verify_depth,
-        u32::try_from(v).unwrap_or(u32::MAX),
-        d,
-    )
-}
-
-/// A file argument of a `proxy_ssl_*` directive, relative to the
-/// directory of nginx.conf ("" stays "": no certificate).
-fn ssl_path(d: &Directive, cx: &Compiler) -> ConfResult<String> {
-    let a = arg(d, 0);
-    if a.contains('$') || a.starts_with("data:") {
-        return Err(ConfError::at(
-            format!(
-                "\"{}\" with variables or \"data:\" is not supported by tern yet",
-                d.name
-            ),
-            d,
-        ));
-    }
-    Ok(if a.is_empty() || a.starts_with('/') {
-        a.to_string()
-    } else {
-        cx.conf_prefix.join(a).to_string_lossy().into_owned()
-    })
-}
-
-/// `proxy_ssl_certificate`, `proxy_ssl_certificate_key`: files (read
-/// after the merge), `data:`, or names with variables (loaded per
-/// upstream connection).
-fn set_ssl_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let a = arg(d, 0);
-    let prefix = cx.conf_prefix.clone();
-    let name = crate::tls::var_certs::CertName::parse(a, &prefix, |v| cx.template(v, d))?;
-    let shown = if a.is_empty() {
-        String::new()
-    } else {
-        name.shown().to_string()
-    };
-    let p = &mut l.modules.proxy;
-    let (slot, name_slot) = if d.name == "proxy_ssl_certificate" {
-        (&mut p.ssl_certificate, &mut p.ssl_certificate_name)
-    } else {
-        (&mut p.ssl_certificate_key, &mut p.ssl_certificate_key_name)
-    };
-    set_once(slot, shown, d)?;
-    *name_slot = Some(name);
-    Ok(())
-}
-
-fn set_ssl_password_file(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let path = ssl_path(d, cx)?;
-    let v = crate::tls::keys::read_passwords(&path)?;
-    set_once(&mut l.modules.proxy.ssl_passwords, Arc::new(v), d)
-}
-
-fn set_ssl_crl(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let path = ssl_path(d, cx)?;
-    let v = crate::tls::client::load_crls(&path)?;
-    set_once(&mut l.modules.proxy.ssl_crl, v, d)
-}
-
-/// nginx's checks of a merged location that proxies to `https://`
-/// (`proxy_ssl_verify on` needs trusted certificates; a certificate
-/// needs its key), and the reading of `proxy_ssl_certificate`.
-pub fn check_ssl(l: &mut LocConf) -> ConfResult<()> {
-    let p = &mut l.modules.proxy;
-    if !p.pass.as_ref().is_some_and(|x| x.tls) {
-        return Ok(());
-    }
-    if p.ssl_verify == Some(true) && p.ssl_trusted.is_none() {
-        return Err(ConfError::new(
-            "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
-        ));
-    }
-    let Some(cert) = p.ssl_certificate.as_deref().filter(|c| !c.is_empty()) else {
-        return Ok(());
-    };
-    let Some(key) = p.ssl_certificate_key.as_deref().filter(|k| !k.is_empty()) else {
-        return Err(ConfError::new(format!(
-            "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
-            cert
-        )));
-    };
-    let passwords = p.ssl_passwords.as_deref().map_or(&[][..], |v| &v[..]);
-    let file = |s: &str| crate::tls::var_certs::CertName::File(s.to_string());
-    let c = p.ssl_certificate_name.clone().unwrap_or_else(|| file(cert));
-    let k = p
-        .ssl_certificate_key_name
-        .clone()
-        .unwrap_or_else(|| file(key));
-    if c.has_vars() || k.has_vars() {
-        p.ssl_var_certs = Some(Arc::new(crate::tls::var_certs::VarCerts {
-            pairs: vec![(c, k)],
-            passwords: passwords.to_vec(),
-            negotiate: None,
-        }));
-        return Ok(());
-    }
-    p.ssl_certified = Some(crate::tls::config::load_named(&c, &k, passwords)?);
-    Ok(())
-}
-
-/// The location's TLS client configuration and the name to verify (and
-/// send as SNI), or None when the configuration cannot be made.
-fn ssl_client(
-    conf: &ProxyLoc,
-    pass: &Pass,
-) -> Option<(
-    Arc<rustls::ClientConfig>,
-    rustls::pki_types::ServerName<'static>,
-)> {
-    let cfg = conf
-        .ssl_client
-        .get_or_init(|| {
-            let d = crate::tls::client::UpSsl::default();
-            let s = crate::tls::client::UpSsl {
-                verify: conf.ssl_verify.unwrap_or(d.verify),
-                server_name: conf.ssl_server_name.unwrap_or(d.server_name),
-                protocols: conf.ssl_protocols.unwrap_or(d.protocols),
-                ciphers: conf.ssl_ciphers.clone().unwrap_or(d.ciphers),
-                roots: conf.ssl_trusted.clone(),
-                session_reuse: conf.ssl_session_reuse.unwrap_or(d.session_reuse),
-                verify_depth: conf.ssl_verify_depth.unwrap_or(d.verify_depth),
-                crls: conf.ssl_crl.clone(),
-                certificate: conf.ssl_certified.clone(),
-                ..d
-            };
-            crate::tls::client::client_config(&s).ok()
-        })
-        .clone()?;
-    let host = String::from_utf8_lossy(&pass.host).into_owned();
-    let name = crate::tls::client::server_name(conf.ssl_name.as_deref().unwrap_or(&host))?;
-    Some((cfg, name))
-}
-
 // ---- the protocol -----------------------------------------------------------
 
 /// Headers nginx hides from the client by default.
@@ -1152,29 +891,14 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     };
     let mut lim = Limits::of(&conf.up);
     if pass.tls {
-        match ssl_client(conf, &pass) {
-            Some((cfg, name)) => {
-                let cfg = match &conf.ssl_var_certs {
-                    // proxy_ssl_certificate with variables: this
-                    // connection's pair (none when the name is empty).
-                    Some(v) => match v.load_client(&*cx).await {
-                        Ok(Some(k)) => crate::tls::var_certs::client_config(&cfg, k),
-                        Ok(None) => cfg,
-                        Err(msg) => {
-                            cx.log(Level::Error, &msg);
-                            return Response::status(500);
-                        }
-                    },
-                    None => cfg,
-                };
-                lim.tls = Some((cfg, name));
-            }
-            None => {
-                cx.log(
-                    Level::Error,
-                    "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
-                );
-                return Response::status(502);
+        let host = String::from_utf8_lossy(&pass.host).into_owned();
+        match crate::http::upstream::ssl::for_request(cx, &conf.up.ssl, &host, &[]).await {
+            Ok(t) => lim.tls = Some(t),
+            Err(r) => {
+                if let Some(s) = stream {
+                    s.finish(cx);
+                }
+                return *r;
             }
         }
     }

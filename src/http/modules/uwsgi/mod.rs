@@ -17,6 +17,10 @@
 //!   └─ the body runs to the connection's close (never kept alive)
 //! ```
 //!
+//! `uwsgi_pass suwsgi://ADDRESS` (or a value with variables that renders
+//! one) goes over TLS, with the `uwsgi_ssl_*` settings: the engine's
+//! (`crate::http::upstream::ssl`), as proxy's and grpc's.
+//!
 //! Everything else (peers, next_upstream, buffering, `uwsgi_cache*`,
 //! `uwsgi_store`, header hiding) is the engine's, from the shared
 //! `uwsgi_*` rows of the table ([`crate::upstream_directives!`]).
@@ -35,9 +39,9 @@ use crate::http::conf::{merge_opts, HttpMain, LocConf};
 use crate::http::modules::cgi::{self, Param};
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
-use crate::http::upstream::conf::{Slot, UpstreamConf};
-use crate::http::upstream::peers::{self, PassAddr};
-use crate::http::upstream::{Caching, HeadReader, OutBody, Protocol, Request};
+use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
+use crate::http::upstream::peers::{self, PassAddr, PassTo};
+use crate::http::upstream::{run, Caching, HeadReader, OutBody, Protocol, Request};
 
 const LOC: u32 = ctx::LOC | ctx::LIF;
 const HSL: u32 = ctx::HSL;
@@ -58,36 +62,14 @@ impl Slot for Up {
 pub const DIRECTIVES: &[Spec] = crate::upstream_directives!(
     Up,
     "uwsgi",
+    tls,
     [
         row("uwsgi_pass", LOC, Args::take(1), set_pass),
         row("uwsgi_param", HSL, Args::take23(), set_param),
         row("uwsgi_modifier1", HSL, Args::take(1), set_modifier),
         row("uwsgi_modifier2", HSL, Args::take(1), set_modifier),
-        unsupported("uwsgi_ssl_certificate"),
-        unsupported("uwsgi_ssl_certificate_key"),
-        unsupported("uwsgi_ssl_ciphers"),
-        unsupported("uwsgi_ssl_crl"),
-        unsupported("uwsgi_ssl_name"),
-        unsupported("uwsgi_ssl_password_file"),
-        unsupported("uwsgi_ssl_protocols"),
-        unsupported("uwsgi_ssl_server_name"),
-        unsupported("uwsgi_ssl_session_reuse"),
-        unsupported("uwsgi_ssl_trusted_certificate"),
-        unsupported("uwsgi_ssl_verify"),
-        unsupported("uwsgi_ssl_verify_depth"),
-        unsupported("uwsgi_ssl_conf_command"),
     ]
 );
-
-/// A directive of the module tern does not implement yet.
-const fn unsupported(name: &'static str) -> Spec {
-    Spec {
-        name,
-        ctx: HSL,
-        args: Args::Any,
-        set: Setter::Unsupported,
-    }
-}
 
 const fn row(
     name: &'static str,
@@ -103,10 +85,21 @@ const fn row(
     }
 }
 
+/// A compiled `uwsgi_pass [uwsgi://|suwsgi://]ADDRESS`.
+#[derive(Debug)]
+pub struct UwsgiPass {
+    pub addr: PassAddr,
+    /// `suwsgi://`: TLS to the backend (the engine's `uwsgi_ssl_*`).
+    pub tls: bool,
+    /// The address as written, without the scheme: the TLS name by
+    /// default.
+    pub host: String,
+}
+
 /// Location-level settings.
 #[derive(Debug, Clone, Default)]
 pub struct UwsgiLoc {
-    pub pass: Option<Arc<PassAddr>>,
+    pub pass: Option<Arc<UwsgiPass>>,
     /// The shared upstream settings (the engine's `uwsgi_*` rows).
     pub up: UpstreamConf,
     /// `uwsgi_param` entries: a level with any replaces the inherited list.
@@ -126,26 +119,44 @@ fn set_pass(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()>
     if l.modules.uwsgi.pass.is_some() {
         return Err(crate::config::registry::duplicate(d));
     }
-    let a = arg(d, 0);
-    let lower = a.to_ascii_lowercase();
-    let a = if lower.starts_with("uwsgi://") {
-        &a[8..]
-    } else if lower.starts_with("suwsgi://") {
-        return Err(ConfError::at(
-            "uwsgi_pass to suwsgi:// is not supported by tern yet",
-            d,
-        ));
-    } else {
-        a
-    };
-    l.modules.uwsgi.pass = Some(Arc::new(peers::pass_addr(d, cx, a, "uwsgi_temp")?));
+    let (tls, a) = scheme(arg(d, 0)).unwrap_or((false, arg(d, 0)));
+    l.modules.uwsgi.pass = Some(Arc::new(UwsgiPass {
+        addr: peers::pass_addr(d, cx, a, "uwsgi_temp")?,
+        tls,
+        host: a.to_string(),
+    }));
     l.content = Some(content);
     Ok(())
 }
 
+/// `uwsgi://` or `suwsgi://` (any case) at the start of `a`: whether it
+/// is TLS, and the rest.
+fn scheme(a: &str) -> Option<(bool, &str)> {
+    let starts = |p: &str| a.get(..p.len()).is_some_and(|s| s.eq_ignore_ascii_case(p));
+    if starts("uwsgi://") {
+        Some((false, &a[8..]))
+    } else if starts("suwsgi://") {
+        Some((true, &a[9..]))
+    } else {
+        None
+    }
+}
+
+/// Whether a location's `uwsgi_pass` may use TLS (a `suwsgi://` address,
+/// or one with variables, which may render one): its `uwsgi_ssl_*`
+/// settings are then checked, as nginx does.
+pub fn may_use_tls(l: &LocConf) -> bool {
+    l.modules
+        .uwsgi
+        .pass
+        .as_ref()
+        .is_some_and(|p| p.tls || matches!(p.addr.to, PassTo::Var(_)))
+}
+
 /// nginx's `no port in upstream "NAME"` (see [`peers::check_pass`]).
 pub fn check_pass(own: &LocConf, hm: &HttpMain, block: &[Directive]) -> ConfResult<()> {
-    peers::check_pass(own.modules.uwsgi.pass.as_deref(), hm, block, "uwsgi_pass")
+    let pass = own.modules.uwsgi.pass.as_deref().map(|p| &p.addr);
+    peers::check_pass(pass, hm, block, "uwsgi_pass")
 }
 
 fn set_param(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -194,14 +205,55 @@ pub fn content<'a>(
 
 async fn handle(cx: &mut Ctx<'_>) -> Response {
     let loc = cx.loc.clone();
-    let pass = loc.modules.uwsgi.pass.clone();
-    crate::http::upstream::run::pass_addr(cx, pass, &loc.modules.uwsgi.up, false, |pass| {
-        Arc::new(Uwsgi {
-            loc: loc.clone(),
-            pass,
-        })
-    })
-    .await
+    let Some(pass) = loc.modules.uwsgi.pass.clone() else {
+        return Response::status(500);
+    };
+    let conf = &loc.modules.uwsgi;
+    let temp = &pass.addr.body_temp_default;
+    let stream = match run::begin_body(cx, &conf.up, temp, |_| false).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    // With variables, the value may carry its own scheme, as nginx's
+    // (`uwsgi_pass suwsgi://$arg_b`).
+    let (up, tls, host) = match &pass.addr.to {
+        PassTo::Var(t) => {
+            let v = t.render_vec(&*cx);
+            let v = String::from_utf8_lossy(&v).into_owned();
+            let (tls, rest) = scheme(&v).unwrap_or((pass.tls, &v[..]));
+            let up = peers::upstream_by_value(cx, rest).await;
+            (up, tls, rest.to_string())
+        }
+        to => (
+            peers::upstream_of(cx, to).await,
+            pass.tls,
+            pass.host.clone(),
+        ),
+    };
+    let Some(up) = up else {
+        if let Some(s) = stream {
+            s.finish(cx);
+        }
+        return Response::status(502);
+    };
+    let mut lim = Limits::of(&conf.up);
+    if tls {
+        match crate::http::upstream::ssl::for_request(cx, &conf.up.ssl, &host, &[]).await {
+            Ok(t) => lim.tls = Some(t),
+            Err(r) => {
+                if let Some(s) = stream {
+                    s.finish(cx);
+                }
+                return *r;
+            }
+        }
+    }
+    let proto = Arc::new(Uwsgi {
+        loc: loc.clone(),
+        pass,
+        tls,
+    });
+    run::run_with(cx, proto, up, lim, stream).await
 }
 
 /// One var: u16 LE length and name, u16 LE length and value (longer ones
@@ -240,7 +292,9 @@ fn request_head(
 /// uwsgi to one request's upstream.
 struct Uwsgi {
     loc: Arc<LocConf>,
-    pass: Arc<PassAddr>,
+    pass: Arc<UwsgiPass>,
+    /// This request's connection is TLS (`suwsgi://`).
+    tls: bool,
 }
 
 impl Protocol for Uwsgi {
@@ -249,7 +303,8 @@ impl Protocol for Uwsgi {
     }
 
     fn url(&self, peer: &str) -> String {
-        format!("uwsgi://{}", peer)
+        let scheme = if self.tls { "suwsgi" } else { "uwsgi" };
+        format!("{}://{}", scheme, peer)
     }
 
     fn create_request(
@@ -300,6 +355,6 @@ impl Protocol for Uwsgi {
     }
 
     fn temp_default(&self) -> &Path {
-        &self.pass.temp_default
+        &self.pass.addr.temp_default
     }
 }
