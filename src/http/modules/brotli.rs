@@ -322,8 +322,8 @@ pub fn candidate(cx: &Ctx<'_>, resp: &Response) -> bool {
             .content_length
             .is_none_or(|n| n >= b.min_length.unwrap_or(20))
         && b.types
-            .clone()
-            .unwrap_or_else(|| Types::List(Arc::new(vec!["text/html".into()])))
+            .as_ref()
+            .unwrap_or_else(|| Types::html_only())
             .matches(resp.content_type.as_deref())
 }
 

@@ -73,6 +73,13 @@ pub enum Types {
 }
 
 impl Types {
+    /// nginx's default for every `*_types` left unset: `text/html` only
+    /// (made once: this is asked on every response).
+    pub fn html_only() -> &'static Types {
+        static HTML: std::sync::OnceLock<Types> = std::sync::OnceLock::new();
+        HTML.get_or_init(|| Types::List(Arc::new(vec!["text/html".into()])))
+    }
+
     pub fn matches(&self, content_type: Option<&str>) -> bool {
         match self {
             Types::Any => true,
@@ -150,10 +157,8 @@ impl GzipLoc {
         );
     }
 
-    fn types(&self) -> Types {
-        self.types
-            .clone()
-            .unwrap_or_else(|| Types::List(Arc::new(vec!["text/html".into()])))
+    fn types(&self) -> &Types {
+        self.types.as_ref().unwrap_or_else(|| Types::html_only())
     }
 }
 

@@ -208,8 +208,8 @@ pub fn candidate(cx: &Ctx<'_>, resp: &Response) -> bool {
             .content_length
             .is_none_or(|n| n >= z.min_length.unwrap_or(20))
         && z.types
-            .clone()
-            .unwrap_or_else(|| Types::List(Arc::new(vec!["text/html".into()])))
+            .as_ref()
+            .unwrap_or_else(|| Types::html_only())
             .matches(resp.content_type.as_deref())
 }
 
