@@ -23,9 +23,11 @@
 //! The response then goes out as a `gzip_static` file would: the original's
 //! type and Last-Modified, `Content-Encoding`, `Content-Length` of the
 //! compressed form, no byte ranges (as nginx 1.22.1's gzip_static), and the ETag weakened as nginx's gzip
-//! filter weakens it. `$gzip_ratio` is the entry's ratio. A hit from
-//! memory is the entry's own buffer ([`Body::Shared`]): no copy is made
-//! per response before the socket write.
+//! filter weakens it. `$gzip_ratio` is the entry's ratio. A hit copies
+//! nothing: an entry of up to 4 KiB is its own response body
+//! ([`Body::Shared`], written with the head in one `writev`), a larger one
+//! is kept in an anonymous in-memory file (`memfd_create`) and sent with
+//! sendfile, as gzip_static sends its `.gz` ([`Form`]).
 //!
 //! Memory: entries live in memory within `compress_cache_max_size`, least
 //! recently used evicted first. With `compress_cache_path`, an evicted
@@ -571,7 +573,7 @@ fn admit(
             if let Some(Stored::Memory(b)) = e.stored {
                 c.bytes -= b.len();
                 if matches!(b, Form::File(_)) {
-                    c.files -= 1;
+                    c.files = c.files.saturating_sub(1);
                 }
                 out.push((k, b));
             }
