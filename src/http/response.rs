@@ -24,6 +24,11 @@ pub enum Body {
     #[default]
     Empty,
     Bytes(Vec<u8>),
+    /// Bytes shared with a longer-lived owner (the compressed-file cache):
+    /// each response holds a reference, so a hit copies nothing before
+    /// the socket write (HTTP/2 and HTTP/3 hand the same buffer to their
+    /// framing).
+    Shared(bytes::Bytes),
     File {
         file: Arc<OpenFile>,
         offset: u64,
@@ -243,6 +248,7 @@ impl Response {
         match &self.body {
             Body::Empty => 0,
             Body::Bytes(b) => b.len() as u64,
+            Body::Shared(b) => b.len() as u64,
             Body::File { len, .. } => *len,
             Body::Stream(_) => self.content_length.unwrap_or(0),
             Body::Multi(p) => p

@@ -69,5 +69,5 @@ pub use ops::{
 pub use pool::{set_thread_init, IoError, Pools, ThreadPool};
 pub use reuse::{drop_all as drop_kept_files, open_reusing, sweeper as reuse_sweeper};
 pub use stats::{Decision, IoStats, IoStatsSnapshot, PoolStats, STATS};
-pub use sys::{coarse_ms, fs_available};
+pub use sys::{coarse_ms, fs_available, nofile_limit};
 pub use uring::available as uring_available;

@@ -395,6 +395,17 @@ impl OpenFile {
         Self::new(file)
     }
 
+    /// `data` in an anonymous in-memory file (`memfd_create`), opened,
+    /// so that it can be sent with `sendfile` like any file (the
+    /// compressed-file cache's larger entries). Blocking only in the
+    /// sense of a memory copy; called from a pool thread.
+    pub fn in_memory(name: &std::ffi::CStr, data: &[u8]) -> io::Result<OpenFile> {
+        use std::io::Write as _;
+        let mut f = sys::memfd(name)?;
+        f.write_all(data)?;
+        Self::new(f)
+    }
+
     fn direct(&self) -> Option<&File> {
         self.direct
             .get_or_init(|| sys::reopen_direct(&self.file).ok())

@@ -1,7 +1,7 @@
 //! Thin, safe wrappers over the Linux syscalls that `std` does not offer:
 //! `preadv2(RWF_NOWAIT)`, `openat2(RESOLVE_CACHED)`, `cachestat`,
 //! `mmap`/`madvise` and `/proc/self/pagemap` (for [`super::resident`]),
-//! `sendfile`, `posix_fadvise`, `statvfs`.
+//! `sendfile`, `posix_fadvise`, `statvfs`, `memfd_create`.
 //!
 //! Every `unsafe` block in the I/O layer lives here. Each wrapper takes safe
 //! Rust types (a `File`, a slice) whose lifetimes guarantee the fd and the
@@ -210,6 +210,30 @@ pub fn open(path: &Path, flags: libc::c_int) -> io::Result<File> {
     }
     // SAFETY: a fresh descriptor that nothing else owns.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `memfd_create(name, MFD_CLOEXEC)`: an anonymous file in memory.
+pub fn memfd(name: &CStr) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The soft `RLIMIT_NOFILE` of this process.
+pub fn nofile_limit() -> io::Result<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid local the call fills.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r.rlim_cur)
 }
 
 /// Reads up to `want` bytes at `offset` into the spare capacity of `buf`

@@ -18,7 +18,7 @@ use crate::origin::Origin;
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/h3_client.py");
 
-fn have_aioquic() -> bool {
+pub(crate) fn have_aioquic() -> bool {
     let ok = Command::new("python3")
         .args(["-c", "import aioquic"])
         .output()
@@ -29,7 +29,7 @@ fn have_aioquic() -> bool {
     ok
 }
 
-fn cert(p: &Prefix) {
+pub(crate) fn cert(p: &Prefix) {
     let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
     p.write("conf/h3.crt", c.cert.pem());
     p.write("conf/h3.key", c.key_pair.serialize_pem());
@@ -37,7 +37,7 @@ fn cert(p: &Prefix) {
 
 /// Runs the client; returns its stdout (panics with its stderr when it
 /// fails).
-fn fetch(port: u16, out: &Path, paths: &[&str], extra: &[&str]) -> String {
+pub(crate) fn fetch(port: u16, out: &Path, paths: &[&str], extra: &[&str]) -> String {
     std::fs::create_dir_all(out).expect("out dir");
     let o = Command::new("python3")
         .arg(CLIENT)
@@ -58,11 +58,11 @@ fn fetch(port: u16, out: &Path, paths: &[&str], extra: &[&str]) -> String {
     stdout
 }
 
-fn read(out: &Path, name: &str) -> Vec<u8> {
+pub(crate) fn read(out: &Path, name: &str) -> Vec<u8> {
     std::fs::read(out.join(name)).unwrap_or_default()
 }
 
-fn head(out: &Path, i: usize) -> String {
+pub(crate) fn head(out: &Path, i: usize) -> String {
     String::from_utf8_lossy(&read(out, &format!("{i}.head"))).to_string()
 }
 

@@ -15,6 +15,7 @@ mod charset;
 mod charset_map;
 mod client_abort;
 mod compress_cache;
+mod compress_proto;
 mod conf_semantics;
 mod core_directives;
 mod core_msie_chunked;

@@ -164,6 +164,7 @@ fn push_body(parts: &mut VecDeque<Part>, body: Body, policy: Arc<Policy>) {
     match body {
         Body::Empty => {}
         Body::Bytes(b) => parts.push_back(Part::Bytes(Bytes::from(b))),
+        Body::Shared(b) => parts.push_back(Part::Bytes(b)),
         Body::File { file, offset, len } => parts.push_back(Part::File {
             file,
             offset,

@@ -866,10 +866,65 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The largest input libdeflate stores uncompressed at level `lvl` (its
+/// `max_passthrough_size`, 55 - 4 x level): a stored block costs 5 bytes
+/// where zlib's fixed-Huffman block of the same few bytes costs about 1,
+/// so `gzip_min_length 0` bodies came out 3-5 bytes longer than nginx's
+/// (proxy_cache.t's 8-byte and empty bodies, 31 and 23 bytes against
+/// zlib's 28 and 20).
+const fn libdeflate_passthrough(lvl: i32) -> usize {
+    if lvl <= 0 {
+        usize::MAX
+    } else {
+        (55 - 4 * lvl) as usize
+    }
+}
+
+thread_local! {
+    /// Raw-deflate zlib-rs streams for [`tiny_deflate`], by zlib-rs level.
+    static TINY_COMPRESSORS: std::cell::RefCell<Vec<(u32, Compress)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Raw deflate of a body of a few dozen bytes at most through zlib-rs,
+/// whose output for such inputs is zlib's (a fixed-Huffman block, with
+/// matches), appended to `out`. Only bodies below libdeflate's
+/// pass-through size come here, so zlib-rs's per-stream reset (it clears
+/// its hash table) is paid only by them.
+fn tiny_deflate(level: u32, data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
+    let zl = zlib_level(level);
+    let mut z = TINY_COMPRESSORS
+        .with(|c| {
+            let mut c = c.borrow_mut();
+            let i = c.iter().position(|(k, _)| *k == zl)?;
+            Some(c.swap_remove(i).1)
+        })
+        .unwrap_or_else(|| Compress::new(Compression::new(zl), false));
+    // A fixed-Huffman block of n literals takes at most 9n + 10 bits.
+    out.reserve(data.len() * 2 + 16);
+    let r = z.compress_vec(data, out, FlushCompress::Finish);
+    let done = matches!(r, Ok(Status::StreamEnd));
+    z.reset();
+    TINY_COMPRESSORS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() < 4 {
+            c.push((zl, z));
+        }
+    });
+    match r {
+        Ok(_) if done => Ok(()),
+        Ok(_) => Err(std::io::Error::other(
+            "deflate() failed: output not finished",
+        )),
+        Err(e) => Err(std::io::Error::other(format!("deflate() failed: {}", e))),
+    }
+}
+
 /// The gzip stream of `data` at nginx level `level`, appended to `out`:
 /// zlib's own 10-byte header (so the bytes before the deflate data are
 /// those nginx sends: XFL 4 at level 1, 2 at level 9, OS 3), libdeflate's
-/// raw deflate, then CRC-32 and length.
+/// raw deflate (zlib-rs's for the few bytes libdeflate would store
+/// uncompressed: [`tiny_deflate`]), then CRC-32 and length.
 pub fn gzip_whole(level: u32, data: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     let i = (level.clamp(1, 9) - 1) as usize;
     let lvl = LIBDEFLATE_LEVEL[i];
@@ -879,6 +934,12 @@ pub fn gzip_whole(level: u32, data: &[u8], out: &mut Vec<u8>) -> std::io::Result
         _ => 0,
     };
     out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, xfl, 3]);
+    if data.len() <= libdeflate_passthrough(lvl) {
+        tiny_deflate(level, data, out)?;
+        out.extend_from_slice(&libdeflater::crc32(data).to_le_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        return Ok(());
+    }
     let start = out.len();
     let n = WHOLE_COMPRESSORS.with(|c| {
         let mut c = c.borrow_mut();
@@ -1181,6 +1242,38 @@ mod tests {
         assert_eq!(back, data);
         assert_eq!(ratio.zin.load(Ordering::Relaxed), data.len() as u64);
         assert_eq!(ratio.zout.load(Ordering::Relaxed), out.len() as u64);
+    }
+
+    #[test]
+    fn tiny_bodies_are_deflated_as_zlib_does() {
+        // zlib 1.2.13 (nginx's): the gzip stream of "SEE-THIS" is 28
+        // bytes and of an empty body 20 (proxy_cache.t 12 and 13), where
+        // libdeflate alone stores them (31 and 23).
+        for (data, deflated) in [
+            (
+                &b"SEE-THIS"[..],
+                &b"\x0b\x76\x75\xd5\x0d\xf1\xf0\x0c\x06\x00"[..],
+            ),
+            (b"", b"\x03\x00"),
+        ] {
+            for level in [1, 6, 9] {
+                let mut out = Vec::new();
+                gzip_whole(level, data, &mut out).expect("gzip");
+                assert_eq!(&out[10..out.len() - 8], deflated, "level {}", level);
+                let mut d = flate2::read::GzDecoder::new(&out[..]);
+                let mut back = Vec::new();
+                std::io::Read::read_to_end(&mut d, &mut back).expect("inflate");
+                assert_eq!(back, data);
+            }
+        }
+        // Past the pass-through size, libdeflate again (and valid).
+        let data = b"<html><body>a page of more than fifty-five bytes</body></html>";
+        let mut out = Vec::new();
+        gzip_whole(1, data, &mut out).expect("gzip");
+        let mut d = flate2::read::GzDecoder::new(&out[..]);
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut d, &mut back).expect("inflate");
+        assert_eq!(back, data);
     }
 
     #[test]

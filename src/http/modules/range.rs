@@ -301,6 +301,7 @@ pub(crate) fn single(resp: &mut Response, s: u64, e: u64, len: u64) {
             len: e - s,
         },
         Body::Bytes(b) => Body::Bytes(slice(&b, s, e).to_vec()),
+        Body::Shared(b) => Body::Shared(b.slice(bounds(b.len(), s, e))),
         Body::Stream(mut src) => {
             if !src.cut(s, e) {
                 resp.filters.push(Box::new(Slice {
@@ -356,6 +357,7 @@ pub(crate) fn multi(resp: &mut Response, r: &[(u64, u64)], len: u64) {
                 len: e - s,
             }),
             Body::Bytes(b) => pieces.push(Piece::Bytes(slice(b, s, e).to_vec())),
+            Body::Shared(b) => pieces.push(Piece::Bytes(slice(b, s, e).to_vec())),
             Body::Multi(_) | Body::Empty | Body::Stream(_) => {
                 if let Body::Multi(p) = cut_multi(clone_pieces(&body), &[(s, e)]) {
                     pieces.extend(p);
@@ -392,9 +394,14 @@ fn clone_pieces(b: &Body) -> Body {
 
 /// `b[s..e]`, clamped (the ranges were checked against the length).
 fn slice(b: &[u8], s: u64, e: u64) -> &[u8] {
-    let s = (s as usize).min(b.len());
-    let e = (e as usize).clamp(s, b.len());
-    &b[s..e]
+    &b[bounds(b.len(), s, e)]
+}
+
+/// `[s, e)` kept within a body of `len` bytes.
+fn bounds(len: usize, s: u64, e: u64) -> std::ops::Range<usize> {
+    let s = usize::try_from(s).unwrap_or(len).min(len);
+    let e = usize::try_from(e).unwrap_or(len).clamp(s, len);
+    s..e
 }
 
 /// Cuts a body made of pieces to the given ranges of its concatenation.

@@ -302,6 +302,7 @@ async fn read_all(body: Body, policy: &crate::io::Policy) -> std::io::Result<Vec
     match body {
         Body::Empty => {}
         Body::Bytes(b) => out = b,
+        Body::Shared(b) => out = b.to_vec(),
         Body::File { file, offset, len } => pieces.push(Piece::File { file, offset, len }),
         Body::Multi(p) => pieces = p,
         Body::Stream(mut s) => {

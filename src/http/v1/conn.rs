@@ -1035,16 +1035,8 @@ async fn write_body_with<S: Stream>(
     let body = std::mem::take(&mut resp.body);
     // The common bodies go out without building a piece list.
     match body {
-        Body::Bytes(b) => {
-            sent.body_bytes += b.len() as u64;
-            match Pacer::new(loc, sent, 0) {
-                None => write_all_more(stream, &[head, &b], loc, closing).await?,
-                // limit_rate holds for a page from memory too (an error
-                // page, `return` text), its head included, as nginx's
-                // write filter counts every byte of the connection.
-                Some(mut p) => write_paced(stream, &[head, &b], loc, &mut p).await?,
-            }
-        }
+        Body::Bytes(b) => write_memory(stream, &b, loc, head, sent, closing).await?,
+        Body::Shared(b) => write_memory(stream, &b, loc, head, sent, closing).await?,
         Body::File { file, offset, len }
             if len <= INLINE_FILE_MAX && Pacer::rate(loc, sent).is_none() =>
         {
@@ -1069,6 +1061,25 @@ async fn write_body_with<S: Stream>(
     }
     sent.bytes = head.len() as u64 + sent.body_bytes;
     Ok(())
+}
+
+/// A body from memory after its head, in one `writev` (or paced).
+async fn write_memory<S: Stream>(
+    stream: &S,
+    b: &[u8],
+    loc: &LocConf,
+    head: &[u8],
+    sent: &mut phases::Sent,
+    closing: bool,
+) -> io::Result<()> {
+    sent.body_bytes += b.len() as u64;
+    match Pacer::new(loc, sent, 0) {
+        None => write_all_more(stream, &[head, b], loc, closing).await,
+        // limit_rate holds for a page from memory too (an error
+        // page, `return` text), its head included, as nginx's
+        // write filter counts every byte of the connection.
+        Some(mut p) => write_paced(stream, &[head, b], loc, &mut p).await,
+    }
 }
 
 /// `limit_rate`/`limit_rate_after` as nginx paces a response: by the end
@@ -1309,6 +1320,8 @@ async fn write_filtered<S: Stream>(
         }
         Body::Empty => Vec::new(),
         Body::Bytes(b) => vec![response::Piece::Bytes(b)],
+        // Through filters (rare for a cache hit): a copy is made anyway.
+        Body::Shared(b) => vec![response::Piece::Bytes(b.to_vec())],
         Body::File { file, offset, len } => vec![response::Piece::File { file, offset, len }],
         Body::Multi(p) => p,
     };

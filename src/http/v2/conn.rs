@@ -665,6 +665,7 @@ async fn send(
             && match &resp.body {
                 Body::Empty => true,
                 Body::Bytes(b) => b.is_empty(),
+                Body::Shared(b) => b.is_empty(),
                 _ => false,
             });
     let mut tx = respond
@@ -706,6 +707,13 @@ async fn send(
             Body::Bytes(b) => {
                 if filters.is_empty() {
                     out.data(Bytes::from(b), true).await
+                } else {
+                    out.filtered(&mut filters, &b, true).await
+                }
+            }
+            Body::Shared(b) => {
+                if filters.is_empty() {
+                    out.data(b, true).await
                 } else {
                     out.filtered(&mut filters, &b, true).await
                 }

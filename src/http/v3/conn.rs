@@ -707,6 +707,7 @@ async fn send(
             && match &resp.body {
                 Body::Empty => true,
                 Body::Bytes(b) => b.is_empty(),
+                Body::Shared(b) => b.is_empty(),
                 _ => false,
             });
     if !no_body {
@@ -734,6 +735,13 @@ async fn send(
                 Body::Bytes(b) => {
                     if filters.is_empty() {
                         out.data(Bytes::from(b)).await
+                    } else {
+                        out.filtered(&mut filters, &b, true).await
+                    }
+                }
+                Body::Shared(b) => {
+                    if filters.is_empty() {
+                        out.data(b).await
                     } else {
                         out.filtered(&mut filters, &b, true).await
                     }
