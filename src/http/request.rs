@@ -5,8 +5,10 @@
 //! head (`http::v1::parse`), HTTP/2 and HTTP/3 from the fields of their
 //! HEADERS (`http::fields`).
 //!
-//! A `Request` costs one allocation, its list of header ranges: it keeps
-//! the head's bytes in one buffer (the connection's read buffer, handed
+//! A `Request` costs at most one allocation, its list of header ranges,
+//! and usually none: a finished request gives its buffer and list back to
+//! the worker for the next one ([`Request::recycle`]). It keeps the head's
+//! bytes in one buffer (the connection's read buffer, handed
 //! over, when the head is all that was read) and every part (line, method,
 //! target, path, args, host, header names and values) is a `u32` range of
 //! it. Header names are not lowercased: lookups compare them lowercased.
