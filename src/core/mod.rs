@@ -43,14 +43,10 @@ pub fn random_hex16() -> [u8; 32] {
     out
 }
 
-/// `strerror` text for an errno, as nginx prints it.
-pub fn strerror(errno: i32) -> String {
-    strerror_text(errno).into_owned()
-}
-
-/// [`strerror`] without a copy for the errnos Linux defines: their texts
-/// are made once per process, since a busy server logs the same few
-/// (`ENOENT` for every missing file) on every request that fails.
+/// `strerror` text for an errno, as nginx prints it. The texts of the
+/// errnos Linux defines are made once per process, since a busy server
+/// logs the same few (`ENOENT` for every missing file) on every request
+/// that fails.
 pub fn strerror_text(errno: i32) -> std::borrow::Cow<'static, str> {
     const KNOWN: usize = 134;
     static TEXTS: [std::sync::OnceLock<Box<str>>; KNOWN] =
