@@ -32,8 +32,11 @@
 //! TCP query runs in a task of its own that hands the answers back and
 //! ends with the lookup. The cache is shared by the workers (one
 //! process), keyed by the name in lower case; an entry is replaced when
-//! it expires. Unlike nginx, two requests for one name at once each ask
-//! (nginx makes the second wait for the first's answer).
+//! it expires. Lookups of one name at once are one query, as nginx's
+//! (its `rn->waiting`): the first asks ([`Cache::turn`]), the others,
+//! whichever worker they run on, wait for its answer within their own
+//! `resolver_timeout`; should the first give up (its request ended), a
+//! waiter asks for itself.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -44,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// How long one server is waited for before the query goes to the next
 /// (nginx's resend_timeout).
@@ -130,6 +133,9 @@ struct Entry {
     until: Instant,
 }
 
+/// What a lookup under way will settle, for those waiting on it.
+type Settled = Option<Result<Got, Error>>;
+
 /// Answers kept for their TTL, and which server a new query goes to
 /// first (one per `resolver` line, as nginx's resolver object).
 #[derive(Default)]
@@ -137,6 +143,37 @@ pub struct Cache {
     map: Mutex<HashMap<String, Entry>>,
     /// nginx's last_connection: each new query starts at the next server.
     next: AtomicUsize,
+    /// Lookups under way, by name and query types.
+    asking: Mutex<HashMap<String, watch::Receiver<Settled>>>,
+}
+
+/// Whose turn it is to ask for a name.
+enum Turn<'c> {
+    /// Nobody is asking: this lookup asks, and tells the others.
+    Ask(Asking<'c>),
+    /// Another lookup is asking: its answer will come here.
+    Wait(watch::Receiver<Settled>),
+}
+
+/// The lookup that asks for a name; it leaves the table of lookups under
+/// way when it ends, answered or not (then its waiters see the channel
+/// closed and ask for themselves).
+struct Asking<'c> {
+    cache: &'c Cache,
+    key: String,
+    tx: watch::Sender<Settled>,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        let mut asking = self.cache.asking.lock().unwrap_or_else(|e| e.into_inner());
+        if asking
+            .get(&self.key)
+            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
+        {
+            asking.remove(&self.key);
+        }
+    }
 }
 
 impl std::fmt::Debug for Cache {
@@ -167,6 +204,24 @@ impl Cache {
                 until: Instant::now() + Duration::from_secs(secs),
             },
         );
+    }
+
+    /// Whether this lookup of `key` asks, or waits for one under way.
+    fn turn(&self, key: String) -> Turn<'_> {
+        let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(rx) = asking.get(&key) {
+            // A closed channel is a lookup that gave up: ask anew.
+            if rx.has_changed().is_ok() {
+                return Turn::Wait(rx.clone());
+            }
+        }
+        let (tx, rx) = watch::channel(None);
+        asking.insert(key.clone(), rx);
+        Turn::Ask(Asking {
+            cache: self,
+            key,
+            tx,
+        })
     }
 
     /// The server a new query is sent to first.
@@ -216,7 +271,7 @@ pub async fn resolve(q: &Query<'_>, cache: &Cache, name: &str) -> Result<Vec<IpA
             _ => {}
         }
         let valid = |ttl: u32| q.valid.unwrap_or(u64::from(ttl));
-        match ask(q, cache, &name, &types, deadline).await? {
+        match asked(q, cache, &name, &types, deadline).await? {
             Got::Addrs(a, ttl) => {
                 cache.put(name, Value::Addrs(a.clone()), valid(ttl));
                 return Ok(a);
@@ -245,7 +300,7 @@ pub async fn resolve_addr(q: &Query<'_>, cache: &Cache, ip: IpAddr) -> Result<St
         return Ok(n);
     }
     let deadline = Instant::now() + q.timeout;
-    match ask(q, cache, &reverse_name(ip), &[TYPE_PTR], deadline).await? {
+    match asked(q, cache, &reverse_name(ip), &[TYPE_PTR], deadline).await? {
         Got::Name(n, ttl) => {
             cache.put(
                 key,
@@ -255,6 +310,44 @@ pub async fn resolve_addr(q: &Query<'_>, cache: &Cache, ip: IpAddr) -> Result<St
             Ok(n)
         }
         _ => Err(Error::Rcode(NXDOMAIN)),
+    }
+}
+
+/// What one round of queries for `name` settles: asked by this lookup,
+/// or by another one of the same name under way (see [`Cache::turn`]).
+/// The answer is cached by the caller, so a waiter's copy changes nothing.
+async fn asked(
+    q: &Query<'_>,
+    cache: &Cache,
+    name: &str,
+    types: &[u16],
+    deadline: Instant,
+) -> Result<Got, Error> {
+    let mut key = String::with_capacity(name.len() + 12);
+    key.push_str(name);
+    for t in types {
+        key.push_str(&format!("\0{}", t));
+    }
+    match cache.turn(key) {
+        Turn::Ask(asking) => {
+            let r = ask(q, cache, name, types, deadline).await;
+            asking.tx.send_replace(Some(r.clone()));
+            r
+        }
+        Turn::Wait(mut rx) => loop {
+            if let Some(r) = rx.borrow_and_update().clone() {
+                return r;
+            }
+            match tokio::time::timeout_at(deadline.into(), rx.changed()).await {
+                Err(_) => return Err(Error::TimedOut),
+                Ok(Ok(())) => {}
+                // The one asking gave up unanswered: ask for ourselves.
+                Ok(Err(_)) => match rx.borrow().clone() {
+                    Some(r) => return r,
+                    None => return ask(q, cache, name, types, deadline).await,
+                },
+            }
+        },
     }
 }
 

@@ -71,6 +71,26 @@ impl<'a> Ctx<'a> {
     }
 }
 
+impl<'a> Ctx<'a> {
+    /// A subrequest that runs alongside its parent and its siblings (SSI's
+    /// includes): it starts with a copy of the variables (returned too, as
+    /// they were), the parent keeps its own, and [`finish_alongside`]
+    /// gives back only what the subrequest changed, so siblings that end
+    /// in any order do not undo each other's `set`.
+    pub fn subrequest_alongside(
+        &self,
+        uri: Vec<u8>,
+        args: Option<Vec<u8>>,
+        method: Method,
+        with_body: bool,
+    ) -> Option<(Ctx<'a>, Vec<Option<Vec<u8>>>)> {
+        let sub = self.subrequest(uri, args, method, with_body)?;
+        let before = sub.user_vars.borrow().clone();
+        self.user_vars.replace(before.clone());
+        Some((sub, before))
+    }
+}
+
 /// What a subrequest takes from its parent (see the module docs); `from`
 /// is its depth and the parent's client address.
 pub(crate) fn prepare<'a>(
@@ -108,6 +128,26 @@ pub fn finish(parent: &Ctx<'_>, sub: Ctx<'_>) {
         crate::http::modules::log_phase(&sub);
     }
     parent.user_vars.replace(sub.user_vars.take());
+}
+
+/// Ends a subrequest made by [`Ctx::subrequest_alongside`]: the
+/// variables it changed (against `before`) go to the parent, and with
+/// `log_subrequest on` its access-log line is written.
+pub fn finish_alongside(parent: &Ctx<'_>, sub: Ctx<'_>, before: &[Option<Vec<u8>>]) {
+    if sub.loc.core.log_subrequest.unwrap_or(false) {
+        crate::http::modules::log_phase(&sub);
+    }
+    let after = sub.user_vars.take();
+    let mut mine = parent.user_vars.borrow_mut();
+    for (i, v) in after.into_iter().enumerate() {
+        if before.get(i) == Some(&v) || (v.is_none() && i >= before.len()) {
+            continue;
+        }
+        if mine.len() <= i {
+            mine.resize(i + 1, None);
+        }
+        mine[i] = v;
+    }
 }
 
 /// A subrequest that nobody waits for (mirror): it runs on its own task

@@ -67,23 +67,30 @@ impl UpSsl {
         passwords: &[Vec<u8>],
     ) -> ConfResult<()> {
         let fx = crate::tls::conf_command::effect(cmds, self.protocols)?;
-        self.protocols = fx.protocols;
-        if let Some(c) = fx.ciphers {
-            self.ciphers = c;
-        }
-        if fx.tls13_suites.is_some() {
-            self.tls13_suites = fx.tls13_suites;
-        }
-        if fx.groups.is_some() {
-            self.groups = fx.groups;
-        }
-        if let Some(t) = fx.tickets {
-            self.tickets = t;
-        }
+        self.apply_effect(&fx);
         if let Some((c, k)) = fx.pairs.last() {
             self.certificate = Some(load_certificate(c, k, passwords)?);
         }
         Ok(())
+    }
+
+    /// The commands' protocols, ciphers, groups and tickets (what
+    /// [`UpSsl::apply_commands`] applies besides the certificate, which a
+    /// caller that read it beforehand sets itself).
+    pub fn apply_effect(&mut self, fx: &crate::tls::conf_command::Effect) {
+        self.protocols = fx.protocols;
+        if let Some(c) = &fx.ciphers {
+            self.ciphers = c.clone();
+        }
+        if fx.tls13_suites.is_some() {
+            self.tls13_suites = fx.tls13_suites.clone();
+        }
+        if fx.groups.is_some() {
+            self.groups = fx.groups.clone();
+        }
+        if let Some(t) = fx.tickets {
+            self.tickets = t;
+        }
     }
 }
 

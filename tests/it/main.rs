@@ -28,6 +28,7 @@ mod fastcgi;
 mod flv;
 mod geo;
 mod grpc;
+mod grpc_raw;
 mod gzip;
 mod h2;
 mod h2_body;

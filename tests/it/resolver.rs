@@ -232,3 +232,54 @@ fn resolver_format_error_waits_for_the_next_server() {
     let log = srv.wait_error_log("DNS error (1: Format error)");
     assert!(log.contains("name:\"fe.test\""), "{}", log);
 }
+
+/// Lookups of one name at once are one query, as nginx's (the second
+/// waits for the first's answer): the name server holds its answer until
+/// both requests are in, and is asked once.
+#[test]
+fn resolver_lookups_of_one_name_at_once_ask_once() {
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let (g, a) = (gate.clone(), asked.clone());
+    let (dns, _) = name_server(Arc::new(move |name: &str, t, _| {
+        if name == "merge.test" && t == 1 {
+            a.fetch_add(1, Ordering::SeqCst);
+            let (m, cv) = &*g;
+            let open = m.lock().expect("gate");
+            // Held until the test opens it (4 s at most: within
+            // nginx's 5 s resend time, so nothing is asked again).
+            let _ = cv
+                .wait_timeout_while(open, Duration::from_secs(4), |o| !*o)
+                .expect("gate");
+        }
+        Ans {
+            a: if t == 1 { vec![LOCAL] } else { Vec::new() },
+            ..Ans::default()
+        }
+    }));
+    let srv = Server::start(&format!(
+        "http {{ server {{ listen 127.0.0.1:@PORT@;\n\
+           location / {{ resolver 127.0.0.1:{dns}; resolver_timeout 20s;\n\
+             proxy_pass http://$arg_h:@PORT@/b; }}\n\
+           location /b {{ return 200 ok; }} }} }}\n"
+    ));
+    let port = srv.port;
+    let clients: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || status_of(port, "/?h=merge.test")))
+        .collect();
+    // Both requests are sent; give tern a moment to read them, then let
+    // the answer go (a slow machine only makes the second one find the
+    // answer cached, which asks once too).
+    std::thread::sleep(Duration::from_millis(1500));
+    {
+        let (m, cv) = &*gate;
+        *m.lock().expect("gate") = true;
+        cv.notify_all();
+    }
+    for c in clients {
+        assert_eq!(c.join().expect("client"), (200, "ok".to_string()));
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+}

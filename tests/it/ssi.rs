@@ -149,3 +149,96 @@ fn ssi_commands_as_nginx() {
         assert_eq!(got[i], answer(port, path, extra), "{path}");
     }
 }
+
+/// The includes of a page run at once, as nginx's subrequests do, and
+/// their output keeps the page's order. The backend holds the first
+/// include's request until the second one arrives (20 s at most), then
+/// answers the second first: includes run one after another would never
+/// have both requests in at once.
+#[test]
+fn ssi_includes_run_at_once_in_order() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    fn request_path(s: &mut TcpStream) -> String {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
+        let mut data = Vec::new();
+        let mut buf = [0u8; 4096];
+        while find(&data, b"\r\n\r\n").is_none() {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => data.extend_from_slice(&buf[..n]),
+            }
+        }
+        let line = String::from_utf8_lossy(&data).into_owned();
+        line.split(' ').nth(1).unwrap_or("").to_string()
+    }
+    fn answer(mut s: TcpStream, body: &str) {
+        let r = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            body
+        );
+        let _ = s.write_all(r.as_bytes());
+    }
+
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let bport = l.local_addr().expect("addr").port();
+    let backend = std::thread::spawn(move || {
+        let (mut first, _) = l.accept().expect("first include");
+        let p1 = request_path(&mut first);
+        l.set_nonblocking(true).expect("nonblocking");
+        let until = Instant::now() + Duration::from_secs(20);
+        let second = loop {
+            match l.accept() {
+                Ok((s, _)) => break Some(s),
+                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break None,
+            }
+        };
+        let at_once = second.is_some();
+        let second = match second {
+            Some(s) => s,
+            None => {
+                // One after another: answer the first, then wait for the next.
+                answer(first.try_clone().expect("clone"), &p1);
+                l.set_nonblocking(false).expect("blocking");
+                l.accept().expect("second include").0
+            }
+        };
+        let mut second = second;
+        let _ = second.set_nonblocking(false);
+        let p2 = request_path(&mut second);
+        answer(second, &p2);
+        if at_once {
+            answer(first, &p1);
+        }
+        at_once
+    });
+    let p = Prefix::new();
+    p.write(
+        "html/page.html",
+        "[<!--#include virtual=\"/up/a\" -->][<!--#include virtual=\"/up/b\" -->]<!--#echo var=\"x\" default=\"e\" -->\n",
+    );
+    let s = Server::start_in(
+        p,
+        &format!(
+            "http {{ server {{ listen 127.0.0.1:@PORT@; root html;\n\
+               location / {{ ssi on; }}\n\
+               location /up/ {{ proxy_pass http://127.0.0.1:{bport}; proxy_read_timeout 60s; }} }} }}\n"
+        ),
+    );
+    let mut c = connect(s.port);
+    c.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    c.write_all(b"GET /page.html HTTP/1.0\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let r = Resp::parse(&read_to_close(&mut c)).expect("a response");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body_str(), "[/up/a][/up/b]e\n");
+    assert!(
+        backend.join().expect("backend"),
+        "the second include was not sent while the first was waiting"
+    );
+}

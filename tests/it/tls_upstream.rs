@@ -374,3 +374,81 @@ fn tls_upstream_checks_are_the_same_for_every_prefix() {
         assert!(ok, "{err}");
     }
 }
+
+/// `PREFIX_ssl_conf_command` applies to the upstream side as nginx
+/// hands it to OpenSSL, last (`MaxProtocol` beats `proxy_ssl_protocols`,
+/// `Protocol` adds TLS 1.3 to nginx 1.22's default); `PREFIX_ssl_name`
+/// takes variables; an unknown command is nginx's error, one rustls has
+/// no equivalent for a warning naming it, for every prefix.
+#[test]
+fn tls_upstream_conf_command_and_name_with_variables() {
+    let p = Prefix::new();
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    p.write("conf/b.crt", c.cert.pem());
+    p.write("conf/b.key", c.key_pair.serialize_pem());
+    let b = harness::free_port();
+    let srv = Server::start_in(
+        p,
+        &format!(
+            "http {{ server {{ listen 127.0.0.1:@PORT@;\n\
+               location /both {{ proxy_pass https://127.0.0.1:{b}/; proxy_ssl_protocols TLSv1.2 TLSv1.3; }}\n\
+               location /max12 {{ proxy_pass https://127.0.0.1:{b}/;\n\
+                 proxy_ssl_protocols TLSv1.2 TLSv1.3; proxy_ssl_conf_command MaxProtocol TLSv1.2; }}\n\
+               location /add13 {{ proxy_pass https://127.0.0.1:{b}/; proxy_ssl_conf_command Protocol TLSv1.3; }}\n\
+               location /name {{ proxy_pass https://127.0.0.1:{b}/; proxy_ssl_protocols TLSv1.3;\n\
+                 proxy_ssl_verify on; proxy_ssl_trusted_certificate b.crt; proxy_ssl_name $arg_n; }} }}\n\
+             server {{ listen 127.0.0.1:{b} ssl; ssl_certificate b.crt; ssl_certificate_key b.key;\n\
+               ssl_protocols TLSv1.3; location / {{ return 200 \"tls13\\n\"; }} }} }}\n"
+        ),
+    );
+    let status = |path: &str| srv.get(path).status;
+    assert_eq!(status("/both"), 200);
+    assert_eq!(status("/max12"), 502);
+    assert_eq!(status("/add13"), 200);
+    assert_eq!(status("/name?n=localhost"), 200);
+    assert_eq!(status("/name?n=other.example"), 502);
+    let log = srv.error_log();
+    assert!(
+        log.contains("upstream SSL certificate does not match \"other.example\""),
+        "{log}"
+    );
+
+    let t = Prefix::new();
+    let check = |inner: &str| {
+        let conf = format!(
+            "events {{}}\nhttp {{ server {{ listen 127.0.0.1:1; location / {{\n{}\n}} }} }}\n",
+            inner
+        );
+        let file = t.write("conf/t.conf", conf);
+        let o = t.run(&["-t", "-c", file.to_str().unwrap_or("")]);
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    for (prefix, tls) in [
+        ("proxy", "https://127.0.0.1:2"),
+        ("grpc", "grpcs://127.0.0.1:2"),
+        ("uwsgi", "suwsgi://127.0.0.1:2"),
+    ] {
+        let (ok, err) = check(&format!(
+            "{prefix}_pass {tls}; {prefix}_ssl_conf_command Foo bar;"
+        ));
+        assert!(!ok);
+        assert!(
+            err.contains("SSL_CONF_cmd(\"Foo\", \"bar\") failed") && err.contains("t.conf:3"),
+            "{err}"
+        );
+        let (ok, err) = check(&format!(
+            "{prefix}_pass {tls}; {prefix}_ssl_conf_command SignatureAlgorithms RSA+SHA256;\n\
+             {prefix}_ssl_conf_command Ciphersuites TLS_AES_128_GCM_SHA256; {prefix}_ssl_name $host;"
+        ));
+        assert!(ok, "{err}");
+        assert!(
+            err.contains(&format!(
+                "\"{prefix}_ssl_conf_command SignatureAlgorithms RSA+SHA256\" is not applied"
+            )),
+            "{err}"
+        );
+    }
+}

@@ -27,15 +27,28 @@
 //!   if expr= / elif / else / endif one level, as nginx (no nesting)
 //! ```
 //!
-//! Subrequests run one after another, so every include is as if it had
-//! `wait="yes"`. The SSI variables (and the captures an `if` regex sets)
+//! The includes of a document run at once, as nginx's subrequests do:
+//! an include starts its subrequest and the commands after it go on
+//! (an `echo` after it does not see what it sets), while the output keeps
+//! the document's order; an include with `wait="yes"` or `set=` waits
+//! until it (and those before it) are done before the next command runs.
+//! An included answer is read whole (as before), so what is held is what
+//! the page's output holds anyway; nginx holds the answers that finish
+//! before the ones ahead of them the same way (its postpone filter). Each
+//! include's subrequest starts with a copy of the request's variables and
+//! gives back what it changed when it ends ([`crate::http::subrequest`]).
+//! The SSI variables (and the captures an `if` regex sets)
 //! live for the whole client request, shared with the included
 //! documents, as in nginx. A command that fails outputs the `errmsg`
 //! (`[an error occurred while processing the directive]`) unless
 //! `ssi_silent_errors on`, and logs the reason.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use crate::config::registry::{arg, ctx, flag, set_once, size_arg, Args, Setter, Spec};
 use crate::config::{value, ConfResult, Directive};
@@ -199,13 +212,15 @@ fn set_types(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()>
 
 /// The state one client request's SSI processing shares with the
 /// documents it includes (nginx keeps it in the main request's context).
+/// Included documents are processed at once, so it sits in cells,
+/// borrowed only between awaits.
 #[derive(Debug, Default)]
 struct Shared {
     /// `set` variables and `if` captures, by lowercase name.
-    vars: HashMap<Vec<u8>, Vec<u8>>,
+    vars: RefCell<HashMap<Vec<u8>, Vec<u8>>>,
     /// An included answer broke a limit that ends the whole request
     /// (nginx finalizes it with an error: the client gets no answer).
-    failed: bool,
+    failed: Cell<bool>,
 }
 
 /// One document's settings (`config` changes them for the rest of it).
@@ -224,8 +239,8 @@ pub async fn apply(cx: &mut Ctx<'_>, resp: &mut Response) {
     if cx.loc.modules.ssi.enable != Some(true) || cx.sub_depth > 0 {
         return;
     }
-    let mut shared = Shared::default();
-    process(cx, resp, &mut shared).await;
+    let shared = Shared::default();
+    process(cx, resp, &shared).await;
 }
 
 /// Whether this response is one SSI applies to; for the client's
@@ -259,7 +274,7 @@ fn takes(cx: &Ctx<'_>, resp: &mut Response) -> bool {
 }
 
 /// SSI over one response (the client's or an included one).
-async fn process(cx: &mut Ctx<'_>, resp: &mut Response, shared: &mut Shared) {
+async fn process(cx: &mut Ctx<'_>, resp: &mut Response, shared: &Shared) {
     if !takes(cx, resp) {
         return;
     }
@@ -288,7 +303,7 @@ async fn process(cx: &mut Ctx<'_>, resp: &mut Response, shared: &mut Shared) {
     let tokens = parse(&body, doc.value_len);
     let mut out = Vec::with_capacity(body.len());
     run(cx, &tokens, &mut doc, shared, &mut out).await;
-    if shared.failed {
+    if shared.failed.get() {
         resp.close_silently = true;
         return;
     }
@@ -493,18 +508,62 @@ enum Cond {
     Done,
 }
 
+/// A piece of a document's output: ready, or an include still running.
+enum Part<'f> {
+    Ready(Vec<u8>),
+    Running(Pin<Box<dyn Future<Output = Vec<u8>> + 'f>>),
+}
+
+/// Runs the includes among `parts` at once until every one is done.
+async fn settle(parts: &mut [Part<'_>]) {
+    std::future::poll_fn(|c| {
+        let mut pending = false;
+        for p in parts.iter_mut() {
+            let Part::Running(f) = p else { continue };
+            match f.as_mut().poll(c) {
+                Poll::Ready(b) => *p = Part::Ready(b),
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await
+}
+
+/// Waits for the includes among `parts`, then puts their output, in the
+/// document's order, before what `out` holds.
+async fn gather(parts: &mut Vec<Part<'_>>, out: &mut Vec<u8>) {
+    if parts.is_empty() {
+        return;
+    }
+    settle(parts).await;
+    let tail = std::mem::take(out);
+    for p in parts.drain(..) {
+        if let Part::Ready(b) = p {
+            out.extend_from_slice(&b);
+        }
+    }
+    out.extend_from_slice(&tail);
+}
+
 /// Runs a document's tokens, appending the output.
 fn run<'f, 'a: 'f>(
-    cx: &'f mut Ctx<'a>,
+    cx: &'f Ctx<'a>,
     tokens: &'f [Token],
     doc: &'f mut Doc,
-    shared: &'f mut Shared,
+    shared: &'f Shared,
     out: &'f mut Vec<u8>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'f>> {
+) -> Pin<Box<dyn Future<Output = ()> + 'f>> {
     Box::pin(async move {
+        // What came before the includes still running, and those, in order.
+        let mut parts: Vec<Part<'f>> = Vec::new();
         let mut cond = Cond::None;
         let mut i = 0;
-        while i < tokens.len() && !shared.failed {
+        while i < tokens.len() && !shared.failed.get() {
             let t = &tokens[i];
             i += 1;
             let skipping = matches!(cond, Cond::Waiting | Cond::Done);
@@ -622,7 +681,16 @@ fn run<'f, 'a: 'f>(
                             doc.timefmt = String::from_utf8_lossy(f).into_owned();
                         }
                     }
-                    "include" => include(cx, doc, shared, params, out).await,
+                    "include" => {
+                        if let Some(inc) = include(cx, doc, shared, params, out) {
+                            let waits = inc.waits();
+                            parts.push(Part::Ready(std::mem::take(out)));
+                            parts.push(Part::Running(Box::pin(included(cx, shared, inc))));
+                            if waits {
+                                gather(&mut parts, out).await;
+                            }
+                        }
+                    }
                     other => {
                         let why = format!("unknown SSI command \"{}\"", other);
                         error(cx, doc, out, &why);
@@ -630,6 +698,7 @@ fn run<'f, 'a: 'f>(
                 },
             }
         }
+        gather(&mut parts, out).await;
     })
 }
 
@@ -665,7 +734,7 @@ fn error(cx: &Ctx<'_>, doc: &Doc, out: &mut Vec<u8>, why: &str) {
 /// in the document's format, else nginx's variable of that name.
 fn var(cx: &Ctx<'_>, doc: &Doc, shared: &Shared, name: &[u8]) -> Option<Vec<u8>> {
     let lower = name.to_ascii_lowercase();
-    if let Some(v) = shared.vars.get(&lower) {
+    if let Some(v) = shared.vars.borrow().get(&lower) {
         return Some(v.clone());
     }
     let name = std::str::from_utf8(&lower).ok()?;
@@ -804,13 +873,7 @@ fn escape_url(v: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn set(
-    cx: &Ctx<'_>,
-    doc: &Doc,
-    shared: &mut Shared,
-    params: &[(String, Vec<u8>)],
-    out: &mut Vec<u8>,
-) {
+fn set(cx: &Ctx<'_>, doc: &Doc, shared: &Shared, params: &[(String, Vec<u8>)], out: &mut Vec<u8>) {
     let (Some(name), Some(value)) = (param(params, "var"), param(params, "value")) else {
         error(
             cx,
@@ -822,7 +885,10 @@ fn set(
     };
     match evaluate(cx, doc, shared, value) {
         Ok(v) => {
-            shared.vars.insert(name.to_ascii_lowercase(), v);
+            shared
+                .vars
+                .borrow_mut()
+                .insert(name.to_ascii_lowercase(), v);
         }
         Err(why) => error(cx, doc, out, &why),
     }
@@ -833,7 +899,7 @@ fn set(
 fn eval_cond(
     cx: &Ctx<'_>,
     doc: &Doc,
-    shared: &mut Shared,
+    shared: &Shared,
     params: &[(String, Vec<u8>)],
 ) -> Result<bool, String> {
     let Some(expr) = param(params, "expr") else {
@@ -871,16 +937,15 @@ fn eval_cond(
         let re = Regex::new(&pat, false)?;
         match re.captures(&left) {
             Some(caps) => {
+                let mut vars = shared.vars.borrow_mut();
                 for (n, c) in caps.iter().enumerate() {
                     if let Some((s, e)) = c {
-                        shared
-                            .vars
-                            .insert(n.to_string().into_bytes(), left[*s..*e].to_vec());
+                        vars.insert(n.to_string().into_bytes(), left[*s..*e].to_vec());
                     }
                 }
                 for (n, name) in re.capture_names().iter().enumerate() {
                     if let (Some(name), Some(Some((s, e)))) = (name, caps.get(n)) {
-                        shared.vars.insert(
+                        vars.insert(
                             name.to_ascii_lowercase().into_bytes(),
                             left[*s..*e].to_vec(),
                         );
@@ -896,14 +961,38 @@ fn eval_cond(
     Ok((matched != noeq) != negate)
 }
 
-/// `include virtual="URI"` / `file="URI"`: a subrequest's output.
-async fn include(
-    cx: &mut Ctx<'_>,
-    doc: &mut Doc,
-    shared: &mut Shared,
+/// An include whose subrequest is made: what [`included`] needs to run
+/// it and put its answer in place.
+struct Include<'a> {
+    sub: Ctx<'a>,
+    /// The variables it started with (see `subrequest_alongside`).
+    vars_before: Vec<Option<Vec<u8>>>,
+    /// The `stub` block's tokens.
+    stub: Option<Vec<Token>>,
+    /// `set=`: the SSI variable the answer goes to.
+    set_var: Option<Vec<u8>>,
+    wait: bool,
+    /// The document's settings at the include (errors, the stub's run).
+    doc: Doc,
+}
+
+impl Include<'_> {
+    /// Whether the document waits for it (`wait="yes"`, or `set=`, which
+    /// nginx waits for too) before its next command.
+    fn waits(&self) -> bool {
+        self.wait || self.set_var.is_some()
+    }
+}
+
+/// `include virtual="URI"` / `file="URI"`: its parameters checked and its
+/// subrequest made (None: the error is in `out`); [`included`] runs it.
+fn include<'a>(
+    cx: &Ctx<'a>,
+    doc: &Doc,
+    shared: &Shared,
     params: &[(String, Vec<u8>)],
     out: &mut Vec<u8>,
-) {
+) -> Option<Include<'a>> {
     let (virt, file) = (param(params, "virtual"), param(params, "file"));
     let target = match (virt, file) {
         (Some(v), Some(f)) => {
@@ -912,27 +1001,50 @@ async fn include(
                 String::from_utf8_lossy(v),
                 String::from_utf8_lossy(f)
             );
-            return error(cx, doc, out, &why);
+            error(cx, doc, out, &why);
+            return None;
         }
         (Some(v), None) | (None, Some(v)) => v,
         (None, None) => {
-            return error(cx, doc, out, "no parameter in \"include\" SSI command");
+            error(cx, doc, out, "no parameter in \"include\" SSI command");
+            return None;
         }
     };
-    let stub = param(params, "stub").map(<[u8]>::to_vec);
+    let stub_name = param(params, "stub");
     let set_var = param(params, "set").map(<[u8]>::to_ascii_lowercase);
-    if let Some(s) = &stub {
-        if !doc.blocks.contains_key(s) {
+    let wait = match param(params, "wait") {
+        None => false,
+        Some(w) if w.eq_ignore_ascii_case(b"no") => false,
+        Some(w) if w.eq_ignore_ascii_case(b"yes") => true,
+        Some(w) => {
             let why = format!(
-                "\"{}\" SSI block is not defined",
-                String::from_utf8_lossy(s)
+                "invalid value \"{}\" for the \"wait\" parameter",
+                String::from_utf8_lossy(w)
             );
-            return error(cx, doc, out, &why);
+            error(cx, doc, out, &why);
+            return None;
         }
-    }
+    };
+    let stub = match stub_name {
+        Some(s) => match doc.blocks.get(s) {
+            Some(t) => Some(t.clone()),
+            None => {
+                let why = format!(
+                    "\"{}\" SSI block is not defined",
+                    String::from_utf8_lossy(s)
+                );
+                error(cx, doc, out, &why);
+                return None;
+            }
+        },
+        None => None,
+    };
     let uri = match evaluate(cx, doc, shared, target) {
         Ok(u) => u,
-        Err(why) => return error(cx, doc, out, &why),
+        Err(why) => {
+            error(cx, doc, out, &why);
+            return None;
+        }
     };
     let (path, args) = match memchr::memchr(b'?', &uri) {
         Some(q) => (uri[..q].to_vec(), Some(uri[q + 1..].to_vec())),
@@ -955,12 +1067,49 @@ async fn include(
                 "unsafe URI \"{}\" was detected",
                 String::from_utf8_lossy(&path)
             );
-            return error(cx, doc, out, &why);
+            error(cx, doc, out, &why);
+            return None;
         }
     };
-    let Some(mut sub) = cx.subrequest(path, args, Method::Get, true) else {
-        return error(cx, doc, out, "subrequest failed");
+    let Some((sub, vars_before)) = cx.subrequest_alongside(path, args, Method::Get, true) else {
+        error(cx, doc, out, "subrequest failed");
+        return None;
     };
+    // The stub's blocks go with it; otherwise only the settings count.
+    let doc = Doc {
+        errmsg: doc.errmsg.clone(),
+        timefmt: doc.timefmt.clone(),
+        blocks: if stub.is_some() {
+            doc.blocks.clone()
+        } else {
+            HashMap::new()
+        },
+        silent: doc.silent,
+        value_len: doc.value_len,
+    };
+    Some(Include {
+        sub,
+        vars_before,
+        stub,
+        set_var,
+        wait,
+        doc,
+    })
+}
+
+/// Runs an include's subrequest: its answer (SSI-processed in turn), the
+/// stub block instead of an error page or nothing, or nothing when the
+/// answer went to a variable (`set=`).
+async fn included<'a>(cx: &Ctx<'a>, shared: &Shared, inc: Include<'a>) -> Vec<u8> {
+    let Include {
+        mut sub,
+        vars_before,
+        stub,
+        set_var,
+        mut doc,
+        ..
+    } = inc;
+    let mut out = Vec::new();
     let mut r = crate::http::subrequest::run(&mut sub).await;
     // nginx's gunzip filter always inflates a subrequest's answer (its
     // bytes go inside the page, whatever the client accepts).
@@ -996,40 +1145,41 @@ async fn include(
                     b.len()
                 ),
             );
-            crate::http::subrequest::finish(cx, sub);
-            shared.failed = true;
-            return;
+            crate::http::subrequest::finish_alongside(cx, sub, &vars_before);
+            shared.failed.set(true);
+            return out;
         }
     }
-    crate::http::subrequest::finish(cx, sub);
+    crate::http::subrequest::finish_alongside(cx, sub, &vars_before);
     let body = match body {
         Ok(b) => b,
         Err(e) => {
             let why = format!("ssi: reading the included body failed: {}", e);
-            return error(cx, doc, out, &why);
+            error(cx, &doc, &mut out, &why);
+            return out;
         }
     };
     // nginx's stub: the block instead of an error page or nothing.
-    if let Some(s) = stub {
+    if let Some(tokens) = stub {
         if status >= 300 || body.is_empty() {
-            let tokens = doc.blocks.get(&s).cloned().unwrap_or_default();
             let mut stub_out = Vec::new();
-            run(cx, &tokens, doc, shared, &mut stub_out).await;
+            run(cx, &tokens, &mut doc, shared, &mut stub_out).await;
             match set_var {
                 Some(v) => {
-                    shared.vars.insert(v, stub_out);
+                    shared.vars.borrow_mut().insert(v, stub_out);
                 }
                 None => out.extend_from_slice(&stub_out),
             }
-            return;
+            return out;
         }
     }
     match set_var {
         Some(v) => {
-            shared.vars.insert(v, body);
+            shared.vars.borrow_mut().insert(v, body);
         }
         None => out.extend_from_slice(&body),
     }
+    out
 }
 
 /// `$date_local` / `$date_gmt` outside SSI: nginx's default format.

@@ -12,7 +12,7 @@
 //! `ngx_http_upstream_conf_t` for the same reason, and the [`Slot`] each
 //! protocol module already names reaches them, so a protocol gets TLS by
 //! writing `tls` in its `upstream_directives!` call, giving its scheme a
-//! line in `ModLoc::check_ssl`, and asking [`for_request`] when its pass
+//! line in `ModLoc::check_ssl`, and calling [`attach`] when its pass
 //! says TLS. `ssl_settings.rs` is the server side (`listen ... ssl`);
 //! both use `crate::tls` for the work.
 //!
@@ -31,12 +31,14 @@ use crate::config::registry::{arg, flag, set_once, slot_invalid_number};
 use crate::config::{value, ConfError, ConfResult, Directive};
 use crate::core::conf::Compiler;
 use crate::core::log::Level;
+use crate::http::body;
 use crate::http::conf::{merge_opts, LocConf};
 use crate::http::phases::Ctx;
 use crate::http::response::Response;
+use crate::http::vars::Template;
 use crate::tls::var_certs::{CertName, VarCerts};
 
-use super::conf::Slot;
+use super::conf::{Limits, Slot};
 
 /// The TLS of one upstream request: the client configuration and the
 /// name the upstream's certificate is checked against (sent as SNI with
@@ -52,7 +54,8 @@ pub struct SslConf {
     pub verify: Option<bool>,
     pub server_name: Option<bool>,
     pub session_reuse: Option<bool>,
-    pub name: Option<String>,
+    /// `PREFIX_ssl_name` (variables rendered per request).
+    pub name: Option<Template>,
     pub protocols: Option<(bool, bool)>,
     pub ciphers: Option<String>,
     pub trusted: Option<Arc<crate::tls::client::Trusted>>,
@@ -67,6 +70,12 @@ pub struct SslConf {
     pub certificate_key_name: Option<CertName>,
     /// `PREFIX_ssl_password_file`'s passphrases.
     pub passwords: Option<Arc<Vec<Vec<u8>>>>,
+    /// `PREFIX_ssl_conf_command`s in order (a level with any replaces
+    /// the inherited list), checked when read.
+    pub conf_commands: Option<Vec<crate::tls::conf_command::Cmd>>,
+    /// The `Certificate`/`PrivateKey` pair of those commands (the last
+    /// one), read by [`check`]: it takes `PREFIX_ssl_certificate`'s place.
+    pub command_certified: Option<Arc<rustls::sign::CertifiedKey>>,
     /// Made by [`check`] when either certificate name has variables: the
     /// pair is read per upstream connection.
     pub var_certs: Option<Arc<VarCerts>>,
@@ -85,19 +94,22 @@ impl SslConf {
         // own, use their location's (a checked level makes its own).
         merge_opts!(self, p; verify, server_name, session_reuse, name, protocols, ciphers,
             trusted, verify_depth, crl, certificate, certificate_key, certificate_name,
-            certificate_key_name, passwords, var_certs, certified);
+            certificate_key_name, passwords, var_certs, certified, conf_commands,
+            command_certified);
     }
 
     /// The level's client configuration (`alpn`: the protocols offered,
     /// the same on every call of a level: gRPC's `h2`), and the name to
-    /// check: `PREFIX_ssl_name`, else `host` (the pass's host; a port is
-    /// dropped). None when no configuration can be made of the settings.
-    pub fn client(&self, host: &str, alpn: &[&[u8]]) -> Option<Tls> {
+    /// check, `name` (`PREFIX_ssl_name` rendered, else the pass's host; a
+    /// port is dropped). `PREFIX_ssl_conf_command`s apply last, as nginx
+    /// hands them to OpenSSL after its own settings. None when no
+    /// configuration can be made of the settings.
+    pub fn client(&self, name: &str, alpn: &[&[u8]]) -> Option<Tls> {
         let cfg = self
             .client
             .get_or_init(|| {
                 let d = crate::tls::client::UpSsl::default();
-                let s = crate::tls::client::UpSsl {
+                let mut s = crate::tls::client::UpSsl {
                     verify: self.verify.unwrap_or(d.verify),
                     server_name: self.server_name.unwrap_or(d.server_name),
                     protocols: self.protocols.unwrap_or(d.protocols),
@@ -110,16 +122,26 @@ impl SslConf {
                     alpn: alpn.iter().map(|p| p.to_vec()).collect(),
                     ..d
                 };
+                if let Some(cmds) = &self.conf_commands {
+                    // Checked by `check` already; the files were read there.
+                    let fx = crate::tls::conf_command::effect(cmds, s.protocols).ok()?;
+                    s.apply_effect(&fx);
+                    if self.command_certified.is_some() {
+                        s.certificate = self.command_certified.clone();
+                    }
+                }
                 crate::tls::client::client_config(&s).ok()
             })
             .clone()?;
-        let name = crate::tls::client::server_name(self.name.as_deref().unwrap_or(host))?;
+        let name = crate::tls::client::server_name(name)?;
         Some((cfg, name))
     }
 }
 
 /// The TLS of one request to the upstream (see [`SslConf::client`]),
 /// with this connection's client certificate when its name has variables.
+/// `host` is the pass's host, the name checked unless `PREFIX_ssl_name`
+/// says another (rendered here when it has variables).
 /// Err: the answer, the reason logged (500 when the certificate cannot be
 /// read, 502 when no client can be made), as nginx.
 pub async fn for_request(
@@ -128,7 +150,21 @@ pub async fn for_request(
     host: &str,
     alpn: &[&[u8]],
 ) -> Result<Tls, Box<Response>> {
-    let Some((cfg, name)) = ssl.client(host, alpn) else {
+    let rendered;
+    let name = match &ssl.name {
+        Some(t) => match t.as_literal() {
+            Some(v) => String::from_utf8_lossy(v),
+            None => {
+                rendered = t.render_vec(cx);
+                String::from_utf8_lossy(&rendered)
+            }
+        },
+        None => std::borrow::Cow::Borrowed(host),
+    };
+    // A name that renders empty: the pass's host (nginx then sends no
+    // SNI; a certificate checked against nothing would fail anyway).
+    let name = if name.is_empty() { host } else { &name };
+    let Some((cfg, name)) = ssl.client(name, alpn) else {
         cx.log(
             Level::Error,
             "SSL_CTX_new() failed (no usable protocol or name for the upstream)",
@@ -151,6 +187,32 @@ pub async fn for_request(
     Ok((cfg, name))
 }
 
+/// What every `*_pass` content handler does when its pass says TLS: the
+/// request's TLS client ([`for_request`]) put in `lim`; when none can be
+/// had, the client's body stream (if one was begun) is finished and the
+/// answer is returned for the handler to give.
+pub async fn attach<'c>(
+    cx: &mut Ctx<'c>,
+    ssl: &SslConf,
+    host: &str,
+    alpn: &[&[u8]],
+    lim: &mut Limits,
+    stream: &mut Option<body::Streaming<'c>>,
+) -> Result<(), Box<Response>> {
+    match for_request(cx, ssl, host, alpn).await {
+        Ok(t) => {
+            lim.tls = Some(t);
+            Ok(())
+        }
+        Err(r) => {
+            if let Some(s) = stream.take() {
+                s.finish(cx);
+            }
+            Err(r)
+        }
+    }
+}
+
 /// nginx's checks of a merged location whose pass may use TLS (`on`: a
 /// TLS scheme, or a pass with variables, which may render one):
 /// `PREFIX_ssl_verify on` needs trusted certificates, a certificate needs
@@ -162,11 +224,31 @@ pub fn check(s: &mut SslConf, prefix: &str, on: bool) -> ConfResult<()> {
     // This level's own, made below (not the parent's merged in).
     s.certified = None;
     s.var_certs = None;
+    s.command_certified = None;
+    let passwords = s.passwords.as_deref().map_or(&[][..], |v| &v[..]);
+    if let Some(cmds) = &s.conf_commands {
+        // nginx 1.22's default protocols: what the commands start from.
+        let fx = crate::tls::conf_command::effect(cmds, s.protocols.unwrap_or((true, false)))
+            .map_err(|e| {
+                ConfError::new(
+                    e.msg
+                        .replace("ssl_conf_command", &format!("{}_ssl_conf_command", prefix)),
+                )
+            })?;
+        if let Some((c, k)) = fx.pairs.last() {
+            // Read here, on the master thread; it stands in for
+            // PREFIX_ssl_certificate (OpenSSL's client has one pair).
+            s.command_certified = Some(crate::tls::client::load_certificate(c, k, passwords)?);
+        }
+    }
     if s.verify == Some(true) && s.trusted.is_none() {
         return Err(ConfError::new(format!(
             "no {p}_ssl_trusted_certificate for {p}_ssl_verify",
             p = prefix
         )));
+    }
+    if s.command_certified.is_some() {
+        return Ok(());
     }
     let Some(cert) = s.certificate.as_deref().filter(|c| !c.is_empty()) else {
         return Ok(());
@@ -180,7 +262,6 @@ pub fn check(s: &mut SslConf, prefix: &str, on: bool) -> ConfResult<()> {
     let (Some(c), Some(k)) = (s.certificate_name.clone(), s.certificate_key_name.clone()) else {
         return Ok(());
     };
-    let passwords = s.passwords.as_deref().map_or(&[][..], |v| &v[..]);
     if c.has_vars() || k.has_vars() {
         s.var_certs = Some(Arc::new(VarCerts {
             pairs: vec![(c, k)],
@@ -216,15 +297,29 @@ pub fn set_flag<S: Slot>(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> Co
     set_once(slot, v, d)
 }
 
-pub fn set_name<S: Slot>(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = arg(d, 0);
-    if v.contains('$') {
-        return Err(ConfError::at(
-            format!("{} with variables is not supported by tern yet", d.name),
-            d,
-        ));
-    }
-    set_once(&mut ssl::<S>(l).name, v.to_string(), d)
+/// `PREFIX_ssl_name NAME`: the name checked (and sent as SNI) instead of
+/// the pass's host; with variables, rendered per request.
+pub fn set_name<S: Slot>(l: &mut LocConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = cx.template(arg(d, 0), d)?;
+    set_once(&mut ssl::<S>(l).name, v, d)
+}
+
+/// `PREFIX_ssl_conf_command NAME VALUE`: OpenSSL's SSL_CONF commands,
+/// checked as the server side's `ssl_conf_command` (`tls::conf_command`:
+/// an unknown command or a bad value is refused with nginx's error, one
+/// rustls has no equivalent for is named in a warning), applied to the
+/// client configuration last.
+pub fn set_conf_command<S: Slot>(
+    l: &mut LocConf,
+    d: &Directive,
+    cx: &mut Compiler,
+) -> ConfResult<()> {
+    let cmds = crate::http::modules::ssl_settings::conf_command_of(d, cx)?;
+    ssl::<S>(l)
+        .conf_commands
+        .get_or_insert_with(Vec::new)
+        .extend(cmds);
+    Ok(())
 }
 
 pub fn set_protocols<S: Slot>(l: &mut LocConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -339,7 +434,7 @@ macro_rules! upstream_ssl_directives {
             $crate::http::upstream::ssl::row(concat!($p, "_ssl_certificate_key"), $crate::config::registry::Args::take(1), $crate::http::upstream::ssl::set_cert::<$slot>),
             $crate::http::upstream::ssl::row(concat!($p, "_ssl_password_file"), $crate::config::registry::Args::take(1), $crate::http::upstream::ssl::set_password_file::<$slot>),
             $crate::http::upstream::ssl::row(concat!($p, "_ssl_crl"), $crate::config::registry::Args::take(1), $crate::http::upstream::ssl::set_crl::<$slot>),
-            $crate::http::upstream::ssl::unsupported(concat!($p, "_ssl_conf_command")),
+            $crate::http::upstream::ssl::row(concat!($p, "_ssl_conf_command"), $crate::config::registry::Args::take(2), $crate::http::upstream::ssl::set_conf_command::<$slot>),
         ])
     };
 }
@@ -355,15 +450,5 @@ pub const fn row(
         ctx: crate::config::registry::ctx::HSL,
         args,
         set: crate::config::registry::Setter::Loc(f),
-    }
-}
-
-/// A `PREFIX_ssl_*` directive tern refuses as not supported yet.
-pub const fn unsupported(name: &'static str) -> crate::config::registry::Spec {
-    crate::config::registry::Spec {
-        name,
-        ctx: crate::config::registry::ctx::HSL,
-        args: crate::config::registry::Args::Any,
-        set: crate::config::registry::Setter::Unsupported,
     }
 }

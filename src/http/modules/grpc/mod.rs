@@ -34,6 +34,12 @@
 //! once the answer's head arrives, the rest of the client's stream is not
 //! sent (see DIFFERENCES.md). Connections to the backend are not kept
 //! alive (one per call).
+//!
+//! The backend's bytes reach the h2 client through [`hpack_mend::Mend`],
+//! which accepts the over-padded Huffman strings nginx's decoder accepts
+//! (the h2 crate alone would reject the connection for them).
+
+mod hpack_mend;
 
 use std::future::Future;
 use std::path::Path;
@@ -53,7 +59,7 @@ use crate::http::response::{BodyStream, Response, StreamFuture};
 use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
 use crate::http::upstream::fetch::{fail, Outgoing, TIMED_OUT, WHILE_HEAD};
 use crate::http::upstream::peers::{self, PassAddr};
-use crate::http::upstream::state;
+use crate::http::upstream::{ssl, state};
 use crate::http::upstream::{
     BodyDecoder, BodyRx, Caching, Fail, Head, HeadReader, OutBody, Protocol, Request, Session,
     SessionAnswer,
@@ -255,7 +261,7 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     // As nginx's grpc module, the body always goes upstream as it
     // arrives (request_body_no_buffering): a streaming call's messages
     // are not held back. A body read already (mirror) goes from memory.
-    let stream = match body::stream_begin(cx).await {
+    let mut stream = match body::stream_begin(cx).await {
         Ok(Some(s)) => Some(s),
         Ok(None) => {
             if let Err(r) = body::read(cx, &pass.addr.body_temp_default).await {
@@ -298,19 +304,13 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         return Response::status(502);
     };
     let mut lim = Limits::of(&conf.up);
+    // The name to check is the authority's host; a gRPC server speaks
+    // nothing but h2, offered by ALPN.
+    let alpn: &[&[u8]] = &[b"h2"];
     if tls {
-        // The name to check is the authority's host; a gRPC server speaks
-        // nothing but h2, offered by ALPN.
-        let alpn: &[&[u8]] = &[b"h2"];
-        let tls = crate::http::upstream::ssl::for_request(cx, &conf.up.ssl, &authority, alpn).await;
-        match tls {
-            Ok(t) => lim.tls = Some(t),
-            Err(r) => {
-                if let Some(s) = stream {
-                    s.finish(cx);
-                }
-                return *r;
-            }
+        let ssl = &conf.up.ssl;
+        if let Err(r) = ssl::attach(cx, ssl, &authority, alpn, &mut lim, &mut stream).await {
+            return *r;
         }
     }
     let call = call_head(cx, conf, &authority);
@@ -495,6 +495,14 @@ fn h2_fail(e: &h2::Error, context: &str) -> Fail {
         );
     }
     let msg = match e.reason() {
+        // Found wrong here (the h2 client answered with GOAWAY): a header
+        // block that does not decode is nginx's "invalid encoded header".
+        Some(h2::Reason::COMPRESSION_ERROR) if e.is_library() => {
+            format!("upstream sent invalid encoded header {}", context)
+        }
+        Some(r) if e.is_library() => {
+            format!("upstream sent invalid HTTP/2 data ({}) {}", r, context)
+        }
         Some(r) => format!(
             "upstream rejected request with error {} {}",
             u32::from(r),
@@ -536,7 +544,7 @@ async fn call(
     let (client, conn) = within(
         lim.connect,
         "while connecting to upstream",
-        h2::client::Builder::new().handshake::<_, Bytes>(s),
+        h2::client::Builder::new().handshake::<_, Bytes>(hpack_mend::Mend::new(s)),
     )
     .await?;
     // The connection's driver; it ends when both ends are dropped.

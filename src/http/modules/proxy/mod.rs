@@ -874,7 +874,7 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
         Some(up) => run::begin_body(cx, up, &pass.body_temp_default, |_| http11).await,
         None => body::read(cx, &pass.body_temp_default).await.map(|()| None),
     };
-    let stream = match stream {
+    let mut stream = match stream {
         Ok(s) => s,
         Err(r) => return *r,
     };
@@ -892,14 +892,11 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     let mut lim = Limits::of(&conf.up);
     if pass.tls {
         let host = String::from_utf8_lossy(&pass.host).into_owned();
-        match crate::http::upstream::ssl::for_request(cx, &conf.up.ssl, &host, &[]).await {
-            Ok(t) => lim.tls = Some(t),
-            Err(r) => {
-                if let Some(s) = stream {
-                    s.finish(cx);
-                }
-                return *r;
-            }
+        let ssl = &conf.up.ssl;
+        if let Err(r) =
+            crate::http::upstream::ssl::attach(cx, ssl, &host, &[], &mut lim, &mut stream).await
+        {
+            return *r;
         }
     }
     let uri = upstream_uri(cx, &pass);

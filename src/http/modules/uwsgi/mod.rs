@@ -41,7 +41,7 @@ use crate::http::phases::Ctx;
 use crate::http::response::Response;
 use crate::http::upstream::conf::{Limits, Slot, UpstreamConf};
 use crate::http::upstream::peers::{self, PassAddr, PassTo};
-use crate::http::upstream::{run, Caching, HeadReader, OutBody, Protocol, Request};
+use crate::http::upstream::{run, ssl, Caching, HeadReader, OutBody, Protocol, Request};
 
 const LOC: u32 = ctx::LOC | ctx::LIF;
 const HSL: u32 = ctx::HSL;
@@ -210,7 +210,7 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     };
     let conf = &loc.modules.uwsgi;
     let temp = &pass.addr.body_temp_default;
-    let stream = match run::begin_body(cx, &conf.up, temp, |_| false).await {
+    let mut stream = match run::begin_body(cx, &conf.up, temp, |_| false).await {
         Ok(s) => s,
         Err(r) => return *r,
     };
@@ -238,14 +238,9 @@ async fn handle(cx: &mut Ctx<'_>) -> Response {
     };
     let mut lim = Limits::of(&conf.up);
     if tls {
-        match crate::http::upstream::ssl::for_request(cx, &conf.up.ssl, &host, &[]).await {
-            Ok(t) => lim.tls = Some(t),
-            Err(r) => {
-                if let Some(s) = stream {
-                    s.finish(cx);
-                }
-                return *r;
-            }
+        let ssl = &conf.up.ssl;
+        if let Err(r) = ssl::attach(cx, ssl, &host, &[], &mut lim, &mut stream).await {
+            return *r;
         }
     }
     let proto = Arc::new(Uwsgi {
