@@ -156,3 +156,79 @@ fn grpc_bad_header_block_is_502_at_once() {
     drop(srv);
     let _ = t.join();
 }
+
+/// Reads a client's frames until one of its streams ends; that stream's
+/// id (None: the connection ended).
+fn read_call(s: &mut TcpStream) -> Option<u32> {
+    loop {
+        let mut h = [0u8; 9];
+        s.read_exact(&mut h).ok()?;
+        let len = (h[0] as usize) << 16 | (h[1] as usize) << 8 | h[2] as usize;
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).ok()?;
+        if (h[3] == 0 || h[3] == 1) && h[4] & 1 != 0 {
+            return Some(u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff);
+        }
+    }
+}
+
+/// With `keepalive` in the upstream block, a call that ended cleanly
+/// leaves its connection for the next one, which opens the next stream
+/// there (nginx's grpc keepalive); a GOAWAY from the peer ends that.
+#[test]
+fn grpc_keepalive_reuses_the_connection_until_goaway() {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let bport = l.local_addr().expect("addr").port();
+    // Each call: (connection number, stream id); the third call's answer
+    // comes with a GOAWAY, so the fourth needs a new connection.
+    let backend = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut conn = 0;
+        while seen.len() < 4 {
+            let Ok((mut s, _)) = l.accept() else { break };
+            conn += 1;
+            let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
+            let mut preface = [0u8; 24];
+            if s.read_exact(&mut preface).is_err() {
+                continue;
+            }
+            let mut out = frame(4, 0, 0, &[]);
+            out.extend(frame(4, 1, 0, &[]));
+            let _ = s.write_all(&out);
+            while let Some(sid) = read_call(&mut s) {
+                seen.push((conn, sid));
+                let mut a = frame(1, 0x4, sid, &[0x88]);
+                a.extend(frame(0, 0, sid, b"ok"));
+                if seen.len() == 3 {
+                    // GOAWAY: last stream = this one, NO_ERROR.
+                    let mut g = sid.to_be_bytes().to_vec();
+                    g.extend_from_slice(&[0, 0, 0, 0]);
+                    a.extend(frame(7, 0, 0, &g));
+                }
+                // Trailers: grpc-status 0 (literal, new name, raw).
+                let mut t = vec![0x00, 11];
+                t.extend_from_slice(b"grpc-status");
+                t.extend_from_slice(&[1, b'0']);
+                a.extend(frame(1, 0x5, sid, &t));
+                let _ = s.write_all(&a);
+                if seen.len() >= 4 {
+                    break;
+                }
+            }
+        }
+        seen
+    });
+    let srv = Server::start(&format!(
+        "http {{ upstream u {{ server 127.0.0.1:{bport}; keepalive 1; }}\n\
+           server {{ listen 127.0.0.1:@PORT@;\n\
+           location / {{ grpc_pass u; }} }} }}\n"
+    ));
+    for _ in 0..4 {
+        let r = call(srv.port);
+        assert_eq!(r.status, 200, "{}", srv.error_log());
+        assert!(r.body_str().contains("ok"));
+    }
+    drop(srv);
+    let seen = backend.join().expect("backend");
+    assert_eq!(seen, vec![(1, 1), (1, 3), (1, 5), (2, 1)]);
+}

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use super::conf::{ft, parse_bind, BindAddr, Limits, UpstreamConf};
 use super::peers::{self, PeerAddr, Upstream};
 use super::state::{Slot, States};
-use super::{BodyDecoder, Head, HeadReader, Protocol};
+use super::{BodyDecoder, Head, HeadReader, Protocol, Session, SessionConn};
 use crate::core::log::Level;
 use crate::http::phases::Ctx;
 use crate::io::{OpenFile, Policy};
@@ -439,7 +439,26 @@ async fn exchange<B: BodyFeed>(
     // peer may be working on the request): as nginx, it is the attempt's
     // result, and is not sent again here.
     // A kept connection of the other kind (plain vs TLS) is closed.
-    // (A protocol with its own session keeps no connections yet.)
+    // A protocol with its own session keeps its own kind of connection.
+    if let Some(sess) = proto.session() {
+        let tls = lim.tls.is_some();
+        if let Some((kept, served)) = up.take_idle_session(addr, tls) {
+            slot.connected();
+            let keep = up.keep_to(addr, tls, served.next());
+            let conn = SessionConn::Kept(kept);
+            match session(sess, conn, keep, addr, lim, send, slot, feed.as_deref_mut()).await {
+                Ok(r) => {
+                    return Ok(UpResp {
+                        requests: served.next(),
+                        ..r
+                    })
+                }
+                // Found closed before the request went: a new connection.
+                Err(f) if !f.sent => {}
+                Err(f) => return Err(f),
+            }
+        }
+    }
     if let Some((s, served)) = up
         .take_idle(addr)
         .filter(|_| proto.session().is_none())
@@ -542,13 +561,38 @@ async fn exchange<B: BodyFeed>(
     };
     slot.connected();
     if let Some(sess) = proto.session() {
+        let keep = up.keep_to(addr, lim.tls.is_some(), peers::Uses::fresh());
+        let conn = SessionConn::Fresh(s);
+        return session(sess, conn, keep, addr, lim, send, slot, feed)
+            .await
+            .map_err(|f| Fail { sent: true, ..f });
+    }
+    send_and_read(s, addr, lim, proto, send, head_only, slot, feed)
+        .await
+        .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// One exchange of a protocol with its own session (see [`Session`]),
+/// the request body pumped to it as the client sends it.
+#[allow(clippy::too_many_arguments)]
+async fn session<B: BodyFeed>(
+    sess: &dyn Session,
+    conn: SessionConn,
+    keep: Option<peers::KeepTo>,
+    addr: &PeerAddr,
+    lim: &Limits,
+    send: &Outgoing<'_>,
+    slot: &Slot,
+    feed: Option<&mut B>,
+) -> Result<UpResp, Fail> {
+    {
         let a = match feed {
             Some(feed) if matches!(send.body, OutBody::Stream) => {
                 // The body goes to the session as the client sends it, a
                 // piece at a time (the session takes one when the peer's
                 // window lets it send).
                 let (tx, rx) = tokio::sync::mpsc::channel(1);
-                let exchange = sess.exchange(s, send, lim, slot, Some(rx));
+                let exchange = sess.exchange(conn, keep, send, lim, slot, Some(rx));
                 let pump = async move {
                     loop {
                         let (piece, end) = match feed.next().await {
@@ -570,18 +614,14 @@ async fn exchange<B: BodyFeed>(
                     () = pump => unreachable!("the pump never ends"),
                 }
             }
-            _ => sess.exchange(s, send, lim, slot, None).await,
-        }
-        .map_err(|f| Fail { sent: true, ..f })?;
+            _ => sess.exchange(conn, keep, send, lim, slot, None).await,
+        }?;
         slot.head(a.head.status);
         let mut r = UpResp::of(a.head, None, addr, Vec::new());
         r.trailers = a.trailers;
         r.session_body = a.body;
-        return Ok(r);
+        Ok(r)
     }
-    send_and_read(s, addr, lim, proto, send, head_only, slot, feed)
-        .await
-        .map_err(|f| Fail { sent: true, ..f })
 }
 
 /// A new connection to `addr`, from `PREFIX_bind`'s address, with

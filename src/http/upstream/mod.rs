@@ -193,14 +193,26 @@ pub struct SessionAnswer {
 /// `OutBody::Stream` request, the client's body as it arrives (the engine
 /// pumps its feed into it while the session runs).
 pub trait Session: Send + Sync {
+    /// One exchange on `conn`. `keep`: where the connection goes back
+    /// once the exchange ended cleanly (upstream `keepalive`). A failure
+    /// with `sent` unset on a kept connection means it was found closed
+    /// before the request went: the engine tries a new one.
     fn exchange<'a>(
         &'a self,
-        s: crate::tls::client::UpStream,
+        conn: SessionConn,
+        keep: Option<peers::KeepTo>,
         send: &'a fetch::Outgoing<'a>,
         lim: &'a Limits,
         slot: &'a state::Slot,
         body: Option<BodyRx>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<SessionAnswer, Fail>> + Send + 'a>>;
+}
+
+/// The connection a [`Session`] runs on: a new one, or one it kept from
+/// an earlier exchange ([`peers::KeepTo`]), opaque to the engine.
+pub enum SessionConn {
+    Fresh(crate::tls::client::UpStream),
+    Kept(Box<dyn std::any::Any + Send>),
 }
 
 /// A streamed request body handed to a [`Session`]: each piece with

@@ -1045,6 +1045,41 @@ impl Upstream {
         })
     }
 
+    /// An idle connection a session kept (see [`KeepTo`]) to `addr`,
+    /// plain or TLS as asked, with what it has served.
+    pub fn take_idle_session(
+        &self,
+        addr: &PeerAddr,
+        tls: bool,
+    ) -> Option<(Box<dyn std::any::Any + Send>, Uses)> {
+        if self.keepalive == 0 {
+            return None;
+        }
+        IDLE_SESSIONS.with(|m| {
+            let mut m = m.borrow_mut();
+            let list = m.get_mut(&self.id)?;
+            let now = Instant::now();
+            list.retain(|e| now.duration_since(e.since) < self.keepalive_timeout);
+            let i = list.iter().rposition(|e| e.addr == *addr && e.tls == tls)?;
+            let e = list.remove(i);
+            Some((e.conn, e.uses))
+        })
+    }
+
+    /// Where a session's connection to `addr` goes back (None without
+    /// `keepalive`).
+    pub fn keep_to(&self, addr: &PeerAddr, tls: bool, uses: Uses) -> Option<KeepTo> {
+        (self.keepalive > 0).then(|| KeepTo {
+            id: self.id,
+            keepalive: self.keepalive,
+            keepalive_requests: self.keepalive_requests,
+            keepalive_time: self.keepalive_time,
+            addr: addr.clone(),
+            tls,
+            uses,
+        })
+    }
+
     /// Caches an idle connection (dropping the oldest beyond
     /// `keepalive`); one that has served `keepalive_requests` or lived
     /// `keepalive_time` is dropped, which closes it.
@@ -1128,9 +1163,63 @@ impl Uses {
 
 type IdleList = Vec<Idle>;
 
+/// An idle connection of a protocol that runs its own session on it
+/// (gRPC's HTTP/2 client): what the session keeps, opaque here.
+struct IdleSession {
+    addr: PeerAddr,
+    tls: bool,
+    conn: Box<dyn std::any::Any + Send>,
+    since: Instant,
+    uses: Uses,
+}
+
 thread_local! {
     /// This worker's idle upstream connections, by upstream id.
     static IDLE: RefCell<HashMap<u64, IdleList>> = RefCell::new(HashMap::new());
+    /// Likewise for sessions' connections (see [`Upstream::take_idle_session`]).
+    static IDLE_SESSIONS: RefCell<HashMap<u64, Vec<IdleSession>>> = RefCell::new(HashMap::new());
+}
+
+/// Where a session gives its connection back once its exchange ended
+/// cleanly: the upstream's `keepalive` settings, the peer, and what the
+/// connection has served.
+#[derive(Debug, Clone)]
+pub struct KeepTo {
+    id: u64,
+    keepalive: usize,
+    keepalive_requests: u64,
+    keepalive_time: Duration,
+    pub addr: PeerAddr,
+    pub tls: bool,
+    pub uses: Uses,
+}
+
+impl KeepTo {
+    /// Caches the session's connection as [`Upstream::put_idle`] caches a
+    /// socket (dropped, which closes it, past `keepalive_requests` or
+    /// `keepalive_time`; the oldest goes beyond `keepalive`).
+    pub fn put(self, conn: Box<dyn std::any::Any + Send>) {
+        if self.keepalive == 0
+            || self.uses.requests >= self.keepalive_requests
+            || self.uses.born.elapsed() > self.keepalive_time
+        {
+            return;
+        }
+        IDLE_SESSIONS.with(|m| {
+            let mut m = m.borrow_mut();
+            let list = m.entry(self.id).or_default();
+            if list.len() >= self.keepalive {
+                list.remove(0);
+            }
+            list.push(IdleSession {
+                addr: self.addr,
+                tls: self.tls,
+                conn,
+                since: Instant::now(),
+                uses: self.uses,
+            });
+        });
+    }
 }
 
 /// Resolves `host:port` (at configuration time, as nginx does).

@@ -14,6 +14,10 @@
 //! string, which it writes again with the string cut and without the
 //! block's padding. Everything else the h2 crate judges as before.
 //!
+//! As it reads the frames anyway, it also notes a GOAWAY (or the end of
+//! the connection) in [`Mend::going`]: such a connection is not kept for
+//! another call (nginx closes it too).
+//!
 //! Memory: a header block is gathered whole before it is looked at (the
 //! strings may span frames), up to [`BLOCK_MAX`]; a larger one passes
 //! untouched (the h2 crate's own limits apply to it). Other frames
@@ -21,6 +25,8 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -28,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const HEADERS: u8 = 0x1;
 const PUSH_PROMISE: u8 = 0x5;
 const CONTINUATION: u8 = 0x9;
+const GOAWAY: u8 = 0x7;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
@@ -66,11 +73,15 @@ pub struct Mend<T> {
     /// The rest of a block too large to gather passes untouched.
     skipping: bool,
     eof: bool,
+    /// Set on the peer's GOAWAY or the connection's end.
+    going: Arc<AtomicBool>,
 }
 
 impl<T> Mend<T> {
-    pub fn new(io: T) -> Mend<T> {
+    /// `going` is set when the peer sends GOAWAY or the connection ends.
+    pub fn new(io: T, going: Arc<AtomicBool>) -> Mend<T> {
         Mend {
+            going,
             io,
             inb: Vec::new(),
             out: Vec::new(),
@@ -102,6 +113,9 @@ impl<T> Mend<T> {
             | usize::from(self.inb[2]);
         let typ = self.inb[3];
         let flags = self.inb[4];
+        if typ == GOAWAY {
+            self.going.store(true, Ordering::Relaxed);
+        }
         let header_frame = matches!(typ, HEADERS | PUSH_PROMISE | CONTINUATION);
         if !header_frame || self.skipping || len > BLOCK_MAX {
             if typ != CONTINUATION {
@@ -385,10 +399,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for Mend<T> {
             let mut rb = ReadBuf::new(&mut tmp);
             match Pin::new(&mut me.io).poll_read(cx, &mut rb) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Err(e)) => {
+                    me.going.store(true, Ordering::Relaxed);
+                    return Poll::Ready(Err(e));
+                }
                 Poll::Ready(Ok(())) => {
                     if rb.filled().is_empty() {
                         me.eof = true;
+                        me.going.store(true, Ordering::Relaxed);
                     } else {
                         me.inb.extend_from_slice(rb.filled());
                     }

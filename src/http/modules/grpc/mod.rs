@@ -32,8 +32,10 @@
 //! own window stays closed meanwhile), and the answer's DATA is released
 //! to the backend only as the client takes it. A call is half-duplex:
 //! once the answer's head arrives, the rest of the client's stream is not
-//! sent (see DIFFERENCES.md). Connections to the backend are not kept
-//! alive (one per call).
+//! sent (see DIFFERENCES.md). With `keepalive` in the upstream block, a
+//! connection whose call ended cleanly (both streams closed, no GOAWAY
+//! seen) is kept, as nginx keeps it, and the next call to that peer opens
+//! its stream there ([`Kept`]).
 //!
 //! The backend's bytes reach the h2 client through [`hpack_mend::Mend`],
 //! which accepts the over-padded Huffman strings nginx's decoder accepts
@@ -44,6 +46,7 @@ mod hpack_mend;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,10 +65,9 @@ use crate::http::upstream::peers::{self, PassAddr};
 use crate::http::upstream::{ssl, state};
 use crate::http::upstream::{
     BodyDecoder, BodyRx, Caching, Fail, Head, HeadReader, OutBody, Protocol, Request, Session,
-    SessionAnswer,
+    SessionAnswer, SessionConn,
 };
 use crate::http::vars::Template;
-use crate::tls::client::UpStream;
 
 const LOC: u32 = ctx::LOC | ctx::LIF;
 const HSL: u32 = ctx::HSL;
@@ -473,13 +475,31 @@ impl BodyDecoder for Whole {
 impl Session for Grpc {
     fn exchange<'a>(
         &'a self,
-        s: UpStream,
+        conn: SessionConn,
+        keep: Option<peers::KeepTo>,
         send: &'a Outgoing<'a>,
         lim: &'a Limits,
         slot: &'a state::Slot,
         body: Option<BodyRx>,
     ) -> Pin<Box<dyn Future<Output = Result<SessionAnswer, Fail>> + Send + 'a>> {
-        Box::pin(call(self, s, send, lim, slot, body))
+        Box::pin(call(self, conn, keep, send, lim, slot, body))
+    }
+}
+
+/// A connection kept for the next call (upstream `keepalive`): the h2
+/// client's handle (its driver task runs on, answering the peer's PINGs
+/// and SETTINGS meanwhile) and whether the peer said GOAWAY.
+struct Kept {
+    client: h2::client::SendRequest<Bytes>,
+    going: Arc<AtomicBool>,
+}
+
+impl Kept {
+    /// Back to the upstream's cache, unless the peer is going away.
+    fn put(self, to: peers::KeepTo) {
+        if !self.going.load(Ordering::Relaxed) {
+            to.put(Box::new(self));
+        }
     }
 }
 
@@ -532,25 +552,68 @@ async fn within<T>(
 const WHILE_SEND: &str = "while sending request to upstream";
 const WHILE_READ: &str = "while reading upstream";
 
-/// One call on a fresh connection.
+/// One call, on a new connection or a kept one. A failure before the
+/// request went has `sent` unset (a kept connection found closed: the
+/// engine tries a new one); after, set.
 async fn call(
     g: &Grpc,
-    s: UpStream,
+    conn: SessionConn,
+    keep: Option<peers::KeepTo>,
     send: &Outgoing<'_>,
     lim: &Limits,
     slot: &state::Slot,
     body: Option<BodyRx>,
 ) -> Result<SessionAnswer, Fail> {
-    let (client, conn) = within(
-        lim.connect,
-        "while connecting to upstream",
-        h2::client::Builder::new().handshake::<_, Bytes>(hpack_mend::Mend::new(s)),
-    )
-    .await?;
-    // The connection's driver; it ends when both ends are dropped.
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let (client, going) = match conn {
+        SessionConn::Fresh(s) => {
+            let going = Arc::new(AtomicBool::new(false));
+            let io = hpack_mend::Mend::new(s, going.clone());
+            let (client, conn) = within(
+                lim.connect,
+                "while connecting to upstream",
+                h2::client::Builder::new().handshake::<_, Bytes>(io),
+            )
+            .await?;
+            // The connection's driver; it ends when both ends are dropped.
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            (client, going)
+        }
+        SessionConn::Kept(k) => match k.downcast::<Kept>() {
+            Ok(k) => (k.client, k.going),
+            Err(_) => return Err(fail(502, "", false)),
+        },
+    };
+    if going.load(Ordering::Relaxed) {
+        return Err(fail(
+            502,
+            format!("upstream connection closed {}", WHILE_SEND),
+            true,
+        ));
+    }
+    let client = within(lim.connect, WHILE_SEND, client.ready()).await?;
+    let kept = Kept {
+        client: client.clone(),
+        going,
+    };
+    send_call(g, client, kept, keep, send, lim, slot, body)
+        .await
+        .map_err(|f| Fail { sent: true, ..f })
+}
+
+/// The call's request and the head of its answer, on a ready client.
+#[allow(clippy::too_many_arguments)]
+async fn send_call(
+    g: &Grpc,
+    mut client: h2::client::SendRequest<Bytes>,
+    kept: Kept,
+    keep: Option<peers::KeepTo>,
+    send: &Outgoing<'_>,
+    lim: &Limits,
+    slot: &state::Slot,
+    body: Option<BodyRx>,
+) -> Result<SessionAnswer, Fail> {
     let scheme = if g.tls { "https" } else { "http" };
     let authority = g.call.authority.as_deref().unwrap_or(b"localhost");
     let mut uri = Vec::with_capacity(authority.len() + g.call.path.len() + 8);
@@ -582,7 +645,6 @@ async fn call(
             hm.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(n));
         }
     }
-    let mut client = within(lim.connect, WHILE_SEND, client.ready()).await?;
     let empty = matches!(send.body, OutBody::None);
     let (answer, mut tx) = client
         .send_request(req, empty)
@@ -603,24 +665,28 @@ async fn call(
             r = &mut sending => { r?; None }
             r = &mut answer => Some(r),
         };
-        let resp = match early {
+        let (resp, sent_all) = match early {
             Some(r) => {
                 let resp = r.map_err(|e| h2_fail(&e, WHILE_HEAD))?;
                 // An answer that is more than a final status: the rest of
                 // the client's body goes first (a call is half-duplex
                 // here, see the module docs); meanwhile the answer's DATA
                 // waits in the backend's window.
-                if !resp.body().is_end_stream() {
+                let more = !resp.body().is_end_stream();
+                if more {
                     sending.await?;
                 }
-                resp
+                (resp, more)
             }
-            None => within(lim.read, WHILE_HEAD, answer).await?,
+            None => (within(lim.read, WHILE_HEAD, answer).await?, true),
         };
-        return read_answer(resp, lim, slot).await;
+        // A stream our side did not finish is not a clean end: such a
+        // connection is not kept.
+        let keep = keep.filter(|_| sent_all);
+        return read_answer(resp, lim, slot, keep.map(|k| (k, kept))).await;
     }
     let resp = within(lim.read, WHILE_HEAD, answer).await?;
-    read_answer(resp, lim, slot).await
+    read_answer(resp, lim, slot, keep.map(|k| (k, kept))).await
 }
 
 fn body_len(b: &OutBody) -> Option<u64> {
@@ -760,6 +826,7 @@ async fn read_answer(
     resp: http::Response<h2::RecvStream>,
     lim: &Limits,
     _slot: &state::Slot,
+    keep: Option<(peers::KeepTo, Kept)>,
 ) -> Result<SessionAnswer, Fail> {
     let (parts, rx) = resp.into_parts();
     let status = parts.status.as_u16();
@@ -773,12 +840,20 @@ async fn read_answer(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     let no_body = rx.is_end_stream();
+    let mut keep = keep;
+    if no_body {
+        // The whole answer is in: the connection may serve another call.
+        if let Some((to, k)) = keep.take() {
+            k.put(to);
+        }
+    }
     let body: Option<Box<dyn BodyStream>> = (!no_body).then(|| {
         Box::new(Answer {
             rx,
             read: lim.read,
             trailers: Vec::new(),
             done: false,
+            keep,
         }) as Box<dyn BodyStream>
     });
     Ok(SessionAnswer {
@@ -807,6 +882,8 @@ struct Answer {
     read: Duration,
     trailers: Vec<(String, Vec<u8>)>,
     done: bool,
+    /// Where the connection goes once the answer ended cleanly.
+    keep: Option<(peers::KeepTo, Kept)>,
 }
 
 fn read_error(what: String) -> std::io::Error {
@@ -842,6 +919,9 @@ impl BodyStream for Answer {
                             Ok(Ok(None)) => {}
                         }
                         self.done = true;
+                        if let Some((to, k)) = self.keep.take() {
+                            k.put(to);
+                        }
                         return Ok(None);
                     }
                 }
