@@ -582,6 +582,62 @@ pub(crate) fn differences(nport: u16, tport: u16, reqs: &[impl AsRef<[u8]>]) -> 
     diffs
 }
 
+/// Each request's answer from the server on `port`, one connection each,
+/// after [`normalize`].
+pub(crate) fn answers(port: u16, reqs: &[impl AsRef<[u8]>]) -> Vec<String> {
+    reqs.iter()
+        .map(|r| normalize(&exchange(port, r.as_ref()), port))
+        .collect()
+}
+
+/// nginx's side of a differential test: its prefix (`files` filled it,
+/// the requests changed it), its answers in order, and nginx itself,
+/// stopped when this is dropped.
+pub(crate) struct NginxSide {
+    pub prefix: Prefix,
+    pub answers: Vec<String>,
+    _nginx: Nginx,
+}
+
+/// tern on `conf` in a fresh prefix that `files` fills first, and its
+/// [`answers`] to `reqs`; the server stays up for checks of its prefix
+/// and error log.
+pub(crate) fn tern_side(
+    conf: &str,
+    files: impl Fn(&Prefix),
+    reqs: &[impl AsRef<[u8]>],
+) -> (Server, Vec<String>) {
+    let p = Prefix::new();
+    files(&p);
+    let s = Server::start_in(p, conf);
+    let a = answers(s.port, reqs);
+    (s, a)
+}
+
+/// The same for the reference nginx, in a prefix of its own: `None` when
+/// it is not installed; a panic with its error log when it does not start.
+pub(crate) fn nginx_side(
+    conf: &str,
+    files: impl Fn(&Prefix),
+    reqs: &[impl AsRef<[u8]>],
+) -> Option<NginxSide> {
+    if !nginx_installed() {
+        return None;
+    }
+    let prefix = Prefix::new();
+    files(&prefix);
+    let port = free_port();
+    let Some(nginx) = start_nginx(&prefix, conf, port) else {
+        panic!("nginx did not start: {}", prefix.read("logs/error.log"));
+    };
+    let answers = answers(port, reqs);
+    Some(NginxSide {
+        prefix,
+        answers,
+        _nginx: nginx,
+    })
+}
+
 /// What may differ between the two servers, normalised away.
 pub(crate) fn normalize(raw: &[u8], port: u16) -> String {
     let text = String::from_utf8_lossy(raw).into_owned();
