@@ -203,8 +203,8 @@ fn stream_preread_selects_server_and_pass_hands_over() {
     // Passed sessions are logged where they arrive only.
     let want = format!("200 b.test {s1}\n200  {s4}\n200  {s5}\n");
     assert_eq!(srv.prefix.read("logs/s.log"), want);
-    let err = srv.error_log();
-    assert!(err.contains("port not found for \"127.0.0.1:1\""), "{err}");
+    // Awaited too: it may land after the session's access-log line.
+    srv.wait_error_log("port not found for \"127.0.0.1:1\"");
 }
 
 /// A PROXY protocol v2 header from 192.0.2.1:123 to 192.0.2.2:5678 with
