@@ -22,5 +22,5 @@ for t in "${targets[@]}"; do
             "${flags[@]}" "corpus/$t" "seeds/$t" 2>&1
     else
         cargo fuzz run --sanitizer none -O "$t" "corpus/$t" "seeds/$t" -- "${flags[@]}" 2>&1
-    fi | grep -E '^(stat::|==|#[0-9]+ *DONE|.*(panicked|SUMMARY|ERROR|Test unit written))' || true
+    fi | grep -E '^(stat::|==|#[0-9]+[[:space:]]+(INITED|DONE)|.*(panicked|SUMMARY|ERROR|Test unit written))' || true
 done
