@@ -687,9 +687,14 @@ enum HeadRun {
     },
 }
 
+/// `head_only`: the answer is to a HEAD request. The client gets no
+/// body then, but the reader still reads one to the close (nginx reads
+/// an scgi/uwsgi answer to HEAD whole, for the cache), so bytes after
+/// the head, even past its Content-Length, are no fault there.
 fn head_run(
     mut reader: Box<dyn crate::http::upstream::HeadReader>,
     data: &[u8],
+    head_only: bool,
     mut reads: impl FnMut(usize) -> usize,
 ) -> HeadRun {
     let mut at = 0;
@@ -702,10 +707,11 @@ fn head_run(
                 after.extend_from_slice(&data[at + n..]);
                 let mut body = std::mem::take(&mut h.body);
                 let _ = h.decoder.feed(&after, &mut body);
-                if let Some(l) = h.declared_len {
+                assert!(!head_only || h.no_body, "a body for the client after HEAD");
+                if let Some(l) = h.declared_len.filter(|_| !head_only) {
                     assert!(body.len() as u64 <= l, "body past its Content-Length");
                 }
-                if h.no_body {
+                if h.no_body && !head_only {
                     assert!(body.is_empty(), "a body where none may be");
                 }
                 return HeadRun::Head {
@@ -739,10 +745,10 @@ pub fn cgi_head(data: &[u8]) {
     let max = [16, 64, 512, 4096][usize::from(cfg >> 1) % 4];
     let mk =
         || Box::new(CgiHead::new(head_only, max)) as Box<dyn crate::http::upstream::HeadReader>;
-    let whole = head_run(mk(), resp, |n| n);
-    let bytes = head_run(mk(), resp, |_| 1);
+    let whole = head_run(mk(), resp, head_only, |n| n);
+    let bytes = head_run(mk(), resp, head_only, |_| 1);
     let mut sp = Splits((u32::from(cfg) << 8) | 0x5a);
-    let random = head_run(mk(), resp, |_| sp.next(40));
+    let random = head_run(mk(), resp, head_only, |_| sp.next(40));
     assert_eq!(whole, bytes, "cgi head depends on reads (byte by byte)");
     assert_eq!(whole, random, "cgi head depends on reads (random cuts)");
 }

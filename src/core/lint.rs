@@ -16,12 +16,16 @@
 //!   that have none);
 //! - `$http_host` in `proxy_set_header Host`, redirects and `Location`
 //!   (the client's Host header, unchecked, unlike `$host`);
-//! - a `*_pass` whose host part comes from the request (SSRF);
+//! - a `*_pass` whose host part comes from the request (SSRF), directly
+//!   or through a variable `set` from the request;
 //! - `$uri`, `$document_uri` or a capture of a negated character class in
 //!   a header or a redirect (decoded `%0d%0a` splits the response);
 //! - `valid_referers none`, and unanchored or dot-unescaped regexes in
-//!   `valid_referers` and in `if` checks of `$http_origin` /
-//!   `$http_referer` (`example.com.evil.net` passes);
+//!   `valid_referers`, in `if` checks of `$http_origin` /
+//!   `$http_referer` and in the keys of a `map` of either
+//!   (`example.com.evil.net` passes);
+//! - a line break in an `add_header` value (a folded header line, which
+//!   clients reject or read as two headers);
 //! - `server_tokens` turned back on below a level that turned it off, or
 //!   an upstream's `Server` / `X-Powered-By` passed on where tokens are
 //!   off.
@@ -99,6 +103,41 @@ struct Level<'a> {
 struct Walk<'a> {
     out: Vec<String>,
     stack: Vec<Level<'a>>,
+    /// Variables that a `set` anywhere gives a value from the request:
+    /// nginx's variables are global by name, so one set in a server is
+    /// what a `proxy_pass` of any of its locations reads.
+    tainted: Vec<String>,
+}
+
+/// The variables `set` from the request, over the whole tree; a variable
+/// set from one that is becomes one too (in file order).
+fn tainted_vars(dirs: &[Directive], out: &mut Vec<String>) {
+    for d in dirs {
+        if d.name == "set" {
+            let name = arg(d, 0).trim_start_matches('$');
+            let value = arg(d, 1);
+            let from_req = vars_in(value)
+                .into_iter()
+                .any(|v| from_request(v) || out.iter().any(|t| t == v));
+            if from_req && !name.is_empty() && !out.iter().any(|t| t == name) {
+                out.push(name.to_string());
+            }
+        }
+        if let Some(b) = &d.block {
+            if !data_block(d) {
+                tainted_vars(b, out);
+            }
+        }
+    }
+}
+
+/// Blocks whose entries are data (map keys, MIME types...), not
+/// directives: not walked as directives.
+fn data_block(d: &Directive) -> bool {
+    matches!(
+        d.name.as_str(),
+        "map" | "geo" | "split_clients" | "types" | "charset_map"
+    )
 }
 
 fn place(d: &Directive) -> String {
@@ -262,15 +301,24 @@ impl<'a> Walk<'a> {
         let target = arg(d, 0);
         let rest = target.split_once("://").map(|(_, r)| r).unwrap_or(target);
         let host = rest.split('/').next().unwrap_or("");
-        let risky: Vec<&str> = vars_in(host)
+        let direct = vars_in(host).into_iter().find(|v| from_request(v));
+        let set = vars_in(host)
             .into_iter()
-            .filter(|v| from_request(v))
-            .collect();
-        if let Some(v) = risky.first() {
+            .find(|v| self.tainted.iter().any(|t| t == v));
+        if let Some(v) = direct {
             self.warn(
                 format!(
                     "possible SSRF: the address of \"{}\" comes from the request (\"${v}\"), so a \
                      client chooses which server tern connects to",
+                    d.name
+                ),
+                d,
+            );
+        } else if let Some(v) = set {
+            self.warn(
+                format!(
+                    "possible SSRF: the address of \"{}\" comes from the request (\"${v}\" is \
+                     \"set\" from it), so a client chooses which server tern connects to",
                     d.name
                 ),
                 d,
@@ -281,16 +329,20 @@ impl<'a> Walk<'a> {
     fn redirect_target(d: &Directive) -> Option<&str> {
         match d.name.as_str() {
             "return" => {
-                let code: u16 = arg(d, 0).parse().ok()?;
-                if d.args.len() == 2 && matches!(code, 301 | 302 | 303 | 307 | 308) {
-                    Some(arg(d, 1))
-                } else if d.args.len() == 1 && code == 0 {
-                    None
-                } else if d.args.len() == 2 {
-                    Some(arg(d, 1))
-                } else {
-                    None
+                let first = arg(d, 0);
+                // `return URL;` is a 302 to it (nginx takes an argument
+                // starting with a scheme or `$scheme` as the URL).
+                if d.args.len() == 1 {
+                    let url = first.starts_with("http://")
+                        || first.starts_with("https://")
+                        || first.starts_with("$scheme");
+                    return url.then_some(first);
                 }
+                let code: u16 = first.parse().ok()?;
+                // A 30x's text is its Location; another code's is the
+                // body, which no header line comes from.
+                (d.args.len() == 2 && matches!(code, 301 | 302 | 303 | 307 | 308))
+                    .then(|| arg(d, 1))
             }
             "rewrite" => {
                 let r = arg(d, 1);
@@ -311,6 +363,17 @@ impl<'a> Walk<'a> {
             "alias" => self.alias(d),
             "add_header" => {
                 let value = arg(d, 1).to_string();
+                if value.contains(['\n', '\r']) {
+                    self.warn(
+                        format!(
+                            "the value of \"add_header {}\" has a line break: it goes out as a \
+                             folded header line, which clients reject or read as a header of \
+                             its own",
+                            arg(d, 0)
+                        ),
+                        d,
+                    );
+                }
                 if arg(d, 0).eq_ignore_ascii_case("location") {
                     self.http_host(&value, d);
                 }
@@ -339,6 +402,7 @@ impl<'a> Walk<'a> {
             | "memcached_pass" => self.pass(d),
             "valid_referers" => self.referers(d),
             "if" => self.origin_check(d),
+            "map" => self.origin_map(d),
             "server_tokens" => {
                 let on = arg(d, 0) != "off";
                 let hidden_above = self
@@ -381,7 +445,7 @@ impl<'a> Walk<'a> {
             }
             _ => {}
         }
-        if let Some(block) = &d.block {
+        if let Some(block) = d.block.as_ref().filter(|_| !data_block(d)) {
             self.stack.push(Level {
                 d: Some(d),
                 headers: Vec::new(),
@@ -482,6 +546,32 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// A `map` of `$http_origin` or `$http_referer` is the usual way to
+    /// allow a list of CORS origins: its regex keys are checked as an
+    /// `if` would be.
+    fn origin_map(&mut self, d: &Directive) {
+        let src = arg(d, 0);
+        if src != "$http_origin" && src != "$http_referer" {
+            return;
+        }
+        let Some(block) = &d.block else { return };
+        for entry in block {
+            let key = entry.name.as_str();
+            let Some(re) = key.strip_prefix("~*").or_else(|| key.strip_prefix('~')) else {
+                continue;
+            };
+            if let Some(why) = loose_host_regex(re) {
+                self.warn(
+                    format!(
+                        "the \"map\" regex \"{re}\" for \"{src}\" {why}, so an attacker's \
+                         host (\"example.com.evil.net\") matches"
+                    ),
+                    entry,
+                );
+            }
+        }
+    }
+
     fn origin_check(&mut self, d: &Directive) {
         let a0 = arg(d, 0).trim_start_matches('(');
         if a0 != "$http_origin" && a0 != "$http_referer" {
@@ -530,6 +620,8 @@ pub fn check(top: &[Directive]) -> Vec<String> {
     if off {
         return Vec::new();
     }
+    let mut tainted = Vec::new();
+    tainted_vars(top, &mut tainted);
     let mut w = Walk {
         out: Vec::new(),
         stack: vec![Level {
@@ -537,6 +629,7 @@ pub fn check(top: &[Directive]) -> Vec<String> {
             headers: Vec::new(),
             tokens: None,
         }],
+        tainted,
     };
     for d in top {
         w.directive(d);
@@ -597,6 +690,44 @@ mod tests {
             lines,
             ["5", "6", "7", "7", "8", "8", "8", "8", "9", "9", "9", "10", "10", "11"],
             "{w:#?}"
+        );
+    }
+
+    /// The rules added in session 15: `return URL;`, an origin `map`, a
+    /// `set` variable in a `*_pass`, a folded `add_header` value; and the
+    /// cases they must leave alone.
+    #[test]
+    fn redirect_url_origin_map_set_ssrf_and_folded_header() {
+        let w = lint(
+            "http {\n\
+             map $http_origin $cors {\n\
+             default \"\";\n\
+             ~^https://(www\\.)?example\\.com$ $http_origin;\n\
+             ~*example.com $http_origin;\n\
+             }\n\
+             map $uri $safe { default 1; ~example.com 2; }\n\
+             server {\n\
+             set $target $arg_to;\n\
+             set $again $target;\n\
+             set $fixed backend;\n\
+             location /a { return https://$http_host$uri; }\n\
+             location /b { proxy_pass http://$again; }\n\
+             location /c { proxy_pass http://$fixed; return 200 \"$uri\"; }\n\
+             location /d { add_header X-Two \"a\n b\"; }\n\
+             }\n}\n",
+        );
+        let lines: Vec<&str> = w.iter().map(|s| s.rsplit(':').next().unwrap()).collect();
+        // Line 5: the unanchored key; 12: $http_host and $uri in the
+        // URL of `return`; 13: $again, set from $target, set from $arg_to;
+        // 16: the folded value (a directive's line is where it ends, as
+        // in nginx's messages).
+        assert_eq!(lines, ["5", "12", "12", "13", "16"], "{w:#?}");
+        assert!(w[0].contains("\"map\" regex \"example.com\" for \"$http_origin\""));
+        assert!(w[3].contains("(\"$again\" is \"set\" from it)"), "{}", w[3]);
+        assert!(
+            w[4].contains("add_header X-Two\" has a line break"),
+            "{}",
+            w[4]
         );
     }
 

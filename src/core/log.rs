@@ -28,10 +28,10 @@
 //! same queue: lines logged before it go to the old file, lines after it
 //! to the new one.
 //!
-//! After writing, the writer keeps looking for new lines for a short
-//! while ([`LINGER`], every [`TICK`]) before it sleeps until woken, so a
-//! steady stream of lines (a 404 logs one per request) costs the workers
-//! no wake-up call per line, only a push onto the queue.
+//! The writer is woken for each line that finds it asleep: it does not
+//! linger for more, because a line must be in its file about as soon as
+//! nginx would have written it (clients and tests read the log right after
+//! the response that logged it).
 //!
 //! The queue is bounded ([`MAX_QUEUED`] bytes). When it is full, the
 //! logging thread waits until the writer has made room: no line is ever
@@ -602,33 +602,16 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| stop_writer(Duration::from_secs(5)));
 }
 
-/// How long the writer keeps looking for more lines after a batch before
-/// it sleeps until woken, and how often it looks meanwhile. A server
-/// logging a line per request (every 404 logs its `open()` failure) then
-/// costs its workers no wake-up per line: they only queue, and the writer
-/// takes what came in each tick with one `write(2)`. A line waits at most
-/// a tick; a quiet log costs nothing once the linger is over.
-const LINGER: Duration = Duration::from_millis(20);
-const TICK: Duration = Duration::from_millis(1);
-
 fn writer_loop() {
     IS_WRITER.with(|w| w.set(true));
     let sh = shared();
     let mut batch: Vec<Job> = Vec::new();
     let mut run: Vec<u8> = Vec::new();
-    let mut last_work: Option<Instant> = None;
     let mut q = lock_queue();
     loop {
         while q.jobs.is_empty() {
             if !q.on {
                 return;
-            }
-            if last_work.is_some_and(|t| t.elapsed() < LINGER) {
-                // Not idle: loggers queue without waking anyone.
-                drop(q);
-                std::thread::sleep(TICK);
-                q = lock_queue();
-                continue;
             }
             q.idle = true;
             q = sh.work.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -639,7 +622,6 @@ fn writer_loop() {
         drop(q);
         let bytes: usize = batch.iter().map(Job::bytes).sum();
         write_batch(&mut batch, &mut run);
-        last_work = Some(Instant::now());
         q = lock_queue();
         q.bytes -= bytes;
         q.busy = false;

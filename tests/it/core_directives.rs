@@ -71,10 +71,15 @@ fn no_effect_core_directives_are_checked_as_nginx_does() {
     }
 }
 
-/// Seconds to download `path` whole, checking the bytes.
+/// Seconds to download `path` whole, checking the bytes. The client
+/// waits up to a minute for each read: a paced response pauses up to a
+/// second between pieces, and on a loaded machine a stall once made
+/// the usual 5 s read timeout cut a download short at its first 100 KB.
 fn timed_download(s: &Server, path: &str, want: &[u8]) -> f64 {
     let t = std::time::Instant::now();
-    let r = s.get(path);
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let raw = crate::harness::raw_within(s.port, req.as_bytes(), Duration::from_secs(60));
+    let r = crate::harness::Resp::parse(&raw).expect("a response");
     assert_eq!(r.status, 200, "{}", path);
     assert!(
         r.body == want,

@@ -7,8 +7,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::differential::{exchange, normalize};
-use crate::harness::{free_port, nginx_installed, start_nginx, Prefix, Server};
+use crate::differential::{nginx_side, tern_side};
+use crate::harness::Prefix;
 
 const CONF: &str = r#"
 http {
@@ -157,19 +157,9 @@ fn listing(dir: &Path) -> Vec<String> {
     out
 }
 
-fn answers(port: u16) -> Vec<String> {
-    requests()
-        .iter()
-        .map(|r| normalize(&exchange(port, r.as_bytes()), port))
-        .collect()
-}
-
 #[test]
 fn dav_as_nginx() {
-    let p = Prefix::new();
-    files(&p);
-    let s = Server::start_in(p, CONF);
-    let ours = answers(s.port);
+    let (s, ours) = tern_side(CONF, files, &requests());
     let status = |i: usize| ours[i].split(' ').nth(1).unwrap_or("").to_string();
     // PUT: created, then replaced; a collection, a directory: conflict.
     assert_eq!(status(0), "201", "{}", ours[0]);
@@ -219,24 +209,17 @@ fn dav_as_nginx() {
     );
     let our_tree = listing(&s.prefix.path("html"));
     drop(s);
-    if !nginx_installed() {
+    let Some(nginx) = nginx_side(CONF, files, &requests()) else {
         return;
-    }
-    let np = Prefix::new();
-    files(&np);
-    let port = free_port();
-    let Some(_nginx) = start_nginx(&np, CONF, port) else {
-        panic!("nginx did not start: {}", np.read("logs/error.log"));
     };
-    let theirs = answers(port);
     for (i, r) in requests().iter().enumerate() {
         // The GET's Last-Modified is the copy's own time on both sides.
         if r.starts_with("GET ") {
             continue;
         }
-        assert_eq!(ours[i], theirs[i], "request {}: {}", i, r);
+        assert_eq!(ours[i], nginx.answers[i], "request {}: {}", i, r);
     }
-    assert_eq!(our_tree, listing(&np.path("html")));
+    assert_eq!(our_tree, listing(&nginx.prefix.path("html")));
 }
 
 #[test]

@@ -514,10 +514,17 @@ fn corpus() -> Vec<String> {
 /// wait is up to 10 s: a loaded machine may take more than a moment to
 /// answer, and a cut-short answer is not the server's.
 pub(crate) fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
+    exchange_within(port, req, std::time::Duration::from_secs(10))
+}
+
+/// [`exchange`] waiting up to `patience` for a complete response: for an
+/// answer that the server holds back on purpose (`auth_delay`), where a
+/// stalled machine must not turn the wait into an empty answer.
+pub(crate) fn exchange_within(port: u16, req: &[u8], patience: std::time::Duration) -> Vec<u8> {
     use std::io::Read;
     use std::time::{Duration, Instant};
     let quiet = Duration::from_millis(300);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + patience;
     let head_only = req.starts_with(b"HEAD ");
     let mut s = connect(port);
     s.write_all(req).expect("write");
@@ -542,6 +549,7 @@ pub(crate) fn exchange(port: u16, req: &[u8]) -> Vec<u8> {
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
                 if !answered
                     && matches!(
@@ -572,6 +580,62 @@ pub(crate) fn differences(nport: u16, tport: u16, reqs: &[impl AsRef<[u8]>]) -> 
         }
     }
     diffs
+}
+
+/// Each request's answer from the server on `port`, one connection each,
+/// after [`normalize`].
+pub(crate) fn answers(port: u16, reqs: &[impl AsRef<[u8]>]) -> Vec<String> {
+    reqs.iter()
+        .map(|r| normalize(&exchange(port, r.as_ref()), port))
+        .collect()
+}
+
+/// nginx's side of a differential test: its prefix (`files` filled it,
+/// the requests changed it), its answers in order, and nginx itself,
+/// stopped when this is dropped.
+pub(crate) struct NginxSide {
+    pub prefix: Prefix,
+    pub answers: Vec<String>,
+    _nginx: Nginx,
+}
+
+/// tern on `conf` in a fresh prefix that `files` fills first, and its
+/// [`answers`] to `reqs`; the server stays up for checks of its prefix
+/// and error log.
+pub(crate) fn tern_side(
+    conf: &str,
+    files: impl Fn(&Prefix),
+    reqs: &[impl AsRef<[u8]>],
+) -> (Server, Vec<String>) {
+    let p = Prefix::new();
+    files(&p);
+    let s = Server::start_in(p, conf);
+    let a = answers(s.port, reqs);
+    (s, a)
+}
+
+/// The same for the reference nginx, in a prefix of its own: `None` when
+/// it is not installed; a panic with its error log when it does not start.
+pub(crate) fn nginx_side(
+    conf: &str,
+    files: impl Fn(&Prefix),
+    reqs: &[impl AsRef<[u8]>],
+) -> Option<NginxSide> {
+    if !nginx_installed() {
+        return None;
+    }
+    let prefix = Prefix::new();
+    files(&prefix);
+    let port = free_port();
+    let Some(nginx) = start_nginx(&prefix, conf, port) else {
+        panic!("nginx did not start: {}", prefix.read("logs/error.log"));
+    };
+    let answers = answers(port, reqs);
+    Some(NginxSide {
+        prefix,
+        answers,
+        _nginx: nginx,
+    })
 }
 
 /// What may differ between the two servers, normalised away.

@@ -3,8 +3,8 @@
 //! past the end or not a number, a directory, a missing file, a POST, and
 //! a nested location that does not inherit `flv`.
 
-use crate::differential::{exchange, fix_times, normalize};
-use crate::harness::{free_port, nginx_installed, start_nginx, Prefix, Server};
+use crate::differential::{fix_times, nginx_side, tern_side};
+use crate::harness::Prefix;
 
 const CONF: &str = r#"
 http {
@@ -56,19 +56,9 @@ fn targets() -> Vec<String> {
     ]
 }
 
-fn answers(port: u16) -> Vec<String> {
-    targets()
-        .iter()
-        .map(|r| normalize(&exchange(port, r.as_bytes()), port))
-        .collect()
-}
-
 #[test]
 fn flv_as_nginx() {
-    let p = Prefix::new();
-    files(&p);
-    let s = Server::start_in(p, CONF);
-    let ours = answers(s.port);
+    let (s, ours) = tern_side(CONF, files, &targets());
     drop(s);
     // range_flv.t's checks: 913 bytes = 13 of header + 900 of the file.
     assert!(ours[1].contains("Content-Length: N"), "{}", ours[1]);
@@ -99,16 +89,10 @@ fn flv_as_nginx() {
     assert!(ours[14].starts_with("HTTP/1.1 301 "), "{}", ours[14]);
     // The nested location has no `flv`: the file as it is.
     assert!(ours[16].contains("\r\n\r\nX000XXXXXX"), "{}", ours[16]);
-    if !nginx_installed() {
+    let Some(nginx) = nginx_side(CONF, files, &targets()) else {
         return;
-    }
-    let np = Prefix::new();
-    files(&np);
-    let port = free_port();
-    let Some(_nginx) = start_nginx(&np, CONF, port) else {
-        panic!("nginx did not start: {}", np.read("logs/error.log"));
     };
-    let theirs = answers(port);
+    let theirs = nginx.answers;
     for (i, t) in targets().iter().enumerate() {
         // Two ranges over the header and the file: nginx 1.22.1 sends
         // nothing ("range in overlapped buffers" alert); tern answers

@@ -364,7 +364,15 @@ pub fn connect(port: u16) -> TcpStream {
 
 /// Sends `req`, then reads until EOF or 5 s.
 pub fn raw(port: u16, req: &[u8]) -> Vec<u8> {
+    raw_within(port, req, Duration::from_secs(5))
+}
+
+/// [`raw`] giving up only after `silence` without a byte: for responses
+/// paced or held back on purpose, where a stalled machine must not cut
+/// the answer short.
+pub fn raw_within(port: u16, req: &[u8], silence: Duration) -> Vec<u8> {
     let mut s = connect(port);
+    s.set_read_timeout(Some(silence)).expect("timeout");
     s.write_all(req).expect("write");
     read_to_close(&mut s)
 }

@@ -17,7 +17,9 @@ http {
         location ~ ^/u/([^/]+)$ { return 302 https://$host/v/$1; }
         location /r { valid_referers none *.example.com; }
         location /o { if ($http_origin ~* example.com) { return 204; } }
+        location /m { return https://$http_host/; }
     }
+    map $http_origin $cors { ~example.com 1; }
 }
 ";
 
@@ -48,6 +50,8 @@ fn test_mode_names_each_risk_with_its_line() {
         ("possible HTTP response splitting: \"$1\"", 10),
         ("\"valid_referers none\"", 11),
         ("checking \"$http_origin\" is not anchored", 12),
+        ("\"$http_host\" in \"return\"", 13),
+        ("\"map\" regex \"example.com\" for \"$http_origin\"", 15),
     ];
     assert_eq!(warns.len(), expect.len(), "{warns:#?}");
     for (w, (what, line)) in warns.iter().zip(expect) {
