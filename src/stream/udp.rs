@@ -272,7 +272,7 @@ async fn run(
         content(&mut s, &ctx, &shared).await;
     }
     ctx.unbind();
-    session::log_phase(&s);
+    crate::stream::log::log_phase(&s);
     drop(held);
 }
 
@@ -296,7 +296,7 @@ async fn content(s: &mut Session, ctx: &Ctx, shared: &Arc<WorkerShared>) {
         s.status = 500;
         return;
     }
-    let Some(upstream) = session::proxy_target(s).await else {
+    let Some(upstream) = crate::stream::proxy::target(s).await else {
         return;
     };
     // The upstream socket is a connection of this worker too.
