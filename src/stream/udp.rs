@@ -505,7 +505,7 @@ async fn relay(
     };
     let mut upload = Rate::new(rate(&srv.upload_rate), s.start);
     let mut download = Rate::new(rate(&srv.download_rate), s.start);
-    let mut buf = vec![0u8; srv.buffer_size.max(1)];
+    let mut buf = crate::stream::proxy::PooledBuf::take(srv.buffer_size.max(1));
     let mut r = Relayed::default();
     let (mut requests, mut responses) = (0u64, 0u64);
     // The upstream sent an ICMP error: nothing more comes from it.
