@@ -6,8 +6,9 @@
 //! Reading is bounded: at most [`MAX_V1`] bytes for a text header, or the
 //! 16-byte binary prefix plus its stated length (at most [`MAX_V2`]); a
 //! header that is not one of these is an error (nginx's "broken header").
-//! [`parse`] works on bytes already read (the stream module hands what
-//! followed the header to the session); [`read_header`] takes exactly the
+//! [`parse`] works on bytes already read; [`read_buffered`] reads a
+//! stream or mail client until its header is complete, keeping what
+//! followed it for the session; [`read_header`] takes exactly the
 //! header's bytes off an accepted http socket by peeking first, so the TLS
 //! handshake or the HTTP parser that comes next reads the socket as if
 //! the header had never been there.
@@ -316,6 +317,53 @@ fn find_tlv(mut area: &[u8], ty: u8) -> Option<&[u8]> {
         area = &area[3 + len..];
     }
     None
+}
+
+/// Reads a client's PROXY header within `timeout`, through `buf` (empty
+/// or holding what was read before): the header's bytes are taken off
+/// `buf`, and whatever followed them stays there for the session (the
+/// stream and mail modules, whose sockets are read, not peeked). The
+/// error is nginx's error-log text.
+pub async fn read_buffered<R: tokio::io::AsyncRead + Unpin>(
+    client: &mut R,
+    buf: &mut Vec<u8>,
+    timeout: std::time::Duration,
+) -> Result<Header, String> {
+    use tokio::io::AsyncReadExt;
+    let read = async {
+        let mut chunk = [0u8; 512];
+        loop {
+            match parse(buf) {
+                Parsed::Done(h, n) => {
+                    buf.drain(..n);
+                    return Ok(h);
+                }
+                Parsed::Broken => {
+                    let end = buf.len().min(MAX_V1);
+                    return Err(format!(
+                        "broken header: \"{}\"",
+                        String::from_utf8_lossy(&buf[..end])
+                    ));
+                }
+                Parsed::Partial => {}
+            }
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    return Err(
+                        "client closed connection while reading PROXY protocol header".to_string(),
+                    )
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(
+            "client timed out (110: Connection timed out) while reading PROXY protocol header"
+                .to_string(),
+        ),
+    }
 }
 
 /// Why [`read_header`] gave up.

@@ -433,11 +433,27 @@ async fn accept_loop(
                 shared.stats.handled.fetch_add(1, Ordering::Relaxed);
                 let id = CONN_ID.fetch_add(1, Ordering::Relaxed) + 1;
                 if proto == Proto::Stream {
-                    serve_stream(s, peer, &addr, &shared, id);
+                    serve_proxy(
+                        s,
+                        peer,
+                        &addr,
+                        &shared,
+                        id,
+                        |c| c.stream.as_ref()?.addr_for(&addr),
+                        crate::stream::session::serve,
+                    );
                     continue;
                 }
                 if proto == Proto::Mail {
-                    serve_mail(s, peer, &addr, &shared, id);
+                    serve_proxy(
+                        s,
+                        peer,
+                        &addr,
+                        &shared,
+                        id,
+                        |c| c.mail.as_ref()?.server_for(&addr),
+                        crate::mail::session::serve,
+                    );
                     continue;
                 }
                 let local = match &s {
@@ -601,24 +617,39 @@ fn proxy_sock(s: Either) -> Option<crate::stream::proxy::Sock> {
     }
 }
 
-/// Hands an accepted connection to the stream proxy, with the server the
-/// current configuration has for its listener.
-fn serve_stream(
+/// Hands an accepted connection to a proxy module (stream or mail):
+/// `lookup` finds what the current configuration has for its listener,
+/// and `serve` runs the session on it, in a task of its own that holds
+/// the connection's `worker_connections` slot, plus one for the upstream
+/// side when one is free (None: the session logs it as nginx does).
+#[allow(clippy::too_many_arguments)]
+fn serve_proxy<C, F, Fut>(
     s: Either,
     peer: Option<std::net::SocketAddr>,
     addr: &ListenAddr,
     shared: &Arc<WorkerShared>,
     id: u64,
-) {
-    let srv = shared
-        .config
-        .load()
-        .stream
-        .as_ref()
-        .and_then(|c| c.addr_for(addr));
+    lookup: impl FnOnce(&Config) -> Option<C>,
+    serve: F,
+) where
+    C: 'static,
+    F: FnOnce(
+            crate::stream::proxy::Sock,
+            Option<std::net::SocketAddr>,
+            ListenAddr,
+            C,
+            Option<Slot>,
+            Arc<WorkerShared>,
+            u64,
+        ) -> Fut
+        + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
     // None: a reload removed this listener and its Unlisten has not
     // reached us yet; dropping the socket closes the connection.
-    let Some(srv) = srv else { return };
+    let Some(srv) = lookup(&shared.config.load()) else {
+        return;
+    };
     let conn_slot = ConnSlot::take(shared.clone());
     // Taken now, while the accept loop's check still holds.
     let slot = shared.take_slot();
@@ -628,35 +659,7 @@ fn serve_stream(
     tokio::task::spawn_local(async move {
         // Released on drop: also when the task panics.
         let _conn_slot = conn_slot;
-        crate::stream::session::serve(sock, peer, addr, srv, slot, sh, id).await;
-    });
-}
-
-/// Hands an accepted connection to the mail proxy, with the server the
-/// current configuration has for its listener.
-fn serve_mail(
-    s: Either,
-    peer: Option<std::net::SocketAddr>,
-    addr: &ListenAddr,
-    shared: &Arc<WorkerShared>,
-    id: u64,
-) {
-    let srv = shared
-        .config
-        .load()
-        .mail
-        .as_ref()
-        .and_then(|c| c.server_for(addr));
-    // None: a reload removed this listener; dropping the socket closes it.
-    let Some(srv) = srv else { return };
-    let conn_slot = ConnSlot::take(shared.clone());
-    let slot = shared.take_slot();
-    let Some(sock) = proxy_sock(s) else { return };
-    let addr = addr.clone();
-    let sh = shared.clone();
-    tokio::task::spawn_local(async move {
-        let _conn_slot = conn_slot;
-        crate::mail::session::serve(sock, peer, addr, srv, slot, sh, id).await;
+        serve(sock, peer, addr, srv, slot, sh, id).await;
     });
 }
 

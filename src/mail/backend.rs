@@ -236,18 +236,20 @@ async fn smtp(s: &Session, up: &mut Up, a: &Auth) -> Done {
     expect(s, up, code(b"250"), false).await?;
     let none = a.method == Method::None;
     if srv.xclient {
+        // As nginx 1.22 writes it: `IPV6:` before an IPv6 address, and
+        // the login and the name as they are (no xtext: a login with a
+        // space or `+` goes out raw, as nginx sends it).
         let mut x = b"XCLIENT ADDR=".to_vec();
-        x.extend_from_slice(
-            s.remote
-                .map(|r| r.ip().to_string())
-                .unwrap_or_default()
-                .as_bytes(),
-        );
+        if let Some(r) = s.remote {
+            if r.is_ipv6() {
+                x.extend_from_slice(b"IPV6:");
+            }
+            x.extend_from_slice(r.ip().to_string().as_bytes());
+        }
         if !none && !a.login.is_empty() {
             x.extend_from_slice(b" LOGIN=");
-            x.extend_from_slice(&xtext(&a.login));
+            x.extend_from_slice(&a.login);
         }
-        // nginx copies the name as it is (no xtext).
         x.extend_from_slice(b" NAME=");
         x.extend_from_slice(&s.host);
         if !up.send(s, &line(&[&x])).await {
@@ -286,18 +288,4 @@ async fn smtp(s: &Session, up: &mut Up, a: &Auth) -> Done {
         expect(s, up, code(b"235"), true).await?;
     }
     Ok(b"235 2.0.0 OK\r\n".to_vec())
-}
-
-/// RFC 1891 xtext, as XCLIENT wants its values: `+`, `=`, and bytes
-/// outside `!`..`~` become `+XX`.
-fn xtext(v: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len());
-    for &b in v {
-        if b == b'+' || b == b'=' || !(0x21..=0x7e).contains(&b) {
-            out.extend_from_slice(format!("+{:02X}", b).as_bytes());
-        } else {
-            out.push(b);
-        }
-    }
-    out
 }

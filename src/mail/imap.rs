@@ -11,6 +11,8 @@ use crate::mail::sasl::{self, Sasl, Step};
 use crate::mail::session::{self, Auth, Client, Method, Next, ReadErr, Session};
 
 const GREETING: &[u8] = b"* OK IMAP4 ready\r\n";
+/// The tag of an answer to a line without one.
+const UNTAGGED: &[u8] = b"*";
 /// The prefix of SASL prompts.
 const PROMPT: &str = "+ ";
 /// nginx's IMAP takes AUTHENTICATE LOGIN and PLAIN whatever `imap_auth`
@@ -53,16 +55,18 @@ fn capability(s: &Session) -> Vec<u8> {
     out
 }
 
-/// nginx's IMAP tag: 1 to 32 of `A-Z a-z 0-9 - . _`, followed by a space
-/// (a quoted string, a literal, a CR or an LF is no tag, so a tag echoed
-/// in an answer can never break its line).
-fn valid_tag(line: &[u8]) -> bool {
-    match line.iter().position(|&b| b == b' ') {
-        Some(n @ 1..=32) => line[..n]
+/// The length of a line's IMAP tag, as nginx's parser takes it: up to 32
+/// of `A-Z a-z 0-9 - . _` followed by a space (an empty tag too: nginx
+/// answers ` OK completed`); None when the line has no such tag (a quoted
+/// string, a literal, a CR or an LF is no tag, so a tag echoed in an
+/// answer can never break its line).
+fn tag_len(line: &[u8]) -> Option<usize> {
+    let n = line.iter().position(|&b| b == b' ')?;
+    (n <= 32
+        && line[..n]
             .iter()
-            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')),
-        _ => false,
-    }
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')))
+    .then_some(n)
 }
 
 /// A command as read: its words, literals and quoted strings decoded;
@@ -70,12 +74,15 @@ fn valid_tag(line: &[u8]) -> bool {
 async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
     let mut toks: Vec<Vec<u8>> = Vec::new();
     let mut line = c.line().await?;
-    if !valid_tag(&line) {
+    let Some(n) = tag_len(&line) else {
         // nginx's parser stops at the tag: the line is one invalid
         // command, answered with `*` (no tag), and nothing of it (a
         // literal) is read on. An empty list is that answer.
         return Ok(Some(Vec::new()));
-    }
+    };
+    // The tag is the first word, whatever follows (an empty one too).
+    toks.push(line[..n].to_vec());
+    line.drain(..=n);
     let mut bad = false;
     loop {
         let mut i = 0;
@@ -155,8 +162,12 @@ async fn command(c: &mut Client) -> Result<Option<Vec<Vec<u8>>>, ReadErr> {
 
 /// Runs the dialogue until the client gives credentials or leaves.
 pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
-    if greet && !c.send(GREETING).await {
-        return Next::Quit;
+    if greet {
+        // Answers before any tagged line are untagged.
+        s.tag = UNTAGGED.to_vec();
+        if !c.send(GREETING).await {
+            return Next::Quit;
+        }
     }
     // The SASL exchange under way, if any.
     let mut st: Option<Sasl> = None;
@@ -195,7 +206,7 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
         };
         let Some(tag) = toks.first() else {
             // An empty line, or one without a valid tag.
-            s.tag.clear();
+            s.tag = UNTAGGED.to_vec();
             if !bad(s, c, false).await {
                 return Next::Quit;
             }
@@ -232,19 +243,20 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
                     Step::Invalid => Vec::new(),
                 }
             }
-            (b"CAPABILITY", 0) => {
+            // nginx ignores the arguments of these four.
+            (b"CAPABILITY", _) => {
                 let mut v = capability(s);
                 v.extend_from_slice(&ok(s));
                 v
             }
-            (b"NOOP", 0) => ok(s),
-            (b"LOGOUT", 0) => {
+            (b"NOOP", _) => ok(s),
+            (b"LOGOUT", _) => {
                 let mut v = b"* BYE\r\n".to_vec();
                 v.extend_from_slice(&ok(s));
                 let _ = c.send(&v).await;
                 return Next::Quit;
             }
-            (b"STARTTLS", 0) if s.srv.starttls != StartTls::Off && !s.tls => {
+            (b"STARTTLS", _) if s.srv.starttls != StartTls::Off && !s.tls => {
                 let v = ok(s);
                 if !c.send(&v).await || !session::starttls(s, c).await {
                     return Next::Quit;
@@ -266,14 +278,11 @@ pub async fn dialogue(s: &mut Session, c: &mut Client, greet: bool) -> Next {
     }
 }
 
-/// `TAG BAD invalid command`; false when the session ends (max_errors).
+/// `TAG BAD invalid command` (the tag of the line answered, an empty one
+/// too, or `*`); false when the session ends (max_errors).
 async fn bad(s: &mut Session, c: &mut Client, known: bool) -> bool {
     let quit = s.invalid(known);
-    let mut v = if s.tag.is_empty() {
-        b"*".to_vec()
-    } else {
-        s.tag.clone()
-    };
+    let mut v = s.tag.clone();
     v.extend_from_slice(b" BAD invalid command\r\n");
     c.send(&v).await && !quit
 }

@@ -19,11 +19,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::core::log::{Level, Logger};
 use crate::core::worker::Slot;
 use crate::http::conf::ListenAddr;
-use crate::http::modules::access::matches_addr;
 use crate::mail::auth_http::{self, Verdict};
 use crate::mail::conf::{MailServer, Protocol};
 use crate::stream::proxy::{self, Sock};
-use crate::stream::proxy_protocol::{self as pp, Parsed};
+use crate::stream::proxy_protocol as pp;
+use crate::tls::client_auth::Refusal;
+use crate::tls::TlsInfo;
 
 /// The authentication method, as `Auth-Method` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,11 +335,7 @@ pub async fn serve(
     shared: Arc<crate::core::worker::WorkerShared>,
     id: u64,
 ) {
-    let local = match (&listen, &sock) {
-        (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
-        (_, Sock::Tcp(t)) => t.local_addr().ok(),
-        _ => None,
-    };
+    let local = crate::stream::session::local_addr(&listen, &sock);
     let logger = srv
         .logger
         .clone()
@@ -366,13 +363,7 @@ pub async fn serve(
     };
     s.log(
         Level::Info,
-        format_args!(
-            "client {} connected to {}",
-            remote
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "unix:".into()),
-            listen
-        ),
+        format_args!("{}", crate::stream::session::Connected(remote, &listen)),
     );
     let mut client = Client {
         sock: Some(sock),
@@ -386,17 +377,15 @@ pub async fn serve(
         .any(|l| l.addr == listen && l.proxy_protocol)
     {
         s.action = "reading PROXY protocol";
-        match read_pp(&mut client, srv.timeout).await {
+        let Some(sock) = client.sock.as_mut() else {
+            return;
+        };
+        match pp::read_buffered(sock, &mut client.buf, srv.timeout).await {
             Ok(h) => {
-                let trusted = srv
-                    .realip_from
-                    .iter()
-                    .any(|a| matches_addr(a, remote.map(|r| r.ip())));
-                if trusted {
-                    if let Some((ip, port)) = h.src {
-                        s.remote = Some(SocketAddr::new(ip, port));
-                        s.log(Level::Info, format_args!("realip client {}", ip));
-                    }
+                // realip: a trusted sender's PROXY header names the client.
+                if let Some(a) = crate::stream::session::real_client(&srv.realip_from, remote, &h) {
+                    s.remote = Some(a);
+                    s.log(Level::Info, format_args!("realip client {}", a.ip()));
                 }
                 s.pp = Some(h);
             }
@@ -459,13 +448,23 @@ pub async fn starttls(s: &mut Session, c: &mut Client) -> bool {
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
     match tokio::time::timeout(c.timeout, acceptor.accept(sock)).await {
         Ok(Ok(t)) => {
-            let info = tls_info(t.get_ref().1, s.srv.client_auth.as_deref());
+            let auth = s.srv.client_auth.as_deref();
+            let conn = t.get_ref().1;
+            let name = conn.server_name().map(str::to_string);
+            let mut info = TlsInfo::of_server(conn, name, Default::default(), [0; 32], auth);
+            // Mail carries no HTTP: ALPN's h2 means nothing here.
+            info.h2 = false;
             c.sock = Some(Sock::Tls(Box::new(t)));
             s.tls = true;
-            let refused = cert_refused(s.srv.client_auth.as_deref(), &info);
+            let refused = crate::tls::client_auth::refusal(auth, &info);
             s.tls_info = Some(info);
-            if let Some((log, msg)) = refused {
-                s.log(Level::Info, format_args!("{}{}", log, s.ctx(None)));
+            if let Some(why) = refused {
+                s.log(Level::Info, format_args!("{}{}", why, s.ctx(None)));
+                // nginx's `ngx_mail_verify_cert`: the client's message.
+                let msg = match why {
+                    Refusal::Invalid(_) => "SSL certificate error",
+                    Refusal::Missing => "No required SSL certificate",
+                };
                 let line = match s.srv.protocol {
                     Protocol::Pop3 => format!("-ERR {}\r\n", msg),
                     Protocol::Imap => format!("* BYE {}\r\n", msg),
@@ -483,110 +482,6 @@ pub async fn starttls(s: &mut Session, c: &mut Client) -> bool {
             );
             false
         }
-    }
-}
-
-/// What the handshake settled, with the verdict on the client's
-/// certificate by the server's `ssl_verify_client` settings.
-fn tls_info(
-    c: &rustls::ServerConnection,
-    auth: Option<&crate::tls::client_auth::ClientAuth>,
-) -> crate::tls::TlsInfo {
-    let client_chain = c.peer_certificates().map(<[_]>::to_vec);
-    let verify = match (&client_chain, auth) {
-        (Some(ch), Some(a)) => a.verify(ch),
-        _ => Ok(()),
-    };
-    crate::tls::TlsInfo {
-        protocol: match c.protocol_version() {
-            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
-            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
-            _ => "unknown",
-        },
-        cipher: c
-            .negotiated_cipher_suite()
-            .and_then(|s| {
-                crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
-            })
-            .unwrap_or("unknown"),
-        server_name: c.server_name().map(str::to_string),
-        reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-        session_id: [0; 32],
-        curve: c.negotiated_key_exchange_group().map(|g| g.name()),
-        client_ciphers: Box::new([]),
-        client_groups: Box::new([]),
-        client_chain,
-        verify,
-        h2: false,
-        early_data: false,
-    }
-}
-
-/// nginx's `ngx_mail_verify_cert`: (the log line, the client's message)
-/// when the certificate ends the session.
-fn cert_refused(
-    auth: Option<&crate::tls::client_auth::ClientAuth>,
-    info: &crate::tls::TlsInfo,
-) -> Option<(String, &'static str)> {
-    use crate::tls::client_auth::VerifyMode;
-    let a = auth?;
-    if a.mode == VerifyMode::Off {
-        return None;
-    }
-    if let Err(e) = info.verify {
-        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
-            return Some((
-                format!("client SSL certificate verify error: {}", e),
-                "SSL certificate error",
-            ));
-        }
-    }
-    if a.mode == VerifyMode::On && info.client_chain.is_none() {
-        return Some((
-            "client sent no required SSL certificate".to_string(),
-            "No required SSL certificate",
-        ));
-    }
-    None
-}
-
-async fn read_pp(client: &mut Client, timeout: Duration) -> Result<pp::Header, String> {
-    let read = async {
-        loop {
-            match pp::parse(&client.buf) {
-                Parsed::Done(h, n) => {
-                    client.buf.drain(..n);
-                    return Ok(h);
-                }
-                Parsed::Broken => {
-                    let end = client.buf.len().min(pp::MAX_V1);
-                    return Err(format!(
-                        "broken header: \"{}\"",
-                        String::from_utf8_lossy(&client.buf[..end])
-                    ));
-                }
-                Parsed::Partial => {}
-            }
-            let mut chunk = [0u8; 512];
-            let Some(sock) = client.sock.as_mut() else {
-                return Err("client closed connection while reading PROXY protocol header".into());
-            };
-            match sock.read(&mut chunk).await {
-                Ok(0) | Err(_) => {
-                    return Err(
-                        "client closed connection while reading PROXY protocol header".into(),
-                    )
-                }
-                Ok(n) => client.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    };
-    match tokio::time::timeout(timeout, read).await {
-        Ok(r) => r,
-        Err(_) => Err(
-            "client timed out (110: Connection timed out) while reading PROXY protocol header"
-                .into(),
-        ),
     }
 }
 

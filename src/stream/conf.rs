@@ -1,12 +1,20 @@
-//! The `stream {}` block: its directive table, the compiler that walks the
-//! block, and the compiled, immutable [`StreamConf`].
+//! The `stream {}` block: the core module's directive table (`server`,
+//! `listen`, `server_name`, `error_log`, `resolver`, `preread_*`,
+//! `tcp_nodelay`..., and the small modules without code of their own:
+//! `return`, `set`, `map`, `geo`, `split_clients`, `set_real_ip_from`),
+//! the compiler that walks the block, and the compiled, immutable
+//! [`StreamConf`].
 //!
 //! Stream directives are registry rows ([`crate::config::registry::Spec`])
 //! with a setter enum of their own ([`StreamSetter`]: a stream directive
 //! fills stream structs only). Each stream module has its table beside
-//! its code, as http's do ([`DIRECTIVES`] here is the core module's; the
-//! list is [`crate::stream::TABLES`]), and the lookup, its checks and
-//! their wording are the registry's ([`crate::config::registry::Index`]).
+//! its code, as http's do (`proxy`, `proxy_ssl`, `ssl`, `access`,
+//! `limit_conn`, `log`, `upstream`, `pass`, `ssl_preread`; the list is
+//! [`crate::stream::TABLES`]), and the lookup, its checks and their
+//! wording are the registry's ([`crate::config::registry::Index`]). A
+//! module's setters fill its fields of the level's [`ProxyConf`]; its
+//! compiled settings are fields of [`StreamServer`], built in
+//! [`finish_servers`] (by the module's own `build` where there is work).
 //! The core compiler only hands over the `stream` block (see
 //! [`compile_stream`]).
 //!
@@ -26,7 +34,7 @@ use crate::core::log::{Level, Logger};
 use crate::http::conf::{Listen, ListenAddr, ServerName};
 use crate::http::modules::access::{Addr, Rule};
 use crate::http::modules::access_log::LogSpec;
-use crate::http::modules::limit_conn::{ConnState, ConnZone, ZoneKind};
+use crate::http::modules::limit_conn::ConnZone;
 use crate::http::vars::{Template, VarTable};
 use crate::stream::upstream::{Balance, Peer, PeerAddr, Upstream};
 use crate::tls::var_certs::{CertName, VarCerts};
@@ -97,13 +105,6 @@ pub enum Content {
     Pass(crate::stream::pass::Target),
 }
 
-/// One `limit_conn ZONE N` of a server.
-#[derive(Debug, Clone)]
-pub struct Limit {
-    pub zone: Arc<ConnZone>,
-    pub n: u32,
-}
-
 /// One compiled `server {}` of the stream block.
 #[derive(Debug)]
 pub struct StreamServer {
@@ -119,7 +120,7 @@ pub struct StreamServer {
     pub sets: Vec<(usize, Template)>,
     /// `allow`/`deny` in order.
     pub access: Vec<Rule>,
-    pub limits: Vec<Limit>,
+    pub limits: Vec<crate::stream::limit_conn::Limit>,
     pub limit_dry_run: bool,
     pub limit_log_level: Level,
     /// `access_log`s (empty: none, stream has no default log).
@@ -178,7 +179,8 @@ pub struct StreamServer {
 }
 
 /// Directives that inherit from `stream` into `server` (nginx's srv conf
-/// merged with its main conf); unset fields take the defaults at the end.
+/// merged with its main conf), every module's; unset fields take the
+/// defaults at the end.
 #[derive(Debug, Clone, Default)]
 pub struct ProxyConf {
     pub connect_timeout: Option<Duration>,
@@ -346,9 +348,6 @@ pub enum StreamSetter {
     /// `split_clients`, `log_format`): http's compilers, run against the
     /// stream table.
     Vars(fn(&Directive, &mut Compiler) -> ConfResult<()>),
-    /// An `ssl_*` directive of http's ssl_settings table, filling the
-    /// server's [`crate::http::modules::ssl_settings::SslConf`].
-    Ssl,
     /// Like `Vars`, for a directive with a `{}` block.
     VarsBlock(fn(&Directive, &mut Compiler) -> ConfResult<()>),
     /// `server` and `upstream` blocks, handled by the walker itself.
@@ -404,64 +403,10 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         StreamSetter::Ignored(check_number)
     ),
     row!(
-        "proxy_pass",
-        ctx::STREAM_SRV,
-        Args::take(1),
-        StreamSetter::Srv(set_proxy_pass)
-    ),
-    row!(
         "error_log",
         SS,
         Args::AtLeast(1),
         StreamSetter::Proxy(set_error_log)
-    ),
-    row!(
-        "proxy_connect_timeout",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_connect_timeout)
-    ),
-    row!(
-        "proxy_timeout",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_timeout)
-    ),
-    row!(
-        "proxy_buffer_size",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_buffer_size)
-    ),
-    row!(
-        "proxy_next_upstream",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_next_upstream)
-    ),
-    row!(
-        "proxy_next_upstream_tries",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_next_upstream_tries)
-    ),
-    row!(
-        "proxy_next_upstream_timeout",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_next_upstream_timeout)
-    ),
-    row!(
-        "proxy_half_close",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_half_close)
-    ),
-    row!(
-        "proxy_socket_keepalive",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_socket_keepalive)
     ),
     row!(
         "tcp_nodelay",
@@ -494,24 +439,6 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         StreamSetter::Ignored(check_number)
     ),
     row!(
-        "access_log",
-        SS,
-        Args::AtLeast(1),
-        StreamSetter::Proxy(set_access_log)
-    ),
-    row!(
-        "log_format",
-        ctx::STREAM,
-        Args::AtLeast(2),
-        StreamSetter::Vars(crate::http::modules::access_log::compile_log_format)
-    ),
-    row!(
-        "open_log_file_cache",
-        SS,
-        Args::Any,
-        StreamSetter::Unsupported
-    ),
-    row!(
         "map",
         ctx::STREAM,
         Args::take(2),
@@ -529,32 +456,6 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         Args::take(2),
         StreamSetter::VarsBlock(crate::http::modules::map::compile_split_clients)
     ),
-    row!(
-        "limit_conn",
-        SS,
-        Args::take(2),
-        StreamSetter::Proxy(set_limit_conn)
-    ),
-    row!(
-        "limit_conn_zone",
-        ctx::STREAM,
-        Args::take(2),
-        StreamSetter::Main(set_limit_conn_zone)
-    ),
-    row!(
-        "limit_conn_log_level",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_limit_conn_log_level)
-    ),
-    row!(
-        "limit_conn_dry_run",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_limit_conn_dry_run)
-    ),
-    row!("allow", SS, Args::take(1), StreamSetter::Proxy(set_rule)),
-    row!("deny", SS, Args::take(1), StreamSetter::Proxy(set_rule)),
     row!(
         "return",
         ctx::STREAM_SRV,
@@ -580,205 +481,11 @@ pub const DIRECTIVES: &[StreamSpec] = &[
         StreamSetter::Proxy(set_resolver_timeout)
     ),
     row!(
-        "proxy_bind",
-        SS,
-        Args::take12(),
-        StreamSetter::Proxy(set_bind)
-    ),
-    row!(
-        "proxy_protocol",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_proxy_protocol)
-    ),
-    row!(
         "proxy_protocol_timeout",
         SS,
         Args::take(1),
         StreamSetter::Proxy(set_proxy_protocol_timeout)
     ),
-    row!(
-        "proxy_download_rate",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_download_rate)
-    ),
-    row!(
-        "proxy_upload_rate",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_upload_rate)
-    ),
-    row!(
-        "proxy_responses",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_responses)
-    ),
-    row!(
-        "proxy_requests",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_requests)
-    ),
-    row!(
-        "proxy_ssl",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_proxy_ssl)
-    ),
-    row!(
-        "proxy_ssl_session_reuse",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_proxy_ssl_session_reuse)
-    ),
-    row!(
-        "proxy_ssl_server_name",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_proxy_ssl_server_name)
-    ),
-    row!(
-        "proxy_ssl_verify",
-        SS,
-        Args::Flag,
-        StreamSetter::Proxy(set_proxy_ssl_verify)
-    ),
-    row!(
-        "proxy_ssl_name",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_name)
-    ),
-    row!(
-        "proxy_ssl_trusted_certificate",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_trusted)
-    ),
-    row!(
-        "proxy_ssl_protocols",
-        SS,
-        Args::AtLeast(1),
-        StreamSetter::Proxy(set_proxy_ssl_protocols)
-    ),
-    row!(
-        "proxy_ssl_ciphers",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_ciphers)
-    ),
-    // rustls checks the whole chain; a depth bound has nothing to bound.
-    row!(
-        "proxy_ssl_verify_depth",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_verify_depth)
-    ),
-    row!(
-        "proxy_ssl_certificate",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_certificate)
-    ),
-    row!(
-        "proxy_ssl_certificate_key",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_certificate_key)
-    ),
-    row!(
-        "proxy_ssl_crl",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_crl)
-    ),
-    row!(
-        "proxy_ssl_password_file",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_proxy_ssl_password_file)
-    ),
-    row!(
-        "proxy_ssl_conf_command",
-        SS,
-        Args::take(2),
-        StreamSetter::Proxy(set_proxy_ssl_conf_command)
-    ),
-    row!(
-        "proxy_ssl_alpn",
-        SS,
-        Args::AtLeast(1),
-        StreamSetter::Proxy(set_proxy_ssl_alpn)
-    ),
-    // TLS termination: http's ssl_* setters fill the same SslConf, built
-    // by the same tls::config code.
-    row!("ssl_certificate", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_certificate_key", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_protocols", SS, Args::AtLeast(1), StreamSetter::Ssl),
-    row!("ssl_ciphers", SS, Args::take(1), StreamSetter::Ssl),
-    row!(
-        "ssl_prefer_server_ciphers",
-        SS,
-        Args::Flag,
-        StreamSetter::Ssl
-    ),
-    row!("ssl_session_cache", SS, Args::take12(), StreamSetter::Ssl),
-    row!("ssl_session_timeout", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_session_tickets", SS, Args::Flag, StreamSetter::Ssl),
-    row!("ssl_ecdh_curve", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_dhparam", SS, Args::take(1), StreamSetter::Ssl),
-    row!(
-        "ssl_handshake_timeout",
-        SS,
-        Args::take(1),
-        StreamSetter::Proxy(set_ssl_handshake_timeout)
-    ),
-    row!(
-        "ssl_alpn",
-        SS,
-        Args::AtLeast(1),
-        StreamSetter::Proxy(set_ssl_alpn)
-    ),
-    row!("ssl_verify_client", SS, Args::take(1), StreamSetter::Ssl),
-    row!(
-        "ssl_client_certificate",
-        SS,
-        Args::take(1),
-        StreamSetter::Ssl
-    ),
-    row!(
-        "ssl_trusted_certificate",
-        SS,
-        Args::take(1),
-        StreamSetter::Ssl
-    ),
-    row!("ssl_verify_depth", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_crl", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_password_file", SS, Args::take(1), StreamSetter::Ssl),
-    // As http's (tls::config builds them): OpenSSL commands tern maps,
-    // ticket keys, OCSP stapling, OCSP checks of client certificates.
-    row!("ssl_conf_command", SS, Args::take(2), StreamSetter::Ssl),
-    row!(
-        "ssl_session_ticket_key",
-        SS,
-        Args::take(1),
-        StreamSetter::Ssl
-    ),
-    row!("ssl_stapling", SS, Args::Flag, StreamSetter::Ssl),
-    row!("ssl_stapling_verify", SS, Args::Flag, StreamSetter::Ssl),
-    row!("ssl_stapling_file", SS, Args::take(1), StreamSetter::Ssl),
-    row!(
-        "ssl_stapling_responder",
-        SS,
-        Args::take(1),
-        StreamSetter::Ssl
-    ),
-    row!("ssl_ocsp", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_ocsp_responder", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_ocsp_cache", SS, Args::take(1), StreamSetter::Ssl),
-    row!("ssl_reject_handshake", SS, Args::Flag, StreamSetter::Ssl),
     row!(
         "set_real_ip_from",
         SS,
@@ -837,7 +544,6 @@ fn compile_block(d: &Directive, cx: &mut Compiler) -> ConfResult<(MainBuild, Bui
         let spec = lookup(k, ctx::STREAM)?;
         match spec.set {
             StreamSetter::Proxy(f) => f(&mut m.proxy, k, cx)?,
-            StreamSetter::Ssl => set_ssl(&mut m.proxy, k, cx)?,
             StreamSetter::Block if k.name == "upstream" => upstream_block(&mut m, k, cx)?,
             StreamSetter::Block => m.servers.push((server_block(k, cx)?, k.clone())),
             StreamSetter::Ignored(check) => check(k)?,
@@ -854,62 +560,6 @@ fn compile_block(d: &Directive, cx: &mut Compiler) -> ConfResult<(MainBuild, Bui
     }
     let builds = std::mem::take(&mut m.servers);
     Ok((m, builds))
-}
-
-/// nginx's implicit upstream of `proxy_pass host:port`: every address of
-/// the name, default weight and failure accounting.
-fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
-    let peers = peers
-        .into_iter()
-        .map(|addr| Peer {
-            name: addr.to_string(),
-            server: target.to_string(),
-            addr,
-            weight: 1,
-            max_fails: 1,
-            fail_timeout: Duration::from_secs(10),
-            max_conns: 0,
-            down: false,
-        })
-        .collect();
-    Arc::new(Upstream::new(
-        target.to_string(),
-        peers,
-        Vec::new(),
-        Balance::RoundRobin,
-    ))
-}
-
-/// The upstream of a name `proxy_pass` with variables rendered, resolved
-/// at run time: named by the host, a peer per address in the order the
-/// resolver gave them (nginx's `ngx_stream_upstream_create_round_robin_peer`).
-pub fn resolved_upstream(host: &str, addrs: Vec<SocketAddr>) -> Arc<Upstream> {
-    implicit_upstream(host, addrs.into_iter().map(PeerAddr::Inet).collect())
-}
-
-/// An address that `proxy_pass` with variables rendered: `unix:PATH` or
-/// `ip:port` (a name goes to the resolver: see `session::proxy_target`).
-pub fn runtime_peer(target: &str) -> Option<Arc<Upstream>> {
-    if let Some(p) = target.strip_prefix("unix:") {
-        if p.is_empty() {
-            return None;
-        }
-        return Some(implicit_upstream(
-            target,
-            vec![PeerAddr::Unix(PathBuf::from(p))],
-        ));
-    }
-    let (host, port) = split_host_port(target)?;
-    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
-    let ip: std::net::IpAddr = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse()
-        .ok()?;
-    Some(implicit_upstream(
-        target,
-        vec![PeerAddr::Inet(SocketAddr::new(ip, port))],
-    ))
 }
 
 fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResult<StreamConf> {
@@ -942,7 +592,10 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
                 let u = match m.upstreams.get(&target).or_else(|| implicit.get(&target)) {
                     Some(u) => u.clone(),
                     None => {
-                        let u = implicit_upstream(&target, resolve(&target, &pd, "upstream")?);
+                        let u = crate::stream::proxy::implicit_upstream(
+                            &target,
+                            resolve(&target, &pd, "upstream")?,
+                        );
                         implicit.insert(target.clone(), u.clone());
                         u
                     }
@@ -953,95 +606,10 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
         };
         let p = &sb.proxy;
         let logger = Logger::for_block(p.error_log.as_deref(), &sd)?;
-        let mut client_auth = None;
-        let (mut tls, mut var_certs, mut reject_handshake) = (None, None, false);
-        if sb.listen.iter().any(|l| ssl_addrs.contains(&l.addr)) {
-            let mut ssl = p.ssl.clone();
-            crate::tls::config::build(&mut ssl, keys)?;
-            client_auth = ssl.client_auth.clone();
-            reject_handshake = ssl.reject_handshake == Some(true);
-            var_certs = ssl.var_certs.clone();
-            // Without a certificate (None), a server answers with its
-            // address's default server's, whose own is checked once the
-            // addresses are grouped.
-            if let Some(cfg) = ssl.tls {
-                // http's build offers http/1.1; a stream server offers
-                // what `ssl_alpn` lists (nothing by default).
-                let mut c = (*cfg).clone();
-                c.alpn_protocols = p.ssl_alpn.clone().unwrap_or_default();
-                tls = Some(Arc::new(c));
-            }
-        }
-        let mut proxy_ssl_var_certs = None;
-        // `proxy_ssl_alpn`: without variables, the protocols go into the
-        // client configuration; with them, each session renders its own.
-        let alpn = p.proxy_ssl_alpn.as_deref().unwrap_or(&[]);
-        let alpn_literal: Option<Vec<Vec<u8>>> = alpn
-            .iter()
-            .map(|t| t.as_literal().map(|v| v.to_vec()))
-            .collect::<Option<Vec<_>>>()
-            .map(|v| v.into_iter().filter(|p| !p.is_empty()).collect());
-        let proxy_ssl_alpn = match alpn_literal {
-            Some(_) => None,
-            None => p.proxy_ssl_alpn.clone(),
-        };
-        let proxy_ssl = if p.proxy_ssl.unwrap_or(false) {
-            let up = crate::tls::client::UpSsl {
-                verify: p.proxy_ssl_verify.unwrap_or(false),
-                server_name: p.proxy_ssl_server_name.unwrap_or(false),
-                // nginx 1.22's default: TLSv1 TLSv1.1 TLSv1.2.
-                protocols: p.proxy_ssl_protocols.unwrap_or((true, false)),
-                ciphers: p
-                    .proxy_ssl_ciphers
-                    .clone()
-                    .unwrap_or_else(|| "DEFAULT".into()),
-                roots: p.proxy_ssl_trusted.clone(),
-                session_reuse: p.proxy_ssl_session_reuse.unwrap_or(true),
-                verify_depth: p.proxy_ssl_verify_depth.map_or(1, |v| v as u32),
-                crls: p.proxy_ssl_crl.clone(),
-                alpn: alpn_literal.clone().unwrap_or_default(),
-                ..Default::default()
-            };
-            let mut up = up;
-            if let Some(cmds) = &p.proxy_ssl_conf_commands {
-                let passwords = match &p.proxy_ssl_password_file {
-                    Some(f) => crate::tls::keys::read_passwords(f)?,
-                    None => Vec::new(),
-                };
-                up.apply_commands(cmds, &passwords)
-                    .map_err(|e| ConfError::at(e.msg, &sd))?;
-            }
-            if up.verify && up.roots.is_none() {
-                return Err(ConfError::at(
-                    "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
-                    &sd,
-                ));
-            }
-            let cfg = crate::tls::client::client_config(&up)
-                .map_err(|e| ConfError::at(format!("SSL_CTX_new() failed ({})", e), &sd))?;
-            // A Certificate of proxy_ssl_conf_command (applied last, in
-            // `up`) stands in for proxy_ssl_certificate.
-            let (cfg, vars) = if up.certificate.is_some() {
-                (cfg, None)
-            } else {
-                with_client_cert(cfg, p, &sd)?
-            };
-            proxy_ssl_var_certs = vars;
-            Some(cfg)
-        } else {
-            None
-        };
-        let mut limits = Vec::new();
-        for (zone, n, ld) in p.limits.as_deref().unwrap_or(&[]) {
-            let z = m
-                .zones
-                .get(zone)
-                .ok_or_else(|| ConfError::at(format!("zone \"{}\" is unknown", zone), ld))?;
-            limits.push(Limit {
-                zone: z.clone(),
-                n: *n,
-            });
-        }
+        let on_ssl_addr = sb.listen.iter().any(|l| ssl_addrs.contains(&l.addr));
+        let tls = crate::stream::ssl::build(p, on_ssl_addr, keys)?;
+        let pssl = crate::stream::proxy_ssl::build(p, &sd)?;
+        let limits = crate::stream::limit_conn::resolve(p, &m)?;
         let srv = Arc::new(StreamServer {
             listen: sb.listen.clone(),
             names: std::mem::take(&mut sb.names),
@@ -1069,15 +637,15 @@ fn finish_servers(m: MainBuild, builds: Builds, vars: Arc<VarTable>) -> ConfResu
             ssl_preread: p.ssl_preread.unwrap_or(false),
             preread_buffer_size: p.preread_buffer_size.unwrap_or(16384),
             preread_timeout: p.preread_timeout.unwrap_or(Duration::from_secs(30)),
-            tls,
-            var_certs,
-            reject_handshake,
-            client_auth,
-            ssl_handshake_timeout: p.ssl_handshake_timeout.unwrap_or(Duration::from_secs(60)),
-            proxy_ssl,
-            proxy_ssl_var_certs,
+            tls: tls.tls,
+            var_certs: tls.var_certs,
+            reject_handshake: tls.reject_handshake,
+            client_auth: tls.client_auth,
+            ssl_handshake_timeout: tls.handshake_timeout,
+            proxy_ssl: pssl.client,
+            proxy_ssl_var_certs: pssl.var_certs,
             proxy_ssl_name: p.proxy_ssl_name.clone(),
-            proxy_ssl_alpn,
+            proxy_ssl_alpn: pssl.alpn,
             resolver: p.resolver.clone(),
             connect_timeout: p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             timeout: p.timeout.unwrap_or(DEFAULT_TIMEOUT),
@@ -1181,7 +749,6 @@ fn server_block(d: &Directive, cx: &mut Compiler) -> ConfResult<SrvBuild> {
         match spec.set {
             StreamSetter::Srv(f) => f(&mut sb, k, cx)?,
             StreamSetter::Proxy(f) => f(&mut sb.proxy, k, cx)?,
-            StreamSetter::Ssl => set_ssl(&mut sb.proxy, k, cx)?,
             StreamSetter::Ignored(check) => check(k)?,
             _ => {
                 return Err(ConfError::at(
@@ -1406,205 +973,12 @@ fn set_server_name(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfR
     crate::http::conf::parse_server_names(d, cx, &mut sb.names, &mut sb.primary_name)
 }
 
-fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    if sb.pass.is_some() {
-        return Err(registry::duplicate(d));
-    }
-    sb.pass = Some((arg(d, 0).to_string(), d.clone()));
-    sb.last_content = "proxy_pass";
-    Ok(())
-}
-
-/// An `ssl_*` directive: http's setter, on the block's `SslConf`.
-fn set_ssl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    crate::http::modules::ssl_settings::set_lent(&mut p.ssl, d, cx)
-}
-
-fn set_proxy_ssl(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.proxy_ssl, v, d)
-}
-
-fn set_proxy_ssl_session_reuse(
-    p: &mut ProxyConf,
-    d: &Directive,
-    _: &mut Compiler,
-) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.proxy_ssl_session_reuse, v, d)
-}
-
-fn set_proxy_ssl_server_name(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.proxy_ssl_server_name, v, d)
-}
-
-fn set_proxy_ssl_verify(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.proxy_ssl_verify, v, d)
-}
-
-fn set_proxy_ssl_name(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let t = cx.template(arg(d, 0), d)?;
-    set_once(&mut p.proxy_ssl_name, t, d)
-}
-
-fn set_proxy_ssl_trusted(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let roots = crate::tls::client::load_roots(&ssl_file(d, cx)?)?;
-    set_once(&mut p.proxy_ssl_trusted, roots, d)
-}
-
-fn set_proxy_ssl_protocols(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = crate::http::modules::ssl_settings::parse_protocols(d)?;
-    set_once(&mut p.proxy_ssl_protocols, v, d)
-}
-
-fn set_proxy_ssl_ciphers(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    crate::tls::client::check_ciphers(arg(d, 0))?;
-    set_once(&mut p.proxy_ssl_ciphers, arg(d, 0).to_string(), d)
-}
-
-fn set_proxy_requests(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = registry::num_arg(d, 0)?;
-    set_once(&mut p.requests, v, d)
-}
-
-fn set_proxy_responses(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = registry::num_arg(d, 0)?;
-    set_once(&mut p.responses, v, d)
-}
-
-fn set_proxy_ssl_certificate(
-    p: &mut ProxyConf,
-    d: &Directive,
-    cx: &mut Compiler,
-) -> ConfResult<()> {
-    let n = cert_name(d, cx)?;
-    set_once(&mut p.proxy_ssl_certificate, n, d)
-}
-
-fn set_proxy_ssl_certificate_key(
-    p: &mut ProxyConf,
-    d: &Directive,
-    cx: &mut Compiler,
-) -> ConfResult<()> {
-    let n = cert_name(d, cx)?;
-    set_once(&mut p.proxy_ssl_certificate_key, n, d)
-}
-
-/// A `proxy_ssl_certificate*` name as http's proxy takes it: a file,
-/// `data:`, or a name with variables (loaded per upstream connection).
-fn cert_name(d: &Directive, cx: &mut Compiler) -> ConfResult<CertName> {
-    let prefix = cx.conf_prefix.clone();
-    CertName::parse(arg(d, 0), &prefix, |v| cx.template(v, d))
-}
-
-fn set_proxy_ssl_password_file(
-    p: &mut ProxyConf,
-    d: &Directive,
-    cx: &mut Compiler,
-) -> ConfResult<()> {
-    let f = ssl_file(d, cx)?;
-    set_once(&mut p.proxy_ssl_password_file, f, d)
-}
-
-/// A file argument of a `proxy_ssl_*` directive, relative to the
-/// directory of nginx.conf.
-fn ssl_file(d: &Directive, cx: &Compiler) -> ConfResult<String> {
-    let a = arg(d, 0);
-    Ok(if a.starts_with('/') {
-        a.to_string()
-    } else {
-        cx.conf_prefix.join(a).to_string_lossy().into_owned()
-    })
-}
-
-/// `proxy_ssl_certificate`: the client certificate offered to upstreams
-/// (whatever CA names the upstream hints, as OpenSSL does for nginx),
-/// read now, or, when a name has variables, the pair to load per
-/// connection (`tls::var_certs`, as http's proxy).
-fn with_client_cert(
-    cfg: Arc<rustls::ClientConfig>,
-    p: &ProxyConf,
-    sd: &Directive,
-) -> ConfResult<(Arc<rustls::ClientConfig>, Option<Arc<VarCerts>>)> {
-    let Some(cert) = &p.proxy_ssl_certificate else {
-        return Ok((cfg, None));
-    };
-    let Some(key) = &p.proxy_ssl_certificate_key else {
-        return Err(ConfError::at(
-            format!(
-                "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
-                cert.shown()
-            ),
-            sd,
-        ));
-    };
-    let passwords = match &p.proxy_ssl_password_file {
-        Some(f) => crate::tls::keys::read_passwords(f)?,
-        None => Vec::new(),
-    };
-    if cert.has_vars() || key.has_vars() {
-        let v = VarCerts {
-            pairs: vec![(cert.clone(), key.clone())],
-            passwords,
-            negotiate: None,
-        };
-        return Ok((cfg, Some(Arc::new(v))));
-    }
-    let pair = crate::tls::config::load_named(cert, key, &passwords)?;
-    Ok((crate::tls::var_certs::client_config(&cfg, pair), None))
-}
-
-fn set_proxy_ssl_crl(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let crls =
-        crate::tls::client::load_crls(&ssl_file(d, cx)?).map_err(|e| ConfError::at(e.msg, d))?;
-    set_once(&mut p.proxy_ssl_crl, crls, d)
-}
-
-/// `proxy_ssl_conf_command NAME VALUE`: checked as `ssl_conf_command`
-/// (tls::conf_command), applied to the client configuration last.
-fn set_proxy_ssl_conf_command(
-    p: &mut ProxyConf,
-    d: &Directive,
-    cx: &mut Compiler,
-) -> ConfResult<()> {
-    let cmds = crate::http::modules::ssl_settings::conf_command_of(d, cx)?;
-    p.proxy_ssl_conf_commands
-        .get_or_insert_with(Vec::new)
-        .extend(cmds);
-    Ok(())
-}
-
-/// `proxy_ssl_alpn PROTOCOL ...`: the ALPN protocols offered to the
-/// upstream; a value that renders empty is not sent.
-fn set_proxy_ssl_alpn(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    if p.proxy_ssl_alpn.is_some() {
-        return Err(registry::duplicate(d));
-    }
-    let mut v = Vec::with_capacity(d.args.len());
-    for a in &d.args {
-        v.push(cx.template(&a.value, d)?);
-    }
-    p.proxy_ssl_alpn = Some(v);
-    Ok(())
-}
-
 fn set_resolver(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     crate::http::modules::resolver::set_resolver_in(&mut p.resolver, d)
 }
 
 fn set_resolver_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     crate::http::modules::resolver::set_timeout_in(&mut p.resolver, d)
-}
-
-fn set_proxy_ssl_verify_depth(
-    p: &mut ProxyConf,
-    d: &Directive,
-    _: &mut Compiler,
-) -> ConfResult<()> {
-    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))?;
-    set_once(&mut p.proxy_ssl_verify_depth, v, d)
 }
 
 fn set_preread_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1615,30 +989,6 @@ fn set_preread_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -
 fn set_preread_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = msecs(d)?;
     set_once(&mut p.preread_timeout, v, d)
-}
-
-fn set_ssl_handshake_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = msecs(d)?;
-    set_once(&mut p.ssl_handshake_timeout, v, d)
-}
-
-/// `ssl_alpn PROTOCOL ...`: what the server accepts, in its order.
-fn set_ssl_alpn(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    if p.ssl_alpn.is_some() {
-        return Err(registry::duplicate(d));
-    }
-    let mut list = Vec::new();
-    for a in &d.args {
-        if a.value.is_empty() || a.value.len() > 255 {
-            return Err(ConfError::at(
-                format!("protocol too long \"{}\"", a.value),
-                d,
-            ));
-        }
-        list.push(a.value.as_bytes().to_vec());
-    }
-    p.ssl_alpn = Some(list);
-    Ok(())
 }
 
 fn set_return(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
@@ -1671,95 +1021,10 @@ fn set_set(sb: &mut SrvBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()
     Ok(())
 }
 
-fn set_access_log(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let logs = p.logs.get_or_insert_with(Vec::new);
-    if let Some(spec) = crate::http::modules::access_log::parse_access_log(d, cx, false)? {
-        logs.push(spec);
-    }
-    Ok(())
-}
-
-fn set_rule(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let addr = crate::http::modules::access::parse_addr(d)?;
-    p.access.get_or_insert_with(Vec::new).push(Rule {
-        allow: d.name == "allow",
-        addr,
-    });
-    Ok(())
-}
-
 fn set_real_ip_from(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let list = crate::http::modules::realip::parse_from(d)?;
     p.realip_from.get_or_insert_with(Vec::new).extend(list);
     Ok(())
-}
-
-fn set_limit_conn_zone(m: &mut MainBuild, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    use crate::http::modules::limit_conn as lc;
-    let key_src = arg(d, 0);
-    let key = cx.template(key_src, d)?;
-    let v = arg(d, 1);
-    if !v.starts_with("zone=") {
-        return Err(ConfError::at(format!("invalid parameter \"{}\"", v), d));
-    }
-    let (name, size) = lc::parse_zone_param(v, d)?;
-    if let Some(z) = m.zones.get(&name) {
-        return Err(lc::already_bound(
-            d,
-            &name,
-            lc::ZoneState::key_src(&*z.state),
-        ));
-    }
-    // Stream zones are a namespace of their own: the registry key says so.
-    let state = lc::zone_state(
-        ZoneKind::Conn,
-        &format!("stream\0{}", name),
-        size,
-        key_src,
-        "limit_conn_zone",
-        d,
-        || ConnState::new(size, key_src),
-    )?;
-    m.zones
-        .insert(name.clone(), Arc::new(ConnZone { name, key, state }));
-    Ok(())
-}
-
-fn set_limit_conn(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let zone = arg(d, 0).to_string();
-    let nv = arg(d, 1);
-    let n = match value::number(nv) {
-        Some(n) if n > 0 => n,
-        _ => {
-            return Err(ConfError::at(
-                format!("invalid number of connections \"{}\"", nv),
-                d,
-            ))
-        }
-    };
-    if n > 65535 {
-        return Err(ConfError::at("connection limit must be less 65536", d));
-    }
-    let limits = p.limits.get_or_insert_with(Vec::new);
-    if limits.iter().any(|(z, _, _)| *z == zone) {
-        return Err(registry::duplicate(d));
-    }
-    limits.push((zone, n as u32, d.clone()));
-    Ok(())
-}
-
-fn set_limit_conn_log_level(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    crate::http::modules::limit_conn::set_level(&mut p.limit_log_level, d)
-}
-
-fn set_limit_conn_dry_run(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.limit_dry_run, v, d)
-}
-
-fn set_proxy_protocol(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.proxy_protocol, v, d)
 }
 
 fn set_proxy_protocol_timeout(
@@ -1771,54 +1036,8 @@ fn set_proxy_protocol_timeout(
     set_once(&mut p.proxy_protocol_timeout, v, d)
 }
 
-/// A size that may have variables (checked now when it has none).
-fn rate(d: &Directive, cx: &mut Compiler) -> ConfResult<Template> {
-    let t = cx.template(arg(d, 0), d)?;
-    if !t.has_vars() && value::size(arg(d, 0)).is_none() {
-        return Err(registry::slot_invalid(d));
-    }
-    Ok(t)
-}
-
-fn set_download_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let v = rate(d, cx)?;
-    set_once(&mut p.download_rate, v, d)
-}
-
-fn set_upload_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    let v = rate(d, cx)?;
-    set_once(&mut p.upload_rate, v, d)
-}
-
-/// `proxy_bind ADDR | off` (ADDR may have variables).
-fn set_bind(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
-    if p.bind.is_some() {
-        return Err(registry::duplicate(d));
-    }
-    let a = arg(d, 0);
-    if d.args.len() > 1 {
-        // `transparent` needs CAP_NET_ADMIN and routing set up for it.
-        return Err(ConfError::at(
-            format!(
-                "the \"{}\" parameter of \"proxy_bind\" is not supported by tern yet",
-                arg(d, 1)
-            ),
-            d,
-        ));
-    }
-    if a == "off" {
-        p.bind = Some(None);
-        return Ok(());
-    }
-    let t = cx.template(a, d)?;
-    if !t.has_vars() && a.parse::<std::net::IpAddr>().is_err() {
-        return Err(ConfError::at(format!("invalid address \"{}\"", a), d));
-    }
-    p.bind = Some(Some(t));
-    Ok(())
-}
-
-fn msecs(d: &Directive) -> ConfResult<Duration> {
+/// A time argument in milliseconds (`proxy_timeout 10s`), nginx's slot check.
+pub(crate) fn msecs(d: &Directive) -> ConfResult<Duration> {
     value::time_ms(arg(d, 0))
         .map(Duration::from_millis)
         .ok_or_else(|| registry::slot_invalid(d))
@@ -1828,48 +1047,6 @@ fn set_error_log(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfRes
     let s = crate::core::log::parse_error_log(d, cx)?;
     p.error_log.get_or_insert_with(Vec::new).push(s);
     Ok(())
-}
-
-fn set_connect_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = msecs(d)?;
-    set_once(&mut p.connect_timeout, v, d)
-}
-
-fn set_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = msecs(d)?;
-    set_once(&mut p.timeout, v, d)
-}
-
-fn set_next_upstream_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = msecs(d)?;
-    set_once(&mut p.next_upstream_timeout, v, d)
-}
-
-fn set_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = value::size(arg(d, 0))
-        .filter(|n| *n > 0)
-        .ok_or_else(|| registry::slot_invalid(d))? as usize;
-    set_once(&mut p.buffer_size, v, d)
-}
-
-fn set_next_upstream_tries(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))? as usize;
-    set_once(&mut p.next_upstream_tries, v, d)
-}
-
-fn set_next_upstream(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.next_upstream, v, d)
-}
-
-fn set_half_close(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.half_close, v, d)
-}
-
-fn set_socket_keepalive(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
-    let v = flag(d)?;
-    set_once(&mut p.socket_keepalive, v, d)
 }
 
 fn set_tcp_nodelay(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
@@ -1892,8 +1069,12 @@ mod tests {
 
     #[test]
     fn table_names_unique_per_context() {
-        for (i, a) in DIRECTIVES.iter().enumerate() {
-            for b in &DIRECTIVES[i + 1..] {
+        let all: Vec<&StreamSpec> = crate::stream::TABLES
+            .iter()
+            .flat_map(|t| t.iter())
+            .collect();
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
                 assert!(
                     a.name != b.name || a.ctx & b.ctx == 0,
                     "{} twice in one context",

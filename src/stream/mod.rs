@@ -4,19 +4,21 @@
 //! `ssl`, `ssl_preread`, upstream balancing).
 //!
 //! - [`conf`]: the core directive table, the walker of the block and the
-//!   compiled [`conf::StreamConf`]; each module's table is listed in
-//!   [`TABLES`].
+//!   compiled [`conf::StreamConf`]; each module's table (beside its
+//!   code) is listed in [`TABLES`].
 //!   The block compiles against its own variable table (stream mode), so
 //!   http's compilers of `map`, `geo`, `split_clients`, `log_format` and
 //!   `access_log`, and its `ssl_*` setters, serve stream unchanged.
 //! - [`session`]: the phases of one session, in order, and the session as
-//!   the variables' context; [`vars`]: the stream variables.
+//!   the variables' context; [`vars`]: the stream variables. The phases'
+//!   modules: [`ssl`] (TLS termination), [`ssl_preread`],
+//!   [`limit_conn`], [`access`], [`log`].
 //! - [`upstream`]: `upstream {}` groups, weighted round-robin, `hash`,
 //!   `least_conn`, `random`, passive health checks.
 //! - [`proxy`]: the content phase of `proxy_pass`: connect (with
-//!   `proxy_bind`, `proxy_ssl`, a PROXY header), then copy both ways. A
-//!   `proxy_pass` with variables is rendered first
-//!   ([`session::proxy_target`]): an upstream block, an address, or a
+//!   `proxy_bind`, `proxy_ssl` ([`proxy_ssl`]), a PROXY header), then
+//!   copy both ways. A `proxy_pass` with variables is rendered first
+//!   ([`proxy::target`]): an upstream block, an address, or a
 //!   `host:port` looked up with the server's `resolver` (http's, shared:
 //!   [`crate::http::modules::resolver`]).
 //! - [`proxy_protocol`] (shared with http, in `core`), [`ssl_preread`]:
@@ -57,11 +59,16 @@
 //! counts toward its `max_conns` until the session ends; nothing a peer
 //! sends can panic the worker.
 
+pub mod access;
 pub mod conf;
+pub mod limit_conn;
+pub mod log;
 pub mod pass;
 pub mod proxy;
+pub mod proxy_ssl;
 pub use crate::core::proxy_protocol;
 pub mod session;
+pub mod ssl;
 pub mod ssl_preread;
 pub mod udp;
 pub mod upstream;
@@ -69,8 +76,15 @@ pub mod vars;
 
 /// Every stream module's directive table (looked up as http's are, with
 /// the registry's index and checks: [`crate::config::registry::Index`]).
+/// A new module adds its table here.
 pub const TABLES: &[&[conf::StreamSpec]] = &[
     conf::DIRECTIVES,
+    proxy::DIRECTIVES,
+    proxy_ssl::DIRECTIVES,
+    ssl::DIRECTIVES,
+    access::DIRECTIVES,
+    limit_conn::DIRECTIVES,
+    log::DIRECTIVES,
     upstream::DIRECTIVES,
     pass::DIRECTIVES,
     ssl_preread::DIRECTIVES,

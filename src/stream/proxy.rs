@@ -1,5 +1,10 @@
-//! One stream session: connect to an upstream peer (trying the next one on
-//! failure), then copy bytes both ways until the session ends.
+//! `proxy_pass` and the `proxy_*` directives (nginx's
+//! ngx_stream_proxy_module, less its TLS part: [`super::proxy_ssl`]): the
+//! content phase of a proxied session. Find the upstream ([`target`]: a
+//! `proxy_pass` with variables is rendered, a name resolved), connect to
+//! a peer (trying the next one on failure), then copy bytes both ways
+//! until the session ends. The directive table and setters are at the
+//! end of the file.
 //!
 //! The copy is a hand-written poll loop rather than tokio's
 //! `copy_bidirectional` because nginx's semantics need two things it does
@@ -14,6 +19,8 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,11 +29,18 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
+use crate::config::registry::{self, arg, ctx, flag, row, set_once, Args};
+use crate::config::{value, ConfError, ConfResult, Directive};
+use crate::core::conf::Compiler;
 use crate::core::log::Level;
 use crate::core::worker::WorkerShared;
-use crate::stream::conf::StreamServer;
+use crate::http::vars::Template;
+use crate::stream::conf::{
+    msecs, split_host_port, Content, ProxyConf, SrvBuild, StreamServer, StreamSetter, StreamSpec,
+    SS,
+};
 use crate::stream::session::{Session, UpTry};
-use crate::stream::upstream::{Balance, PeerAddr, Picked, Upstream};
+use crate::stream::upstream::{Balance, Peer, PeerAddr, Picked, Upstream};
 
 /// A connected socket of either family: the client side or the upstream side.
 pub enum Sock {
@@ -132,7 +146,7 @@ pub async fn run(
     let tls = match (&srv.proxy_ssl, &srv.proxy_ssl_var_certs) {
         // proxy_ssl_certificate with variables: this session's pair
         // (none when the name renders empty).
-        (Some(cfg), Some(v)) => match v.load_client(&*s).await {
+        (Some(cfg), Some(v)) => match Box::pin(v.load_client(&*s)).await {
             Ok(Some(k)) => Some(crate::tls::var_certs::client_config(cfg, k)),
             Ok(None) => Some(cfg.clone()),
             Err(msg) => {
@@ -325,8 +339,10 @@ async fn connect(
                 let name = crate::tls::client::server_name(name).ok_or_else(|| {
                     io::Error::new(io::ErrorKind::InvalidInput, "invalid proxy_ssl_name")
                 })?;
-                let t = tokio_rustls::TlsConnector::from(cfg.clone())
-                    .connect(name, sock)
+                // Boxed: the handshake's future holds a whole rustls
+                // connection, and inline it would grow every session's
+                // future, plain ones too (see [`crate::stream::session`]).
+                let t = Box::pin(tokio_rustls::TlsConnector::from(cfg.clone()).connect(name, sock))
                     .await?;
                 sock = Sock::TlsUp(Box::new(t));
             }
@@ -531,15 +547,51 @@ fn take_buf(size: usize) -> Box<[u8]> {
     kept.unwrap_or_else(|| vec![0u8; size].into_boxed_slice())
 }
 
+/// Returns a relay buffer to the worker's pool (full: it is freed).
+fn give_back(buf: Box<[u8]>) {
+    BUFS.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < KEPT_BUFS {
+            b.push(buf);
+        }
+    });
+}
+
 impl Drop for Dir {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        BUFS.with(|b| {
-            let mut b = b.borrow_mut();
-            if b.len() < KEPT_BUFS {
-                b.push(buf);
-            }
-        });
+        give_back(std::mem::take(&mut self.buf));
+    }
+}
+
+/// A relay buffer of the worker's pool that goes back to it when dropped
+/// (a UDP session's upstream buffer: without the pool, each session
+/// allocated its `proxy_buffer_size` zeroed, 16k instructions of memset
+/// per DNS-like datagram under callgrind, a third of the session's).
+pub(crate) struct PooledBuf(Box<[u8]>);
+
+impl PooledBuf {
+    /// `size` bytes (contents unspecified: write before reading).
+    pub(crate) fn take(size: usize) -> PooledBuf {
+        PooledBuf(take_buf(size))
+    }
+}
+
+impl std::ops::Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PooledBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
     }
 }
 
@@ -791,4 +843,314 @@ async fn pump(
         to_client: down.written,
     };
     (end, bytes, down.first_read)
+}
+
+// ---- the upstream of proxy_pass --------------------------------------------
+
+/// The upstream of `proxy_pass` for this session (a variable target is
+/// rendered now): an `upstream` block of that name, an address, or a
+/// `host:port` whose host the server's `resolver` looks up (nginx's
+/// `ngx_stream_proxy_eval` and resolve handler). None when it names
+/// nothing to connect to (logged, status 500 as nginx 1.22 logs it, a
+/// name that did not resolve too), or when the server has no `proxy_pass`.
+pub async fn target(s: &mut Session) -> Option<Arc<Upstream>> {
+    use crate::http::modules::resolver::{self, Unresolved};
+    let srv = s.srv.clone();
+    let (t, ups) = match &srv.content {
+        Content::Return(_) | Content::Pass(_) => return None,
+        Content::Proxy(u) => return Some(u.clone()),
+        Content::ProxyVar(t, ups) => (t, ups),
+    };
+    let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
+    if let Some(u) = ups.get(&target).cloned().or_else(|| runtime_peer(&target)) {
+        return Some(u);
+    }
+    let (host, port) = match split_host_port(&target) {
+        Some((h, p)) => (h, p.parse::<u16>().ok().filter(|p| *p != 0)),
+        None => (&*target, None),
+    };
+    let why = match port {
+        None if host.len() == target.len() => format!("no port in upstream \"{}\"", host),
+        None => format!("invalid port in upstream \"{}\"", target),
+        // Boxed, as the rare paths of a session are (see session's doc).
+        Some(port) => match Box::pin(resolver::resolve(&srv.resolver, host)).await {
+            Ok(ips) => {
+                let addrs = ips
+                    .into_iter()
+                    .map(|ip| std::net::SocketAddr::new(ip, port))
+                    .collect();
+                return Some(resolved_upstream(host, addrs));
+            }
+            Err(Unresolved::NoResolver) => format!("no resolver defined to resolve {}", host),
+            Err(Unresolved::Dns(e)) => format!("{} could not be resolved ({})", host, e),
+        },
+    };
+    s.log(Level::Error, format_args!("{}, {}", why, s.client_ctx()));
+    s.status = 500;
+    None
+}
+
+// ---- the directives ---------------------------------------------------------
+
+/// The proxy module's directives (its TLS ones: [`super::proxy_ssl`]).
+pub const DIRECTIVES: &[StreamSpec] = &[
+    row!(
+        "proxy_pass",
+        ctx::STREAM_SRV,
+        Args::take(1),
+        StreamSetter::Srv(set_proxy_pass)
+    ),
+    row!(
+        "proxy_connect_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_connect_timeout)
+    ),
+    row!(
+        "proxy_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_timeout)
+    ),
+    row!(
+        "proxy_buffer_size",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_buffer_size)
+    ),
+    row!(
+        "proxy_next_upstream",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_next_upstream)
+    ),
+    row!(
+        "proxy_next_upstream_tries",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_next_upstream_tries)
+    ),
+    row!(
+        "proxy_next_upstream_timeout",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_next_upstream_timeout)
+    ),
+    row!(
+        "proxy_half_close",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_half_close)
+    ),
+    row!(
+        "proxy_socket_keepalive",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_socket_keepalive)
+    ),
+    row!(
+        "proxy_bind",
+        SS,
+        Args::take12(),
+        StreamSetter::Proxy(set_bind)
+    ),
+    row!(
+        "proxy_protocol",
+        SS,
+        Args::Flag,
+        StreamSetter::Proxy(set_proxy_protocol)
+    ),
+    row!(
+        "proxy_download_rate",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_download_rate)
+    ),
+    row!(
+        "proxy_upload_rate",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_upload_rate)
+    ),
+    row!(
+        "proxy_responses",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_responses)
+    ),
+    row!(
+        "proxy_requests",
+        SS,
+        Args::take(1),
+        StreamSetter::Proxy(set_proxy_requests)
+    ),
+];
+
+fn set_proxy_pass(sb: &mut SrvBuild, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    if sb.pass.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    sb.pass = Some((arg(d, 0).to_string(), d.clone()));
+    sb.last_content = "proxy_pass";
+    Ok(())
+}
+
+fn set_connect_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.connect_timeout, v, d)
+}
+
+fn set_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.timeout, v, d)
+}
+
+fn set_buffer_size(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::size(arg(d, 0))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| registry::slot_invalid(d))? as usize;
+    set_once(&mut p.buffer_size, v, d)
+}
+
+fn set_next_upstream(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.next_upstream, v, d)
+}
+
+fn set_next_upstream_tries(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = value::number(arg(d, 0)).ok_or_else(|| registry::slot_invalid_number(d))? as usize;
+    set_once(&mut p.next_upstream_tries, v, d)
+}
+
+fn set_next_upstream_timeout(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = msecs(d)?;
+    set_once(&mut p.next_upstream_timeout, v, d)
+}
+
+fn set_half_close(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.half_close, v, d)
+}
+
+fn set_socket_keepalive(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.socket_keepalive, v, d)
+}
+
+/// `proxy_bind ADDR | off` (ADDR may have variables).
+fn set_bind(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    if p.bind.is_some() {
+        return Err(registry::duplicate(d));
+    }
+    let a = arg(d, 0);
+    if d.args.len() > 1 {
+        // `transparent` needs CAP_NET_ADMIN and routing set up for it.
+        return Err(ConfError::at(
+            format!(
+                "the \"{}\" parameter of \"proxy_bind\" is not supported by tern yet",
+                arg(d, 1)
+            ),
+            d,
+        ));
+    }
+    if a == "off" {
+        p.bind = Some(None);
+        return Ok(());
+    }
+    let t = cx.template(a, d)?;
+    if !t.has_vars() && a.parse::<std::net::IpAddr>().is_err() {
+        return Err(ConfError::at(format!("invalid address \"{}\"", a), d));
+    }
+    p.bind = Some(Some(t));
+    Ok(())
+}
+
+fn set_proxy_protocol(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = flag(d)?;
+    set_once(&mut p.proxy_protocol, v, d)
+}
+
+/// A size that may have variables (checked now when it has none).
+fn rate(d: &Directive, cx: &mut Compiler) -> ConfResult<Template> {
+    let t = cx.template(arg(d, 0), d)?;
+    if !t.has_vars() && value::size(arg(d, 0)).is_none() {
+        return Err(registry::slot_invalid(d));
+    }
+    Ok(t)
+}
+
+fn set_download_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d, cx)?;
+    set_once(&mut p.download_rate, v, d)
+}
+
+fn set_upload_rate(p: &mut ProxyConf, d: &Directive, cx: &mut Compiler) -> ConfResult<()> {
+    let v = rate(d, cx)?;
+    set_once(&mut p.upload_rate, v, d)
+}
+
+fn set_proxy_responses(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::num_arg(d, 0)?;
+    set_once(&mut p.responses, v, d)
+}
+
+fn set_proxy_requests(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
+    let v = registry::num_arg(d, 0)?;
+    set_once(&mut p.requests, v, d)
+}
+
+/// nginx's implicit upstream of `proxy_pass host:port`: every address of
+/// the name, default weight and failure accounting.
+pub(crate) fn implicit_upstream(target: &str, peers: Vec<PeerAddr>) -> Arc<Upstream> {
+    let peers = peers
+        .into_iter()
+        .map(|addr| Peer {
+            name: addr.to_string(),
+            server: target.to_string(),
+            addr,
+            weight: 1,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            max_conns: 0,
+            down: false,
+        })
+        .collect();
+    Arc::new(Upstream::new(
+        target.to_string(),
+        peers,
+        Vec::new(),
+        Balance::RoundRobin,
+    ))
+}
+
+/// The upstream of a name `proxy_pass` with variables rendered, resolved
+/// at run time: named by the host, a peer per address in the order the
+/// resolver gave them (nginx's `ngx_stream_upstream_create_round_robin_peer`).
+pub fn resolved_upstream(host: &str, addrs: Vec<SocketAddr>) -> Arc<Upstream> {
+    implicit_upstream(host, addrs.into_iter().map(PeerAddr::Inet).collect())
+}
+
+/// An address that `proxy_pass` with variables rendered: `unix:PATH` or
+/// `ip:port` (a name goes to the resolver: see [`target`]).
+pub fn runtime_peer(target: &str) -> Option<Arc<Upstream>> {
+    if let Some(p) = target.strip_prefix("unix:") {
+        if p.is_empty() {
+            return None;
+        }
+        return Some(implicit_upstream(
+            target,
+            vec![PeerAddr::Unix(PathBuf::from(p))],
+        ));
+    }
+    let (host, port) = split_host_port(target)?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let ip: std::net::IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    Some(implicit_upstream(
+        target,
+        vec![PeerAddr::Inet(SocketAddr::new(ip, port))],
+    ))
 }

@@ -15,29 +15,36 @@
 //!  closed
 //! ```
 //!
+//! A session is one task, whose future tokio moves several times when it
+//! spawns it (five copies per connection under callgrind): the phases a
+//! plain proxied session does not use (PROXY header, TLS handshake,
+//! preread, a resolver lookup, certificates with variables, a TLS
+//! connection to the upstream) are awaited boxed, so their large futures
+//! are allocated only when they run and do not grow every session's.
+//!
 //! [`Session`] holds what the variables read (addresses, counters,
 //! upstream timings, `set` values) and is the [`VarCtx`] every template of
 //! the server renders against. A `limit_conn` slot is held by the session
 //! until it ends, after the log phase.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::core::log::{Level, Logger};
 use crate::core::worker::{Slot, WorkerShared};
 use crate::http::conf::ListenAddr;
 use crate::http::modules::access::matches_addr;
-use crate::http::modules::access_log::{write_one, ErrCtx, ScriptCtx};
-use crate::http::modules::limit_conn::{ConnState, Take, ZoneState};
 use crate::http::response::push_num;
 use crate::http::vars::{Var, VarCtx};
 use crate::stream::conf::{Content, StreamAddr, StreamServer};
+use crate::stream::limit_conn::Held;
+use crate::stream::log::log_phase;
 use crate::stream::proxy::{self, Sock};
-use crate::stream::proxy_protocol::{self as pp, Parsed};
-use crate::stream::ssl_preread::{self, Hello, Preread};
+use crate::stream::proxy_protocol as pp;
+use crate::stream::ssl_preread::{self, Hello};
 use crate::stream::vars::SVar;
 use crate::tls::TlsInfo;
 
@@ -360,16 +367,42 @@ impl Session {
     }
 }
 
-/// A `limit_conn` slot held for the session's life.
-pub struct Held {
-    state: Arc<ConnState>,
-    key: Vec<u8>,
+// ---- what stream and mail sessions share at accept ------------------------
+
+/// A session's local address: the listener's own when it listens on a
+/// specific address (no system call), else the socket's; None on a unix
+/// socket.
+pub fn local_addr(listen: &ListenAddr, sock: &Sock) -> Option<SocketAddr> {
+    match (listen, sock) {
+        (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
+        (_, Sock::Tcp(t)) => t.local_addr().ok(),
+        _ => None,
+    }
 }
 
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.state.release(&self.key);
+/// nginx's first info line of a session: "client ADDR connected to LISTEN".
+pub struct Connected<'a>(pub Option<SocketAddr>, pub &'a ListenAddr);
+
+impl std::fmt::Display for Connected<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "client {} connected to {}", a, self.1),
+            None => write!(f, "client unix: connected to {}", self.1),
+        }
     }
+}
+
+/// realip (`set_real_ip_from`): the client a PROXY header names, when
+/// the connection comes from a trusted address (`conn`: its peer).
+pub fn real_client(
+    from: &[crate::http::modules::access::Addr],
+    conn: Option<SocketAddr>,
+    h: &pp::Header,
+) -> Option<SocketAddr> {
+    let (ip, port) = h.src?;
+    from.iter()
+        .any(|a| matches_addr(a, conn.map(|r| r.ip())))
+        .then_some(SocketAddr::new(ip, port))
 }
 
 /// Serves one accepted stream connection with the server it arrived on.
@@ -384,12 +417,7 @@ pub async fn serve(
     shared: Arc<WorkerShared>,
     id: u64,
 ) {
-    let local = match (&listen, &client) {
-        // A listener on a specific address is its connections' local address.
-        (ListenAddr::Inet(a), _) if !a.ip().is_unspecified() => Some(*a),
-        (_, Sock::Tcp(t)) => t.local_addr().ok(),
-        _ => None,
-    };
+    let local = local_addr(&listen, &client);
     serve_passed(client, remote, local, listen, vaddr, slot, shared, id, 0).await
 }
 
@@ -412,16 +440,7 @@ pub async fn serve_passed(
     s.vaddr = Some(vaddr);
     s.passes = passes;
     if s.logger.enabled(Level::Info) {
-        s.log(
-            Level::Info,
-            format_args!(
-                "client {} connected to {}",
-                remote
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "unix:".into()),
-                listen
-            ),
-        );
+        s.log(Level::Info, format_args!("{}", Connected(remote, &listen)));
     }
     let mut held: Vec<Held> = Vec::new();
     if let Some(pre) = phases(&mut s, &mut client, &mut held).await {
@@ -442,26 +461,25 @@ async fn phases(s: &mut Session, client: &mut Sock, held: &mut Vec<Held>) -> Opt
     let srv = s.srv.clone();
     let mut pre = Vec::new();
     if s.vaddr.as_ref().is_some_and(|a| a.listen.proxy_protocol) {
-        match read_pp(client, srv.proxy_protocol_timeout).await {
-            Ok((h, rest)) => {
-                s.bytes_received += rest.len() as u64;
-                pre = rest;
+        match Box::pin(pp::read_buffered(
+            client,
+            &mut pre,
+            srv.proxy_protocol_timeout,
+        ))
+        .await
+        {
+            Ok(h) => {
+                s.bytes_received += pre.len() as u64;
+                // realip: a trusted sender's PROXY header names the client.
+                if let Some(a) = real_client(&srv.realip_from, s.conn_remote, &h) {
+                    s.remote = Some(a);
+                }
                 s.pp = Some(h);
             }
             Err(msg) => {
                 s.log(Level::Error, format_args!("{}, {}", msg, s.client_ctx()));
                 s.status = 400;
                 return None;
-            }
-        }
-        // realip: a trusted sender's PROXY header names the client.
-        let trusted = srv
-            .realip_from
-            .iter()
-            .any(|a| matches_addr(a, s.conn_remote.map(|r| r.ip())));
-        if trusted {
-            if let Some(Some((ip, port))) = s.pp.as_ref().map(|h| h.src) {
-                s.remote = Some(SocketAddr::new(ip, port));
             }
         }
     }
@@ -478,408 +496,25 @@ pub fn checks(s: &mut Session, held: &mut Vec<Held>) -> bool {
             *slot = Some(v);
         }
     }
-    for l in &srv.limits {
-        let key = l.zone.key.render_vec(&*s);
-        if key.is_empty() {
-            continue;
-        }
-        if key.len() > 255 {
-            s.log(
-                Level::Error,
-                format_args!(
-                    "the value of the \"{}\" key is more than 255 bytes: \"{}\", {}",
-                    l.zone.state.key_src(),
-                    String::from_utf8_lossy(&key),
-                    s.client_ctx()
-                ),
-            );
-            continue;
-        }
-        match l.zone.state.take(&key, l.n) {
-            Take::Ok => held.push(Held {
-                state: l.zone.state.clone(),
-                key,
-            }),
-            Take::Limited | Take::NoMemory => {
-                let dry = if srv.limit_dry_run { ", dry run," } else { "" };
-                s.log(
-                    srv.limit_log_level,
-                    format_args!(
-                        "limiting connections{} by zone \"{}\", {}",
-                        dry,
-                        l.zone.name,
-                        s.client_ctx()
-                    ),
-                );
-                if srv.limit_dry_run {
-                    s.limit_status = Some("REJECTED_DRY_RUN");
-                    continue;
-                }
-                s.limit_status = Some("REJECTED");
-                held.clear();
-                s.status = 503;
-                return false;
-            }
-        }
-    }
-    if !srv.limits.is_empty() && s.limit_status.is_none() {
-        s.limit_status = Some("PASSED");
-    }
-    let peer: Option<IpAddr> = s.remote.map(|a| a.ip());
-    if let Some(r) = srv.access.iter().find(|r| matches_addr(&r.addr, peer)) {
-        if !r.allow {
-            s.log(
-                Level::Error,
-                format_args!("access forbidden by rule, {}", s.client_ctx()),
-            );
-            s.status = 403;
-            return false;
-        }
-    }
-    true
+    crate::stream::limit_conn::check(s, held) && crate::stream::access::check(s)
 }
 
-/// The ssl phase (handshake on an `ssl` listener) and the preread phase
-/// (`ssl_preread`); None when the session ended there.
-async fn tls_and_preread(
-    s: &mut Session,
-    client: Sock,
-    mut pre: Vec<u8>,
-) -> Option<(Sock, Vec<u8>)> {
-    let mut client = client;
-    if s.vaddr.as_ref().is_some_and(|a| a.listen.ssl) {
-        let default = s.srv.clone();
-        // Bytes read ahead of the handshake (after a PROXY header) belong
-        // to it: the handshake reads them first.
-        let inner = if pre.is_empty() {
-            client
-        } else {
-            Sock::Prefixed(std::mem::take(&mut pre), 0, Box::new(client))
-        };
-        let hs = handshake(s, inner, &default);
-        let r = tokio::time::timeout(default.ssl_handshake_timeout, hs).await;
-        match r {
-            Ok(Some((t, hello, id, auth))) => {
-                let (_, c) = t.get_ref();
-                let mut info = tls_info(c, hello, id, auth.as_deref());
-                // `ssl_ocsp`: the responders are asked about a chain found
-                // good (as http's handshake does).
-                if let (Some(a), Some(chain), Ok(())) =
-                    (auth.as_deref(), &info.client_chain, info.verify)
-                {
-                    if let Some(o) = &a.ocsp {
-                        let ctx = s.client_ctx();
-                        let logger = s.logger.clone();
-                        let id = s.id;
-                        let log = |m: &str| {
-                            logger.log(Level::Info, Some(id), format_args!("{}, {}", m, ctx))
-                        };
-                        // Boxed: the check's future is large (~12 KB), and
-                        // inline it would grow every session's future, which
-                        // tokio moves several times when it spawns it.
-                        info.verify =
-                            Box::pin(crate::tls::ocsp::check(o, chain, a.store(), &log)).await;
-                    }
-                }
-                s.alpn = c.alpn_protocol().map(<[u8]>::to_vec);
-                client = Sock::Tls(Box::new(t));
-                let refused = client_cert_refused(auth.as_deref(), &info);
-                s.tls = Some(info);
-                if let Some(why) = refused {
-                    s.log(Level::Info, format_args!("{}, {}", why, s.client_ctx()));
-                    s.status = 500;
-                    return None;
-                }
-            }
-            Ok(None) => {
-                s.log(
-                    Level::Info,
-                    format_args!(
-                        "SSL handshake failed while SSL handshaking, {}",
-                        s.client_ctx()
-                    ),
-                );
-                s.status = 500;
-                return None;
-            }
-            Err(_) => {
-                s.log(
-                    Level::Info,
-                    format_args!(
-                        "client timed out (110: Connection timed out) while SSL handshaking, {}",
-                        s.client_ctx()
-                    ),
-                );
-                s.status = 500;
-                return None;
-            }
-        }
-    }
-    let srv = s.srv.clone();
-    if !srv.ssl_preread {
+/// The ssl phase (handshake on an `ssl` listener: [`crate::stream::ssl`])
+/// and the preread phase (`ssl_preread`: [`ssl_preread`]); None when the
+/// session ended there.
+async fn tls_and_preread(s: &mut Session, client: Sock, pre: Vec<u8>) -> Option<(Sock, Vec<u8>)> {
+    let (client, pre) = if s.vaddr.as_ref().is_some_and(|a| a.listen.ssl) {
+        (
+            Box::pin(crate::stream::ssl::phase(s, client, pre)).await?,
+            Vec::new(),
+        )
+    } else {
+        (client, pre)
+    };
+    if !s.srv.ssl_preread {
         return Some((client, pre));
     }
-    // A plain TCP socket is only peeked at, as nginx 1.25.5 does: the
-    // ClientHello stays in the socket for whoever comes next (`proxy_pass`
-    // relays it, `pass` hands it over untouched). Through TLS, or after
-    // bytes were read ahead, it is read.
-    let peek = matches!(client, Sock::Tcp(_)) && pre.is_empty();
-    let mut peeked: Vec<u8> = Vec::new();
-    let read = async {
-        loop {
-            let seen = if peek { &peeked } else { &pre };
-            match ssl_preread::parse(seen) {
-                Preread::Done(h) => return Ok(Some(h)),
-                Preread::NotTls => return Ok(None),
-                Preread::Partial => {}
-            }
-            if seen.len() >= srv.preread_buffer_size {
-                return Err(());
-            }
-            if let (true, Sock::Tcp(t)) = (peek, &client) {
-                match peek_more(t, peeked.len(), srv.preread_buffer_size).await {
-                    Some(v) => peeked = v,
-                    None => return Ok(None),
-                }
-                continue;
-            }
-            let mut chunk = vec![0u8; srv.preread_buffer_size - pre.len()];
-            match client.read(&mut chunk).await {
-                Ok(0) | Err(_) => return Ok(None),
-                Ok(n) => {
-                    s.bytes_received += n as u64;
-                    pre.extend_from_slice(&chunk[..n]);
-                }
-            }
-        }
-    };
-    match tokio::time::timeout(srv.preread_timeout, read).await {
-        Ok(Ok(h)) => {
-            // The SNI name selects the server, as in a handshake.
-            if let Some(name) = h.as_ref().map(|h| h.server_name.clone()) {
-                if !name.is_empty() && s.tls.is_none() {
-                    s.select_server(&name);
-                }
-            }
-            s.hello = h;
-            Some((client, pre))
-        }
-        Ok(Err(())) => {
-            s.log(
-                Level::Error,
-                format_args!("preread buffer full, {}", s.client_ctx()),
-            );
-            s.status = 400;
-            None
-        }
-        // nginx ends the session when the preread times out, with 200.
-        Err(_) => None,
-    }
-}
-
-/// Peeks at what a TCP client has sent (up to `size` bytes) once more
-/// than `seen` bytes are there; None at the end of the stream or on an
-/// error. Readiness is cleared when nothing new has come, so the wait is
-/// for new bytes, not a spin over the old ones.
-async fn peek_more(t: &tokio::net::TcpStream, seen: usize, size: usize) -> Option<Vec<u8>> {
-    use std::task::{Context, Poll, Waker};
-    let mut buf = vec![0u8; size];
-    loop {
-        let ready = t.ready(tokio::io::Interest::READABLE).await.ok()?;
-        let r = t.try_io(tokio::io::Interest::READABLE, || {
-            let mut rb = tokio::io::ReadBuf::new(&mut buf);
-            match t.poll_peek(&mut Context::from_waker(Waker::noop()), &mut rb) {
-                Poll::Ready(Ok(n)) if n == 0 || n > seen => Ok(n),
-                Poll::Ready(Ok(_)) | Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
-                Poll::Ready(Err(e)) => Err(e),
-            }
-        });
-        match r {
-            Ok(0) => return None,
-            Ok(n) => {
-                buf.truncate(n);
-                return Some(buf);
-            }
-            // Nothing new, and the client has finished sending.
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && ready.is_read_closed() => {
-                return None
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => return None,
-        }
-    }
-}
-
-type Handshaken = (
-    tokio_rustls::server::TlsStream<Sock>,
-    Offered,
-    [u8; 32],
-    Option<Arc<crate::tls::client_auth::ClientAuth>>,
-);
-
-/// The TLS handshake of an `ssl` address: the SNI name selects the
-/// server (its certificate, or the default server's when it has none),
-/// `ssl_reject_handshake` refuses it with nginx's "unrecognized_name"
-/// alert, and certificates with variables are loaded for it. None: the
-/// handshake failed.
-async fn handshake(
-    s: &mut Session,
-    inner: Sock,
-    default: &Arc<StreamServer>,
-) -> Option<Handshaken> {
-    let mut start =
-        tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), inner)
-            .await
-            .ok()?;
-    let ch = start.client_hello();
-    let hello = Offered {
-        server_name: ch.server_name().map(str::to_string),
-        ciphers: ch.cipher_suites().into(),
-        groups: ch.named_groups().unwrap_or_default().into(),
-    };
-    if let Some(n) = &hello.server_name {
-        s.select_server(n.as_bytes());
-    }
-    s.sni = hello.server_name.clone();
-    let chosen = s.srv.clone();
-    let src = if chosen.tls.is_some() || chosen.reject_handshake {
-        chosen
-    } else {
-        default.clone()
-    };
-    if src.reject_handshake {
-        let _ = start
-            .io
-            .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70])
-            .await;
-        return None;
-    }
-    let mut cfg = src.tls.clone()?;
-    if let Some(v) = &src.var_certs {
-        // Loaded for this handshake; one that cannot be loaded fails it
-        // (no certificate to offer).
-        let pairs = match v.load(&*s).await {
-            Ok(p) => p,
-            Err(msg) => {
-                s.log(
-                    Level::Error,
-                    format_args!("{} while SSL handshaking, {}", msg, s.client_ctx()),
-                );
-                Vec::new()
-            }
-        };
-        cfg = v.server_config(&cfg, pairs);
-    }
-    let mut id = [0u8; 32];
-    let t = start
-        .into_stream_with(cfg, |c| id = crate::tls::session_id(c))
-        .await
-        .ok()?;
-    Some((t, hello, id, src.client_auth.clone()))
-}
-
-/// What a ClientHello offered (for `$ssl_server_name`, `$ssl_ciphers`,
-/// `$ssl_curves`).
-struct Offered {
-    server_name: Option<String>,
-    ciphers: Box<[rustls::CipherSuite]>,
-    groups: Box<[rustls::NamedGroup]>,
-}
-
-/// The `$ssl_*` values of a handshake (as http's TLS info), with the
-/// verdict on the client's certificate when `ssl_verify_client` asks for one.
-fn tls_info(
-    c: &rustls::ServerConnection,
-    hello: Offered,
-    session_id: [u8; 32],
-    auth: Option<&crate::tls::client_auth::ClientAuth>,
-) -> TlsInfo {
-    let client_chain = c.peer_certificates().map(<[_]>::to_vec);
-    let verify = match (&client_chain, auth) {
-        (Some(ch), Some(a)) => a.verify(ch),
-        _ => Ok(()),
-    };
-    TlsInfo {
-        protocol: match c.protocol_version() {
-            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
-            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
-            _ => "unknown",
-        },
-        cipher: c
-            .negotiated_cipher_suite()
-            .and_then(|s| {
-                crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
-            })
-            .unwrap_or("unknown"),
-        server_name: hello.server_name,
-        reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-        session_id,
-        // Stream sessions carry no HTTP: ALPN's h2 means nothing here.
-        h2: false,
-        early_data: false,
-        curve: c.negotiated_key_exchange_group().map(|g| g.name()),
-        client_ciphers: hello.ciphers,
-        client_groups: hello.groups,
-        client_chain,
-        verify,
-    }
-}
-
-/// nginx's check after a stream handshake (`ngx_stream_ssl_handler`): a
-/// certificate that failed verification ends the session (unless
-/// `optional_no_ca` lets an unknown issuer through), and so does a missing
-/// one with `ssl_verify_client on`. The error-log text when refused.
-fn client_cert_refused(
-    auth: Option<&crate::tls::client_auth::ClientAuth>,
-    info: &TlsInfo,
-) -> Option<String> {
-    use crate::tls::client_auth::VerifyMode;
-    let a = auth?;
-    if let Err(e) = info.verify {
-        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
-            return Some(format!("client SSL certificate verify error: {}", e));
-        }
-    }
-    if a.mode == VerifyMode::On && info.client_chain.is_none() {
-        return Some("client sent no required SSL certificate".to_string());
-    }
-    None
-}
-
-/// Reads a PROXY protocol header; Ok((header, bytes after it)).
-async fn read_pp(client: &mut Sock, timeout: Duration) -> Result<(pp::Header, Vec<u8>), String> {
-    let mut buf = Vec::with_capacity(pp::MAX_V1);
-    let read = async {
-        let mut chunk = [0u8; 512];
-        loop {
-            match pp::parse(&buf) {
-                Parsed::Done(h, n) => return Ok((h, buf[n..].to_vec())),
-                Parsed::Broken => {
-                    let end = buf.len().min(pp::MAX_V1);
-                    return Err(format!(
-                        "broken header: \"{}\"",
-                        String::from_utf8_lossy(&buf[..end])
-                    ));
-                }
-                Parsed::Partial => {}
-            }
-            match client.read(&mut chunk).await {
-                Ok(0) | Err(_) => {
-                    return Err(
-                        "client closed connection while reading PROXY protocol header".to_string(),
-                    )
-                }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    };
-    match tokio::time::timeout(timeout, read).await {
-        Ok(r) => r,
-        Err(_) => Err(
-            "client timed out (110: Connection timed out) while reading PROXY protocol header"
-                .to_string(),
-        ),
-    }
+    Box::pin(ssl_preread::phase(s, client, pre)).await
 }
 
 /// The content phase; true when `pass` handed the connection over.
@@ -903,7 +538,7 @@ async fn content(
         Content::Pass(t) => {
             return crate::stream::pass::run(s, client, pre, t, slot, shared).await;
         }
-        Content::Proxy(_) | Content::ProxyVar(..) => match proxy_target(s).await {
+        Content::Proxy(_) | Content::ProxyVar(..) => match proxy::target(s).await {
             Some(u) => u,
             None => return false,
         },
@@ -924,67 +559,4 @@ async fn content(
     };
     proxy::run(s, client, pre, upstream, shared).await;
     false
-}
-
-/// The upstream of `proxy_pass` for this session (a variable target is
-/// rendered now): an `upstream` block of that name, an address, or a
-/// `host:port` whose host the server's `resolver` looks up (nginx's
-/// `ngx_stream_proxy_eval` and resolve handler). None when it names
-/// nothing to connect to (logged, status 500 as nginx 1.22 logs it, a
-/// name that did not resolve too), or when the server has no `proxy_pass`.
-pub async fn proxy_target(s: &mut Session) -> Option<Arc<crate::stream::upstream::Upstream>> {
-    use crate::http::modules::resolver::{self, Unresolved};
-    let srv = s.srv.clone();
-    let (t, ups) = match &srv.content {
-        Content::Return(_) | Content::Pass(_) => return None,
-        Content::Proxy(u) => return Some(u.clone()),
-        Content::ProxyVar(t, ups) => (t, ups),
-    };
-    let target = String::from_utf8_lossy(&t.render_vec(&*s)).into_owned();
-    if let Some(u) = ups
-        .get(&target)
-        .cloned()
-        .or_else(|| crate::stream::conf::runtime_peer(&target))
-    {
-        return Some(u);
-    }
-    let (host, port) = match crate::stream::conf::split_host_port(&target) {
-        Some((h, p)) => (h, p.parse::<u16>().ok().filter(|p| *p != 0)),
-        None => (&*target, None),
-    };
-    let why = match port {
-        None if host.len() == target.len() => format!("no port in upstream \"{}\"", host),
-        None => format!("invalid port in upstream \"{}\"", target),
-        Some(port) => match resolver::resolve(&srv.resolver, host).await {
-            Ok(ips) => {
-                let addrs = ips
-                    .into_iter()
-                    .map(|ip| std::net::SocketAddr::new(ip, port))
-                    .collect();
-                return Some(crate::stream::conf::resolved_upstream(host, addrs));
-            }
-            Err(Unresolved::NoResolver) => format!("no resolver defined to resolve {}", host),
-            Err(Unresolved::Dns(e)) => format!("{} could not be resolved ({})", host, e),
-        },
-    };
-    s.log(Level::Error, format_args!("{}, {}", why, s.client_ctx()));
-    s.status = 500;
-    None
-}
-
-/// The log phase: every `access_log` of the server.
-pub fn log_phase(s: &Session) {
-    for l in &s.srv.logs {
-        write_one(l, s, &|| ScriptCtx {
-            root: Vec::new(),
-            cache: None,
-            err: ErrCtx {
-                logger: s.logger.clone(),
-                conn: s.id,
-                suffix: format!(" while logging session, {}", s.client_ctx()),
-            },
-            // The session is over: nothing follows that the line must precede.
-            wait: false,
-        });
-    }
 }

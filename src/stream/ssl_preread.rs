@@ -9,10 +9,15 @@
 //! ClientHello leaves the variables empty (nginx's "declined"), and the
 //! session goes on.
 
+use tokio::io::AsyncReadExt;
+
 use crate::config::registry::{flag, row, set_once, Args};
 use crate::config::{ConfResult, Directive};
 use crate::core::conf::Compiler;
+use crate::core::log::Level;
 use crate::stream::conf::{ProxyConf, StreamSetter, StreamSpec, SS};
+use crate::stream::proxy::Sock;
+use crate::stream::session::Session;
 
 /// What a ClientHello told.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -219,6 +224,104 @@ pub const DIRECTIVES: &[StreamSpec] = &[row!(
 fn set_ssl_preread(p: &mut ProxyConf, d: &Directive, _: &mut Compiler) -> ConfResult<()> {
     let v = flag(d)?;
     set_once(&mut p.ssl_preread, v, d)
+}
+
+/// The preread phase with `ssl_preread on`: the ClientHello's SNI name,
+/// ALPN list and version for the variables, its name selecting the
+/// server as a handshake's would. Bytes read (not peeked) are returned
+/// after `pre`, to go to the upstream first. None when the session ended
+/// here (the buffer filled: 400; the timeout: 200, as nginx).
+pub async fn phase(s: &mut Session, mut client: Sock, mut pre: Vec<u8>) -> Option<(Sock, Vec<u8>)> {
+    let srv = s.srv.clone();
+    // A plain TCP socket is only peeked at, as nginx 1.25.5 does: the
+    // ClientHello stays in the socket for whoever comes next (`proxy_pass`
+    // relays it, `pass` hands it over untouched). Through TLS, or after
+    // bytes were read ahead, it is read.
+    let peek = matches!(client, Sock::Tcp(_)) && pre.is_empty();
+    let mut peeked: Vec<u8> = Vec::new();
+    let read = async {
+        loop {
+            let seen = if peek { &peeked } else { &pre };
+            match parse(seen) {
+                Preread::Done(h) => return Ok(Some(h)),
+                Preread::NotTls => return Ok(None),
+                Preread::Partial => {}
+            }
+            if seen.len() >= srv.preread_buffer_size {
+                return Err(());
+            }
+            if let (true, Sock::Tcp(t)) = (peek, &client) {
+                match peek_more(t, peeked.len(), srv.preread_buffer_size).await {
+                    Some(v) => peeked = v,
+                    None => return Ok(None),
+                }
+                continue;
+            }
+            let mut chunk = vec![0u8; srv.preread_buffer_size - pre.len()];
+            match client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return Ok(None),
+                Ok(n) => {
+                    s.bytes_received += n as u64;
+                    pre.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(srv.preread_timeout, read).await {
+        Ok(Ok(h)) => {
+            // The SNI name selects the server, as in a handshake.
+            if let Some(name) = h.as_ref().map(|h| h.server_name.clone()) {
+                if !name.is_empty() && s.tls.is_none() {
+                    s.select_server(&name);
+                }
+            }
+            s.hello = h;
+            Some((client, pre))
+        }
+        Ok(Err(())) => {
+            s.log(
+                Level::Error,
+                format_args!("preread buffer full, {}", s.client_ctx()),
+            );
+            s.status = 400;
+            None
+        }
+        // nginx ends the session when the preread times out, with 200.
+        Err(_) => None,
+    }
+}
+
+/// Peeks at what a TCP client has sent (up to `size` bytes) once more
+/// than `seen` bytes are there; None at the end of the stream or on an
+/// error. Readiness is cleared when nothing new has come, so the wait is
+/// for new bytes, not a spin over the old ones.
+async fn peek_more(t: &tokio::net::TcpStream, seen: usize, size: usize) -> Option<Vec<u8>> {
+    use std::task::{Context, Poll, Waker};
+    let mut buf = vec![0u8; size];
+    loop {
+        let ready = t.ready(tokio::io::Interest::READABLE).await.ok()?;
+        let r = t.try_io(tokio::io::Interest::READABLE, || {
+            let mut rb = tokio::io::ReadBuf::new(&mut buf);
+            match t.poll_peek(&mut Context::from_waker(Waker::noop()), &mut rb) {
+                Poll::Ready(Ok(n)) if n == 0 || n > seen => Ok(n),
+                Poll::Ready(Ok(_)) | Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+                Poll::Ready(Err(e)) => Err(e),
+            }
+        });
+        match r {
+            Ok(0) => return None,
+            Ok(n) => {
+                buf.truncate(n);
+                return Some(buf);
+            }
+            // Nothing new, and the client has finished sending.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && ready.is_read_closed() => {
+                return None
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 #[cfg(test)]

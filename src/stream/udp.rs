@@ -272,7 +272,7 @@ async fn run(
         content(&mut s, &ctx, &shared).await;
     }
     ctx.unbind();
-    session::log_phase(&s);
+    crate::stream::log::log_phase(&s);
     drop(held);
 }
 
@@ -296,7 +296,7 @@ async fn content(s: &mut Session, ctx: &Ctx, shared: &Arc<WorkerShared>) {
         s.status = 500;
         return;
     }
-    let Some(upstream) = session::proxy_target(s).await else {
+    let Some(upstream) = crate::stream::proxy::target(s).await else {
         return;
     };
     // The upstream socket is a connection of this worker too.
@@ -505,7 +505,7 @@ async fn relay(
     };
     let mut upload = Rate::new(rate(&srv.upload_rate), s.start);
     let mut download = Rate::new(rate(&srv.download_rate), s.start);
-    let mut buf = vec![0u8; srv.buffer_size.max(1)];
+    let mut buf = crate::stream::proxy::PooledBuf::take(srv.buffer_size.max(1));
     let mut r = Relayed::default();
     let (mut requests, mut responses) = (0u64, 0u64);
     // The upstream sent an ICMP error: nothing more comes from it.

@@ -89,6 +89,44 @@ impl VerifyError {
     }
 }
 
+/// Why a finished handshake's client certificate ends a stream or mail
+/// session (nginx's `ngx_stream_ssl_handler`, `ngx_mail_verify_cert`):
+/// its chain failed verification (unless `optional_no_ca` forgives an
+/// unknown issuer), or `ssl_verify_client on` and the client sent none.
+/// Displayed as nginx's error-log text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Invalid(VerifyError),
+    Missing,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Invalid(e) => write!(f, "client SSL certificate verify error: {}", e),
+            Refusal::Missing => f.write_str("client sent no required SSL certificate"),
+        }
+    }
+}
+
+/// The verdict of a server's `ssl_verify_client` (`auth`; None: off) on
+/// a finished handshake (`info`).
+pub fn refusal(auth: Option<&ClientAuth>, info: &crate::tls::TlsInfo) -> Option<Refusal> {
+    let a = auth?;
+    if a.mode == VerifyMode::Off {
+        return None;
+    }
+    if let Err(e) = info.verify {
+        if a.mode != VerifyMode::OptionalNoCa || !e.is_no_ca() {
+            return Some(Refusal::Invalid(e));
+        }
+    }
+    if a.mode == VerifyMode::On && info.client_chain.is_none() {
+        return Some(Refusal::Missing);
+    }
+    None
+}
+
 /// A server's client-certificate settings, loaded.
 #[derive(Debug)]
 pub struct ClientAuth {

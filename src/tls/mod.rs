@@ -136,6 +136,49 @@ pub struct TlsInfo {
     pub early_data: bool,
 }
 
+impl TlsInfo {
+    /// What a server-side handshake settled: the version, suite, key
+    /// exchange and resumption rustls reports, what the ClientHello
+    /// offered (`offered`: suites and groups), the session's id, and the
+    /// verdict on the client's certificate chain by `auth` (the server's
+    /// `ssl_verify_client` settings; Ok without a chain). One place for
+    /// http's, stream's and mail's handshakes.
+    pub fn of_server(
+        c: &rustls::ServerConnection,
+        server_name: Option<String>,
+        offered: (Box<[rustls::CipherSuite]>, Box<[rustls::NamedGroup]>),
+        session_id: [u8; 32],
+        auth: Option<&client_auth::ClientAuth>,
+    ) -> TlsInfo {
+        let client_chain = c.peer_certificates().map(<[_]>::to_vec);
+        let verify = match (&client_chain, auth) {
+            (Some(ch), Some(a)) => a.verify(ch),
+            _ => Ok(()),
+        };
+        TlsInfo {
+            protocol: match c.protocol_version() {
+                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+                _ => "unknown",
+            },
+            cipher: c
+                .negotiated_cipher_suite()
+                .and_then(|s| config::openssl_name(s.suite()).or_else(|| s.suite().as_str()))
+                .unwrap_or("unknown"),
+            server_name,
+            reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+            session_id,
+            curve: c.negotiated_key_exchange_group().map(|g| g.name()),
+            client_ciphers: offered.0,
+            client_groups: offered.1,
+            client_chain,
+            verify,
+            h2: c.alpn_protocol() == Some(b"h2"),
+            early_data: false,
+        }
+    }
+}
+
 /// `$ssl_session_id` of a connection whose ClientHello was just taken: a
 /// resumed session brings its id back (rustls's resumption data); a new
 /// one gets a fresh random id (clients see it, nothing trusts it), stored

@@ -121,35 +121,7 @@ impl<S: Stream> TlsStream<S> {
         session_id: [u8; 32],
         auth: Option<&ClientAuth>,
     ) -> TlsInfo {
-        let c = self.conn.borrow();
-        let client_chain = c.peer_certificates().map(|ch| ch.to_vec());
-        let verify = match (&client_chain, auth) {
-            (Some(ch), Some(a)) => a.verify(ch),
-            _ => Ok(()),
-        };
-        TlsInfo {
-            protocol: match c.protocol_version() {
-                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
-                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
-                _ => "unknown",
-            },
-            cipher: c
-                .negotiated_cipher_suite()
-                .and_then(|s| {
-                    crate::tls::config::openssl_name(s.suite()).or_else(|| s.suite().as_str())
-                })
-                .unwrap_or("unknown"),
-            server_name,
-            reused: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-            session_id,
-            curve: c.negotiated_key_exchange_group().map(|g| g.name()),
-            client_ciphers: offered.0,
-            client_groups: offered.1,
-            client_chain,
-            verify,
-            h2: c.alpn_protocol() == Some(b"h2"),
-            early_data: false,
-        }
+        TlsInfo::of_server(&self.conn.borrow(), server_name, offered, session_id, auth)
     }
 }
 

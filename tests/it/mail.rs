@@ -462,6 +462,87 @@ fn mail_imap_tags_as_nginx() {
     assert_eq!(c.line(), "");
 }
 
+/// A line whose tag is empty (it starts with a space) is a tagged
+/// command to nginx 1.22: ` OK completed`, ` BAD invalid command`, with
+/// the spaces before the command skipped; NOOP, CAPABILITY and LOGOUT
+/// take no arguments but ignore any. Checked against nginx on the wire.
+#[test]
+fn mail_imap_empty_tag_and_ignored_arguments_as_nginx() {
+    let mut m = Mail::start(
+        "* OK fake imap\r\n",
+        imap_answer,
+        "    server { listen 127.0.0.1:@PORT@; protocol imap; }",
+    );
+    let c = &mut m.c;
+    assert_eq!(c.line(), "* OK IMAP4 ready\r\n");
+    assert_eq!(c.ask(" NOOP"), " OK completed\r\n");
+    assert_eq!(c.ask("  NOOP"), " OK completed\r\n");
+    assert_eq!(c.ask(" FOO"), " BAD invalid command\r\n");
+    assert_eq!(c.ask("a NOOP x"), "a OK completed\r\n");
+    assert_eq!(
+        c.ask(" CAPABILITY x y"),
+        "* CAPABILITY IMAP4 IMAP4rev1 UIDPLUS AUTH=PLAIN\r\n"
+    );
+    assert_eq!(c.line(), " OK completed\r\n");
+    // An empty line has no tag at all.
+    assert_eq!(c.ask(""), "* BAD invalid command\r\n");
+    assert_eq!(c.ask(" LOGOUT"), "* BYE\r\n");
+    assert_eq!(c.line(), " OK completed\r\n");
+    assert_eq!(c.line(), "");
+}
+
+/// XCLIENT as nginx 1.22 sends it (checked on the wire): the login as
+/// it is, without xtext (a space, `+` and `=` go out raw), and `IPV6:`
+/// before an IPv6 client's address.
+#[test]
+fn mail_smtp_xclient_login_raw_and_ipv6_prefix() {
+    let v6 = std::net::TcpListener::bind("[::1]:0")
+        .ok()
+        .map(|l| l.local_addr().expect("addr").port());
+    let v6_listen = v6
+        .map(|port| format!("listen [::1]:{port};"))
+        .unwrap_or_default();
+    let m = Mail::start(
+        "220 fake esmtp\r\n",
+        smtp_answer,
+        &format!("    server {{ listen 127.0.0.1:@PORT@; {v6_listen} protocol smtp; server_name mx.test; }}"),
+    );
+    let login = |s: TcpStream, user: &str| {
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut c = C {
+            w: s.try_clone().expect("clone"),
+            r: BufReader::new(s),
+        };
+        c.line();
+        c.send("EHLO client.test");
+        while c.line().get(3..4) == Some("-") {}
+        let cred = base64(&format!("\0{user}\0secret"));
+        assert_eq!(c.ask(&format!("AUTH PLAIN {cred}")), "235 2.0.0 OK\r\n");
+    };
+    login(connect(m._srv.port), "u+x=y z@test");
+    let xclient = || -> Vec<String> {
+        m.backend_got()
+            .into_iter()
+            .filter(|l| l.starts_with("XCLIENT"))
+            .collect()
+    };
+    assert_eq!(
+        xclient(),
+        vec!["XCLIENT ADDR=127.0.0.1 LOGIN=u+x=y z@test NAME=[UNAVAILABLE]\r\n"]
+    );
+    if let Some(port) = v6 {
+        login(
+            TcpStream::connect(("::1", port)).expect("connect"),
+            "v6@test",
+        );
+        assert_eq!(
+            xclient()[1],
+            "XCLIENT ADDR=IPV6:::1 LOGIN=v6@test NAME=[UNAVAILABLE]\r\n"
+        );
+    }
+}
+
 #[test]
 fn mail_pop3_stls_then_login_sends_auth_ssl() {
     let p = Prefix::new();

@@ -125,6 +125,42 @@ fn tls12_ticket_resumption_keeps_the_ticket() {
     }
 }
 
+/// The same in the stream module (stream_ssl_certificate.t's "session id
+/// context match"): a TLS 1.2 session resumed from its ticket keeps it,
+/// on its own server and on another with the same certificates (one
+/// shared cache), as OpenSSL's clients need to resume it again.
+#[test]
+fn stream_tls12_ticket_resumption_keeps_the_ticket() {
+    let p = Prefix::new();
+    self_signed(&p, "a", "a.test");
+    let same = free_port();
+    let s = Server::start_in(
+        p,
+        &format!(
+            "stream {{ ssl_session_cache shared:SSL:1m; ssl_certificate $one.crt; \
+             ssl_certificate_key $one.key; map $ssl_server_name $one {{ default a; }} \
+             server {{ listen 127.0.0.1:@PORT@ ssl; return \"200 OK $ssl_session_reused\\n\"; }} \
+             server {{ listen 127.0.0.1:{same} ssl; return \"200 OK $ssl_session_reused\\n\"; }} }}"
+        ),
+    );
+    let dir = s.prefix.path("conf");
+    let ticket = |t: &str| {
+        t.lines()
+            .find(|l| l.contains("NewSessionTicket"))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    let full = s_client(&dir, s.port, None, "s1.pem");
+    assert!(full.contains("New, TLSv1.2"), "{}", full);
+    assert!(!ticket(&full).contains("[length 000a]"), "{}", full);
+    for port in [s.port, same, s.port] {
+        let again = s_client(&dir, port, Some("s1.pem"), "s2.pem");
+        assert!(again.contains("Reused, TLSv1.2"), "{}", again);
+        assert!(again.contains("200 OK r"), "{}", again);
+        assert!(ticket(&again).contains("[length 000a]"), "{}", again);
+    }
+}
+
 /// A session made by a server is resumed by a server with the same
 /// certificates (another port, the same shared cache and tickets) and
 /// not by one with other certificates: OpenSSL's session id context,
