@@ -17,7 +17,10 @@ and waits up to S seconds for the server to close the connection, then
 prints `closed CODE` (the CONNECTION_CLOSE's error code) or `open`.
 --cipher SUITE: offer only that TLS suite (aioquic's name, e.g.
 AES_256_GCM_SHA384). --authority A: the `:authority` sent (default: the
-SNI name, else HOST).
+SNI name, else HOST). --stall S: right after the handshake, blocks (reads
+and acknowledges nothing) for S seconds, and after the answers prints
+`crypto OFF+LEN ...`: the CRYPTO frames the first connection got in 1-RTT
+packets (the session tickets), one entry per frame as it came.
 """
 
 import argparse
@@ -25,6 +28,7 @@ import asyncio
 import os
 import ssl
 import sys
+import time
 
 from aioquic.asyncio import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
@@ -32,6 +36,7 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent
+from aioquic.quic.logger import QuicLogger
 from aioquic.tls import CipherSuite
 
 
@@ -82,6 +87,8 @@ async def run(a):
     cfg.server_name = a.sni
     if a.cipher:
         cfg.cipher_suites = [CipherSuite[a.cipher]]
+    if a.stall:
+        cfg.quic_logger = QuicLogger()
     tickets = []
     cfg.session_ticket = None
     headers = []
@@ -105,6 +112,10 @@ async def run(a):
             session_ticket_handler=tickets.append,
             wait_connected=(r == 0),
         ) as c:
+            if a.stall and r == 0:
+                # Blocks the event loop: what the server sends meanwhile
+                # waits in the socket, unacknowledged.
+                time.sleep(a.stall)
             if a.early and r == 0:
                 # Only a connection that got a ticket can try 0-RTT.
                 slot = await c.request("GET", authority, a.paths[0], headers, None)
@@ -124,6 +135,8 @@ async def run(a):
                     open(os.path.join(a.out, "paused"), "w").close()
                     await asyncio.sleep(a.pause)
             print("ok", n, flush=True)
+            if a.stall:
+                print("crypto", " ".join(crypto_1rtt(cfg.quic_logger)) or "-", flush=True)
             if a.hold:
                 print("holding", flush=True)
                 for _ in range(int(a.hold * 20)):
@@ -135,6 +148,22 @@ async def run(a):
                 else:
                     print("open", flush=True)
     return 0
+
+
+def crypto_1rtt(logger):
+    """The first connection's CRYPTO frames in 1-RTT packets, as OFF+LEN."""
+    got = []
+    traces = logger.to_dict()["traces"]
+    for e in traces[0]["events"] if traces else []:
+        d = e["data"]
+        if e["name"] != "transport:packet_received":
+            continue
+        if d.get("header", {}).get("packet_type") != "1RTT":
+            continue
+        for f in d.get("frames", []):
+            if f.get("frame_type") == "crypto":
+                got.append("%d+%d" % (f["offset"], f["length"]))
+    return got
 
 
 def main():
@@ -152,6 +181,7 @@ def main():
     p.add_argument("--hold", type=float, default=0)
     p.add_argument("--cipher")
     p.add_argument("--authority")
+    p.add_argument("--stall", type=float, default=0)
     a = p.parse_args()
     try:
         rc = asyncio.run(run(a))
