@@ -75,7 +75,7 @@ pub struct Ctx<'a> {
     pub body: Option<crate::http::body::ReqBody<'a>>,
     /// The client's connection, watched for a hang-up while a handler
     /// waits on something else (an upstream's head); None where the
-    /// protocol cannot tell (HTTP/2, HTTP/3) and in subrequests.
+    /// protocol cannot tell (HTTP/2) and in subrequests.
     pub client: Option<&'a dyn crate::http::body::BodyIo>,
     /// The URI was rewritten after its location was found and the request
     /// stays there (`rewrite ... break`; nginx's `valid_location` cleared):

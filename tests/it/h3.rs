@@ -537,3 +537,52 @@ http {{
     let log = server.prefix.read("logs/access.log");
     assert_eq!(log, "GET /slow HTTP/3.0|499\n");
 }
+
+/// A client that resets its request stream while limit_req holds the
+/// request ends it at once as 499, as nginx notices it while delaying
+/// (ngx_http_test_reading; nginx-tests h3_limit_req.t 6), not when the
+/// delay (here a minute) is over.
+#[test]
+fn a_stream_reset_while_limit_req_delays_ends_the_request_as_499() {
+    if !have_aioquic() {
+        return;
+    }
+    let p = Prefix::new();
+    cert(&p);
+    let quic = free_port();
+    let conf = format!(
+        r#"
+worker_processes 1;
+error_log logs/error.log info;
+http {{
+    log_format p '$request|$status';
+    access_log logs/access.log p;
+    limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;
+    server {{
+        listen 127.0.0.1:@PORT@;
+        listen 127.0.0.1:{quic} quic reuseport;
+        ssl_certificate h3.crt;
+        ssl_certificate_key h3.key;
+        location / {{
+            limit_req zone=one burst=5;
+        }}
+    }}
+}}
+"#
+    );
+    p.write("html/first", "first\n");
+    let server = Server::start_in(p, &conf);
+    let out = server.prefix.path("h3out");
+    // The second request's head goes without the end of the stream (a
+    // body may follow), then the stream is reset.
+    let said = fetch(quic, &out, &["/first", "/held"], &["--reset-after", "0.5"]);
+    assert_eq!(said, "reset\nok 1\n");
+    // Well before the minute the delay would take.
+    let log = harness::wait_log(&server.prefix, "logs/access.log", "/held");
+    assert_eq!(log, "GET /first HTTP/3.0|200\nGET /held HTTP/3.0|499\n");
+    let err = server.error_log();
+    assert!(
+        err.contains("client prematurely closed connection"),
+        "{err}"
+    );
+}

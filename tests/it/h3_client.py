@@ -21,6 +21,9 @@ SNI name, else HOST). --stall S: right after the handshake, blocks (reads
 and acknowledges nothing) for S seconds, and after the answers prints
 `crypto OFF+LEN ...`: the CRYPTO frames the first connection got in 1-RTT
 packets (the session tickets), one entry per frame as it came.
+--reset-after S: the last PATH is sent as a head without the end of the
+stream; S seconds later the stream is reset (H3_REQUEST_CANCELLED) and
+`reset` printed.
 """
 
 import argparse
@@ -62,7 +65,7 @@ class Client(QuicConnectionProtocol):
                 if ev.stream_ended:
                     slot["done"].set_result(True)
 
-    async def request(self, method, authority, path, headers, body):
+    def head(self, method, authority, path, headers, end):
         sid = self._quic.get_next_available_stream_id()
         fields = [
             (b":method", method.encode()),
@@ -70,7 +73,11 @@ class Client(QuicConnectionProtocol):
             (b":authority", authority.encode()),
             (b":path", path.encode()),
         ] + headers
-        self.h3.send_headers(sid, fields, end_stream=body is None)
+        self.h3.send_headers(sid, fields, end_stream=end)
+        return sid
+
+    async def request(self, method, authority, path, headers, body):
+        sid = self.head(method, authority, path, headers, body is None)
         if body is not None:
             self.h3.send_data(sid, body, end_stream=True)
         fut = self._loop.create_future()
@@ -123,6 +130,15 @@ async def run(a):
                 continue
             n = 0
             for i, path in enumerate(a.paths):
+                if a.reset_after and i == len(a.paths) - 1:
+                    sid = c.head(a.method, authority, path, headers, False)
+                    c.transmit()
+                    await asyncio.sleep(a.reset_after)
+                    c._quic.reset_stream(sid, 0x10C)
+                    c.transmit()
+                    await asyncio.sleep(0.2)
+                    print("reset", flush=True)
+                    break
                 slot = await c.request(a.method, authority, path, headers, body)
                 with open(os.path.join(a.out, "%d.head" % i), "wb") as f:
                     for heads in slot["heads"]:
@@ -182,6 +198,7 @@ def main():
     p.add_argument("--cipher")
     p.add_argument("--authority")
     p.add_argument("--stall", type=float, default=0)
+    p.add_argument("--reset-after", type=float, default=0)
     a = p.parse_args()
     try:
         rc = asyncio.run(run(a))

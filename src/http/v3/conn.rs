@@ -493,6 +493,18 @@ impl BodyIo for H3Body {
             }
         }))
     }
+    /// The client reset the request stream (or the connection ended)
+    /// while the request waits (limit_req's delay, an upstream's head):
+    /// nginx's ngx_http_test_reading ends the request as 499. Body bytes
+    /// that come meanwhile are kept for the body reader, and from then on
+    /// nothing is watched, as over HTTP/1.
+    fn hangup(&self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(async move {
+            if self.readable().await.is_ok() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
     // No `100 Continue` over HTTP/3: flow control is the permission.
     fn try_write(&self, data: &[u8]) -> io::Result<usize> {
         Ok(data.len())
@@ -585,6 +597,7 @@ async fn stream_task(
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body, Vec::new()));
     }
+    cx.client = Some(&body);
     let since = cx.start;
     let mut resp = tokio::select! {
         biased;
