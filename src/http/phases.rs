@@ -75,7 +75,7 @@ pub struct Ctx<'a> {
     pub body: Option<crate::http::body::ReqBody<'a>>,
     /// The client's connection, watched for a hang-up while a handler
     /// waits on something else (an upstream's head); None where the
-    /// protocol cannot tell (HTTP/2, HTTP/3) and in subrequests.
+    /// protocol cannot tell (HTTP/2) and in subrequests.
     pub client: Option<&'a dyn crate::http::body::BodyIo>,
     /// The URI was rewritten after its location was found and the request
     /// stays there (`rewrite ... break`; nginx's `valid_location` cleared):
@@ -527,6 +527,59 @@ pub async fn wrap_up(cx: &mut Ctx<'_>, status: u16, answered: bool) {
         }
     }
     log_done(cx, status);
+}
+
+/// How a multiplexed protocol (HTTP/2, HTTP/3) answers on one of its
+/// streams, in its own framing.
+pub trait StreamAnswer {
+    /// Sends `resp`: the head, the body through its filters, trailers,
+    /// the end of the stream; `sent` counts what went.
+    fn send<'s>(
+        &'s mut self,
+        resp: &'s mut Response,
+        loc: &'s LocConf,
+        head_only: bool,
+        sent: &'s mut Sent,
+    ) -> impl std::future::Future<Output = std::io::Result<()>> + 's;
+    /// Ends the stream without (the rest of) an answer: a reset.
+    fn reset(&mut self);
+}
+
+/// Answers a request a stream carried that was refused as it was read
+/// (400, 405: see [`crate::http::fields::request`]), as nginx finalises
+/// one: the error log says why, `error_page` applies (an internal
+/// redirect, a redirect, `return 444` resetting the stream), the access
+/// log has the request as far as it was read. HTTP/1 has its own (the
+/// connection closes after it).
+pub async fn refused(
+    stream: &mut impl StreamAnswer,
+    rej: crate::http::v1::parse::Reject,
+    http: &Arc<HttpConf>,
+    addr: &crate::http::conf::AddrConf,
+    info: &ConnInfo,
+    shared: &Arc<WorkerShared>,
+) {
+    let line = rej.line.as_deref().unwrap_or_default();
+    let req = Request::refused(line, rej.host.as_deref());
+    // The server the host names, else the address's default one.
+    let server = match req.host() {
+        Some(h) => addr.select(Some(h)).clone(),
+        None => addr.default.clone(),
+    };
+    let mut cx = Ctx::new(http, &req, &server, info, shared);
+    cx.log(Level::Info, rej.log);
+    let mut resp = conclude(&mut cx, Box::new(Response::status(rej.status))).await;
+    if resp.close_silently {
+        stream.reset();
+    } else {
+        let loc = cx.loc.clone();
+        let head_only = line.starts_with(b"HEAD ");
+        match stream.send(&mut resp, &loc, head_only, &mut cx.sent).await {
+            Ok(()) => cx.sent.complete = true,
+            Err(_) => stream.reset(),
+        }
+    }
+    log_done(&mut cx, resp.status);
 }
 
 /// The log phase of a request: `status` as the client saw it (nginx logs

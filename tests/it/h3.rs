@@ -8,7 +8,7 @@
 //! H3_NO_ERROR; the directives load and a bad `quic_host_key` is refused
 //! with file:line.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -434,5 +434,155 @@ fn keepalive_goaway_and_short_body() {
             "client prematurely closed stream: only 4 out of 5 bytes of request body received"
         ),
         "{log}"
+    );
+}
+
+/// After the handshake the session tickets go once. A client that reads
+/// nothing for a while (its event loop blocked right after the
+/// handshake) gets quinn's loss probes as PINGs, as nginx probes, not
+/// the tickets again (nginx-tests' Perl client dies on a repeated one:
+/// h3_congestion_ack.t, h3_limit_req.t), and the tickets still resume a
+/// session with 0-RTT.
+#[test]
+fn a_client_that_reads_late_gets_each_ticket_once() {
+    if !have_aioquic() {
+        return;
+    }
+    let h = start("ssl_early_data on; add_header X-Early \"[$ssl_early_data]\";");
+    let out = h.server.prefix.path("stalled");
+    let said = fetch(h.quic, &out, &["/"], &["--stall", "0.6", "--early"]);
+    let line = said
+        .lines()
+        .find_map(|l| l.strip_prefix("crypto "))
+        .unwrap_or_default();
+    let frames: Vec<&str> = line.split(' ').collect();
+    assert!(line != "-" && !frames.is_empty(), "{said}");
+    let mut once = frames.clone();
+    once.sort_unstable();
+    once.dedup();
+    assert_eq!(once.len(), frames.len(), "a ticket came twice: {said}");
+    // The second connection resumed with a ticket and sent its request
+    // as 0-RTT.
+    assert!(said.starts_with("ok 1\n"), "{said}");
+    assert!(
+        head(&out, 0).contains("x-early: [1]\n"),
+        "{}",
+        head(&out, 0)
+    );
+}
+
+/// `worker_shutdown_timeout` ends an HTTP/3 request still waiting on its
+/// upstream when the worker stops (QUIT), as over HTTP/1 and HTTP/2: the
+/// stream is reset, tern exits, and the access log has the request as
+/// one the client closed (499, as nginx logs it).
+#[test]
+fn a_request_in_flight_at_quit_ends_when_worker_shutdown_timeout_runs_out() {
+    if !have_aioquic() {
+        return;
+    }
+    // An upstream that takes the request and never answers.
+    let origin = Origin::serve(|mut c| {
+        if let Some(req) = c.next(false) {
+            c.record(&req);
+            let mut b = [0u8; 1024];
+            while matches!(c.stream.read(&mut b), Ok(n) if n > 0) {}
+        }
+    });
+    let p = Prefix::new();
+    cert(&p);
+    let quic = free_port();
+    let conf = format!(
+        r#"
+worker_processes 1;
+worker_shutdown_timeout 200ms;
+error_log logs/error.log info;
+http {{
+    log_format p '$request|$status';
+    access_log logs/access.log p;
+    server {{
+        listen 127.0.0.1:@PORT@;
+        listen 127.0.0.1:{quic} quic reuseport;
+        ssl_certificate h3.crt;
+        ssl_certificate_key h3.key;
+        location / {{
+            proxy_pass http://127.0.0.1:{};
+            proxy_read_timeout 30s;
+        }}
+    }}
+}}
+"#,
+        origin.port
+    );
+    let mut server = Server::start_in(p, &conf);
+    let out = server.prefix.path("h3out");
+    std::fs::create_dir_all(&out).expect("out dir");
+    let mut child = Command::new("python3")
+        .arg(CLIENT)
+        .args(["127.0.0.1", &quic.to_string()])
+        .arg(&out)
+        .arg("/slow")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    harness::eventually(20, "the request at the upstream", || {
+        !origin.requests().is_empty()
+    });
+    server.signal(libc::SIGQUIT);
+    // Well before the upstream's 30 s.
+    let exited = server.wait_exit(Duration::from_secs(10));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(exited, Some(0));
+    let log = server.prefix.read("logs/access.log");
+    assert_eq!(log, "GET /slow HTTP/3.0|499\n");
+}
+
+/// A client that resets its request stream while limit_req holds the
+/// request ends it at once as 499, as nginx notices it while delaying
+/// (ngx_http_test_reading; nginx-tests h3_limit_req.t 6), not when the
+/// delay (here a minute) is over.
+#[test]
+fn a_stream_reset_while_limit_req_delays_ends_the_request_as_499() {
+    if !have_aioquic() {
+        return;
+    }
+    let p = Prefix::new();
+    cert(&p);
+    let quic = free_port();
+    let conf = format!(
+        r#"
+worker_processes 1;
+error_log logs/error.log info;
+http {{
+    log_format p '$request|$status';
+    access_log logs/access.log p;
+    limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;
+    server {{
+        listen 127.0.0.1:@PORT@;
+        listen 127.0.0.1:{quic} quic reuseport;
+        ssl_certificate h3.crt;
+        ssl_certificate_key h3.key;
+        location / {{
+            limit_req zone=one burst=5;
+        }}
+    }}
+}}
+"#
+    );
+    p.write("html/first", "first\n");
+    let server = Server::start_in(p, &conf);
+    let out = server.prefix.path("h3out");
+    // The second request's head goes without the end of the stream (a
+    // body may follow), then the stream is reset.
+    let said = fetch(quic, &out, &["/first", "/held"], &["--reset-after", "0.5"]);
+    assert_eq!(said, "reset\nok 1\n");
+    // Well before the minute the delay would take.
+    let log = harness::wait_log(&server.prefix, "logs/access.log", "/held");
+    assert_eq!(log, "GET /first HTTP/3.0|200\nGET /held HTTP/3.0|499\n");
+    let err = server.error_log();
+    assert!(
+        err.contains("client prematurely closed connection"),
+        "{err}"
     );
 }

@@ -17,7 +17,13 @@ and waits up to S seconds for the server to close the connection, then
 prints `closed CODE` (the CONNECTION_CLOSE's error code) or `open`.
 --cipher SUITE: offer only that TLS suite (aioquic's name, e.g.
 AES_256_GCM_SHA384). --authority A: the `:authority` sent (default: the
-SNI name, else HOST).
+SNI name, else HOST). --stall S: right after the handshake, blocks (reads
+and acknowledges nothing) for S seconds, and after the answers prints
+`crypto OFF+LEN ...`: the CRYPTO frames the first connection got in 1-RTT
+packets (the session tickets), one entry per frame as it came.
+--reset-after S: the last PATH is sent as a head without the end of the
+stream; S seconds later the stream is reset (H3_REQUEST_CANCELLED) and
+`reset` printed.
 """
 
 import argparse
@@ -25,6 +31,7 @@ import asyncio
 import os
 import ssl
 import sys
+import time
 
 from aioquic.asyncio import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
@@ -32,6 +39,7 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent
+from aioquic.quic.logger import QuicLogger
 from aioquic.tls import CipherSuite
 
 
@@ -57,7 +65,7 @@ class Client(QuicConnectionProtocol):
                 if ev.stream_ended:
                     slot["done"].set_result(True)
 
-    async def request(self, method, authority, path, headers, body):
+    def head(self, method, authority, path, headers, end):
         sid = self._quic.get_next_available_stream_id()
         fields = [
             (b":method", method.encode()),
@@ -65,7 +73,11 @@ class Client(QuicConnectionProtocol):
             (b":authority", authority.encode()),
             (b":path", path.encode()),
         ] + headers
-        self.h3.send_headers(sid, fields, end_stream=body is None)
+        self.h3.send_headers(sid, fields, end_stream=end)
+        return sid
+
+    async def request(self, method, authority, path, headers, body):
+        sid = self.head(method, authority, path, headers, body is None)
         if body is not None:
             self.h3.send_data(sid, body, end_stream=True)
         fut = self._loop.create_future()
@@ -82,6 +94,8 @@ async def run(a):
     cfg.server_name = a.sni
     if a.cipher:
         cfg.cipher_suites = [CipherSuite[a.cipher]]
+    if a.stall:
+        cfg.quic_logger = QuicLogger()
     tickets = []
     cfg.session_ticket = None
     headers = []
@@ -105,6 +119,10 @@ async def run(a):
             session_ticket_handler=tickets.append,
             wait_connected=(r == 0),
         ) as c:
+            if a.stall and r == 0:
+                # Blocks the event loop: what the server sends meanwhile
+                # waits in the socket, unacknowledged.
+                time.sleep(a.stall)
             if a.early and r == 0:
                 # Only a connection that got a ticket can try 0-RTT.
                 slot = await c.request("GET", authority, a.paths[0], headers, None)
@@ -112,6 +130,15 @@ async def run(a):
                 continue
             n = 0
             for i, path in enumerate(a.paths):
+                if a.reset_after and i == len(a.paths) - 1:
+                    sid = c.head(a.method, authority, path, headers, False)
+                    c.transmit()
+                    await asyncio.sleep(a.reset_after)
+                    c._quic.reset_stream(sid, 0x10C)
+                    c.transmit()
+                    await asyncio.sleep(0.2)
+                    print("reset", flush=True)
+                    break
                 slot = await c.request(a.method, authority, path, headers, body)
                 with open(os.path.join(a.out, "%d.head" % i), "wb") as f:
                     for heads in slot["heads"]:
@@ -124,6 +151,8 @@ async def run(a):
                     open(os.path.join(a.out, "paused"), "w").close()
                     await asyncio.sleep(a.pause)
             print("ok", n, flush=True)
+            if a.stall:
+                print("crypto", " ".join(crypto_1rtt(cfg.quic_logger)) or "-", flush=True)
             if a.hold:
                 print("holding", flush=True)
                 for _ in range(int(a.hold * 20)):
@@ -135,6 +164,22 @@ async def run(a):
                 else:
                     print("open", flush=True)
     return 0
+
+
+def crypto_1rtt(logger):
+    """The first connection's CRYPTO frames in 1-RTT packets, as OFF+LEN."""
+    got = []
+    traces = logger.to_dict()["traces"]
+    for e in traces[0]["events"] if traces else []:
+        d = e["data"]
+        if e["name"] != "transport:packet_received":
+            continue
+        if d.get("header", {}).get("packet_type") != "1RTT":
+            continue
+        for f in d.get("frames", []):
+            if f.get("frame_type") == "crypto":
+                got.append("%d+%d" % (f["offset"], f["length"]))
+    return got
 
 
 def main():
@@ -152,6 +197,8 @@ def main():
     p.add_argument("--hold", type=float, default=0)
     p.add_argument("--cipher")
     p.add_argument("--authority")
+    p.add_argument("--stall", type=float, default=0)
+    p.add_argument("--reset-after", type=float, default=0)
     a = p.parse_args()
     try:
         rc = asyncio.run(run(a))

@@ -496,7 +496,7 @@ async fn stream_task(
             if rej.host.is_none() {
                 rej.host = host_of(&parts).map(<[u8]>::to_vec);
             }
-            refuse(&mut respond, rej, http, &addr, &info, &shared).await;
+            phases::refused(&mut respond, rej, http, &addr, &info, &shared).await;
             return;
         }
     };
@@ -608,43 +608,21 @@ pub(crate) fn host_of(parts: &http::request::Parts) -> Option<&[u8]> {
         .or_else(|| parts.uri.authority().map(|a| a.as_str().as_bytes()))
 }
 
-/// Answers a request refused as it was read (400, 405), as nginx
-/// finalises one: the error log says why, `error_page` applies (an
-/// internal redirect, a redirect, `return 444` resetting the stream), the
-/// access log has the request as far as it was read.
-async fn refuse(
-    respond: &mut SendResponse<Bytes>,
-    rej: crate::http::v1::parse::Reject,
-    http: &Arc<crate::http::conf::HttpConf>,
-    addr: &crate::http::conf::AddrConf,
-    info: &ConnInfo,
-    shared: &Arc<WorkerShared>,
-) {
-    let line = rej.line.as_deref().unwrap_or_default();
-    let req = Request::refused(line, rej.host.as_deref());
-    // The server the host names, else the address's default one.
-    let server = match req.host() {
-        Some(h) => addr.select(Some(h)).clone(),
-        None => addr.default.clone(),
-    };
-    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
-    cx.log(Level::Info, rej.log);
-    let mut resp = phases::conclude(&mut cx, Box::new(Response::status(rej.status))).await;
-    if resp.close_silently {
-        respond.send_reset(h2::Reason::INTERNAL_ERROR);
-    } else {
-        let loc = cx.loc.clone();
-        let head_only = line.starts_with(b"HEAD ");
-        if send(respond, &mut resp, &loc, head_only, &mut cx.sent)
-            .await
-            .is_err()
-        {
-            respond.send_reset(h2::Reason::INTERNAL_ERROR);
-        } else {
-            cx.sent.complete = true;
-        }
+/// HTTP/2's framing of an answer to a refused request (see
+/// [`phases::refused`]).
+impl phases::StreamAnswer for SendResponse<Bytes> {
+    fn send<'s>(
+        &'s mut self,
+        resp: &'s mut Response,
+        loc: &'s LocConf,
+        head_only: bool,
+        sent: &'s mut phases::Sent,
+    ) -> impl std::future::Future<Output = io::Result<()>> + 's {
+        send(self, resp, loc, head_only, sent)
     }
-    phases::log_done(&mut cx, resp.status);
+    fn reset(&mut self) {
+        self.send_reset(h2::Reason::INTERNAL_ERROR);
+    }
 }
 
 /// Sends the response: HEADERS, then the body as DATA (files read through

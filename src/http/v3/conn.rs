@@ -493,6 +493,18 @@ impl BodyIo for H3Body {
             }
         }))
     }
+    /// The client reset the request stream (or the connection ended)
+    /// while the request waits (limit_req's delay, an upstream's head):
+    /// nginx's ngx_http_test_reading ends the request as 499. Body bytes
+    /// that come meanwhile are kept for the body reader, and from then on
+    /// nothing is watched, as over HTTP/1.
+    fn hangup(&self) -> Pin<Box<dyn Future<Output = ()> + '_>> {
+        Box::pin(async move {
+            if self.readable().await.is_ok() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
     // No `100 Continue` over HTTP/3: flow control is the permission.
     fn try_write(&self, data: &[u8]) -> io::Result<usize> {
         Ok(data.len())
@@ -559,7 +571,7 @@ async fn stream_task(
                 rej.host = crate::http::v2::conn::host_of(&parts).map(<[u8]>::to_vec);
             }
             if let Some(mut rx) = body.st.into_inner().rx {
-                refuse(&mut rx, rej, http, &addr, &info, &shared).await;
+                phases::refused(&mut rx, rej, http, &addr, &info, &shared).await;
             }
             return;
         }
@@ -585,7 +597,20 @@ async fn stream_task(
     if has_body {
         cx.body = Some(crate::http::body::ReqBody::new(&body, Vec::new()));
     }
-    let mut resp = phases::run(&mut cx).await;
+    cx.client = Some(&body);
+    let since = cx.start;
+    let mut resp = tokio::select! {
+        biased;
+        r = phases::run(&mut cx) => r,
+        () = shared.cut_off(since) => {
+            // worker_shutdown_timeout ran out before the answer: the
+            // stream is reset and the request ends as one the client
+            // closed (nginx logs 499), as over HTTP/2.
+            stop(&body, Code::H3_INTERNAL_ERROR);
+            phases::log_done(&mut cx, 499);
+            return;
+        }
+    };
     let mut scratch = Vec::new();
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
@@ -611,7 +636,18 @@ async fn stream_task(
     let Some(mut rx) = body.st.borrow_mut().rx.take() else {
         return;
     };
-    let r = send(&mut rx, &mut resp, &loc, head_only, &mut cx.sent).await;
+    let r = tokio::select! {
+        biased;
+        r = send(&mut rx, &mut resp, &loc, head_only, &mut cx.sent) => r,
+        () = shared.cut_off(since) => {
+            // worker_shutdown_timeout ran out while the answer was going
+            // out: reset, logged with its status and the bytes sent so
+            // far.
+            rx.stop_stream(Code::H3_INTERNAL_ERROR);
+            phases::log_done(&mut cx, resp.status);
+            return;
+        }
+    };
     let mut status = resp.status;
     match r {
         Ok(()) => cx.sent.complete = true,
@@ -630,38 +666,21 @@ async fn stream_task(
     phases::wrap_up(&mut cx, status, answered).await;
 }
 
-/// Answers a request refused as it was read (400), as nginx finalises
-/// one: the error log says why, `error_page` applies, the access log has
-/// the request as far as it was read (as `http::v2` does).
-async fn refuse(
-    rx: &mut ReqStream,
-    rej: crate::http::v1::parse::Reject,
-    http: &Arc<crate::http::conf::HttpConf>,
-    addr: &AddrConf,
-    info: &ConnInfo,
-    shared: &Arc<WorkerShared>,
-) {
-    let line = rej.line.as_deref().unwrap_or_default();
-    let req = Request::refused(line, rej.host.as_deref());
-    // The server the host names, else the address's default one.
-    let server = match req.host() {
-        Some(h) => addr.select(Some(h)).clone(),
-        None => addr.default.clone(),
-    };
-    let mut cx = phases::Ctx::new(http, &req, &server, info, shared);
-    cx.log(Level::Info, rej.log);
-    let mut resp = phases::conclude(&mut cx, Box::new(Response::status(rej.status))).await;
-    if resp.close_silently {
-        rx.stop_stream(Code::H3_INTERNAL_ERROR);
-    } else {
-        let loc = cx.loc.clone();
-        let head_only = line.starts_with(b"HEAD ");
-        match send(rx, &mut resp, &loc, head_only, &mut cx.sent).await {
-            Ok(()) => cx.sent.complete = true,
-            Err(_) => rx.stop_stream(Code::H3_INTERNAL_ERROR),
-        }
+/// HTTP/3's framing of an answer to a refused request (see
+/// [`phases::refused`]).
+impl phases::StreamAnswer for ReqStream {
+    fn send<'s>(
+        &'s mut self,
+        resp: &'s mut Response,
+        loc: &'s LocConf,
+        head_only: bool,
+        sent: &'s mut phases::Sent,
+    ) -> impl Future<Output = io::Result<()>> + 's {
+        send(self, resp, loc, head_only, sent)
     }
-    phases::log_done(&mut cx, resp.status);
+    fn reset(&mut self) {
+        self.stop_stream(Code::H3_INTERNAL_ERROR);
+    }
 }
 
 fn stop(body: &H3Body, code: Code) {

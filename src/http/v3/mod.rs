@@ -36,6 +36,7 @@
 
 pub mod conf;
 pub mod conn;
+pub mod probe;
 pub mod tls;
 
 use std::sync::Arc;

@@ -10,7 +10,9 @@
 //! the connection's [`Handshake`] data. It also turns the alert of a
 //! handshake `ssl_reject_handshake` refused into nginx's
 //! `unrecognized_name` (rustls sends `access_denied` when no certificate
-//! is resolved).
+//! is resolved). The 1-RTT packet keys it hands quinn are
+//! [`super::probe`]'s, which keep loss probes from resending the session
+//! tickets.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -86,6 +88,8 @@ impl crypto::ServerConfig for Config {
             facts: Facts::default(),
             hello: Vec::new(),
             hello_done: false,
+            key_sets: 0,
+            watch: Arc::default(),
         })
     }
 }
@@ -97,6 +101,11 @@ struct Session {
     /// The start of the ClientHello until its suites are read.
     hello: Vec<u8>,
     hello_done: bool,
+    /// The packet key sets handed out: the handshake's, then the 1-RTT
+    /// ones (a server gets both while it answers the ClientHello).
+    key_sets: u8,
+    /// What this connection's 1-RTT keys share (see [`super::probe`]).
+    watch: Arc<super::probe::Watch>,
 }
 
 /// How much of a ClientHello is kept to find its suites (they come
@@ -175,11 +184,17 @@ impl crypto::Session for Session {
                 server_hello(out, &mut self.facts);
             }
         }
-        keys
+        let mut keys = keys?;
+        self.key_sets = self.key_sets.saturating_add(1);
+        if self.key_sets == 2 {
+            keys.packet = self.watched(keys.packet);
+        }
+        Some(keys)
     }
 
     fn next_1rtt_keys(&mut self) -> Option<KeyPair<Box<dyn PacketKey>>> {
-        self.inner.next_1rtt_keys()
+        let keys = self.inner.next_1rtt_keys()?;
+        Some(self.watched(keys))
     }
 
     fn is_valid_retry(&self, orig_dst_cid: &ConnectionId, header: &[u8], payload: &[u8]) -> bool {
@@ -193,6 +208,16 @@ impl crypto::Session for Session {
         context: &[u8],
     ) -> Result<(), ExportKeyingMaterialError> {
         self.inner.export_keying_material(output, label, context)
+    }
+}
+
+impl Session {
+    /// 1-RTT packet keys that watch the packets (see [`super::probe`]).
+    fn watched(&self, keys: KeyPair<Box<dyn PacketKey>>) -> KeyPair<Box<dyn PacketKey>> {
+        KeyPair {
+            local: super::probe::Key::wrap(keys.local, &self.watch),
+            remote: super::probe::Key::wrap(keys.remote, &self.watch),
+        }
     }
 }
 
