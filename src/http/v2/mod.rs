@@ -27,6 +27,7 @@
 pub mod conf;
 pub mod conn;
 pub(crate) mod guard;
+pub(crate) mod hpack;
 mod io;
 
 /// The client connection preface (RFC 9113 3.4).
