@@ -445,7 +445,7 @@ async fn drain(body: &H2Body, each: Duration, enough: usize) -> Result<(), h2::R
     Ok(())
 }
 
-/// The pseudo-headers of a request as the h2 crate hands it over.
+/// The pseudo-headers of a request as the h2 (or h3) crate hands it over.
 pub(crate) fn pseudo(parts: &http::request::Parts) -> crate::http::fields::Pseudo<'_> {
     crate::http::fields::Pseudo {
         method: parts.method.as_str().as_bytes(),
