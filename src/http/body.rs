@@ -1303,6 +1303,20 @@ pub(crate) async fn create(
     .await
 }
 
+/// Whether a body read failed because more came than the request
+/// declared (an HTTP/2 or /3 stream, whose layer counts it): nginx's 400,
+/// logged, and the answer is sent (not a silent end).
+fn larger_than_declared(e: &io::Error, cx: &Ctx<'_>) -> bool {
+    let over = e.kind() == io::ErrorKind::InvalidData;
+    if over {
+        cx.log(
+            Level::Info,
+            "client intended to send body data larger than declared",
+        );
+    }
+    over
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1339,18 +1353,4 @@ mod tests {
         assert!(d.is_done());
         assert_eq!(out, b"hello worl");
     }
-}
-
-/// Whether a body read failed because more came than the request
-/// declared (an HTTP/2 or /3 stream, whose layer counts it): nginx's 400,
-/// logged, and the answer is sent (not a silent end).
-fn larger_than_declared(e: &io::Error, cx: &Ctx<'_>) -> bool {
-    let over = e.kind() == io::ErrorKind::InvalidData;
-    if over {
-        cx.log(
-            Level::Info,
-            "client intended to send body data larger than declared",
-        );
-    }
-    over
 }

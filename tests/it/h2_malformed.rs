@@ -14,6 +14,9 @@ use crate::harness::{free_port, Server};
 
 type Frame = (u8, u8, u32, Vec<u8>);
 
+/// A request's fields: names and values.
+type Fields = Vec<(&'static str, &'static [u8])>;
+
 /// Reads frames until `done` says so, the connection closes or the read
 /// times out (10 s, set by `h2c`).
 fn frames_until(s: &mut TcpStream, done: impl Fn(&[Frame]) -> bool) -> Vec<Frame> {
@@ -83,7 +86,7 @@ const GET: &[(&str, &[u8])] = &[
     (":authority", b"localhost"),
 ];
 
-fn get_with(extra: &[(&'static str, &'static [u8])]) -> Vec<(&'static str, &'static [u8])> {
+fn get_with(extra: &[(&'static str, &'static [u8])]) -> Fields {
     let mut v = GET.to_vec();
     v.extend_from_slice(extra);
     v
@@ -115,7 +118,7 @@ http {{
 #[test]
 fn malformed_requests_get_400_then_a_reset() {
     let s = start();
-    let cases: Vec<(&str, Vec<(&str, &[u8])>)> = vec![
+    let cases: Vec<(&str, Fields)> = vec![
         ("upper case name", get_with(&[("X-Foo", b"bar")])),
         ("colon in name", get_with(&[("x:foo", b"bar")])),
         ("space in name", get_with(&[("x foo", b"bar")])),

@@ -1069,15 +1069,11 @@ fn request_of(b: &hpack::Block, has_body: bool, srv: &SrvConf) -> Result<Request
                     }
                 }
                 b"path" if v.is_empty() => return Err(bad("client sent empty :path header", None)),
-                b"path" => {
-                    if v[0] != b'/' || v.iter().any(|&c| c <= 0x20 || c == 0x7f) {
-                        return Err(bad("client sent invalid :path header", Some(v)));
-                    }
+                b"path" if v[0] != b'/' || v.iter().any(|&c| c <= 0x20 || c == 0x7f) => {
+                    return Err(bad("client sent invalid :path header", Some(v)));
                 }
-                b"authority" => {
-                    if crate::http::request::validate_host(v).is_none() {
-                        return Err(bad("client sent invalid \":authority\" header", None));
-                    }
+                b"authority" if crate::http::request::validate_host(v).is_none() => {
+                    return Err(bad("client sent invalid \":authority\" header", None));
                 }
                 _ => {}
             }

@@ -590,7 +590,7 @@ impl Guard {
                         "client sent HEADERS frame with incorrect length",
                     );
                 }
-                if s.stream == 0 || s.stream % 2 == 0 {
+                if s.stream == 0 || s.stream.is_multiple_of(2) {
                     return trip(
                         Reason::PROTOCOL_ERROR,
                         "client sent HEADERS frame with incorrect identifier",

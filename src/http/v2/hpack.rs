@@ -144,11 +144,18 @@ impl Block {
     }
 }
 
+/// A dynamic table entry: name and value.
+type Entry = (Box<[u8]>, Box<[u8]>);
+
+/// A string literal as sent: whether Huffman-coded, its bytes, and the
+/// length of its representation.
+type Literal<'b> = (bool, &'b [u8], usize);
+
 /// The connection's decoding state: the dynamic table.
 #[derive(Debug)]
 pub struct Decoder {
     /// Newest first.
-    table: VecDeque<(Box<[u8]>, Box<[u8]>)>,
+    table: VecDeque<Entry>,
     /// RFC 7541 4.1: names, values and 32 bytes per entry.
     size: usize,
     /// The size the client chose (at most [`TABLE_SIZE`]).
@@ -203,7 +210,7 @@ fn string<'b>(
     ended: bool,
     lim: &Limits,
     need: &mut usize,
-) -> Result<Option<(bool, &'b [u8], usize)>, Error> {
+) -> Result<Option<Literal<'b>>, Error> {
     let Some(&first) = b.first() else {
         // nginx: FRAME_SIZE_ERROR; h2spec (hpack 4.3) wants the RFC's
         // decoding error for a block that ends where a string begins.
