@@ -637,8 +637,8 @@ async fn read_all(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 match tokio::time::timeout(wait, rb.io.readable()).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => {
-                        broken(rb, true);
+                    Ok(Err(e)) => {
+                        broken(rb, !larger_than_declared(&e, cx));
                         return Err(400);
                     }
                     // nginx logs nothing here; the access log has the 408.
@@ -648,8 +648,8 @@ async fn read_all(
                     }
                 }
             }
-            Err(_) => {
-                broken(rb, true);
+            Err(e) => {
+                broken(rb, !larger_than_declared(&e, cx));
                 return Err(400);
             }
         }
@@ -789,6 +789,18 @@ impl<'a> Streaming<'a> {
         );
     }
 
+    /// As [`larger_than_declared`].
+    fn larger_than_declared(&self, e: &io::Error) -> bool {
+        let over = e.kind() == io::ErrorKind::InvalidData;
+        if over {
+            self.log(
+                Level::Info,
+                "client intended to send body data larger than declared",
+            );
+        }
+        over
+    }
+
     fn broken(&mut self, silent: bool) {
         self.rb.end = End::Broken {
             silent,
@@ -829,8 +841,9 @@ impl<'a> Streaming<'a> {
             }
             match tokio::time::timeout(self.wait, self.rb.io.readable()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) => {
-                    self.broken(true);
+                Ok(Err(e)) => {
+                    let over = self.larger_than_declared(&e);
+                    self.broken(!over);
                     return Err(400);
                 }
                 // As a buffered body: nothing logged, 408.
@@ -956,9 +969,10 @@ impl<'a> Streaming<'a> {
                 self.rb.buf.truncate(start);
                 Ok(false)
             }
-            Err(_) => {
+            Err(e) => {
                 self.rb.buf.truncate(start);
-                self.broken(true);
+                let over = self.larger_than_declared(&e);
+                self.broken(!over);
                 Err(400)
             }
         }
@@ -1287,6 +1301,20 @@ pub(crate) async fn create(
         Ok(Arc::new(f))
     })
     .await
+}
+
+/// Whether a body read failed because more came than the request
+/// declared (an HTTP/2 or /3 stream, whose layer counts it): nginx's 400,
+/// logged, and the answer is sent (not a silent end).
+fn larger_than_declared(e: &io::Error, cx: &Ctx<'_>) -> bool {
+    let over = e.kind() == io::ErrorKind::InvalidData;
+    if over {
+        cx.log(
+            Level::Info,
+            "client intended to send body data larger than declared",
+        );
+    }
+    over
 }
 
 #[cfg(test)]

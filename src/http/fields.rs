@@ -8,9 +8,10 @@
 //! `parse_head` makes on an HTTP/1 head, where they mean the same): the
 //! method's characters, the target, `:authority` against Host, a Host
 //! that validates, Content-Length and Authorization at most once,
-//! TRACE and CONNECT refused with 405. What the crates already refuse
-//! (upper-case names, connection-specific fields, a missing `:path`) never
-//! reaches here.
+//! TRACE and CONNECT refused with 405. What comes before (upper-case
+//! names, connection-specific fields, the pseudo-headers' rules) is
+//! judged by the protocol: `v2::conn` (nginx's checks, from the fields
+//! tern decodes itself), the h3 crate for HTTP/3.
 //!
 //! Layout of the request's one buffer: the request line as nginx builds
 //! it for these protocols (`METHOD TARGET HTTP/2.0`, for `$request`),

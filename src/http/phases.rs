@@ -566,8 +566,12 @@ pub async fn refused(
         Some(h) => addr.select(Some(h)).clone(),
         None => addr.default.clone(),
     };
+    let log = match &rej.detail {
+        Some(d) => format!("{}: \"{}\"", rej.log, String::from_utf8_lossy(d)),
+        None => rej.log.to_string(),
+    };
     let mut cx = Ctx::new(http, &req, &server, info, shared);
-    cx.log(Level::Info, rej.log);
+    cx.log(Level::Info, &log);
     let mut resp = conclude(&mut cx, Box::new(Response::status(rej.status))).await;
     if resp.close_silently {
         stream.reset();

@@ -34,6 +34,7 @@ mod h2;
 mod h2_body;
 mod h2_fields;
 mod h2_goaway;
+mod h2_malformed;
 mod h3;
 mod http_core_semantics;
 mod idle;

@@ -20,12 +20,14 @@ use crate::core::log::Level;
 use crate::core::stream::Stream;
 use crate::core::worker::WorkerShared;
 use crate::http::body::BodyIo;
-use crate::http::conf::LocConf;
+use crate::http::conf::{LocConf, SrvConf};
 use crate::http::phases;
 use crate::http::request::Request;
 use crate::http::response::{self, Body, Piece, Response};
 use crate::http::serve::{log_conn, ConnInfo};
+use crate::http::v1::parse::Reject;
 use crate::http::v2::guard::Guard;
+use crate::http::v2::hpack;
 use crate::http::v2::io::{Io, Outbox};
 
 /// What the accept loop and its stream tasks share.
@@ -94,9 +96,14 @@ pub async fn serve<S: Stream>(
     let send_to = Duration::from_millis(core.send_timeout.unwrap_or(60_000));
     let default_conf = addr.default.conf.clone();
     let max_streams = srv.http2.max_streams();
+    let preread = srv.http2.preread();
     drop((addr, http, config));
-    let guard = Rc::new(Guard::new(max_streams, header_to));
-    let out = Outbox::new(stream);
+    let limits = hpack::Limits {
+        field: hsize,
+        list: hsize.saturating_mul(hnum),
+    };
+    let guard = Rc::new(Guard::new(max_streams, header_to, limits, preread));
+    let out = Outbox::new(stream, &guard);
     let io = Io::new(stream, &guard, &out, pre);
     let mut hs = std::pin::pin!(b.handshake::<_, Bytes>(io));
     let hs = poll_fn(|cx| flushed(hs.as_mut().poll(cx), &out, &guard, cx));
@@ -176,11 +183,22 @@ pub async fn serve<S: Stream>(
             },
             _ = ended => {}
             _ = guard.tripped.notified() => {
+                // What the guard made before it tripped goes to h2 first
+                // (a failed request's stand-in: the GOAWAY names its
+                // stream); such streams are held, unanswered, until the
+                // connection is gone.
+                let mut held = Vec::new();
+                while let Poll::Ready(Some(Ok(s))) =
+                    poll_fn(|cx| Poll::Ready(flushed(conn.poll_accept(cx), &out, &guard, cx))).await
+                {
+                    held.push(s);
+                }
                 if let Some(t) = guard.trip() {
                     log_conn(&default_conf, Level::Info, info, t.log);
                     conn.abrupt_shutdown(t.reason);
                 }
                 let _ = timeout(Duration::from_secs(1), poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx))).await;
+                drop(held);
                 break;
             }
             _ = tokio::time::sleep(idle_wait), if idle => {
@@ -279,12 +297,37 @@ struct BodyState {
     pending: Bytes,
     chunked: bool,
     eof: bool,
+    /// The request's Content-Length, and the DATA bytes so far: h2 is
+    /// not told the length (see `guard`), so the body is held to it
+    /// here, as nginx holds it.
+    declared: Option<u64>,
+    got: u64,
+    /// More DATA came than declared: the body reader answers 400.
+    over: bool,
+    /// The DATA did not match the length (RFC 9113 8.1.1: malformed).
+    malformed: bool,
+}
+
+impl H2Body {
+    /// Whether the DATA did not match the Content-Length.
+    fn malformed(&self) -> bool {
+        self.st.borrow().malformed
+    }
+}
+
+/// The error the body reader answers with 400 and nginx's "client
+/// intended to send body data larger than declared".
+fn larger_than_declared() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "larger than declared")
 }
 
 impl BodyIo for H2Body {
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let mut s = self.st.borrow_mut();
         if s.pending.is_empty() {
+            if s.over {
+                return Err(larger_than_declared());
+            }
             if s.eof {
                 return Ok(0);
             }
@@ -299,6 +342,9 @@ impl BodyIo for H2Body {
         Box::pin(poll_fn(move |cx| {
             let mut s = self.st.borrow_mut();
             loop {
+                if s.over {
+                    return Poll::Ready(Err(larger_than_declared()));
+                }
                 if !s.pending.is_empty() || s.eof {
                     return Poll::Ready(Ok(()));
                 }
@@ -306,6 +352,12 @@ impl BodyIo for H2Body {
                     Poll::Ready(Some(Ok(data))) => {
                         let _ = s.rx.flow_control().release_capacity(data.len());
                         if data.is_empty() {
+                            continue;
+                        }
+                        s.got += data.len() as u64;
+                        if s.declared.is_some_and(|d| s.got > d) {
+                            s.over = true;
+                            s.malformed = true;
                             continue;
                         }
                         if s.chunked {
@@ -323,6 +375,11 @@ impl BodyIo for H2Body {
                     }
                     Poll::Ready(None) => {
                         s.eof = true;
+                        if s.declared.is_some_and(|d| s.got < d) {
+                            // The reader answers 400 ("client prematurely
+                            // closed stream").
+                            s.malformed = true;
+                        }
                         if s.chunked {
                             s.pending = Bytes::from_static(b"0\r\n\r\n");
                         }
@@ -357,11 +414,18 @@ const UPLOAD: usize = 16 * 1024;
 /// `PROTOCOL_ERROR` when it went quiet longer than `each`, as nginx).
 async fn drain(body: &H2Body, each: Duration, enough: usize) -> Result<(), h2::Reason> {
     let mut taken = 0;
+    let declared = body.st.borrow().declared;
     while taken <= enough {
         let next = timeout(each, poll_fn(|cx| body.st.borrow_mut().rx.poll_data(cx))).await;
         match next {
             Ok(Some(Ok(d))) => {
                 taken += d.len();
+                // A body longer or shorter than its Content-Length is
+                // malformed: the stream is reset (as h2 did when it knew
+                // the length).
+                if declared.is_some_and(|l| taken as u64 > l) {
+                    return Err(h2::Reason::PROTOCOL_ERROR);
+                }
                 let _ = body
                     .st
                     .borrow_mut()
@@ -370,6 +434,9 @@ async fn drain(body: &H2Body, each: Duration, enough: usize) -> Result<(), h2::R
                     .release_capacity(d.len());
             }
             Ok(Some(Err(e))) => return Err(e.reason().unwrap_or(h2::Reason::PROTOCOL_ERROR)),
+            Ok(None) if declared.is_some_and(|l| (taken as u64) < l) => {
+                return Err(h2::Reason::PROTOCOL_ERROR)
+            }
             Ok(None) => return Ok(()),
             // client_body_timeout: nginx resets with PROTOCOL_ERROR.
             Err(_) => return Err(h2::Reason::PROTOCOL_ERROR),
@@ -378,42 +445,7 @@ async fn drain(body: &H2Body, each: Duration, enough: usize) -> Result<(), h2::R
     Ok(())
 }
 
-/// nginx's limits on an HTTP/2 request's header list, from
-/// large_client_header_buffers `num` x `size`: the names and values of
-/// all its fields (pseudo-headers included) at most `num` x `size` bytes,
-/// each string at most `size` bytes as sent. h2 hands over the strings
-/// decoded, and a Huffman-coded string is at least 5/8 of its text, so a
-/// field is refused only when its text is longer than 8/5 x `size` (never
-/// one that nginx would take). The error-log line when one is exceeded.
-fn too_large(parts: &http::request::Parts, size: usize, num: usize) -> Option<&'static str> {
-    let field_max = size.saturating_mul(8) / 5;
-    let pseudo = [
-        Some((":method".len(), parts.method.as_str().len())),
-        parts.uri.scheme_str().map(|s| (":scheme".len(), s.len())),
-        parts
-            .uri
-            .path_and_query()
-            .map(|p| (":path".len(), p.as_str().len())),
-        parts
-            .uri
-            .authority()
-            .map(|a| (":authority".len(), a.as_str().len())),
-    ];
-    let fields = parts
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str().len(), v.len()));
-    let mut total = 0usize;
-    for (n, v) in pseudo.into_iter().flatten().chain(fields) {
-        if n > field_max || v > field_max {
-            return Some("client sent too large header field");
-        }
-        total += n + v;
-    }
-    (total > size.saturating_mul(num)).then_some("client sent too large header")
-}
-
-/// The pseudo-headers of a request as the h2 crate hands it over.
+/// The pseudo-headers of a request as the h2 (or h3) crate hands it over.
 pub(crate) fn pseudo(parts: &http::request::Parts) -> crate::http::fields::Pseudo<'_> {
     crate::http::fields::Pseudo {
         method: parts.method.as_str().as_bytes(),
@@ -460,7 +492,16 @@ async fn stream_task(
     // HEADERS (a WINDOW_UPDATE, a RST_STREAM) before the request runs.
     tokio::task::yield_now().await;
     let stream_id = u32::from(respond.stream_id());
-    let block_len = guard.head_len(stream_id);
+    let Some(head) = guard.take_head(stream_id) else {
+        // Its header block is gone (the client opened far more streams
+        // than are served at once): refused.
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        return;
+    };
+    if head.failed {
+        // Its block could not be decoded: the connection is ending.
+        return;
+    }
     if guard.late(stream_id) {
         // Its headers took longer than client_header_timeout: nginx
         // resets the stream (and the connection goes on).
@@ -473,35 +514,40 @@ async fn stream_task(
         respond.send_reset(h2::Reason::PROTOCOL_ERROR);
         return;
     }
-    let (parts, rx) = req.into_parts();
-    let (hnum, hsize) = addr.default.srv.large_buffers();
-    if let Some(log) = too_large(&parts, hsize, hnum) {
-        // A connection error for nginx: GOAWAY ENHANCE_YOUR_CALM (the
-        // connection loop logs it).
-        guard.refuse(h2::Reason::ENHANCE_YOUR_CALM, log);
+    if head.early {
+        // As nginx: a body may not come before the client has taken
+        // tern's SETTINGS (its smaller preread window).
+        log_conn(
+            &addr.default.conf,
+            Level::Info,
+            &info,
+            "client sent stream with data before settings were acknowledged",
+        );
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
         return;
     }
+    let (_, rx) = req.into_parts();
     shared.stats.request();
     let _writing = crate::core::worker::StateGuard::enter(&shared.stats.writing);
     let has_body = !rx.is_end_stream();
-    let parsed = crate::http::fields::request(
-        pseudo(&parts),
-        fields(&parts),
-        b"HTTP/2.0",
-        &addr.default.srv,
-    );
-    let mut req: Request = match parsed {
+    let mut req: Request = match request_of(&head.block, has_body, &addr.default.srv) {
         Ok(r) => r,
         Err(mut rej) => {
             if rej.host.is_none() {
-                rej.host = host_of(&parts).map(<[u8]>::to_vec);
+                rej.host = host_in(&head.block).map(<[u8]>::to_vec);
+            }
+            if rej.status == 400 {
+                // Malformed (RFC 9113 8.1.1): nginx's 400, then the
+                // stream error the RFC asks for.
+                guard.reset_after_answer(stream_id);
             }
             phases::refused(&mut respond, rej, http, &addr, &info, &shared).await;
             return;
         }
     };
+    drop(head.block);
     // $request_length: the header block as it came (HPACK bytes).
-    req.head_len = block_len;
+    req.head_len = head.len;
     if has_body && req.content_length.is_none() {
         req.chunked = true;
     }
@@ -511,6 +557,10 @@ async fn stream_task(
             pending: Bytes::new(),
             chunked: req.chunked,
             eof: !has_body,
+            declared: req.content_length,
+            got: 0,
+            over: false,
+            malformed: false,
         }),
     };
     let server = addr.select(req.host()).clone();
@@ -543,6 +593,9 @@ async fn stream_task(
             return;
         }
     };
+    if body_io.malformed() {
+        guard.reset_after_answer(stream_id);
+    }
     let mut scratch = Vec::new();
     let body_end = crate::http::body::give_back(&mut cx, &mut scratch);
     let loc = cx.loc.clone();
@@ -863,4 +916,188 @@ impl Out<'_> {
         }
         Ok(())
     }
+}
+
+/// The host a request's fields name: its Host field, else `:authority`.
+fn host_in(b: &hpack::Block) -> Option<&[u8]> {
+    let mut authority = None;
+    for (n, v) in b.fields() {
+        if n == b"host" {
+            return Some(v);
+        }
+        if n == b":authority" {
+            authority = Some(v);
+        }
+    }
+    authority
+}
+
+/// Whether `m` is a method nginx knows, or one of its characters.
+fn method_ok(m: &[u8]) -> bool {
+    const KNOWN: [&[u8]; 16] = [
+        b"GET",
+        b"POST",
+        b"HEAD",
+        b"OPTIONS",
+        b"PROPFIND",
+        b"PUT",
+        b"MKCOL",
+        b"DELETE",
+        b"COPY",
+        b"MOVE",
+        b"PROPPATCH",
+        b"LOCK",
+        b"UNLOCK",
+        b"PATCH",
+        b"TRACE",
+        b"CONNECT",
+    ];
+    KNOWN.contains(&m)
+        || m.iter()
+            .all(|&c| c.is_ascii_uppercase() || c == b'_' || c == b'-')
+}
+
+/// A request's fields judged as nginx judges an HTTP/2 request's, field
+/// by field in the order they came (ngx_http_v2_state_process_header:
+/// names and values, the pseudo-headers, then what the request as a
+/// whole must have), then built by `fields::request` (the checks all
+/// protocols share). Every refusal here is a 400 (the request is
+/// malformed).
+fn request_of(b: &hpack::Block, has_body: bool, srv: &SrvConf) -> Result<Request, Reject> {
+    let underscores = srv.underscores_in_headers.unwrap_or(false);
+    let bad = |log: &'static str, detail: Option<&[u8]>| Reject {
+        status: 400,
+        log,
+        in_headers: true,
+        detail: detail.map(<[u8]>::to_vec),
+        ..Default::default()
+    };
+    let mut method: Option<&[u8]> = None;
+    let mut scheme: Option<&[u8]> = None;
+    let mut path: Option<&[u8]> = None;
+    let mut authority: Option<&[u8]> = None;
+    let mut regular = false;
+    let mut host = false;
+    let mut content_length: Option<&[u8]> = None;
+    let mut te = 0;
+    let missing = |method: Option<&[u8]>, scheme: Option<&[u8]>, path: Option<&[u8]>| {
+        if method.is_none() {
+            Err(bad("client sent no :method header", None))
+        } else if scheme.is_none() {
+            Err(bad("client sent no :scheme header", None))
+        } else if path.is_none() {
+            Err(bad("client sent no :path header", None))
+        } else {
+            Ok(())
+        }
+    };
+    for (n, v) in b.fields() {
+        let pseudo = n.first() == Some(&b':');
+        for &c in &n[usize::from(pseudo)..] {
+            let fine = c.is_ascii_lowercase()
+                || c.is_ascii_digit()
+                || c == b'-'
+                || (c == b'_' && underscores);
+            if !fine && (c <= 0x20 || c == 0x7f || c == b':' || c.is_ascii_uppercase()) {
+                return Err(bad("client sent invalid header name", Some(n)));
+            }
+        }
+        if v.iter().any(|&c| c == 0 || c == b'\n' || c == b'\r') {
+            return Err(bad("client sent header with invalid value", Some(n)));
+        }
+        if pseudo {
+            if regular {
+                return Err(bad("client sent out of order pseudo-headers", None));
+            }
+            let (slot, what) = match &n[1..] {
+                b"method" => (&mut method, "client sent duplicate :method header"),
+                b"scheme" => (&mut scheme, "client sent duplicate :scheme header"),
+                b"path" => (&mut path, "client sent duplicate :path header"),
+                b"authority" => (
+                    &mut authority,
+                    "client sent duplicate \":authority\" header",
+                ),
+                _ => return Err(bad("client sent unknown pseudo-header", Some(n))),
+            };
+            if slot.is_some() {
+                return Err(bad(what, None));
+            }
+            *slot = Some(v);
+            match &n[1..] {
+                b"method" if v.is_empty() => {
+                    return Err(bad("client sent empty :method header", None))
+                }
+                b"method" if !method_ok(v) => {
+                    return Err(bad("client sent invalid method", Some(v)))
+                }
+                b"scheme" if v.is_empty() => {
+                    return Err(bad("client sent empty :scheme header", None))
+                }
+                b"scheme" => {
+                    let ok = v.iter().enumerate().all(|(i, &c)| {
+                        c.is_ascii_alphabetic()
+                            || (i > 0 && (c.is_ascii_digit() || matches!(c, b'+' | b'-' | b'.')))
+                    });
+                    if !ok {
+                        return Err(bad("client sent invalid :scheme header", Some(v)));
+                    }
+                }
+                b"path" if v.is_empty() => return Err(bad("client sent empty :path header", None)),
+                b"path" if v[0] != b'/' || v.iter().any(|&c| c <= 0x20 || c == 0x7f) => {
+                    return Err(bad("client sent invalid :path header", Some(v)));
+                }
+                b"authority" if crate::http::request::validate_host(v).is_none() => {
+                    return Err(bad("client sent invalid \":authority\" header", None));
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if !regular {
+            regular = true;
+            missing(method, scheme, path)?;
+        }
+        match n {
+            b"host" => host = true,
+            b"content-length" => content_length = Some(v),
+            b"connection" => return Err(bad("client sent \"Connection\" header", None)),
+            b"keep-alive" => return Err(bad("client sent \"Keep-Alive\" header", None)),
+            b"transfer-encoding" => {
+                return Err(bad("client sent \"Transfer-Encoding\" header", None))
+            }
+            b"upgrade" => return Err(bad("client sent \"Upgrade\" header", None)),
+            b"te" => {
+                te += 1;
+                if te > 1 || !v.eq_ignore_ascii_case(b"trailers") {
+                    return Err(bad("client sent invalid \"TE\" header", None));
+                }
+            }
+            _ => {}
+        }
+    }
+    missing(method, scheme, path)?;
+    if authority.is_none() && !host {
+        return Err(bad(
+            "client sent neither \":authority\" nor \"Host\" header",
+            None,
+        ));
+    }
+    if let (Some(cl), false) = (content_length, has_body) {
+        let n = std::str::from_utf8(cl)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if n.is_some_and(|n| n > 0) {
+            return Err(bad("client prematurely closed stream", None));
+        }
+    }
+    crate::http::fields::request(
+        crate::http::fields::Pseudo {
+            method: method.unwrap_or_default(),
+            path: path.unwrap_or_default(),
+            authority,
+        },
+        || b.fields().filter(|(n, _)| n.first() != Some(&b':')),
+        b"HTTP/2.0",
+        srv,
+    )
 }

@@ -21,7 +21,7 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::core::stream::Stream;
-use crate::http::v2::guard::Guard;
+use crate::http::v2::guard::{Fed, Guard};
 
 type Wait<'a> = Pin<Box<dyn Future<Output = io::Result<()>> + 'a>>;
 
@@ -48,6 +48,8 @@ thread_local! {
 /// GOAWAY with the last stream then goes out straight away.
 pub struct Outbox<'a, S: Stream> {
     s: &'a S,
+    /// Says which of tern's answers a reset follows.
+    guard: &'a Guard,
     buf: RefCell<Vec<u8>>,
     wr: RefCell<Option<Wait<'a>>>,
     /// h2's shutdown PING was left out: its answer is due to h2.
@@ -58,9 +60,10 @@ pub struct Outbox<'a, S: Stream> {
 }
 
 impl<'a, S: Stream> Outbox<'a, S> {
-    pub fn new(s: &'a S) -> Outbox<'a, S> {
+    pub fn new(s: &'a S, guard: &'a Guard) -> Outbox<'a, S> {
         Outbox {
             s,
+            guard,
             buf: RefCell::new(Vec::new()),
             wr: RefCell::new(None),
             pong: Cell::new(false),
@@ -91,7 +94,9 @@ impl<'a, S: Stream> Outbox<'a, S> {
     /// Takes all of `bufs` (once what was gathered before has gone, when
     /// there is too much of it). h2 writes whole frames each time, so
     /// the bytes taken are whole frames: the two of its graceful
-    /// shutdown are dropped here (see [`Outbox`]).
+    /// shutdown are dropped here (see [`Outbox`]), and the resets that
+    /// follow answers to malformed requests added
+    /// ([`Guard::reset_due`]).
     fn poll_write(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         loop {
@@ -104,7 +109,7 @@ impl<'a, S: Stream> Outbox<'a, S> {
                 for s in bufs {
                     b.extend_from_slice(s);
                 }
-                self.drop_shutdown_frames(&mut b, from);
+                self.rewrite_frames(&mut b, from);
                 return Poll::Ready(Ok(total));
             }
             drop(b);
@@ -113,8 +118,9 @@ impl<'a, S: Stream> Outbox<'a, S> {
     }
 
     /// Removes h2's first shutdown GOAWAY and its PING from the frames
-    /// in `b[from..]`.
-    fn drop_shutdown_frames(&self, b: &mut Vec<u8>, from: usize) {
+    /// in `b[from..]`, and puts RST_STREAM(PROTOCOL_ERROR) after the
+    /// last frame of an answer to a malformed request.
+    fn rewrite_frames(&self, b: &mut Vec<u8>, from: usize) {
         let mut i = from;
         while i + 9 <= b.len() {
             let len = (b[i] as usize) << 16 | (b[i + 1] as usize) << 8 | b[i + 2] as usize;
@@ -137,6 +143,17 @@ impl<'a, S: Stream> Outbox<'a, S> {
                     self.pong.set(true);
                 }
                 b.drain(i..end);
+                continue;
+            }
+            if self.guard.reset_due(
+                kind,
+                flags,
+                u32::from_be_bytes([sid[0], sid[1], sid[2], sid[3]]),
+            ) {
+                let mut rst = [0, 0, 4, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+                rst[5..9].copy_from_slice(&b[i + 5..i + 9]);
+                b.splice(end..end, rst);
+                i = end + rst.len();
                 continue;
             }
             i = end;
@@ -199,6 +216,10 @@ pub struct Io<'a, 'o, S: Stream> {
     pre: Vec<u8>,
     pre_off: usize,
     rd: Option<Wait<'a>>,
+    /// What the guard made of a read (header blocks replaced), not
+    /// yet handed to h2.
+    made: Vec<u8>,
+    made_off: usize,
 }
 
 impl<'a, 'o, S: Stream> Io<'a, 'o, S> {
@@ -210,6 +231,8 @@ impl<'a, 'o, S: Stream> Io<'a, 'o, S> {
             pre,
             pre_off: 0,
             rd: None,
+            made: Vec::new(),
+            made_off: 0,
         }
     }
 }
@@ -221,6 +244,17 @@ impl<S: Stream> AsyncRead for Io<'_, '_, S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
+        if me.made_off < me.made.len() {
+            // What the guard made of an earlier read, first (even once
+            // it tripped: a failed request's stand-in is among it).
+            let n = (me.made.len() - me.made_off).min(buf.remaining());
+            buf.put_slice(&me.made[me.made_off..me.made_off + n]);
+            me.made_off += n;
+            if me.made_off == me.made.len() {
+                me.made_done();
+            }
+            return Poll::Ready(Ok(()));
+        }
         if me.guard.trip().is_some() {
             // The connection is ending: h2 gets nothing more (the guard's
             // notice wakes the connection loop, not this read).
@@ -236,19 +270,25 @@ impl<S: Stream> AsyncRead for Io<'_, '_, S> {
                 return Poll::Ready(Ok(()));
             }
         }
-        if me.pre_off < me.pre.len() {
+        while me.pre_off < me.pre.len() {
             let n = (me.pre.len() - me.pre_off).min(buf.remaining());
-            let n = me.guard.feed(&me.pre[me.pre_off..me.pre_off + n]);
-            if n == 0 {
-                return Poll::Pending;
-            }
-            buf.put_slice(&me.pre[me.pre_off..me.pre_off + n]);
+            let from = me.pre_off;
             me.pre_off += n;
             if me.pre_off == me.pre.len() {
-                me.pre = Vec::new();
+                // Freed once read (the connection keeps no copy).
                 me.pre_off = 0;
+                let pre = std::mem::take(&mut me.pre);
+                if let Some(r) = me.give(&pre[from..from + n], buf) {
+                    return r;
+                }
+            } else {
+                let pre = std::mem::take(&mut me.pre);
+                let r = me.give(&pre[from..from + n], buf);
+                me.pre = pre;
+                if let Some(r) = r {
+                    return r;
+                }
             }
-            return Poll::Ready(Ok(()));
         }
         loop {
             if let Some(w) = me.rd.as_mut() {
@@ -259,19 +299,77 @@ impl<S: Stream> AsyncRead for Io<'_, '_, S> {
             let space = buf.initialize_unfilled();
             match me.s.try_read(space) {
                 Ok(0) => return Poll::Ready(Ok(())),
-                Ok(n) => {
-                    let keep = me.guard.feed(&space[..n]);
-                    if keep == 0 {
-                        return Poll::Pending;
+                Ok(n) => match me.guard.feed(&space[..n], &mut me.made) {
+                    Fed::Pass(0) => return Poll::Pending,
+                    Fed::Pass(keep) => {
+                        buf.advance(keep);
+                        return Poll::Ready(Ok(()));
                     }
-                    buf.advance(keep);
-                    return Poll::Ready(Ok(()));
-                }
+                    Fed::Rewritten => {
+                        // The read's bytes are replaced by the guard's
+                        // (in the same space, as far as they fit).
+                        let m = me.made.len().min(space.len());
+                        space[..m].copy_from_slice(&me.made[..m]);
+                        me.made_off = m;
+                        if me.made_off == me.made.len() {
+                            me.made_done();
+                        }
+                        if m > 0 {
+                            buf.advance(m);
+                            return Poll::Ready(Ok(()));
+                        }
+                        if me.guard.trip().is_some() {
+                            return Poll::Pending;
+                        }
+                        // All of it held (a header block's first frames):
+                        // read on.
+                    }
+                },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let s = me.s;
                     me.rd = Some(Box::pin(s.readable()));
                 }
                 Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl<S: Stream> Io<'_, '_, S> {
+    /// The guard's bytes are all handed over: the buffer is kept for the
+    /// next header block unless it grew large.
+    fn made_done(&mut self) {
+        self.made_off = 0;
+        if self.made.capacity() > 4096 {
+            self.made = Vec::new();
+        } else {
+            self.made.clear();
+        }
+    }
+
+    /// Hands h2 what the guard makes of `bytes` (read before h2 had the
+    /// connection); `None`: all of them were held, read on.
+    fn give(&mut self, bytes: &[u8], buf: &mut ReadBuf<'_>) -> Option<Poll<io::Result<()>>> {
+        match self.guard.feed(bytes, &mut self.made) {
+            Fed::Pass(0) => Some(Poll::Pending),
+            Fed::Pass(n) => {
+                buf.put_slice(&bytes[..n]);
+                Some(Poll::Ready(Ok(())))
+            }
+            Fed::Rewritten => {
+                let m = self.made.len().min(buf.remaining());
+                buf.put_slice(&self.made[..m]);
+                self.made_off = m;
+                if self.made_off == self.made.len() {
+                    self.made_done();
+                }
+                if m > 0 {
+                    Some(Poll::Ready(Ok(())))
+                } else if self.guard.trip().is_some() {
+                    Some(Poll::Pending)
+                } else {
+                    None
+                }
             }
         }
     }
