@@ -28,6 +28,11 @@
 //! same queue: lines logged before it go to the old file, lines after it
 //! to the new one.
 //!
+//! The writer is woken for each line that finds it asleep: it does not
+//! linger for more, because a line must be in its file about as soon as
+//! nginx would have written it (clients and tests read the log right after
+//! the response that logged it).
+//!
 //! The queue is bounded ([`MAX_QUEUED`] bytes). When it is full, the
 //! logging thread waits until the writer has made room: no line is ever
 //! dropped, and only a log destination slower than the log rate for
@@ -46,7 +51,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -360,7 +365,7 @@ pub fn format_line(level: Level, conn: Option<u64>, msg: fmt::Arguments<'_>) -> 
 /// for `room` more bytes (one allocation for the whole line, not
 /// `format!`'s growth by reallocation).
 fn line_start(level: Level, conn: Option<u64>, room: usize) -> String {
-    let (pid, tid) = ids();
+    let (pid, tid) = pid_tid();
     let mut line = String::with_capacity(64 + room);
     let ts = crate::http::date::err_log_time();
     line.push_str(std::str::from_utf8(&ts).unwrap_or("0000/00/00 00:00:00"));
@@ -379,44 +384,37 @@ fn line_start(level: Level, conn: Option<u64>, room: usize) -> String {
     line
 }
 
-/// The process id for error lines, once asked (0: not yet). glibc makes a
-/// syscall of every `getpid()`, and a line is written for every failed
-/// request.
-static PID: AtomicI32 = AtomicI32::new(0);
+/// Bumped in a forked child (daemon start), so that the `pid#tid` each
+/// thread keeps is asked again there.
+static FORK_GEN: AtomicU32 = AtomicU32::new(0);
 
-thread_local! {
-    /// This thread's id for error lines, once asked (0: not yet).
-    static TID: Cell<i32> = const { Cell::new(0) };
+extern "C" fn forked_child() {
+    FORK_GEN.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The process and thread ids of a line (nginx's `ngx_pid`, `ngx_log_tid`).
-fn ids() -> (i32, i32) {
-    let mut pid = PID.load(Ordering::Relaxed);
-    if pid == 0 {
-        // SAFETY: getpid has no preconditions.
-        pid = unsafe { libc::getpid() };
-        PID.store(pid, Ordering::Relaxed);
+/// The caller's `pid#tid`, asked of the kernel once per thread (two
+/// syscalls per line otherwise) and again after a fork.
+fn pid_tid() -> (i32, i32) {
+    thread_local! {
+        static IDS: Cell<(u32, i32, i32)> = const { Cell::new((u32::MAX, 0, 0)) };
     }
-    let tid = TID
-        .try_with(|t| {
-            let mut tid = t.get();
-            if tid == 0 {
-                // SAFETY: gettid has no preconditions.
-                tid = unsafe { libc::gettid() };
-                t.set(tid);
-            }
-            tid
-        })
-        // SAFETY: as above (a thread whose locals are being destroyed).
-        .unwrap_or_else(|_| unsafe { libc::gettid() });
-    (pid, tid)
-}
-
-/// Forgets the ids [`ids`] keeps: called in the child after `fork`, whose
-/// process id, and the forking thread's id, are new.
-pub fn forget_ids() {
-    PID.store(0, Ordering::Relaxed);
-    let _ = TID.try_with(|t| t.set(0));
+    static HOOK: OnceLock<()> = OnceLock::new();
+    HOOK.get_or_init(|| {
+        // SAFETY: registers a plain extern "C" function, run in the child
+        // only, that touches nothing but an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
+    let generation = FORK_GEN.load(Ordering::Relaxed);
+    IDS.with(|ids| {
+        let (g, pid, tid) = ids.get();
+        if g == generation {
+            return (pid, tid);
+        }
+        // SAFETY: getpid/gettid have no preconditions.
+        let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+        ids.set((generation, pid, tid));
+        (pid, tid)
+    })
 }
 
 /// `s` appended to `out` as text, invalid UTF-8 replaced (as
@@ -533,6 +531,9 @@ struct Queue {
     /// The writer sleeps on `work`: only then does a new job need a wake-up
     /// (a futex call per line otherwise, on every failed request).
     idle: bool,
+    /// Threads waiting on `done` (for room, or for the queue to drain):
+    /// the writer signals it only when there are some.
+    waiting: usize,
 }
 
 struct Shared {
@@ -579,7 +580,9 @@ fn try_queue(job: Job) -> Result<(), Job> {
     // A line larger than the whole queue still goes in once the queue is
     // empty, so that nothing waits forever.
     while q.on && q.bytes > 0 && q.bytes + n > MAX_QUEUED {
+        q.waiting += 1;
         q = sh.done.wait(q).unwrap_or_else(|e| e.into_inner());
+        q.waiting -= 1;
     }
     if !q.on {
         return Err(job);
@@ -639,11 +642,13 @@ fn drained(within: Duration) -> MutexGuard<'static, Queue> {
         if left.is_zero() {
             break;
         }
+        q.waiting += 1;
         q = sh
             .done
             .wait_timeout(q, left)
             .map(|(g, _)| g)
             .unwrap_or_else(|e| e.into_inner().0);
+        q.waiting -= 1;
     }
     q
 }
@@ -688,7 +693,9 @@ fn writer_loop() {
         q = lock_queue();
         q.bytes -= bytes;
         q.busy = false;
-        sh.done.notify_all();
+        if q.waiting > 0 {
+            sh.done.notify_all();
+        }
     }
 }
 

@@ -788,8 +788,6 @@ fn daemonize() -> std::io::Result<()> {
         0 => {}
         _ => std::process::exit(0),
     }
-    // The error log's remembered process (and thread) id is the parent's.
-    crate::core::log::forget_ids();
     // SAFETY: setsid has no preconditions.
     if unsafe { libc::setsid() } == -1 {
         return Err(std::io::Error::last_os_error());

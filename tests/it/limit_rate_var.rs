@@ -1,6 +1,7 @@
 //! `set $limit_rate` and `X-Accel-Limit-Rate`: the variable reads as
 //! nginx's (compared with the real nginx), and a rate set either way paces
-//! the body (a 300 KB body at 100 KB/s cannot arrive within 1.5 s).
+//! the body, also after an X-Accel-Redirect (a 300 KB body at 100 KB/s
+//! cannot arrive within 1.5 s).
 
 use crate::differential::{exchange, normalize};
 use crate::harness::{free_port, nginx_installed, start_nginx, wait_log, Prefix, Server};
@@ -71,6 +72,8 @@ fn set_limit_rate_and_x_accel_limit_rate_pace() {
             "http {{\n\
              server {{ listen 127.0.0.1:{backend};\n\
                location / {{ add_header X-Accel-Limit-Rate 102400; }}\n\
+               location = /r {{ add_header X-Accel-Redirect /redirect/f.bin;\n\
+                               add_header X-Accel-Limit-Rate 102400; return 200 x; }}\n\
              }}\n\
              server {{ listen 127.0.0.1:@PORT@;\n\
                location /set/ {{ alias html/; set $limit_rate 100k; }}\n\
@@ -78,11 +81,14 @@ fn set_limit_rate_and_x_accel_limit_rate_pace() {
                location /xa/ {{ proxy_pass http://127.0.0.1:{backend}/; }}\n\
                location /xaign/ {{ proxy_ignore_headers X-Accel-Limit-Rate;\n\
                                   proxy_pass http://127.0.0.1:{backend}/; }}\n\
+               location /redirect/ {{ alias html/; limit_rate 0; }}\n\
              }}\n\
              }}\n"
         ),
     );
-    for path in ["/set/f.bin", "/xa/f.bin"] {
+    // An X-Accel-Redirect answer's rate holds for the redirect's target,
+    // over that location's `limit_rate 0` (nginx's limit_rate_set).
+    for path in ["/set/f.bin", "/xa/f.bin", "/xa/r"] {
         let secs = timed(&s, path, &data);
         assert!(secs >= 1.5, "{} took {:.2} s", path, secs);
     }

@@ -244,6 +244,28 @@ pub(super) async fn respond(
     if let Some(w) = resp.decoder.extra_warning().filter(|_| !head_only) {
         log_upstream(cx, Level::Warn, &format!("{} {}", w, early_context), &url);
     }
+    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_LIMIT_RATE == 0 {
+        // The response's rate in bytes per second (nginx's ngx_atoi: digits
+        // only; each valid header sets it, so the last one wins). nginx
+        // applies it while parsing the head, so it holds for an
+        // intercepted error or an X-Accel-Redirect target too.
+        if let Some(n) = resp
+            .headers
+            .iter()
+            .rev()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-accel-limit-rate"))
+            .filter_map(|(_, v)| {
+                let v = std::str::from_utf8(v).ok()?;
+                v.bytes()
+                    .all(|c| c.is_ascii_digit())
+                    .then(|| v.parse::<u64>().ok())
+                    .flatten()
+            })
+            .next()
+        {
+            cx.set_note(crate::http::modules::rewrite::LIMIT_RATE, n.to_string());
+        }
+    }
     if proto.intercepts(resp.status)
         || (resp.status >= 300
             && conf.intercept_errors.unwrap_or(false)
@@ -406,26 +428,6 @@ pub(super) async fn respond(
             .rev()
             .find(|(n, _)| n.eq_ignore_ascii_case("x-accel-charset"))
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
-    }
-    if conf.ignore_headers.unwrap_or(0) & IGN_X_ACCEL_LIMIT_RATE == 0 {
-        // The response's rate in bytes per second (nginx's ngx_atoi: digits
-        // only; each valid header sets it, so the last one wins).
-        if let Some(n) = resp
-            .headers
-            .iter()
-            .rev()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("x-accel-limit-rate"))
-            .filter_map(|(_, v)| {
-                let v = std::str::from_utf8(v).ok()?;
-                v.bytes()
-                    .all(|c| c.is_ascii_digit())
-                    .then(|| v.parse::<u64>().ok())
-                    .flatten()
-            })
-            .next()
-        {
-            cx.set_note(crate::http::modules::rewrite::LIMIT_RATE, n.to_string());
-        }
     }
     // Ranges, as nginx: a response being cached may be cut to one range
     // when upstream allows ranges, PREFIX_force_ranges cuts any; anything
