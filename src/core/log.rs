@@ -51,7 +51,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -296,32 +296,46 @@ impl Logger {
 
     /// [`Self::log`] for a message already in one piece.
     pub fn log_str(&self, level: Level, conn: Option<u64>, msg: &str) {
+        self.log_with(level, conn, msg.len(), |line| line.push_str(msg));
+    }
+
+    /// [`Self::log`] for a message that `write` appends to the line, after
+    /// its head (about `room` bytes of it): the message is written once,
+    /// straight into the line that goes to the file, as an error line for
+    /// every failed request (a 404 on a busy site) should be.
+    pub fn log_with(
+        &self,
+        level: Level,
+        conn: Option<u64>,
+        room: usize,
+        write: impl FnOnce(&mut String),
+    ) {
         if !self.enabled(level) {
             return;
         }
-        let mut line = line_start(level, conn, msg.len() + 1);
-        line.push_str(msg);
+        let mut line = line_start(level, conn, room + 1);
+        write(&mut line);
         line.push('\n');
         self.write_line(level, line);
     }
 
     fn write_line(&self, level: Level, line: String) {
-        let mut files: Vec<Arc<LogFile>> = Vec::with_capacity(self.sinks.len());
+        let mut files = Files::None;
         for (sink, l) in &self.sinks {
             if level > *l {
                 continue;
             }
             match sink {
-                Sink::File(f) => files.push(f.clone()),
+                Sink::File(f) => files.push(f),
                 Sink::Syslog(p) => p.send_error_line(level, &line),
             }
         }
-        if files.is_empty() {
+        if files.as_slice().is_empty() {
             return;
         }
         match try_queue(Job::Line { files, line }) {
             Err(Job::Line { files, line }) => {
-                for f in &files {
+                for f in files.as_slice() {
                     f.write_all(line.as_bytes());
                 }
             }
@@ -403,6 +417,16 @@ fn pid_tid() -> (i32, i32) {
     })
 }
 
+/// `s` appended to `out` as text, invalid UTF-8 replaced (as
+/// `String::from_utf8_lossy`, whose scan costs several times the check
+/// when the bytes are valid, as they nearly always are).
+pub fn push_lossy(out: &mut String, s: &[u8]) {
+    match std::str::from_utf8(s) {
+        Ok(t) => out.push_str(t),
+        Err(_) => out.push_str(&String::from_utf8_lossy(s)),
+    }
+}
+
 fn global() -> &'static ArcSwap<Logger> {
     static G: OnceLock<ArcSwap<Logger>> = OnceLock::new();
     G.get_or_init(|| {
@@ -423,8 +447,26 @@ pub fn main_logger() -> Arc<Logger> {
     global().load_full()
 }
 
+/// The main error log, borrowed for a line (no reference count taken).
+pub fn main_logger_ref() -> arc_swap::Guard<Arc<Logger>> {
+    global().load()
+}
+
+/// The most verbose level of the main error log, as `Level as u8`
+/// (`Error` until one is set): whether a debug line would be written at
+/// all, asked without loading the logger.
+static MAIN_MAX_LEVEL: AtomicU8 = AtomicU8::new(Level::Error as u8);
+
 pub fn set_main_logger(l: Logger) {
+    let max = l.sinks.iter().map(|(_, lv)| *lv).max();
     global().store(Arc::new(l));
+    MAIN_MAX_LEVEL.store(max.map_or(0, |m| m as u8), Ordering::Relaxed);
+}
+
+/// Whether the main error log writes lines of `level` (an early answer
+/// for the lines of every request, e.g. the debug line of `io::Policy`).
+pub fn main_enabled(level: Level) -> bool {
+    level as u8 <= MAIN_MAX_LEVEL.load(Ordering::Relaxed)
 }
 
 // ---- the writer thread ---------------------------------------------------------
@@ -434,18 +476,44 @@ const MAX_QUEUED: usize = 4 << 20;
 
 enum Job {
     /// One formatted line for each of `files`.
-    Line {
-        files: Vec<Arc<LogFile>>,
-        line: String,
-    },
+    Line { files: Files, line: String },
     /// USR1: reopen every file.
     Reopen,
+}
+
+/// The files a line goes to: nearly always one, kept without a list
+/// (an allocation per line otherwise).
+enum Files {
+    None,
+    One(Arc<LogFile>),
+    Many(Vec<Arc<LogFile>>),
+}
+
+impl Files {
+    fn push(&mut self, f: &Arc<LogFile>) {
+        *self = match std::mem::replace(self, Files::None) {
+            Files::None => Files::One(f.clone()),
+            Files::One(a) => Files::Many(vec![a, f.clone()]),
+            Files::Many(mut v) => {
+                v.push(f.clone());
+                Files::Many(v)
+            }
+        };
+    }
+
+    fn as_slice(&self) -> &[Arc<LogFile>] {
+        match self {
+            Files::None => &[],
+            Files::One(f) => std::slice::from_ref(f),
+            Files::Many(v) => v,
+        }
+    }
 }
 
 impl Job {
     fn bytes(&self) -> usize {
         match self {
-            Job::Line { files, line } => files.len() * line.len(),
+            Job::Line { files, line } => files.as_slice().len() * line.len(),
             Job::Reopen => 0,
         }
     }
@@ -638,18 +706,19 @@ fn write_batch(batch: &mut Vec<Job>, run: &mut Vec<u8>) {
     for job in batch.drain(..) {
         match job {
             Job::Line { files, line } => {
-                if let ([f], Some(rf)) = (files.as_slice(), &run_file) {
+                let files = files.as_slice();
+                if let ([f], Some(rf)) = (files, &run_file) {
                     if Arc::ptr_eq(f, rf) && run.len() < 64 * 1024 {
                         run.extend_from_slice(line.as_bytes());
                         continue;
                     }
                 }
                 flush_run(&mut run_file, run);
-                if let [f] = files.as_slice() {
+                if let [f] = files {
                     run_file = Some(f.clone());
                     run.extend_from_slice(line.as_bytes());
                 } else {
-                    for f in &files {
+                    for f in files {
                         f.write_all(line.as_bytes());
                     }
                 }

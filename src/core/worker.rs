@@ -355,6 +355,11 @@ async fn accept_loop(
     let mut warned = false;
     let mut reuse_warned = None;
     let mut queued = 0;
+    // One wait for the stop for the whole loop: a new `changed()` per
+    // accept registered a waiter on the watch and removed it again (a
+    // lock each) whenever the listener had to be waited for.
+    let stopped = stop.changed();
+    tokio::pin!(stopped);
     loop {
         // A stream session needs a second slot for its upstream side;
         // waiting for both here keeps a client in the backlog instead of
@@ -395,7 +400,7 @@ async fn accept_loop(
             let drained = tokio::select! {
                 _ = freed.as_mut() => None,
                 () = pending => Some(reuse_connections(limit, &mut reuse_warned)),
-                _ = stop.changed() => return,
+                _ = stopped.as_mut() => return,
             };
             if drained != Some(0) {
                 continue;
@@ -407,7 +412,7 @@ async fn accept_loop(
             // New connections wait in the backlog until one closes.
             tokio::select! {
                 _ = freed => {}
-                _ = stop.changed() => return,
+                _ = stopped.as_mut() => return,
             }
         }
         // Accepting first: the stop watch is only polled (and a waiter
@@ -425,7 +430,7 @@ async fn accept_loop(
                         .map(|(s, _)| (Either::Unix(LazySock::registered(s)), None)),
                 }
             } => r,
-            _ = stop.changed() => return,
+            _ = stopped.as_mut() => return,
         };
         match accepted {
             Ok((s, peer)) => {
@@ -681,15 +686,16 @@ pub(crate) fn spawn_http(s: Either, info: ConnInfo, slot: ConnSlot, wait: Option
         slot,
         wait,
     });
-    let idle = runners.idle.get();
-    if idle > 0 {
-        // Every runner counted idle is already waiting on `wake` (it
-        // counts itself and starts waiting in one step), so this wakes
-        // one of them.
-        runners.idle.set(idle - 1);
-        runners.wake.notify_one();
-    } else {
-        tokio::task::spawn_local(runner(runners));
+    // Every runner listed idle is waiting for exactly this.
+    let idle = runners.idle.borrow_mut().pop();
+    match idle {
+        Some((woken, waker)) => {
+            woken.set(true);
+            waker.wake();
+        }
+        None => {
+            tokio::task::spawn_local(runner(runners));
+        }
     }
 }
 
@@ -705,9 +711,10 @@ struct Job {
 #[derive(Default)]
 struct Runners {
     jobs: RefCell<VecDeque<Job>>,
-    /// Runners waiting for a connection.
-    idle: Cell<usize>,
-    wake: Notify,
+    /// Runners waiting for a connection: the flag each waits to see set,
+    /// and its waker. All on the worker's thread, so no `Notify` (a lock
+    /// and its waiter list per hand-off, ~400 instructions a connection).
+    idle: RefCell<Vec<(Rc<Cell<bool>>, std::task::Waker)>>,
 }
 
 thread_local! {
@@ -718,6 +725,8 @@ thread_local! {
 const MAX_IDLE_RUNNERS: usize = 64;
 
 async fn runner(runners: Rc<Runners>) {
+    // Set by the connection that wakes this runner (one per runner).
+    let woken = Rc::new(Cell::new(false));
     loop {
         let job = runners.jobs.borrow_mut().pop_front();
         match job {
@@ -754,13 +763,26 @@ async fn runner(runners: Rc<Runners>) {
                 Either::TlsUnix(u) => run_http(u, info, slot, wait, Either::TlsUnix).await,
             },
             None => {
-                let idle = runners.idle.get();
-                if idle >= MAX_IDLE_RUNNERS {
+                if runners.idle.borrow().len() >= MAX_IDLE_RUNNERS {
                     return;
                 }
-                let woken = runners.wake.notified();
-                runners.idle.set(idle + 1);
-                woken.await;
+                // Listed idle at the first poll, ready once a connection
+                // has taken this runner off the list (a poll without that
+                // is spurious and waits on).
+                woken.set(false);
+                let mut listed = false;
+                std::future::poll_fn(|cx| {
+                    if woken.get() {
+                        return std::task::Poll::Ready(());
+                    }
+                    if !listed {
+                        listed = true;
+                        let entry = (woken.clone(), cx.waker().clone());
+                        runners.idle.borrow_mut().push(entry);
+                    }
+                    std::task::Poll::Pending
+                })
+                .await;
             }
         }
     }

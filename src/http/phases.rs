@@ -870,32 +870,52 @@ impl Ctx<'_> {
     /// Logs with nginx's request context, and `upstream: "..."` when given
     /// (`..., request: "...", upstream: "...", host: "..."`).
     pub fn log_with_upstream(&self, level: Level, msg: &str, upstream: Option<&str>) {
-        let logger = self.logger();
-        if !logger.enabled(level) {
-            return;
+        self.log_built(level, msg.len(), |t| t.push_str(msg), upstream);
+    }
+
+    /// [`Self::log`] for a message that `write` appends to the line
+    /// (about `room` bytes of it), rather than one formatted first.
+    pub fn log_with(&self, level: Level, room: usize, write: impl FnOnce(&mut String)) {
+        self.log_built(level, room, write, None);
+    }
+
+    fn log_built(
+        &self,
+        level: Level,
+        room: usize,
+        write: impl FnOnce(&mut String),
+        upstream: Option<&str>,
+    ) {
+        // The message and its context written straight into the line: an
+        // error line is written for every failed request (a 404 on a busy
+        // site), so its pieces are not each formatted into a string of
+        // their own, nor the message copied from one buffer to another.
+        let text = |text: &mut String| {
+            write(text);
+            if self.logging.get() {
+                text.push_str(" while logging request");
+            }
+            self.write_request_ctx(text);
+            // nginx names a subrequest by its URI after the client's request.
+            if self.sub_depth > 0 {
+                text.push_str(", subrequest: \"");
+                crate::core::log::push_lossy(text, &self.uri);
+                text.push('"');
+            }
+            if let Some(u) = upstream {
+                text.push_str(", upstream: \"");
+                text.push_str(u);
+                text.push('"');
+            }
+            self.write_host_ctx(text);
+        };
+        let conn = Some(self.conn.id);
+        // The location's log, else the main one borrowed (no reference
+        // count taken for a line).
+        match &self.loc.core.logger {
+            Some(l) => l.log_with(level, conn, room + 192, text),
+            None => crate::core::log::main_logger_ref().log_with(level, conn, room + 192, text),
         }
-        // The message and its context in one buffer: an error line is
-        // written for every failed request (a 404 on a busy site), so its
-        // pieces are not each formatted into a string of their own.
-        let mut text = String::with_capacity(msg.len() + 192);
-        text.push_str(msg);
-        if self.logging.get() {
-            text.push_str(" while logging request");
-        }
-        self.write_request_ctx(&mut text);
-        // nginx names a subrequest by its URI after the client's request.
-        if self.sub_depth > 0 {
-            text.push_str(", subrequest: \"");
-            text.push_str(&String::from_utf8_lossy(&self.uri));
-            text.push('"');
-        }
-        if let Some(u) = upstream {
-            text.push_str(", upstream: \"");
-            text.push_str(u);
-            text.push('"');
-        }
-        self.write_host_ctx(&mut text);
-        logger.log_str(level, Some(self.conn.id), &text);
     }
 
     /// Splits `?args` off the target of an internal redirect (error_page,
@@ -957,7 +977,7 @@ impl Ctx<'_> {
         out.push_str(", server: ");
         out.push_str(self.server_name());
         out.push_str(", request: \"");
-        out.push_str(&String::from_utf8_lossy(self.req.line()));
+        crate::core::log::push_lossy(out, self.req.line());
         out.push('"');
     }
 
@@ -973,7 +993,7 @@ impl Ctx<'_> {
     pub fn write_host_ctx(&self, out: &mut String) {
         if let Some(h) = self.req.header("host") {
             out.push_str(", host: \"");
-            out.push_str(&String::from_utf8_lossy(h));
+            crate::core::log::push_lossy(out, h);
             out.push('"');
         }
     }

@@ -212,6 +212,15 @@ pub struct Response {
     pub upgrade: Option<Box<crate::http::tunnel::Upgrade>>,
 }
 
+/// Whether two field names are equal, ignoring ASCII case. A name asked
+/// for as tern writes it (`Accept-Ranges`) is found with one comparison;
+/// the byte-by-byte case-folding one (~8 instructions a byte) is only
+/// for names spelt otherwise.
+#[inline]
+pub fn name_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a == b || a.eq_ignore_ascii_case(b))
+}
+
 /// Passes one piece of a body through the filters in order; what the
 /// last one gives is appended to `out`.
 pub fn run_filters(
@@ -234,6 +243,35 @@ impl std::fmt::Debug for dyn BodyFilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("BodyFilter")
     }
+}
+
+thread_local! {
+    /// The box of the worker thread's last finished response, with its
+    /// header list's room, for the next one ([`boxed`]): a file response
+    /// then allocates neither (two allocations per request otherwise).
+    static SPARE: std::cell::Cell<Option<Box<Response>>> = const { std::cell::Cell::new(None) };
+}
+
+/// A default [`Response`] in a box: the one a finished response gave
+/// back ([`recycle`]) if there is one.
+pub fn boxed() -> Box<Response> {
+    SPARE
+        .try_with(|s| s.take())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Gives a finished response's box back for [`boxed`]; its contents are
+/// dropped now, its header list kept empty unless it grew unusually large.
+pub fn recycle(mut r: Box<Response>) {
+    let mut headers = std::mem::take(&mut r.headers);
+    *r = Response::default();
+    if headers.capacity() <= 16 {
+        headers.clear();
+        r.headers = headers;
+    }
+    let _ = SPARE.try_with(|s| s.set(Some(r)));
 }
 
 impl Response {
@@ -265,13 +303,13 @@ impl Response {
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .find(|(n, _)| name_eq(n, name))
             .map(|(_, v)| v.as_slice())
     }
 
     /// Removes a header from the extra headers.
     pub fn remove_header(&mut self, name: &str) {
-        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.headers.retain(|(n, _)| !name_eq(n, name));
     }
 
     /// Whether the body's length is unknown when the head goes out (a
@@ -287,16 +325,10 @@ pub fn special_response(resp: &mut Response, loc: &LocConf) {
     if !matches!(resp.body, Body::Empty) || resp.status < 300 || resp.status == 304 {
         return;
     }
-    let mut page = Vec::new();
-    if status::error_page(
-        resp.status,
-        loc.core.server_tokens.unwrap_or(true),
-        VERSION,
-        &mut page,
-    ) {
-        resp.content_type = Some("text/html".into());
+    if let Some(page) = builtin_page(resp.status, loc.core.server_tokens.unwrap_or(true)) {
+        resp.content_type = Some(text_html());
         resp.content_length = Some(page.len() as u64);
-        resp.body = Body::Bytes(page);
+        resp.body = Body::Shared(bytes::Bytes::from_static(page));
     } else {
         // A status without a built-in page (e.g. `return 418;`) goes out
         // with an explicit empty body, as nginx frames it.
@@ -312,6 +344,33 @@ pub fn special_response(resp: &mut Response, loc: &LocConf) {
     if matches!(resp.status, 400 | 413 | 414 | 494) {
         resp.linger = true;
     }
+}
+
+/// nginx's built-in page for `code` (with `server_tokens` or not), made
+/// once per process: an error answered on every request of a busy site
+/// (a 404) shares it instead of writing and allocating its own.
+fn builtin_page(code: u16, tokens: bool) -> Option<&'static [u8]> {
+    type Pages = Vec<(u16, [Vec<u8>; 2])>;
+    static PAGES: std::sync::OnceLock<Pages> = std::sync::OnceLock::new();
+    let pages = PAGES.get_or_init(|| {
+        (300..600)
+            .filter_map(|c| {
+                let (mut off, mut on) = (Vec::new(), Vec::new());
+                let made = status::error_page(c, false, VERSION, &mut off)
+                    && status::error_page(c, true, VERSION, &mut on);
+                made.then_some((c, [off, on]))
+            })
+            .collect()
+    });
+    let i = pages.binary_search_by_key(&code, |(c, _)| *c).ok()?;
+    Some(pages[i].1[usize::from(tokens)].as_slice())
+}
+
+/// `text/html`, the type of the built-in pages, shared (a reference
+/// count, not an allocation per page).
+fn text_html() -> Arc<str> {
+    static T: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    T.get_or_init(|| "text/html".into()).clone()
 }
 
 /// [`special_response`] for a request: nginx's `msie_padding` then adds
@@ -331,15 +390,22 @@ pub fn special_response_to(
     if !(b.msie || b.chrome) {
         return;
     }
-    if let Body::Bytes(page) = &mut resp.body {
-        if page.is_empty() {
+    // The built-in page is shared: the padded one is a copy.
+    let mut page = match std::mem::take(&mut resp.body) {
+        Body::Bytes(p) => p,
+        Body::Shared(b) => b.to_vec(),
+        other => {
+            resp.body = other;
             return;
         }
+    };
+    if !page.is_empty() {
         for _ in 0..6 {
             page.extend_from_slice(MSIE_PADDING_LINE);
         }
         resp.content_length = Some(page.len() as u64);
     }
+    resp.body = Body::Bytes(page);
 }
 
 const MSIE_PADDING_LINE: &[u8] =

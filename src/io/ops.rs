@@ -205,7 +205,11 @@ impl Policy {
 
 impl Drop for Policy {
     fn drop(&mut self) {
-        if self.decision() != Decision::None {
+        // Asked first without loading the logger: this runs for every
+        // request, and debug lines are seldom on.
+        if self.decision() != Decision::None
+            && crate::core::log::main_enabled(crate::core::log::Level::Debug)
+        {
             let log = crate::core::log::main_logger();
             if log.enabled(crate::core::log::Level::Debug) {
                 log.log(

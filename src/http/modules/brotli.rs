@@ -304,7 +304,8 @@ pub async fn try_static(cx: &mut Ctx<'_>, path: &[u8]) -> Option<Box<Response>> 
 /// ngx_brotli's `gzip_tested = 1; gzip_ok = 0`.
 fn set_gzip_refused(cx: &mut Ctx<'_>) {
     cx.notes.retain(|(k, _)| *k != "gzip_ok");
-    cx.notes.push(("gzip_ok", b"0".to_vec()));
+    // Refused is the empty value (no allocation); see gzip::gzip_ok.
+    cx.notes.push(("gzip_ok", Vec::new()));
 }
 
 /// Whether the brotli filter would take this response (status, body,

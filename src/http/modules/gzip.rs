@@ -88,6 +88,10 @@ impl Types {
                 // to the `;` that introduces `charset=`, else the whole
                 // value (so `text/css; foo=bar` is not `text/css`, and
                 // `text/css ; charset=x` is `text/css `).
+                // A type without parameters (the usual one) as it is.
+                Some(ct) if memchr::memchr(b';', ct.as_bytes()).is_none() => {
+                    l.iter().any(|x| x.eq_ignore_ascii_case(ct))
+                }
                 Some(ct) => {
                     let t = match super::charset::own_charset(ct) {
                         Some((base, _)) => ct.get(..base).unwrap_or(ct),
@@ -592,8 +596,10 @@ pub fn gzip_ok(cx: &mut Ctx<'_>, resp: &Response) -> bool {
         return v == b"1";
     }
     let ok = gzip_ok_uncached(cx, resp);
+    // "1", or refused as the empty value: the usual answer to a client
+    // that asks for no gzip costs no allocation.
     cx.notes
-        .push(("gzip_ok", if ok { b"1".to_vec() } else { b"0".to_vec() }));
+        .push(("gzip_ok", if ok { b"1".to_vec() } else { Vec::new() }));
     ok
 }
 
@@ -732,7 +738,7 @@ fn compress_filter(cx: &mut Ctx<'_>, resp: &mut Response) {
     // A body whose whole length is known and small enough goes through
     // libdeflate in one call (see `WHOLE_MAX`); anything else streams.
     let whole = match &resp.body {
-        Body::Bytes(_) => true,
+        Body::Bytes(_) | Body::Shared(_) => true,
         Body::File { len, .. } => *len <= WHOLE_MAX,
         _ => false,
     };

@@ -86,7 +86,9 @@ pub(crate) enum Parsed {
 }
 
 fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
-    if resp.status != 200 || resp.ranges_off || resp.header("accept-ranges").is_none() {
+    // Names as tern writes them: found without case folding (see
+    // response::name_eq).
+    if resp.status != 200 || resp.ranges_off || resp.header("Accept-Ranges").is_none() {
         return;
     }
     let Some(len) = resp.content_length else {
@@ -97,7 +99,7 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
     }
     let max = cx.loc.modules.range.max_ranges;
     if max == Some(0) {
-        resp.remove_header("accept-ranges");
+        resp.remove_header("Accept-Ranges");
         return;
     }
     let parsed = match cx.req.header("range") {
@@ -127,7 +129,7 @@ fn ranges(cx: &mut Ctx<'_>, resp: &mut Response) {
             if let Some(i) = resp
                 .headers
                 .iter()
-                .position(|(n, _)| n.eq_ignore_ascii_case("accept-ranges"))
+                .position(|(n, _)| response::name_eq(n, "Accept-Ranges"))
             {
                 resp.headers[i..].rotate_left(1);
             }

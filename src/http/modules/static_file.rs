@@ -87,7 +87,8 @@ pub fn file_response(
     file: std::sync::Arc<crate::io::OpenFile>,
     policy: crate::io::Policy,
 ) -> Box<Response> {
-    let mut r = Box::<Response>::default();
+    // The box (and header list) of the worker's last finished response.
+    let mut r = crate::http::response::boxed();
     r.status = 200;
     r.content_type = Some(content_type(cx, path));
     r.content_length = Some(file.meta.size);
@@ -217,15 +218,17 @@ pub fn open_error(cx: &Ctx<'_>, path: &[u8], e: &io::Error) -> Response {
         Level::Error
     };
     let errno = e.raw_os_error().unwrap_or(0);
-    cx.log(
-        level,
-        &format!(
-            "open() \"{}\" failed ({}: {})",
-            String::from_utf8_lossy(path),
-            errno,
-            crate::core::strerror_text(errno)
-        ),
-    );
+    // Written into the line as it is built (no `format!` of its own):
+    // this runs for every request of a missing file.
+    cx.log_with(level, path.len() + 64, |m| {
+        m.push_str("open() \"");
+        crate::core::log::push_lossy(m, path);
+        m.push_str("\" failed (");
+        m.push_str(itoa::Buffer::new().format(errno));
+        m.push_str(": ");
+        m.push_str(&crate::core::strerror_text(errno));
+        m.push(')');
+    });
     Response::status(code)
 }
 

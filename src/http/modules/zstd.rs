@@ -175,7 +175,8 @@ fn client_takes(cx: &Ctx<'_>) -> bool {
 /// The module's `gzip_tested = 1; gzip_ok = 0`.
 fn set_gzip_refused(cx: &mut Ctx<'_>) {
     cx.notes.retain(|(k, _)| *k != "gzip_ok");
-    cx.notes.push(("gzip_ok", b"0".to_vec()));
+    // Refused is the empty value (no allocation); see gzip::gzip_ok.
+    cx.notes.push(("gzip_ok", Vec::new()));
 }
 
 /// `zstd_static`: `FILE.zst` for a client that takes zstd (or everyone

@@ -107,17 +107,17 @@ async fn serve_on<S: Stream>(
     mut resume: Option<IdleWait>,
     mut buf: Vec<u8>,
 ) -> Option<IdleWait> {
-    let quit = shared.quit.clone();
+    let quit = &shared.quit;
     // The waits between requests share one timer and one quit watcher,
     // each registered once for the connection rather than once per
     // request (a timer entry and a watch waiter added and removed per
     // wait cost ~800 instructions a request under keep-alive load).
-    let mut quit_rx = shared.quit.clone();
-    let quit_changed = quit_rx.changed();
-    tokio::pin!(quit_changed);
+    // Both are made at the first wait that needs them: a connection whose
+    // requests are there when it is served (one request, then a close)
+    // makes neither.
+    let mut quit_changed = std::pin::pin!(None);
     let mut quit_seen = false;
-    let idle_timer = tokio::time::sleep_until(tokio::time::Instant::now() + PARK_AFTER);
-    tokio::pin!(idle_timer);
+    let mut idle_timer = std::pin::pin!(None::<tokio::time::Sleep>);
     // Bytes were left in the buffer behind the previous request: the next
     // one is pipelined (nginx's `$pipe`). Bytes read after a wait are not.
     let mut leftover = false;
@@ -162,14 +162,23 @@ async fn serve_on<S: Stream>(
                     // and re-arming it costs more than the wait. The
                     // close deadline (keepalive_timeout, the quit grace)
                     // is always kept exactly.
-                    let set = idle_timer.deadline();
-                    let close_at = park_at >= wait.deadline;
-                    if close_at
-                        || set > park_at
-                        || park_at.duration_since(set) > PARK_SLACK
-                        || idle_timer.is_elapsed()
-                    {
-                        idle_timer.as_mut().reset(park_at);
+                    match idle_timer.as_mut().as_pin_mut() {
+                        Some(timer) => {
+                            let set = timer.deadline();
+                            let close_at = park_at >= wait.deadline;
+                            if close_at
+                                || set > park_at
+                                || park_at.duration_since(set) > PARK_SLACK
+                                || timer.is_elapsed()
+                            {
+                                timer.reset(park_at);
+                            }
+                        }
+                        None => idle_timer.set(Some(tokio::time::sleep_until(park_at))),
+                    }
+                    // The first request has no quit watch (see below).
+                    if !first && quit_changed.is_none() {
+                        quit_changed.set(Some(quit_watch(shared.quit.clone())));
                     }
                     tokio::select! {
                         // Bytes first: polling the quit watch first would
@@ -179,8 +188,9 @@ async fn serve_on<S: Stream>(
                             Ok(()) => {}
                             Err(_) => return None,
                         },
-                        () = &mut idle_timer => {
-                            if idle_timer.deadline() < wait.deadline {
+                        () = std::future::poll_fn(|c| pending_if_none(idle_timer.as_mut(), c)) => {
+                            let set = idle_timer.as_ref().get_ref().as_ref().map(|t| t.deadline());
+                            if set.is_some_and(|d| d < wait.deadline) {
                                 return Some(wait);
                             }
                             if wait.first && wait.reset {
@@ -188,7 +198,9 @@ async fn serve_on<S: Stream>(
                             }
                             return None;
                         },
-                        _ = &mut quit_changed, if !first && !quitting && !quit_seen => {
+                        () = std::future::poll_fn(|c| pending_if_none(quit_changed.as_mut(), c)),
+                            if !first && !quitting && !quit_seen =>
+                        {
                             // (Done once: a finished future is not polled again.)
                             quit_seen = true;
                             quitting = true;
@@ -210,7 +222,7 @@ async fn serve_on<S: Stream>(
                 }
             }
         }
-        if !request(stream, &mut buf, info, &shared, &quit, pipelined).await {
+        if !request(stream, &mut buf, info, &shared, quit, pipelined).await {
             return None;
         }
         leftover = !buf.is_empty();
@@ -219,6 +231,22 @@ async fn serve_on<S: Stream>(
             // read takes one from the worker's spares.
             request::give_back_buf(std::mem::take(&mut buf));
         }
+    }
+}
+
+/// Resolves when the worker is told to quit (or can no longer be told).
+async fn quit_watch(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.changed().await;
+}
+
+/// Polls an optional future; none is pending for ever.
+fn pending_if_none<F: std::future::Future>(
+    f: std::pin::Pin<&mut Option<F>>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<F::Output> {
+    match f.as_pin_mut() {
+        Some(f) => f.poll(cx),
+        None => std::task::Poll::Pending,
     }
 }
 
@@ -514,6 +542,8 @@ async fn request<S: Stream>(
     };
     cx.sent.complete = result.is_ok();
     phases::wrap_up(&mut cx, resp.status, result.is_ok()).await;
+    // Its box and header list serve the worker's next response.
+    response::recycle(resp);
     // Module state tied to the request (a limit_conn slot) lives until
     // the unread body is drained, as the request does in nginx.
     let mut request_guards = std::mem::take(&mut cx.guards);
