@@ -197,8 +197,25 @@ pub async fn serve<S: Stream>(
                     log_conn(&default_conf, Level::Info, info, t.log);
                     conn.abrupt_shutdown(t.reason);
                 }
-                let _ = timeout(Duration::from_secs(1), poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx))).await;
+                // The GOAWAY may wait behind what the flood made (its PING
+                // ACKs): flush while the socket takes bytes, as a graceful
+                // close does, then linger, so that the client's unread
+                // frames do not turn the close into a reset that loses it.
+                let until = tokio::time::Instant::now() + send_to;
+                loop {
+                    let before = out.written();
+                    let closed = timeout(
+                        Duration::from_secs(1),
+                        poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
+                    )
+                    .await;
+                    if closed.is_ok() || out.written() == before || tokio::time::Instant::now() >= until
+                    {
+                        break;
+                    }
+                }
                 drop(held);
+                lingering = true;
                 break;
             }
             _ = tokio::time::sleep(idle_wait), if idle => {
