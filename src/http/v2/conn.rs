@@ -201,19 +201,7 @@ pub async fn serve<S: Stream>(
                 // ACKs): flush while the socket takes bytes, as a graceful
                 // close does, then linger, so that the client's unread
                 // frames do not turn the close into a reset that loses it.
-                let until = tokio::time::Instant::now() + send_to;
-                loop {
-                    let before = out.written();
-                    let closed = timeout(
-                        Duration::from_secs(1),
-                        poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
-                    )
-                    .await;
-                    if closed.is_ok() || out.written() == before || tokio::time::Instant::now() >= until
-                    {
-                        break;
-                    }
-                }
+                flush_out(&mut conn, &out, &guard, send_to).await;
                 drop(held);
                 lingering = true;
                 break;
@@ -242,23 +230,8 @@ pub async fn serve<S: Stream>(
         if closing && streams.active.get() == 0 {
             // Let the GOAWAY and what h2 still holds of the last answers
             // go out (a stream's task ends once its last DATA is queued,
-            // not sent): while the socket takes bytes, up to
-            // send_timeout; a second with nothing written ends the wait
-            // (a client that stopped reading, or h2 waiting for the rest
-            // of a frame the client began before it ends).
-            let until = tokio::time::Instant::now() + send_to;
-            loop {
-                let before = out.written();
-                let closed = timeout(
-                    Duration::from_secs(1),
-                    poll_fn(|cx| flushed(conn.poll_closed(cx), &out, &guard, cx)),
-                )
-                .await;
-                if closed.is_ok() || out.written() == before || tokio::time::Instant::now() >= until
-                {
-                    break;
-                }
-            }
+            // not sent).
+            flush_out(&mut conn, &out, &guard, send_to).await;
             lingering = true;
             break;
         }
@@ -269,6 +242,33 @@ pub async fn serve<S: Stream>(
         // turn the close into a reset that loses the end of the last
         // response (still in the socket's buffers) on the client's side.
         crate::http::v1::conn::linger(stream, &default_conf).await;
+    }
+}
+
+/// Drives h2 towards its close so that what it holds (a GOAWAY, the end of
+/// the last answers) goes out: while the socket takes bytes, up to
+/// `send_to` (send_timeout); a second with nothing written ends the wait
+/// (a client that stopped reading, or h2 waiting for the rest of a frame
+/// the client began before it ends).
+async fn flush_out<S: Stream, T>(
+    conn: &mut h2::server::Connection<T, Bytes>,
+    out: &Outbox<'_, S>,
+    guard: &Guard,
+    send_to: Duration,
+) where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let until = tokio::time::Instant::now() + send_to;
+    loop {
+        let before = out.written();
+        let closed = timeout(
+            Duration::from_secs(1),
+            poll_fn(|cx| flushed(conn.poll_closed(cx), out, guard, cx)),
+        )
+        .await;
+        if closed.is_ok() || out.written() == before || tokio::time::Instant::now() >= until {
+            break;
+        }
     }
 }
 
